@@ -1,0 +1,139 @@
+//! Counters aggregated in the kernel (per-CPU maps the agent reads periodically). High-rate
+//! events (one hit per swapped folio, one per block request) are summed here instead of sending
+//! a ring record each.
+
+/// Per tracked process (key: tgid), in a per-CPU hash map.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ProcCounters {
+    /// `mm_vmscan_write_folio` hits with the anon flag, in this process's reclaim: swap-out.
+    pub swapout_anon_folios: u64,
+    /// The same for file folios (dirty page cache written back by reclaim).
+    pub writeback_file_folios: u64,
+    /// `mm_vmscan_wakeup_kswapd` hit in this process's allocations.
+    pub kswapd_wakeups: u64,
+    /// Direct and memcg reclaim totals (the episodes also go to the ring; these survive losses).
+    pub direct_reclaim_count: u64,
+    pub direct_reclaim_ns: u64,
+    pub memcg_reclaim_count: u64,
+    pub memcg_reclaim_ns: u64,
+    pub reclaimed_pages: u64,
+    pub throttled_count: u64,
+    pub throttled_us: u64,
+}
+const _: () = assert!(core::mem::size_of::<ProcCounters>() == 80);
+
+/// Block I/O direction, from the first letters of `rwbs`.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IoOp {
+    Read = 0,
+    Write = 1,
+    /// Discard, flush-only, ...
+    Other = 2,
+}
+
+impl TryFrom<u32> for IoOp {
+    type Error = u32;
+    fn try_from(v: u32) -> Result<Self, u32> {
+        match v {
+            0 => Ok(Self::Read),
+            1 => Ok(Self::Write),
+            2 => Ok(Self::Other),
+            other => Err(other),
+        }
+    }
+}
+
+/// Key of the per-process block I/O map.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct IoKey {
+    pub tgid: u32,
+    /// Kernel `dev_t` (major << 20 | minor).
+    pub dev: u32,
+    pub op: u32,
+    /// 1 when the submitting thread was inside reclaim: swap-out / writeback caused by memory
+    /// pressure, not by the process's own reads and writes.
+    pub in_reclaim: u32,
+}
+const _: () = assert!(core::mem::size_of::<IoKey>() == 16);
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct IoCounters {
+    pub bytes: u64,
+    pub requests: u64,
+    pub completed: u64,
+    /// Sum and max of request latency (block_io_start to block_io_done), completed requests.
+    pub latency_ns_sum: u64,
+    pub latency_ns_max: u64,
+}
+const _: () = assert!(core::mem::size_of::<IoCounters>() == 40);
+
+/// A block request in flight, keyed by (dev, sector) between io_start and io_done.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct InflightKey {
+    pub dev: u32,
+    pub _pad: u32,
+    pub sector: u64,
+}
+const _: () = assert!(core::mem::size_of::<InflightKey>() == 16);
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct InflightIo {
+    pub start_ns: u64,
+    pub key: IoKey,
+}
+const _: () = assert!(core::mem::size_of::<InflightIo>() == 24);
+
+/// Buckets of the kernel-side block latency histogram: bucket `i` holds latencies in
+/// `[2^i, 2^(i+1))` ns (bucket 0 also holds 0).
+pub const LATENCY_BUCKETS: u32 = 40;
+
+/// Index of a latency in the log2 histogram.
+#[inline(always)]
+pub fn latency_bucket(ns: u64) -> u32 {
+    let b = 63u32.saturating_sub(ns.leading_zeros());
+    if b >= LATENCY_BUCKETS {
+        LATENCY_BUCKETS - 1
+    } else {
+        b
+    }
+}
+
+/// Indices of the host-level counter array: activity outside the traced tree that still
+/// matters to it (kswapd's background reclaim, other processes' reclaim), reported as such,
+/// never blamed on a traced process.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HostCounter {
+    KswapdSwapoutAnon = 0,
+    KswapdWritebackFile = 1,
+    OtherSwapoutAnon = 2,
+    OtherWritebackFile = 3,
+    OtherDirectReclaimCount = 4,
+    OtherDirectReclaimNs = 5,
+    OtherMemcgReclaimCount = 6,
+    OtherMemcgReclaimNs = 7,
+    KswapdIoBytes = 8,
+    OtherReclaimIoBytes = 9,
+    KswapdWakeups = 10,
+    OtherThrottledCount = 11,
+}
+pub const HOST_COUNTERS: u32 = 12;
+
+/// Indices of the per-CPU counter of events that could not be recorded.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LostCounter {
+    /// Reservation failed in the critical ring (fork/exit/OOM/signal).
+    CriticalRing = 0,
+    /// Reservation failed in the bulk ring (reclaim episodes, throttling).
+    BulkRing = 1,
+    /// A kernel map was full (tracked processes, counters, in-flight I/O).
+    MapFull = 2,
+}
+pub const LOST_COUNTERS: u32 = 3;

@@ -1,0 +1,111 @@
+//! Tracepoint field offsets, read by the agent from
+//! `/sys/kernel/tracing/events/<sys>/<event>/format` at start-up and written into the programs'
+//! `.rodata` before load. aya has no CO-RE, so this is what lets one object run on many kernels.
+
+/// Marks a field the running kernel's format does not have.
+pub const MISSING: u16 = u16::MAX;
+
+/// Offsets (bytes into the tracepoint record) of every field the programs read.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct TracepointOffsets {
+    // task:task_newtask
+    pub newtask_pid: u16,
+    pub newtask_clone_flags: u16,
+    // sched:sched_process_exit
+    pub exit_group_dead: u16,
+    // task:task_rename
+    pub rename_pid: u16,
+    pub rename_newcomm: u16,
+    // sched:sched_process_exec
+    pub exec_filename: u16,
+    pub exec_old_pid: u16,
+    // oom:mark_victim
+    pub oom_pid: u16,
+    pub oom_comm: u16,
+    pub oom_total_vm: u16,
+    pub oom_anon_rss: u16,
+    pub oom_file_rss: u16,
+    pub oom_shmem_rss: u16,
+    pub oom_uid: u16,
+    pub oom_score_adj: u16,
+    // signal:signal_generate
+    pub sig_sig: u16,
+    pub sig_code: u16,
+    pub sig_comm: u16,
+    pub sig_pid: u16,
+    pub sig_result: u16,
+    // vmscan:mm_vmscan_{direct,memcg}_reclaim_end
+    pub reclaim_end_nr_reclaimed: u16,
+    // vmscan:mm_vmscan_write_folio (or writepage)
+    pub write_folio_flags: u16,
+    // vmscan:mm_vmscan_throttled
+    pub throttled_usec_timeout: u16,
+    pub throttled_usec_delayed: u16,
+    pub throttled_reason: u16,
+    pub throttled_nid: u16,
+    // block:block_io_start / block_io_done / block_bio_queue (same names in each)
+    pub block_dev: u16,
+    pub block_sector: u16,
+    pub block_bytes: u16,
+    pub block_nr_sector: u16,
+    pub block_rwbs: u16,
+    pub _pad: u16,
+    /// Offset of `exit_code` in `struct task_struct`, from the kernel's BTF; `u32::MAX` if unknown.
+    pub task_exit_code: u32,
+}
+const _: () = assert!(core::mem::size_of::<TracepointOffsets>() == 68);
+
+impl TracepointOffsets {
+    /// All fields missing: the state before the agent has read the format files.
+    pub const fn missing() -> Self {
+        Self {
+            newtask_pid: MISSING,
+            newtask_clone_flags: MISSING,
+            exit_group_dead: MISSING,
+            rename_pid: MISSING,
+            rename_newcomm: MISSING,
+            exec_filename: MISSING,
+            exec_old_pid: MISSING,
+            oom_pid: MISSING,
+            oom_comm: MISSING,
+            oom_total_vm: MISSING,
+            oom_anon_rss: MISSING,
+            oom_file_rss: MISSING,
+            oom_shmem_rss: MISSING,
+            oom_uid: MISSING,
+            oom_score_adj: MISSING,
+            sig_sig: MISSING,
+            sig_code: MISSING,
+            sig_comm: MISSING,
+            sig_pid: MISSING,
+            sig_result: MISSING,
+            reclaim_end_nr_reclaimed: MISSING,
+            write_folio_flags: MISSING,
+            throttled_usec_timeout: MISSING,
+            throttled_usec_delayed: MISSING,
+            throttled_reason: MISSING,
+            throttled_nid: MISSING,
+            block_dev: MISSING,
+            block_sector: MISSING,
+            block_bytes: MISSING,
+            block_nr_sector: MISSING,
+            block_rwbs: MISSING,
+            _pad: 0,
+            task_exit_code: u32::MAX,
+        }
+    }
+}
+
+#[cfg(feature = "user")]
+// SAFETY: repr(C), only integers, no padding (size pinned above).
+unsafe impl aya::Pod for TracepointOffsets {}
+#[cfg(feature = "user")]
+// SAFETY: repr(C), only integers, no padding (size pinned in counters.rs).
+unsafe impl aya::Pod for crate::counters::ProcCounters {}
+#[cfg(feature = "user")]
+// SAFETY: as above.
+unsafe impl aya::Pod for crate::counters::IoKey {}
+#[cfg(feature = "user")]
+// SAFETY: as above.
+unsafe impl aya::Pod for crate::counters::IoCounters {}

@@ -1,0 +1,136 @@
+//! Block I/O attributed to the submitting process (block_io_start runs in the submitter;
+//! block_rq_issue often runs in a kworker), summed per (process, device, direction, in reclaim),
+//! with request latency paired by (dev, sector) until block_io_done.
+
+use aya_ebpf::{
+    helpers::bpf_ktime_get_ns,
+    macros::{map, tracepoint},
+    maps::{LruHashMap, PerCpuArray, PerCpuHashMap},
+    programs::TracePointContext,
+};
+use gpustall_common::{
+    counters::{
+        latency_bucket, HostCounter, InflightIo, InflightKey, IoCounters, IoKey, IoOp, LostCounter,
+        LATENCY_BUCKETS,
+    },
+    offsets::MISSING,
+};
+
+use crate::{
+    common::{add_lost, add_per_cpu, field, is_tracked, offset, pid_tgid, HOST, RECLAIM_START},
+    reclaim::in_kswapd,
+};
+
+#[map]
+pub static IO_COUNTERS: PerCpuHashMap<IoKey, IoCounters> = PerCpuHashMap::with_max_entries(16384, 0);
+
+/// Requests of tracked processes between start and done. LRU: a request whose done never comes
+/// (device removed, trace attached mid-flight) ages out instead of filling the map.
+#[map]
+pub static IO_INFLIGHT: LruHashMap<InflightKey, InflightIo> = LruHashMap::with_max_entries(16384, 0);
+
+/// Completed-request latency, log2 buckets, per direction: `op * LATENCY_BUCKETS + bucket`.
+#[map]
+pub static IO_LATENCY: PerCpuArray<u64> = PerCpuArray::with_max_entries(3 * LATENCY_BUCKETS, 0);
+
+#[inline(always)]
+fn io_op(rwbs: &[u8; 8]) -> IoOp {
+    // rwbs: an optional 'F' (flush) first, then 'R', 'W', 'D' (discard), 'N' (none), ...
+    let mut i = 0;
+    while i < 2 {
+        match rwbs[i] {
+            b'R' => return IoOp::Read,
+            b'W' => return IoOp::Write,
+            b'F' => {}
+            _ => return IoOp::Other,
+        }
+        i += 1;
+    }
+    IoOp::Other
+}
+
+#[inline(always)]
+fn with_io_counters(key: &IoKey, update: impl FnOnce(&mut IoCounters)) {
+    match IO_COUNTERS.get_ptr_mut(key) {
+        // SAFETY: this CPU's value.
+        Some(p) => update(unsafe { &mut *p }),
+        None => {
+            let mut v = IoCounters::default();
+            update(&mut v);
+            if IO_COUNTERS.insert(key, &v, 0).is_err() {
+                add_lost(LostCounter::MapFull);
+            }
+        }
+    }
+}
+
+#[inline(always)]
+fn submitted(ctx: &TracePointContext, track_latency: bool) -> u32 {
+    let (tgid, tid) = pid_tgid();
+    // SAFETY: presence test.
+    let in_reclaim = unsafe { RECLAIM_START.get(&tid) }.is_some();
+    let bytes = {
+        let off = offset!(block_bytes);
+        if off != MISSING {
+            field::<u32>(ctx, off).unwrap_or(0) as u64
+        } else {
+            field::<u32>(ctx, offset!(block_nr_sector)).unwrap_or(0) as u64 * 512
+        }
+    };
+    if !is_tracked(tgid) {
+        if in_reclaim {
+            let idx = if in_kswapd(tid) { HostCounter::KswapdIoBytes } else { HostCounter::OtherReclaimIoBytes };
+            add_per_cpu(&HOST, idx as u32, bytes);
+        }
+        return 0;
+    }
+    let dev: u32 = field(ctx, offset!(block_dev)).unwrap_or(0);
+    let rwbs: [u8; 8] = field(ctx, offset!(block_rwbs)).unwrap_or([0; 8]);
+    let key = IoKey { tgid, dev, op: io_op(&rwbs) as u32, in_reclaim: in_reclaim as u32 };
+    with_io_counters(&key, |c| {
+        c.bytes += bytes;
+        c.requests += 1;
+    });
+    if track_latency {
+        let sector: u64 = field(ctx, offset!(block_sector)).unwrap_or(0);
+        let inflight = InflightIo { start_ns: unsafe { bpf_ktime_get_ns() }, key };
+        if IO_INFLIGHT.insert(&InflightKey { dev, _pad: 0, sector }, &inflight, 0).is_err() {
+            add_lost(LostCounter::MapFull);
+        }
+    }
+    0
+}
+
+#[tracepoint]
+pub fn block_io_start(ctx: TracePointContext) -> u32 {
+    submitted(&ctx, true)
+}
+
+/// Fallback for kernels before 6.5 (no block_io_start): bytes per submitter, no latency.
+#[tracepoint]
+pub fn block_bio_queue(ctx: TracePointContext) -> u32 {
+    submitted(&ctx, false)
+}
+
+#[tracepoint]
+pub fn block_io_done(ctx: TracePointContext) -> u32 {
+    let dev: u32 = field(&ctx, offset!(block_dev)).unwrap_or(0);
+    let sector: u64 = field(&ctx, offset!(block_sector)).unwrap_or(0);
+    let k = InflightKey { dev, _pad: 0, sector };
+    // SAFETY: copied out at once.
+    let Some(io) = (unsafe { IO_INFLIGHT.get(&k) }).copied() else {
+        return 0;
+    };
+    let _ = IO_INFLIGHT.remove(&k);
+    let lat = unsafe { bpf_ktime_get_ns() }.saturating_sub(io.start_ns);
+    with_io_counters(&io.key, |c| {
+        c.completed += 1;
+        c.latency_ns_sum += lat;
+        if lat > c.latency_ns_max {
+            c.latency_ns_max = lat;
+        }
+    });
+    let op = if io.key.op > 2 { 2 } else { io.key.op };
+    add_per_cpu(&IO_LATENCY, op * LATENCY_BUCKETS + latency_bucket(lat), 1);
+    0
+}

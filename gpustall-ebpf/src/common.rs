@@ -1,0 +1,150 @@
+//! Maps and helpers shared by all probe families.
+
+use aya_ebpf::{
+    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns},
+    macros::map,
+    maps::{HashMap, PerCpuArray, PerCpuHashMap, RingBuf},
+    programs::TracePointContext,
+};
+use gpustall_common::{
+    counters::{LostCounter, ProcCounters, HOST_COUNTERS, LOST_COUNTERS},
+    events::{EventHeader, EventKind},
+    offsets::{TracepointOffsets, MISSING},
+    reclaim::ReclaimStart,
+};
+
+/// Written by the agent before load (`EbpfLoader::set_global`).
+#[unsafe(no_mangle)]
+pub static OFFSETS: TracepointOffsets = TracepointOffsets::missing();
+
+/// Reads one offset from `OFFSETS`; volatile so the compiler does not fold the default in.
+macro_rules! offset {
+    ($field:ident) => {
+        // SAFETY: OFFSETS is a plain static of integers; the loader rewrites it before load.
+        unsafe { core::ptr::read_volatile(&$crate::common::OFFSETS.$field) }
+    };
+}
+pub(crate) use offset;
+
+/// Tracked processes (tgid -> 1).
+#[map]
+pub static TRACKED: HashMap<u32, u32> = HashMap::with_max_entries(32768, 0);
+
+/// Fork/exit/rename/exec/OOM/signal: rare and precious.
+#[map]
+pub static CRITICAL: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
+
+/// Reclaim episodes and throttling: frequent under pressure; may drop, never silently.
+#[map]
+pub static BULK: RingBuf = RingBuf::with_byte_size(4 * 1024 * 1024, 0);
+
+#[map]
+pub static LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(LOST_COUNTERS, 0);
+
+#[map]
+pub static PROC_COUNTERS: PerCpuHashMap<u32, ProcCounters> =
+    PerCpuHashMap::with_max_entries(32768, 0);
+
+#[map]
+pub static HOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(HOST_COUNTERS, 0);
+
+/// A thread's reclaim in progress (tid -> start), for all tasks: untracked ones feed host counters.
+#[map]
+pub static RECLAIM_START: HashMap<u32, ReclaimStart> = HashMap::with_max_entries(16384, 0);
+
+#[inline(always)]
+pub fn pid_tgid() -> (u32, u32) {
+    let v = bpf_get_current_pid_tgid();
+    ((v >> 32) as u32, v as u32)
+}
+
+#[inline(always)]
+pub fn is_tracked(tgid: u32) -> bool {
+    // SAFETY: the value is only tested for presence.
+    unsafe { TRACKED.get(&tgid).is_some() }
+}
+
+#[inline(always)]
+pub fn add_lost(which: LostCounter) {
+    add_per_cpu(&LOST, which as u32, 1);
+}
+
+#[inline(always)]
+pub fn add_per_cpu(map: &PerCpuArray<u64>, index: u32, n: u64) {
+    if let Some(p) = map.get_ptr_mut(index) {
+        // SAFETY: per-CPU slot, only this CPU writes it while this program runs.
+        unsafe { *p += n };
+    }
+}
+
+#[inline(always)]
+pub fn header(kind: EventKind, tgid: u32, tid: u32) -> EventHeader {
+    EventHeader {
+        kind: kind as u32,
+        tgid,
+        tid,
+        _pad: 0,
+        // SAFETY: plain helper call.
+        t_ns: unsafe { bpf_ktime_get_ns() },
+        comm: bpf_get_current_comm().unwrap_or([0; 16]),
+    }
+}
+
+/// Puts one record in a ring, counting it as lost when the ring is full.
+#[inline(always)]
+pub fn emit<T: 'static>(ring: &RingBuf, lost: LostCounter, value: T) {
+    match ring.reserve::<T>(0) {
+        Some(mut entry) => {
+            entry.write(value);
+            entry.submit(0);
+        }
+        None => add_lost(lost),
+    }
+}
+
+/// Applies `update` to this CPU's counters of `tgid`, creating them on first use.
+#[inline(always)]
+pub fn update_proc_counters(tgid: u32, update: impl FnOnce(&mut ProcCounters)) {
+    match PROC_COUNTERS.get_ptr_mut(&tgid) {
+        // SAFETY: per-CPU value of this CPU.
+        Some(p) => update(unsafe { &mut *p }),
+        None => {
+            let mut v = ProcCounters::default();
+            update(&mut v);
+            if PROC_COUNTERS.insert(&tgid, &v, 0).is_err() {
+                add_lost(LostCounter::MapFull);
+            }
+        }
+    }
+}
+
+/// Reads a scalar field at an offset from the agent, or `None` when the kernel lacks the field.
+#[inline(always)]
+pub fn field<T>(ctx: &TracePointContext, off: u16) -> Option<T> {
+    if off == MISSING {
+        return None;
+    }
+    // SAFETY: the offset comes from this kernel's format file for this tracepoint.
+    unsafe { ctx.read_at::<T>(off as usize) }.ok()
+}
+
+/// Copies a fixed `char[16]` field.
+#[inline(always)]
+pub fn comm_field(ctx: &TracePointContext, off: u16) -> [u8; 16] {
+    field::<[u8; 16]>(ctx, off).unwrap_or([0; 16])
+}
+
+/// Copies a `__data_loc char[]` field (low 16 bits: offset in the record; high: length).
+#[inline(always)]
+pub fn data_loc_str<const N: usize>(ctx: &TracePointContext, off: u16) -> [u8; N] {
+    use aya_ebpf::{helpers::bpf_probe_read_kernel_str_bytes, EbpfContext};
+    let mut out = [0u8; N];
+    if let Some(loc) = field::<u32>(ctx, off) {
+        let start = (loc & 0xffff) as usize;
+        // SAFETY: the string lies inside the tracepoint record; the helper bounds the copy.
+        let _ = unsafe {
+            bpf_probe_read_kernel_str_bytes((ctx.as_ptr() as *const u8).add(start), &mut out)
+        };
+    }
+    out
+}

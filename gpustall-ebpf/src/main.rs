@@ -1,0 +1,24 @@
+//! gpustall's kernel side: tracepoint programs that follow a process tree and measure the host
+//! memory-pressure chain (reclaim, swap-out, block I/O, OOM kills) for it.
+//!
+//! Only tasks of tracked processes (the `TRACKED` map, seeded by the agent with `--pid` and its
+//! descendants, grown here at fork) produce per-process data; everything else is at most a
+//! host-level counter. Field offsets come from the agent (`OFFSETS`), read from tracefs format
+//! files: aya has no CO-RE.
+#![no_std]
+#![no_main]
+
+mod block;
+mod common;
+mod process;
+mod reclaim;
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    loop {}
+}
+
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 4] = *b"GPL\0";

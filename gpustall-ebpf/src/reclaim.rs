@@ -1,0 +1,208 @@
+//! The memory-pressure chain: reclaim stalls paired per thread, swap-out counted per process,
+//! kswapd wakeups and reclaim throttling.
+
+use aya_ebpf::{helpers::bpf_ktime_get_ns, macros::tracepoint, programs::TracePointContext};
+use gpustall_common::{
+    counters::{HostCounter, LostCounter},
+    events::{EventKind, ReclaimEvent, ThrottledEvent},
+    reclaim::{on_begin, on_end, EndOutcome, ReclaimKind},
+};
+
+use crate::common::{
+    add_per_cpu, emit, field, header, is_tracked, offset, pid_tgid, update_proc_counters, BULK,
+    HOST, RECLAIM_START,
+};
+
+#[inline(always)]
+fn begin(kind: ReclaimKind) -> u32 {
+    let (_, tid) = pid_tgid();
+    // SAFETY: the value is copied out at once.
+    let existing = unsafe { RECLAIM_START.get(&tid) }.copied();
+    let next = on_begin(existing.as_ref(), kind, unsafe { bpf_ktime_get_ns() });
+    if RECLAIM_START.insert(&tid, &next, 0).is_err() {
+        crate::common::add_lost(LostCounter::MapFull);
+    }
+    0
+}
+
+#[inline(always)]
+fn end(ctx: &TracePointContext) -> u32 {
+    let (tgid, tid) = pid_tgid();
+    // SAFETY: the value is copied out at once.
+    let existing = unsafe { RECLAIM_START.get(&tid) }.copied();
+    let now = unsafe { bpf_ktime_get_ns() };
+    let (kind, start_ns, duration_ns) = match on_end(existing.as_ref(), now) {
+        EndOutcome::Unmatched => return 0,
+        EndOutcome::Inner(s) => {
+            let _ = RECLAIM_START.insert(&tid, &s, 0);
+            return 0;
+        }
+        EndOutcome::Complete { kind, start_ns, duration_ns } => (kind, start_ns, duration_ns),
+    };
+    let _ = RECLAIM_START.remove(&tid);
+    let nr_reclaimed: u64 = field(ctx, offset!(reclaim_end_nr_reclaimed)).unwrap_or(0);
+    if kind == ReclaimKind::Kswapd as u32 {
+        // Only kswapd_sleep ends a kswapd episode (see kswapd_sleep).
+        return 0;
+    }
+    if is_tracked(tgid) {
+        update_proc_counters(tgid, |c| {
+            if kind == ReclaimKind::Memcg as u32 {
+                c.memcg_reclaim_count += 1;
+                c.memcg_reclaim_ns += duration_ns;
+            } else {
+                c.direct_reclaim_count += 1;
+                c.direct_reclaim_ns += duration_ns;
+            }
+            c.reclaimed_pages += nr_reclaimed;
+        });
+        emit(
+            &BULK,
+            LostCounter::BulkRing,
+            ReclaimEvent {
+                header: header(EventKind::Reclaim, tgid, tid),
+                kind,
+                _pad: 0,
+                start_ns,
+                duration_ns,
+                nr_reclaimed,
+            },
+        );
+    } else if kind == ReclaimKind::Memcg as u32 {
+        add_per_cpu(&HOST, HostCounter::OtherMemcgReclaimCount as u32, 1);
+        add_per_cpu(&HOST, HostCounter::OtherMemcgReclaimNs as u32, duration_ns);
+    } else {
+        add_per_cpu(&HOST, HostCounter::OtherDirectReclaimCount as u32, 1);
+        add_per_cpu(&HOST, HostCounter::OtherDirectReclaimNs as u32, duration_ns);
+    }
+    0
+}
+
+#[tracepoint]
+pub fn mm_vmscan_direct_reclaim_begin(_ctx: TracePointContext) -> u32 {
+    begin(ReclaimKind::Direct)
+}
+
+#[tracepoint]
+pub fn mm_vmscan_direct_reclaim_end(ctx: TracePointContext) -> u32 {
+    end(&ctx)
+}
+
+#[tracepoint]
+pub fn mm_vmscan_memcg_reclaim_begin(_ctx: TracePointContext) -> u32 {
+    begin(ReclaimKind::Memcg)
+}
+
+#[tracepoint]
+pub fn mm_vmscan_memcg_reclaim_end(ctx: TracePointContext) -> u32 {
+    end(&ctx)
+}
+
+/// kswapd wakes to balance a node: its swap-out and I/O until it sleeps are background reclaim.
+#[tracepoint]
+pub fn mm_vmscan_kswapd_wake(_ctx: TracePointContext) -> u32 {
+    let (_, tid) = pid_tgid();
+    let start = on_begin(None, ReclaimKind::Kswapd, unsafe { bpf_ktime_get_ns() });
+    let _ = RECLAIM_START.insert(&tid, &start, 0);
+    0
+}
+
+#[tracepoint]
+pub fn mm_vmscan_kswapd_sleep(_ctx: TracePointContext) -> u32 {
+    let (tgid, tid) = pid_tgid();
+    // SAFETY: the value is copied out at once.
+    let existing = unsafe { RECLAIM_START.get(&tid) }.copied();
+    if let EndOutcome::Complete { kind, start_ns, duration_ns } =
+        on_end(existing.as_ref(), unsafe { bpf_ktime_get_ns() })
+    {
+        let _ = RECLAIM_START.remove(&tid);
+        emit(
+            &BULK,
+            LostCounter::BulkRing,
+            ReclaimEvent {
+                header: header(EventKind::Reclaim, tgid, tid),
+                kind,
+                _pad: 0,
+                start_ns,
+                duration_ns,
+                nr_reclaimed: 0,
+            },
+        );
+    }
+    0
+}
+
+/// True when the current thread is kswapd between wake and sleep.
+#[inline(always)]
+pub fn in_kswapd(tid: u32) -> bool {
+    // SAFETY: read-only peek.
+    matches!(unsafe { RECLAIM_START.get(&tid) }, Some(s) if s.kind == ReclaimKind::Kswapd as u32)
+}
+
+const RECLAIM_WB_ANON: i32 = 0x1;
+
+/// mm_vmscan_write_folio fires once per folio that reclaim writes out: counted here per
+/// process, never sent as a record.
+#[tracepoint]
+pub fn mm_vmscan_write_folio(ctx: TracePointContext) -> u32 {
+    let (tgid, tid) = pid_tgid();
+    let flags: i32 = field(&ctx, offset!(write_folio_flags)).unwrap_or(0);
+    let anon = flags & RECLAIM_WB_ANON != 0;
+    if is_tracked(tgid) {
+        update_proc_counters(tgid, |c| {
+            if anon {
+                c.swapout_anon_folios += 1;
+            } else {
+                c.writeback_file_folios += 1;
+            }
+        });
+        return 0;
+    }
+    let idx = match (in_kswapd(tid), anon) {
+        (true, true) => HostCounter::KswapdSwapoutAnon,
+        (true, false) => HostCounter::KswapdWritebackFile,
+        (false, true) => HostCounter::OtherSwapoutAnon,
+        (false, false) => HostCounter::OtherWritebackFile,
+    };
+    add_per_cpu(&HOST, idx as u32, 1);
+    0
+}
+
+/// Fired in the allocating task: who woke kswapd.
+#[tracepoint]
+pub fn mm_vmscan_wakeup_kswapd(_ctx: TracePointContext) -> u32 {
+    let (tgid, _) = pid_tgid();
+    if is_tracked(tgid) {
+        update_proc_counters(tgid, |c| c.kswapd_wakeups += 1);
+    } else {
+        add_per_cpu(&HOST, HostCounter::KswapdWakeups as u32, 1);
+    }
+    0
+}
+
+/// Reclaim waited (on writeback, congestion, isolation): the "disk busy with swap" signal.
+#[tracepoint]
+pub fn mm_vmscan_throttled(ctx: TracePointContext) -> u32 {
+    let (tgid, tid) = pid_tgid();
+    if !is_tracked(tgid) {
+        add_per_cpu(&HOST, HostCounter::OtherThrottledCount as u32, 1);
+        return 0;
+    }
+    let delayed: i32 = field(&ctx, offset!(throttled_usec_delayed)).unwrap_or(0);
+    update_proc_counters(tgid, |c| {
+        c.throttled_count += 1;
+        c.throttled_us += delayed.max(0) as u64;
+    });
+    emit(
+        &BULK,
+        LostCounter::BulkRing,
+        ThrottledEvent {
+            header: header(EventKind::Throttled, tgid, tid),
+            usec_timeout: field(&ctx, offset!(throttled_usec_timeout)).unwrap_or(0),
+            usec_delayed: delayed,
+            reason: field(&ctx, offset!(throttled_reason)).unwrap_or(0),
+            nid: field(&ctx, offset!(throttled_nid)).unwrap_or(0),
+        },
+    );
+    0
+}
