@@ -62,10 +62,12 @@ const _: () = assert!(core::mem::size_of::<IoKey>() == 16);
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct IoCounters {
+    /// Bytes and bios submitted (block_bio_queue, in the submitting task).
     pub bytes: u64,
-    pub requests: u64,
+    pub bios: u64,
+    /// Requests started by this task that completed (block_io_start to block_io_done), and
+    /// the sum and max of their latency.
     pub completed: u64,
-    /// Sum and max of request latency (block_io_start to block_io_done), completed requests.
     pub latency_ns_sum: u64,
     pub latency_ns_max: u64,
 }

@@ -44,13 +44,14 @@ pub struct TracepointOffsets {
     pub throttled_usec_delayed: u16,
     pub throttled_reason: u16,
     pub throttled_nid: u16,
-    // block:block_io_start / block_io_done / block_bio_queue (same names in each)
-    pub block_dev: u16,
-    pub block_sector: u16,
-    pub block_bytes: u16,
-    pub block_nr_sector: u16,
-    pub block_rwbs: u16,
-    pub _pad: u16,
+    // block:block_bio_queue: bytes per submitter, counted per bio (exact whatever merges later)
+    pub bio_dev: u16,
+    pub bio_nr_sector: u16,
+    pub bio_rwbs: u16,
+    // block:block_io_start / block_io_done (same layout): request latency
+    pub rq_dev: u16,
+    pub rq_sector: u16,
+    pub rq_rwbs: u16,
     /// Offset of `exit_code` in `struct task_struct`, from the kernel's BTF; `u32::MAX` if unknown.
     pub task_exit_code: u32,
 }
@@ -86,12 +87,12 @@ impl TracepointOffsets {
             throttled_usec_delayed: MISSING,
             throttled_reason: MISSING,
             throttled_nid: MISSING,
-            block_dev: MISSING,
-            block_sector: MISSING,
-            block_bytes: MISSING,
-            block_nr_sector: MISSING,
-            block_rwbs: MISSING,
-            _pad: 0,
+            bio_dev: MISSING,
+            bio_nr_sector: MISSING,
+            bio_rwbs: MISSING,
+            rq_dev: MISSING,
+            rq_sector: MISSING,
+            rq_rwbs: MISSING,
             task_exit_code: u32::MAX,
         }
     }

@@ -1,6 +1,7 @@
-//! Block I/O attributed to the submitting process (block_io_start runs in the submitter;
-//! block_rq_issue often runs in a kworker), summed per (process, device, direction, in reclaim),
-//! with request latency paired by (dev, sector) until block_io_done.
+//! Block I/O attributed to the submitting process. Bytes are counted per bio at
+//! block_bio_queue, which runs in the submitter (block_rq_issue often runs in a kworker) and
+//! sees every byte once, whatever merging happens later. Request latency is paired by
+//! (dev, sector) from block_io_start (also in the submitter) to block_io_done.
 
 use aya_ebpf::{
     helpers::bpf_ktime_get_ns,
@@ -8,12 +9,9 @@ use aya_ebpf::{
     maps::{LruHashMap, PerCpuArray, PerCpuHashMap},
     programs::TracePointContext,
 };
-use gpustall_common::{
-    counters::{
-        latency_bucket, HostCounter, InflightIo, InflightKey, IoCounters, IoKey, IoOp, LostCounter,
-        LATENCY_BUCKETS,
-    },
-    offsets::MISSING,
+use gpustall_common::counters::{
+    latency_bucket, HostCounter, InflightIo, InflightKey, IoCounters, IoKey, IoOp, LostCounter,
+    LATENCY_BUCKETS,
 };
 
 use crate::{
@@ -64,35 +62,42 @@ fn with_io_counters(key: &IoKey, update: impl FnOnce(&mut IoCounters)) {
     }
 }
 
+/// The I/O key of the current task, or `None` for an untracked one.
 #[inline(always)]
-fn submitted(ctx: &TracePointContext, track_latency: bool) -> u32 {
+fn current_key(dev: u32, rwbs: &[u8; 8], bytes: u64) -> Option<IoKey> {
     let (tgid, tid) = pid_tgid();
     // SAFETY: presence test.
     let in_reclaim = unsafe { RECLAIM_START.get(&tid) }.is_some();
-    let bytes = {
-        let off = offset!(block_bytes);
-        if off != MISSING {
-            field::<u32>(ctx, off).unwrap_or(0) as u64
-        } else {
-            field::<u32>(ctx, offset!(block_nr_sector)).unwrap_or(0) as u64 * 512
-        }
-    };
     if !is_tracked(tgid) {
-        if in_reclaim {
+        if in_reclaim && bytes > 0 {
             let idx = if in_kswapd(tid) { HostCounter::KswapdIoBytes } else { HostCounter::OtherReclaimIoBytes };
             add_per_cpu(&HOST, idx as u32, bytes);
         }
-        return 0;
+        return None;
     }
-    let dev: u32 = field(ctx, offset!(block_dev)).unwrap_or(0);
-    let rwbs: [u8; 8] = field(ctx, offset!(block_rwbs)).unwrap_or([0; 8]);
-    let key = IoKey { tgid, dev, op: io_op(&rwbs) as u32, in_reclaim: in_reclaim as u32 };
-    with_io_counters(&key, |c| {
-        c.bytes += bytes;
-        c.requests += 1;
-    });
-    if track_latency {
-        let sector: u64 = field(ctx, offset!(block_sector)).unwrap_or(0);
+    Some(IoKey { tgid, dev, op: io_op(rwbs) as u32, in_reclaim: in_reclaim as u32 })
+}
+
+#[tracepoint]
+pub fn block_bio_queue(ctx: TracePointContext) -> u32 {
+    let bytes = field::<u32>(&ctx, offset!(bio_nr_sector)).unwrap_or(0) as u64 * 512;
+    let dev: u32 = field(&ctx, offset!(bio_dev)).unwrap_or(0);
+    let rwbs: [u8; 8] = field(&ctx, offset!(bio_rwbs)).unwrap_or([0; 8]);
+    if let Some(key) = current_key(dev, &rwbs, bytes) {
+        with_io_counters(&key, |c| {
+            c.bytes += bytes;
+            c.bios += 1;
+        });
+    }
+    0
+}
+
+#[tracepoint]
+pub fn block_io_start(ctx: TracePointContext) -> u32 {
+    let dev: u32 = field(&ctx, offset!(rq_dev)).unwrap_or(0);
+    let rwbs: [u8; 8] = field(&ctx, offset!(rq_rwbs)).unwrap_or([0; 8]);
+    if let Some(key) = current_key(dev, &rwbs, 0) {
+        let sector: u64 = field(&ctx, offset!(rq_sector)).unwrap_or(0);
         let inflight = InflightIo { start_ns: unsafe { bpf_ktime_get_ns() }, key };
         if IO_INFLIGHT.insert(&InflightKey { dev, _pad: 0, sector }, &inflight, 0).is_err() {
             add_lost(LostCounter::MapFull);
@@ -102,20 +107,9 @@ fn submitted(ctx: &TracePointContext, track_latency: bool) -> u32 {
 }
 
 #[tracepoint]
-pub fn block_io_start(ctx: TracePointContext) -> u32 {
-    submitted(&ctx, true)
-}
-
-/// Fallback for kernels before 6.5 (no block_io_start): bytes per submitter, no latency.
-#[tracepoint]
-pub fn block_bio_queue(ctx: TracePointContext) -> u32 {
-    submitted(&ctx, false)
-}
-
-#[tracepoint]
 pub fn block_io_done(ctx: TracePointContext) -> u32 {
-    let dev: u32 = field(&ctx, offset!(block_dev)).unwrap_or(0);
-    let sector: u64 = field(&ctx, offset!(block_sector)).unwrap_or(0);
+    let dev: u32 = field(&ctx, offset!(rq_dev)).unwrap_or(0);
+    let sector: u64 = field(&ctx, offset!(rq_sector)).unwrap_or(0);
     let k = InflightKey { dev, _pad: 0, sector };
     // SAFETY: copied out at once.
     let Some(io) = (unsafe { IO_INFLIGHT.get(&k) }).copied() else {

@@ -1,0 +1,172 @@
+//! Everything the agent knows about a trace: the process tree, per-process and host
+//! measurements, OOM kills and fatal signals. Fed by decoded events and by counter snapshots;
+//! no kernel access here, so it is tested on hand-built events.
+
+use std::collections::BTreeMap;
+
+use gpustall_common::reclaim::ReclaimKind;
+
+use crate::{
+    decode::{Event, OomRss},
+    proctree::{Killer, ProcessTree},
+    stats::{HostStats, ProcStats},
+};
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OomKill {
+    pub t_ns: u64,
+    pub victim_pid: u32,
+    pub victim_comm: String,
+    pub rss: Option<OomRss>,
+    pub oom_score_adj: i32,
+    /// The task whose allocation invoked the OOM killer.
+    pub trigger_pid: u32,
+    pub trigger_comm: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SignalRecord {
+    pub t_ns: u64,
+    pub sig: i32,
+    pub si_code: i32,
+    pub sender_pid: u32,
+    pub sender_comm: String,
+    pub target_pid: u32,
+    pub target_comm: String,
+}
+
+#[derive(Default)]
+pub struct Model {
+    pub tree: ProcessTree,
+    pub procs: BTreeMap<u32, ProcStats>,
+    pub host: HostStats,
+    pub oom_kills: Vec<OomKill>,
+    pub signals: Vec<SignalRecord>,
+    /// Records received from the kernel, by ring.
+    pub events: u64,
+    pub start_ns: u64,
+    pub last_ns: u64,
+}
+
+impl Model {
+    pub fn proc_mut(&mut self, pid: u32) -> &mut ProcStats {
+        self.procs.entry(pid).or_default()
+    }
+
+    pub fn apply(&mut self, e: &Event) {
+        self.events += 1;
+        let h = e.header();
+        self.last_ns = self.last_ns.max(h.t_ns);
+        match e {
+            Event::Fork { h, child_pid, .. } => self.tree.on_fork(h.tgid, *child_pid, &h.comm, h.t_ns),
+            Event::Exit { h, exit_code } => self.tree.on_exit(h.tgid, *exit_code, h.t_ns),
+            Event::Rename { h, pid, new_comm } => self.tree.on_rename(h.tgid, *pid, new_comm),
+            Event::Exec { h, filename, .. } => self.tree.on_exec(h.tgid, &h.comm, filename),
+            Event::OomVictim { h, victim_pid, victim_comm, rss, oom_score_adj, .. } => {
+                self.tree.on_oom_victim(*victim_pid);
+                self.oom_kills.push(OomKill {
+                    t_ns: h.t_ns,
+                    victim_pid: *victim_pid,
+                    victim_comm: victim_comm.clone(),
+                    rss: *rss,
+                    oom_score_adj: *oom_score_adj,
+                    trigger_pid: h.tgid,
+                    trigger_comm: h.comm.clone(),
+                });
+            }
+            Event::Signal { h, sig, code, target_pid, target_comm, .. } => {
+                self.tree.on_signal(
+                    *target_pid,
+                    Killer {
+                        sig: *sig,
+                        sender_pid: h.tgid,
+                        sender_comm: h.comm.clone(),
+                        si_code: *code,
+                        t_ns: h.t_ns,
+                    },
+                );
+                self.signals.push(SignalRecord {
+                    t_ns: h.t_ns,
+                    sig: *sig,
+                    si_code: *code,
+                    sender_pid: h.tgid,
+                    sender_comm: h.comm.clone(),
+                    target_pid: *target_pid,
+                    target_comm: target_comm.clone(),
+                });
+            }
+            Event::Reclaim { h, kind: ReclaimKind::Kswapd, duration_ns, .. } => {
+                let _ = h;
+                self.host.kswapd_episodes += 1;
+                self.host.kswapd_ns += duration_ns;
+            }
+            Event::Reclaim { h, duration_ns, .. } => {
+                let _ = self.proc_mut(h.tgid).reclaim_stalls.record((*duration_ns).max(1));
+            }
+            Event::Throttled { .. } => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decode::Header;
+
+    fn h(tgid: u32, comm: &str, t_ns: u64) -> Header {
+        Header { t_ns, tgid, tid: tgid, comm: comm.into() }
+    }
+
+    #[test]
+    fn oom_kill_chain_marks_victim_and_killer() {
+        let mut m = Model::default();
+        m.tree.seed(10, 1, "trainer", true, 0);
+        m.apply(&Event::Fork { h: h(10, "trainer", 1), child_pid: 11, clone_flags: 0x11 });
+        m.apply(&Event::Rename { h: h(11, "trainer", 2), pid: 11, new_comm: "pt_data_worker".into() });
+        m.apply(&Event::Reclaim {
+            h: h(11, "pt_data_worker", 3),
+            kind: ReclaimKind::Memcg,
+            start_ns: 2,
+            duration_ns: 1_000_000,
+            nr_reclaimed: 32,
+        });
+        m.apply(&Event::OomVictim {
+            h: h(10, "trainer", 4),
+            victim_pid: 11,
+            victim_comm: "pt_data_worker".into(),
+            rss: Some(OomRss { total_vm_kb: 1, anon_rss_kb: 900_000, file_rss_kb: 0, shmem_rss_kb: 0 }),
+            oom_score_adj: 0,
+            uid: 0,
+        });
+        m.apply(&Event::Signal {
+            h: h(10, "trainer", 5),
+            sig: 9,
+            code: 0x80,
+            target_pid: 11,
+            result: 0,
+            target_comm: "pt_data_worker".into(),
+        });
+        m.apply(&Event::Exit { h: h(11, "pt_data_worker", 6), exit_code: Some(9) });
+        let n = m.tree.get(11).expect("worker");
+        assert!(n.oom_killed);
+        assert_eq!(n.exit_signal(), Some(9));
+        assert_eq!(n.killed_by.as_ref().map(|k| k.sender_pid), Some(10));
+        assert_eq!(m.oom_kills[0].trigger_pid, 10);
+        assert_eq!(m.procs[&11].reclaim_stalls.len(), 1);
+        assert_eq!(m.events, 6);
+    }
+
+    #[test]
+    fn kswapd_episodes_are_host_level() {
+        let mut m = Model::default();
+        m.apply(&Event::Reclaim {
+            h: h(77, "kswapd0", 1),
+            kind: ReclaimKind::Kswapd,
+            start_ns: 0,
+            duration_ns: 500,
+            nr_reclaimed: 0,
+        });
+        assert_eq!((m.host.kswapd_episodes, m.host.kswapd_ns), (1, 500));
+        assert!(m.procs.is_empty());
+    }
+}
