@@ -132,7 +132,8 @@ pub async fn run(opts: TraceOptions) -> anyhow::Result<()> {
         }));
         r.flush();
     }
-    if !opts.quiet {
+    {
+        // Printed even with --quiet: it is the cue that tracing has begun.
         eprintln!(
             "gpustall: tracing pid {} and its descendants ({} processes now, {} tracepoints){}",
             opts.pid,

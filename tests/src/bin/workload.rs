@@ -1,1 +1,201 @@
-fn main(){}
+//! Workloads for gpustall's end-to-end tests: real processes doing real things (forking,
+//! renaming, allocating until the kernel reclaims, swaps or OOM-kills them).
+//!
+//! Every mode first waits for a line on stdin, so a test can start the tracer on this process
+//! and release the workload once the tracer is attached. Each process reports itself as one
+//! JSON line on stdout: `{"role":..,"pid":..,"ppid":..}`.
+
+use std::io::{BufRead, Write};
+
+fn say(role: &str, extra: &str) {
+    // SAFETY: getpid/getppid cannot fail.
+    let (pid, ppid) = unsafe { (libc::getpid(), libc::getppid()) };
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{{\"role\":\"{role}\",\"pid\":{pid},\"ppid\":{ppid}{extra}}}");
+    let _ = out.flush();
+}
+
+fn wait_for_go() {
+    let mut line = String::new();
+    let _ = std::io::stdin().lock().read_line(&mut line);
+}
+
+fn set_name(name: &str) {
+    let c = std::ffi::CString::new(name).expect("no NUL in name");
+    // SAFETY: PR_SET_NAME with a valid NUL-terminated string (the kernel copies 16 bytes max).
+    unsafe { libc::prctl(libc::PR_SET_NAME, c.as_ptr() as libc::c_ulong, 0, 0, 0) };
+}
+
+/// Forks; the child runs `f` and exits with its return value.
+fn fork_child(f: impl FnOnce() -> i32) -> libc::pid_t {
+    // SAFETY: the child only runs `f` (no locks held across fork in this single-threaded
+    // program) and leaves with _exit.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        panic!("fork failed: {}", std::io::Error::last_os_error());
+    }
+    if pid == 0 {
+        let code = f();
+        let _ = std::io::stdout().flush();
+        // SAFETY: ends the child without running the parent's atexit handlers twice.
+        unsafe { libc::_exit(code) };
+    }
+    pid
+}
+
+/// Waits for one child; returns (pid, raw wait status).
+fn wait_any() -> Option<(libc::pid_t, i32)> {
+    let mut status = 0;
+    // SAFETY: valid out pointer.
+    let pid = unsafe { libc::waitpid(-1, &mut status, 0) };
+    (pid > 0).then_some((pid, status))
+}
+
+fn sleep_ms(ms: u64) {
+    std::thread::sleep(std::time::Duration::from_millis(ms));
+}
+
+/// A parent, two children, a grandchild; child "a" renames itself like a DataLoader worker.
+fn tree() -> i32 {
+    wait_for_go();
+    say("parent", "");
+    fork_child(|| {
+        set_name("pt_data_worker");
+        say("a", "");
+        fork_child(|| {
+            say("grandchild", "");
+            sleep_ms(300);
+            0
+        });
+        while wait_any().is_some() {}
+        0
+    });
+    fork_child(|| {
+        say("b", "");
+        sleep_ms(300);
+        0
+    });
+    while wait_any().is_some() {}
+    0
+}
+
+/// Runs a command as a child once released: the traced process is this one, the I/O is its
+/// child's.
+fn spawn(cmd: &[String]) -> i32 {
+    wait_for_go();
+    say("parent", "");
+    let status = std::process::Command::new(&cmd[0]).args(&cmd[1..]).status();
+    match status {
+        Ok(s) => s.code().unwrap_or(1),
+        Err(e) => {
+            eprintln!("workload: cannot run {}: {e}", cmd[0]);
+            127
+        }
+    }
+}
+
+/// Anonymous memory that the kernel must keep, swap or kill for: every page is written.
+struct Hoard {
+    chunks: Vec<(*mut u8, usize)>,
+}
+
+impl Hoard {
+    fn grow(&mut self, bytes: usize) {
+        // SAFETY: a fresh private anonymous mapping; checked for MAP_FAILED below.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                bytes,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            panic!("mmap failed: {}", std::io::Error::last_os_error());
+        }
+        // SAFETY: our own mapping. 4 KiB folios, so one swapped folio is one page (as pswpout).
+        unsafe { libc::madvise(p, bytes, libc::MADV_NOHUGEPAGE) };
+        let p = p as *mut u8;
+        Self::touch(p, bytes, 1);
+        self.chunks.push((p, bytes));
+    }
+
+    fn touch(p: *mut u8, bytes: usize, salt: u8) {
+        for off in (0..bytes).step_by(4096) {
+            // SAFETY: inside the mapping; a non-zero write makes the page real anon memory.
+            unsafe { p.add(off).write_volatile(salt.wrapping_add((off >> 12) as u8) | 1) };
+        }
+    }
+
+    fn touch_all(&self, salt: u8) {
+        for &(p, n) in &self.chunks {
+            Self::touch(p, n, salt);
+        }
+    }
+}
+
+/// Workers named like PyTorch's that allocate `mib[i]` MiB in `step` MiB steps, hold it for
+/// `hold_ms` (re-writing it, so swapped pages come back and go out again), then exit 0. If one
+/// is killed, the parent stops the others and exits 1.
+fn hog(mib: &[usize], step: usize, hold_ms: u64) -> i32 {
+    wait_for_go();
+    say("parent", "");
+    let mut pids = Vec::new();
+    for (i, &target) in mib.iter().enumerate() {
+        pids.push(fork_child(move || {
+            set_name("pt_data_worker");
+            say("worker", &format!(",\"index\":{i}"));
+            let mut h = Hoard { chunks: Vec::new() };
+            let mut have = 0;
+            while have < target {
+                let n = step.min(target - have);
+                h.grow(n << 20);
+                have += n;
+            }
+            let end = std::time::Instant::now() + std::time::Duration::from_millis(hold_ms);
+            let mut salt = 2u8;
+            while std::time::Instant::now() < end {
+                h.touch_all(salt);
+                salt = salt.wrapping_add(1);
+                sleep_ms(50);
+            }
+            0
+        }));
+    }
+    let mut code = 0;
+    while let Some((_, status)) = wait_any() {
+        if libc::WIFSIGNALED(status) && code == 0 {
+            code = 1;
+            for &p in &pids {
+                // SAFETY: plain kill of our own children; an already dead one gives ESRCH.
+                unsafe { libc::kill(p, libc::SIGTERM) };
+            }
+        }
+    }
+    code
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let code = match args.first().map(String::as_str) {
+        Some("tree") => tree(),
+        Some("spawn") if args.len() > 1 => spawn(&args[1..]),
+        Some("hog") => {
+            // hog MIB[,MIB..] STEP_MIB HOLD_MS
+            let mib: Vec<usize> = args
+                .get(1)
+                .map(|s| s.split(',').filter_map(|v| v.parse().ok()).collect())
+                .unwrap_or_default();
+            let step = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(8);
+            let hold = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(0);
+            hog(&mib, step, hold)
+        }
+        _ => {
+            eprintln!("usage: gpustall-workload tree | spawn CMD [ARGS..] | hog MIB[,MIB..] STEP_MIB HOLD_MS");
+            2
+        }
+    };
+    std::process::exit(code);
+}

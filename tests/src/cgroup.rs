@@ -1,0 +1,84 @@
+//! A memory-limited cgroup for one test (v1 memory controller, or cgroup v2 where it has the
+//! memory controller), removed on drop after killing whatever is left in it.
+
+use std::path::PathBuf;
+
+pub struct MemCgroup {
+    pub path: PathBuf,
+    v2: bool,
+}
+
+fn write(path: &std::path::Path, value: &str) {
+    std::fs::write(path, value).unwrap_or_else(|e| panic!("writing {value} to {}: {e}", path.display()));
+}
+
+impl MemCgroup {
+    /// `limit_mib` of memory; swap allowed or not.
+    pub fn new(tag: &str, limit_mib: u64, allow_swap: bool) -> Self {
+        let name = format!("gpustall-test-{tag}-{}-{}", std::process::id(), crate::unique());
+        let v2_root = PathBuf::from("/sys/fs/cgroup");
+        let v2 = std::fs::read_to_string(v2_root.join("cgroup.controllers")).map(|c| c.split_whitespace().any(|x| x == "memory")).unwrap_or(false);
+        let cg = if v2 {
+            let _ = std::fs::write(v2_root.join("cgroup.subtree_control"), "+memory");
+            Self { path: v2_root.join(name), v2 }
+        } else {
+            let root = PathBuf::from("/sys/fs/cgroup/memory");
+            assert!(root.join("memory.limit_in_bytes").exists(), "no memory cgroup controller (v1 at {} or v2 at /sys/fs/cgroup)", root.display());
+            Self { path: root.join(name), v2 }
+        };
+        std::fs::create_dir(&cg.path).unwrap_or_else(|e| panic!("mkdir {}: {e}", cg.path.display()));
+        let bytes = (limit_mib << 20).to_string();
+        if cg.v2 {
+            write(&cg.path.join("memory.max"), &bytes);
+            write(&cg.path.join("memory.swap.max"), if allow_swap { "max" } else { "0" });
+        } else {
+            write(&cg.path.join("memory.limit_in_bytes"), &bytes);
+            // memsw is memory+swap: equal to the limit means no swap at all.
+            let memsw = cg.path.join("memory.memsw.limit_in_bytes");
+            if !allow_swap && memsw.exists() {
+                write(&memsw, &bytes);
+            }
+            write(&cg.path.join("memory.swappiness"), if allow_swap { "60" } else { "0" });
+        }
+        cg
+    }
+
+    pub fn add(&self, pid: u32) {
+        write(&self.path.join("cgroup.procs"), &pid.to_string());
+    }
+
+    fn procs(&self) -> Vec<i32> {
+        std::fs::read_to_string(self.path.join("cgroup.procs"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect()
+    }
+
+    /// The cgroup's own count of OOM kills.
+    pub fn oom_kills(&self) -> u64 {
+        let (file, key) = if self.v2 { ("memory.events", "oom_kill") } else { ("memory.oom_control", "oom_kill") };
+        std::fs::read_to_string(self.path.join(file))
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| l.strip_prefix(key).and_then(|v| v.trim().parse().ok()))
+            .unwrap_or(0)
+    }
+}
+
+impl Drop for MemCgroup {
+    fn drop(&mut self) {
+        for _ in 0..100 {
+            let procs = self.procs();
+            for p in &procs {
+                // SAFETY: plain kill of a leftover test process.
+                unsafe { libc::kill(*p, libc::SIGKILL) };
+            }
+            if std::fs::remove_dir(&self.path).is_ok() {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        eprintln!("warning: could not remove cgroup {}", self.path.display());
+    }
+}

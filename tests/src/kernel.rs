@@ -1,0 +1,110 @@
+//! The kernel's own counters, the ground truth tests compare gpustall with: /proc/vmstat, the
+//! kernel log's OOM-kill lines, and swap.
+
+use std::{io::Read, os::fd::AsRawFd, path::PathBuf};
+
+pub fn vmstat(key: &str) -> u64 {
+    std::fs::read_to_string("/proc/vmstat")
+        .expect("/proc/vmstat")
+        .lines()
+        .find_map(|l| l.strip_prefix(key).and_then(|r| r.strip_prefix(' ')).and_then(|v| v.trim().parse().ok()))
+        .unwrap_or_else(|| panic!("no {key} in /proc/vmstat"))
+}
+
+/// The kernel log from the moment of `open_at_end`.
+pub struct Kmsg(std::fs::File);
+
+impl Kmsg {
+    pub fn open_at_end() -> Self {
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags_nonblock()
+            .open("/dev/kmsg")
+            .expect("opening /dev/kmsg (root needed)");
+        // SAFETY: valid fd; SEEK_END on /dev/kmsg skips to the newest record.
+        unsafe { libc::lseek(f.as_raw_fd(), 0, libc::SEEK_END) };
+        Self(f)
+    }
+
+    /// Records since opening (each read returns one record).
+    pub fn read_new(&mut self) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut buf = vec![0u8; 8192];
+        loop {
+            match self.0.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => out.push(String::from_utf8_lossy(&buf[..n]).into_owned()),
+                Err(e) if e.raw_os_error() == Some(libc::EPIPE) => continue, // overwritten records
+                Err(_) => break,                                            // EAGAIN: no more
+            }
+        }
+        out
+    }
+}
+
+trait NonBlock {
+    fn custom_flags_nonblock(&mut self) -> &mut Self;
+}
+
+impl NonBlock for std::fs::OpenOptions {
+    fn custom_flags_nonblock(&mut self) -> &mut Self {
+        use std::os::unix::fs::OpenOptionsExt;
+        self.custom_flags(libc::O_NONBLOCK)
+    }
+}
+
+/// Pids in "Killed process N (comm)" lines of the kernel log.
+pub fn oom_killed_pids(log: &[String]) -> Vec<u32> {
+    log.iter()
+        .filter_map(|l| l.split("Killed process ").nth(1))
+        .filter_map(|r| r.split_whitespace().next()?.parse().ok())
+        .collect()
+}
+
+/// A swap file made for a test when the machine has no swap; swapped off and removed on drop.
+pub struct SwapFile(Option<PathBuf>);
+
+pub fn has_swap() -> bool {
+    std::fs::read_to_string("/proc/swaps").map(|s| s.lines().count() > 1).unwrap_or(false)
+}
+
+impl SwapFile {
+    pub fn ensure(mib: u64) -> Self {
+        if has_swap() {
+            return Self(None);
+        }
+        let path = PathBuf::from(format!("/var/tmp/gpustall-test-swap-{}-{}", std::process::id(), crate::unique()));
+        let run = |cmd: &str, args: &[&str]| {
+            let ok = std::process::Command::new(cmd).args(args).status().map(|s| s.success()).unwrap_or(false);
+            assert!(ok, "{cmd} {args:?} failed");
+        };
+        let guard = Self(Some(path.clone()));
+        let p = path.to_str().expect("utf-8 path");
+        run("fallocate", &["-l", &format!("{mib}M"), p]);
+        run("chmod", &["600", p]);
+        run("mkswap", &["-q", p]);
+        run("swapon", &[p]);
+        guard
+    }
+}
+
+impl Drop for SwapFile {
+    fn drop(&mut self) {
+        if let Some(p) = &self.0 {
+            let _ = std::process::Command::new("swapoff").arg(p).status();
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn parses_oom_kill_lines() {
+        let log = vec![
+            "3,1234,5678,-;Memory cgroup out of memory: Killed process 4242 (pt_data_worker) total-vm:1kB, anon-rss:2kB".to_string(),
+            "6,1,2,-;something else".to_string(),
+        ];
+        assert_eq!(super::oom_killed_pids(&log), vec![4242]);
+    }
+}

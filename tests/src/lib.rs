@@ -1,0 +1,97 @@
+//! Harness for gpustall's privileged end-to-end tests: they run the real tracer against real
+//! processes on the running kernel, and compare with the kernel's own counters.
+//!
+//! Everything that changes the machine (memory cgroups, swap files) is undone by a guard that
+//! runs on failure too, and memory-pressure scenarios are serialised across test processes.
+
+pub mod cgroup;
+pub mod kernel;
+pub mod procs;
+
+use std::path::PathBuf;
+
+/// Fails loudly (never skips) when the machine cannot run these tests.
+pub fn require_privileged_env() {
+    // SAFETY: geteuid cannot fail.
+    assert_eq!(unsafe { libc::geteuid() }, 0, "these tests load eBPF programs and make cgroups: run them as root (cargo xtask test)");
+    assert!(
+        std::path::Path::new("/sys/kernel/btf/vmlinux").exists(),
+        "the kernel has no BTF (/sys/kernel/btf/vmlinux): gpustall needs CONFIG_DEBUG_INFO_BTF"
+    );
+    if !std::path::Path::new("/sys/kernel/tracing/events").is_dir() {
+        let ok = std::process::Command::new("mount")
+            .args(["-t", "tracefs", "nodev", "/sys/kernel/tracing"])
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+        assert!(ok, "tracefs is not mounted and cannot be mounted at /sys/kernel/tracing");
+    }
+}
+
+fn workspace_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// The gpustall binary under test: `GPUSTALL_BIN`, or the workspace's debug build.
+pub fn gpustall_bin() -> PathBuf {
+    let p = std::env::var_os("GPUSTALL_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target/debug/gpustall"));
+    assert!(p.exists(), "{} is missing: build it first (cargo build -p gpustall, or cargo xtask test)", p.display());
+    p
+}
+
+/// The stand-in NVML library built by the workspace (crate nvml-stub).
+pub fn nvml_stub() -> PathBuf {
+    let p = workspace_root().join("target/debug/libnvidia_ml_stub.so");
+    assert!(p.exists(), "{} is missing: build it first (cargo build -p nvml-stub, or cargo xtask test)", p.display());
+    p
+}
+
+/// A private scratch directory removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> Self {
+        let p = std::env::temp_dir().join(format!("gpustall-{tag}-{}-{}", std::process::id(), unique()));
+        std::fs::create_dir_all(&p).expect("creating a temp dir");
+        Self(p)
+    }
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A number unique within this process, for names.
+pub fn unique() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    N.fetch_add(1, Ordering::Relaxed)
+}
+
+/// Holds the machine-wide lock under which one memory-pressure scenario runs at a time, across
+/// test threads and test processes (flock on a file in /run/lock).
+pub struct PressureLock {
+    _held: std::fs::File,
+}
+
+pub fn pressure_lock() -> PressureLock {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open("/run/lock/gpustall-tests.lock")
+        .or_else(|_| std::fs::OpenOptions::new().create(true).truncate(false).write(true).open("/tmp/gpustall-tests.lock"))
+        .expect("opening the test lock file");
+    // SAFETY: a valid fd; the lock is released when the file is closed.
+    let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) };
+    assert_eq!(rc, 0, "flock: {}", std::io::Error::last_os_error());
+    PressureLock { _held: f }
+}

@@ -1,0 +1,224 @@
+//! Processes under test: a workload released on cue, and the tracer, started on it and waited
+//! for until it has attached.
+
+use std::{
+    io::{BufRead, BufReader, Write},
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::mpsc,
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+
+use crate::{cgroup::MemCgroup, TempDir};
+
+/// A workload process that waits for a line on stdin before it does anything.
+pub struct Workload {
+    pub child: Child,
+    lines: mpsc::Receiver<String>,
+}
+
+impl Workload {
+    /// Starts `bin args..`, in `cgroup` if given (moved there before it is released).
+    pub fn start(bin: &Path, args: &[&str], cgroup: Option<&MemCgroup>) -> Self {
+        let mut child = Command::new(bin)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {}: {e}", bin.display()));
+        if let Some(cg) = cgroup {
+            cg.add(child.id());
+        }
+        let out = child.stdout.take().expect("piped stdout");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        Self { child, lines: rx }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Releases the workload.
+    pub fn go(&mut self) {
+        let stdin = self.child.stdin.as_mut().expect("piped stdin");
+        stdin.write_all(b"go\n").expect("releasing the workload");
+        stdin.flush().expect("flush");
+    }
+
+    /// Waits for the workload to end (killing it after `timeout`); returns its exit code and the
+    /// JSON lines its processes printed.
+    pub fn wait(mut self, timeout: Duration) -> (Option<i32>, Vec<Value>) {
+        let end = Instant::now() + timeout;
+        let status = loop {
+            if let Some(s) = self.child.try_wait().expect("try_wait") {
+                break s;
+            }
+            if Instant::now() > end {
+                let _ = self.child.kill();
+                panic!("workload {} did not finish within {timeout:?}", self.child.id());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        std::thread::sleep(Duration::from_millis(50));
+        let lines = self.lines.try_iter().filter_map(|l| serde_json::from_str(&l).ok()).collect();
+        (status.code(), lines)
+    }
+}
+
+impl Drop for Workload {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// gpustall trace running on a pid.
+pub struct Tracer {
+    child: Child,
+    stderr: mpsc::Receiver<String>,
+    pub dir: TempDir,
+    stderr_seen: Vec<String>,
+}
+
+/// What a finished trace left.
+pub struct TraceResult {
+    pub code: Option<i32>,
+    pub summary: Value,
+    pub record: Vec<Value>,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Tracer {
+    /// Starts `gpustall trace --pid PID` with a recording and a summary file, plus `extra`
+    /// arguments, and returns once it says it is tracing.
+    pub fn start(pid: u32, extra: &[&str]) -> Self {
+        Self::start_with_env(pid, extra, &[])
+    }
+
+    pub fn start_with_env(pid: u32, extra: &[&str], env: &[(&str, &str)]) -> Self {
+        let dir = TempDir::new("trace");
+        let mut cmd = Command::new(crate::gpustall_bin());
+        cmd.arg("trace")
+            .arg("--pid")
+            .arg(pid.to_string())
+            .arg("--record")
+            .arg(dir.path("record.jsonl"))
+            .arg("--summary-json")
+            .arg(dir.path("summary.json"))
+            .args(extra)
+            .envs(env.iter().copied())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = cmd.spawn().expect("starting gpustall");
+        let err = child.stderr.take().expect("piped stderr");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(err).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let mut t = Self { child, stderr: rx, dir, stderr_seen: Vec::new() };
+        let end = Instant::now() + Duration::from_secs(60);
+        loop {
+            match t.stderr.recv_timeout(Duration::from_millis(100)) {
+                Ok(line) => {
+                    let ready = line.starts_with("gpustall: tracing");
+                    t.stderr_seen.push(line);
+                    if ready {
+                        return t;
+                    }
+                }
+                Err(_) => {
+                    if let Some(s) = t.child.try_wait().expect("try_wait") {
+                        panic!("gpustall exited ({s}) before tracing:\n{}", t.stderr_seen.join("\n"));
+                    }
+                    assert!(Instant::now() < end, "gpustall did not start tracing within 60 s");
+                }
+            }
+        }
+    }
+
+    pub fn record_path(&self) -> PathBuf {
+        self.dir.path("record.jsonl")
+    }
+
+    /// Waits for the trace to end by itself (every traced process exited, or --duration).
+    pub fn wait(mut self, timeout: Duration) -> TraceResult {
+        let end = Instant::now() + timeout;
+        let status = loop {
+            if let Some(s) = self.child.try_wait().expect("try_wait") {
+                break s;
+            }
+            if Instant::now() > end {
+                // SAFETY: plain kill of our child: ask it to stop and write what it has.
+                unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
+                let s = self.child.wait().expect("wait");
+                panic!("gpustall did not finish within {timeout:?} (stopped it: {s})");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        self.finish(status.code())
+    }
+
+    /// Stops the trace with SIGINT (as Ctrl-C) and collects it.
+    pub fn stop(mut self) -> TraceResult {
+        // SAFETY: plain kill of our child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
+        let s = self.child.wait().expect("wait");
+        self.finish(s.code())
+    }
+
+    fn finish(&mut self, code: Option<i32>) -> TraceResult {
+        let mut stdout = String::new();
+        if let Some(mut o) = self.child.stdout.take() {
+            let _ = std::io::Read::read_to_string(&mut o, &mut stdout);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        self.stderr_seen.extend(self.stderr.try_iter());
+        let stderr = self.stderr_seen.join("\n");
+        let summary = std::fs::read_to_string(self.dir.path("summary.json"))
+            .ok()
+            .and_then(|t| serde_json::from_str(&t).ok())
+            .unwrap_or_else(|| panic!("gpustall wrote no summary (exit {code:?}):\n{stderr}\n{stdout}"));
+        let record = std::fs::read_to_string(self.record_path())
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("recording line does not parse ({e}): {l}")))
+            .collect();
+        TraceResult { code, summary, record, stdout, stderr }
+    }
+}
+
+impl Drop for Tracer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl TraceResult {
+    /// The summary's entry for a pid.
+    pub fn process(&self, pid: u32) -> &Value {
+        self.processes()
+            .iter()
+            .find(|p| p["pid"] == pid)
+            .unwrap_or_else(|| panic!("pid {pid} is not in the summary: {:#}", self.summary["processes"]))
+    }
+
+    pub fn processes(&self) -> &Vec<Value> {
+        self.summary["processes"].as_array().expect("processes is a list")
+    }
+
+    pub fn u64_of(&self, pid: u32, field: &str) -> u64 {
+        self.process(pid)[field].as_u64().unwrap_or_else(|| panic!("{field} of {pid} is not a number"))
+    }
+}

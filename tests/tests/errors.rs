@@ -1,0 +1,44 @@
+//! Bad input gives one clear line and a non-zero exit.
+
+use std::process::Command;
+
+fn run(args: &[&str], as_nobody: bool) -> (i32, String) {
+    let bin = tests::gpustall_bin();
+    let out = if as_nobody {
+        Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all"])
+            .arg(&bin)
+            .args(args)
+            .output()
+    } else {
+        Command::new(&bin).args(args).output()
+    }
+    .expect("running gpustall");
+    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+#[test]
+fn no_such_pid_is_one_line() {
+    tests::require_privileged_env();
+    let (code, err) = run(&["trace", "--pid", "999999999"], false);
+    assert_eq!(code, 1);
+    assert!(err.contains("no such process: 999999999"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+}
+
+#[test]
+fn not_root_says_which_capabilities() {
+    tests::require_privileged_env();
+    let (code, err) = run(&["trace", "--pid", "1"], true);
+    assert_eq!(code, 1);
+    assert!(err.contains("needs root"), "{err}");
+    assert!(err.contains("CAP_BPF") && err.contains("CAP_PERFMON"), "{err}");
+    assert_eq!(err.trim().lines().filter(|l| l.starts_with("gpustall: error")).count(), 1, "{err}");
+}
+
+#[test]
+fn bad_duration_is_rejected_by_the_cli() {
+    let (code, err) = run(&["trace", "--pid", "1", "--duration", "soon"], false);
+    assert_eq!(code, 2);
+    assert!(err.contains("--duration"), "{err}");
+}

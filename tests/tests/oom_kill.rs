@@ -1,0 +1,52 @@
+//! An OOM kill inside a memory-limited cgroup: exactly the victim the kernel names, with its
+//! anon-rss, marked oom_killed with exit signal 9.
+
+use std::time::Duration;
+
+use tests::{
+    cgroup::MemCgroup,
+    kernel::{oom_killed_pids, Kmsg},
+    procs::{Tracer, Workload},
+};
+
+#[test]
+fn oom_victim_in_a_memory_cgroup_is_recorded() {
+    tests::require_privileged_env();
+    let _lock = tests::pressure_lock();
+    let cg = MemCgroup::new("oom", 256, false);
+    let mut kmsg = Kmsg::open_at_end();
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_gpustall-workload"));
+    // Worker 0 grows past the limit; 1 and 2 hold 40 MiB each, so there is exactly one victim.
+    let mut w = Workload::start(bin, &["hog", "600,40,40", "8", "3000"], Some(&cg));
+    let tracer = Tracer::start(w.pid(), &["--quiet"]);
+    w.go();
+    let (code, lines) = w.wait(Duration::from_secs(120));
+    let t = tracer.wait(Duration::from_secs(30));
+    let log = kmsg.read_new();
+    let killed = oom_killed_pids(&log);
+    assert_eq!(code, Some(1), "the parent saw a worker killed");
+    assert_eq!(killed.len(), 1, "the kernel killed exactly one process: {log:?}");
+    assert_eq!(cg.oom_kills(), 1, "the cgroup's own OOM count");
+    let victim = killed[0];
+    let worker0 = lines.iter().find(|l| l["role"] == "worker" && l["index"] == 0).expect("worker 0")["pid"].as_u64().expect("pid") as u32;
+    assert_eq!(victim, worker0, "the largest worker is the victim");
+
+    let kills = t.summary["oom_kills"].as_array().expect("oom_kills");
+    assert_eq!(kills.len(), 1, "{kills:?}");
+    assert_eq!(kills[0]["victim_pid"], victim);
+    let anon_kb = kills[0]["anon_rss_kb"].as_u64().expect("anon_rss_kb");
+    eprintln!("OOM victim {victim}: anon-rss {anon_kb} kB by gpustall; kernel log: {:?}", log.iter().find(|l| l.contains("Killed process")));
+    assert!((150 * 1024..=256 * 1024).contains(&anon_kb), "anon-rss {anon_kb} kB of a worker in a 256 MiB cgroup");
+    let p = t.process(victim);
+    assert_eq!(p["oom_killed"], true);
+    assert_eq!(p["exit_signal"], 9);
+    assert_eq!(p["role"], "dataloader_worker");
+    assert_eq!(p["killed_by"]["sig"], 9);
+    assert_eq!(t.summary["verdict"]["cause"], "host_memory_oom");
+    assert_eq!(t.summary["verdict"]["culprit_pids"][0], victim);
+    // The other workers were not OOM-killed.
+    for l in lines.iter().filter(|l| l["role"] == "worker" && l["pid"] != victim) {
+        let other = t.process(l["pid"].as_u64().expect("pid") as u32);
+        assert_eq!(other["oom_killed"], false, "{other}");
+    }
+}
