@@ -1,1 +1,49 @@
-fn main(){}
+//! Developer commands: `cargo xtask setup | test | demo | bench`.
+//!
+//! `setup` installs what a fresh machine lacks (the pinned nightly, bpf-linker, tracefs); the
+//! others call it first, so each is one command on a fresh clone.
+
+mod bench;
+mod demo;
+mod setup;
+mod test;
+mod util;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "xtask", about = "gpustall's developer commands")]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Install the pinned nightly with rust-src, bpf-linker built against its LLVM, mount tracefs.
+    Setup,
+    /// Set up, build, and run every test (unit and privileged end-to-end; needs root).
+    Test {
+        /// Extra arguments for `cargo test` (after `--`).
+        #[arg(last = true)]
+        args: Vec<String>,
+    },
+    /// Set up, build, and trace a bundled memory-hungry workload in a memory-limited cgroup.
+    Demo,
+    /// Measure the tracer's overhead side by side with an untraced run.
+    Bench,
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let r = match cli.command {
+        Cmd::Setup => setup::run(),
+        Cmd::Test { args } => test::run(&args),
+        Cmd::Demo => demo::run(),
+        Cmd::Bench => bench::run(),
+    };
+    if let Err(e) = r {
+        eprintln!("xtask: error: {e:#}");
+        std::process::exit(1);
+    }
+}

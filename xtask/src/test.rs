@@ -1,0 +1,15 @@
+//! `cargo xtask test`: the README's test command. Sets up, builds everything the tests run
+//! (gpustall, the workloads, the stand-in NVML library), then runs every test.
+
+use crate::util::{cargo, is_root, run_cmd, workspace_root};
+
+pub fn run(extra: &[String]) -> anyhow::Result<()> {
+    if !is_root() {
+        anyhow::bail!("the end-to-end tests load eBPF programs and make cgroups and swap: run as root (sudo -E cargo xtask test)");
+    }
+    crate::setup::run_setup(true)?;
+    run_cmd(cargo().args(["build", "-p", "gpustall", "-p", "tests", "-p", "nvml-stub"]))?;
+    let bin = workspace_root().join("target/debug/gpustall");
+    run_cmd(cargo().args(["test", "--workspace", "--no-fail-fast"]).env("GPUSTALL_BIN", bin).arg("--").args(extra))
+}
+
