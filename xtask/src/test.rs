@@ -10,6 +10,6 @@ pub fn run(extra: &[String]) -> anyhow::Result<()> {
     crate::setup::run_setup(true)?;
     run_cmd(cargo().args(["build", "-p", "gpustall", "-p", "tests", "-p", "nvml-stub"]))?;
     let bin = workspace_root().join("target/debug/gpustall");
-    run_cmd(cargo().args(["test", "--workspace", "--no-fail-fast"]).env("GPUSTALL_BIN", bin).arg("--").args(extra))
+    run_cmd(cargo().args(["test", "--no-fail-fast"]).env("GPUSTALL_BIN", bin).arg("--").args(extra))
 }
 
