@@ -56,7 +56,7 @@ const PROBES: &[(&str, &str, &[&str], bool)] = &[
 /// The loaded programs and the maps the agent reads.
 pub struct Probes {
     /// Kept alive: dropping it detaches every program.
-    _ebpf: Ebpf,
+    pub ebpf: Ebpf,
     pub attached: Vec<String>,
     pub skipped: Vec<String>,
     pub maps: KernelMaps,
@@ -138,7 +138,22 @@ pub fn load(tracefs: &Tracefs, task_exit_code: Option<u32>) -> Result<Probes, Lo
     };
     let critical = take(&mut ebpf, "CRITICAL")?;
     let bulk = take(&mut ebpf, "BULK")?;
-    Ok(Probes { _ebpf: ebpf, attached, skipped, maps, critical, bulk })
+    Ok(Probes { ebpf, attached, skipped, maps, critical, bulk })
+}
+
+/// Run count and run time of each attached program (run time needs kernel.bpf_stats_enabled),
+/// sorted by name.
+pub fn program_stats(ebpf: &Ebpf, attached: &[String]) -> Vec<crate::overhead::ProgramStat> {
+    let mut stats: Vec<_> = ebpf
+        .programs()
+        .filter(|(name, _)| attached.iter().any(|a| a.ends_with(&format!(":{name}")) || a.contains(name)))
+        .filter_map(|(name, p)| {
+            let info = p.info().ok()?;
+            Some(crate::overhead::ProgramStat::new(name, info.run_count(), info.run_time().as_nanos() as u64))
+        })
+        .collect();
+    stats.sort_by(|a, b| a.name.cmp(&b.name));
+    stats
 }
 
 impl KernelMaps {

@@ -10,6 +10,7 @@ mod gpu;
 mod live;
 mod loader;
 mod model;
+mod overhead;
 mod preflight;
 mod proctree;
 mod procscan;

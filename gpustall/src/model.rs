@@ -46,6 +46,7 @@ pub struct Model {
     pub events: u64,
     pub start_ns: u64,
     pub last_ns: u64,
+    pub overhead: crate::overhead::Overhead,
 }
 
 impl Model {

@@ -31,6 +31,7 @@ pub struct Summary {
     pub signals: Vec<SignalSummary>,
     pub host: HostSummary,
     pub block_latency_us: Vec<LatencySummary>,
+    pub overhead: crate::overhead::Overhead,
     pub verdict: Verdict,
 }
 
@@ -298,6 +299,7 @@ impl Summary {
                 other_throttled_count: hc(HostCounter::OtherThrottledCount),
             },
             block_latency_us: latency,
+            overhead: m.overhead.clone(),
             verdict,
         }
     }

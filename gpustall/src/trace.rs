@@ -209,6 +209,13 @@ pub async fn run(opts: TraceOptions) -> anyhow::Result<()> {
     session.drain(critical.get_mut());
     session.drain(bulk.get_mut());
     probes.maps.read_into(&mut session.model);
+    let (cpu, rss) = crate::overhead::agent_usage();
+    session.model.overhead = crate::overhead::Overhead {
+        bpf_stats_enabled: crate::overhead::bpf_stats_enabled(),
+        programs: loader::program_stats(&probes.ebpf, &probes.attached),
+        agent_cpu_s: cpu,
+        agent_peak_rss_kb: rss,
+    };
     let end = monotonic_ns();
     session.sample_proc(end);
     let summary = session.summary(end, true);

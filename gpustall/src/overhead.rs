@@ -1,0 +1,63 @@
+//! What tracing costs: each eBPF program's run count and run time (from the kernel's BPF stats,
+//! when `kernel.bpf_stats_enabled` is 1) and the agent's own CPU time and peak memory.
+
+use serde::Serialize;
+
+#[derive(Serialize, Debug, Clone, Default, PartialEq)]
+pub struct ProgramStat {
+    pub name: String,
+    pub run_count: u64,
+    pub run_time_ns: u64,
+    pub avg_ns: Option<f64>,
+}
+
+#[derive(Serialize, Debug, Clone, Default, PartialEq)]
+pub struct Overhead {
+    /// False when the kernel does not collect run times (sysctl kernel.bpf_stats_enabled=0).
+    pub bpf_stats_enabled: bool,
+    pub programs: Vec<ProgramStat>,
+    pub agent_cpu_s: f64,
+    pub agent_peak_rss_kb: u64,
+}
+
+impl ProgramStat {
+    pub fn new(name: &str, run_count: u64, run_time_ns: u64) -> Self {
+        Self {
+            name: name.to_string(),
+            run_count,
+            run_time_ns,
+            avg_ns: (run_count > 0 && run_time_ns > 0).then(|| run_time_ns as f64 / run_count as f64),
+        }
+    }
+}
+
+pub fn bpf_stats_enabled() -> bool {
+    std::fs::read_to_string("/proc/sys/kernel/bpf_stats_enabled").is_ok_and(|s| s.trim() == "1")
+}
+
+/// CPU seconds (user + system) and peak RSS of this process.
+pub fn agent_usage() -> (f64, u64) {
+    let Ok(me) = procfs::process::Process::myself() else {
+        return (0.0, 0);
+    };
+    let ticks = procfs::ticks_per_second() as f64;
+    let cpu = me.stat().map(|s| (s.utime + s.stime) as f64 / ticks).unwrap_or(0.0);
+    let hwm = me.status().ok().and_then(|s| s.vmhwm).unwrap_or(0);
+    (cpu, hwm)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn average_only_when_measured() {
+        assert_eq!(super::ProgramStat::new("p", 10, 500).avg_ns, Some(50.0));
+        assert_eq!(super::ProgramStat::new("p", 10, 0).avg_ns, None);
+        assert_eq!(super::ProgramStat::new("p", 0, 0).avg_ns, None);
+    }
+
+    #[test]
+    fn agent_usage_is_measured() {
+        let (_, hwm) = super::agent_usage();
+        assert!(hwm > 0);
+    }
+}
