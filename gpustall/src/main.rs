@@ -7,6 +7,7 @@
 mod btf;
 mod decode;
 mod gpu;
+mod gpuwatch;
 mod live;
 mod loader;
 mod model;
@@ -75,6 +76,21 @@ process, not root, BPF unavailable, a required tracepoint missing)."
         /// How often a periodic summary goes into the recording.
         #[arg(long, value_name = "D", default_value = "10s", value_parser = humantime::parse_duration)]
         summary_every: Duration,
+        /// The NVML library to load (default: $GPUSTALL_NVML_LIB, else the driver's libnvidia-ml.so.1).
+        #[arg(long, value_name = "PATH")]
+        nvml_lib: Option<PathBuf>,
+        /// How often the GPUs are sampled.
+        #[arg(long, value_name = "D", default_value = "500ms", value_parser = humantime::parse_duration)]
+        gpu_interval: Duration,
+        /// A GPU at or under this utilisation (%) is idle.
+        #[arg(long, value_name = "PCT", default_value_t = 5)]
+        stall_threshold: u32,
+        /// An idle GPU of the job is a stall once it has been idle this long.
+        #[arg(long, value_name = "D", default_value = "3s", value_parser = humantime::parse_duration)]
+        stall_window: Duration,
+        /// Do not load NVML at all.
+        #[arg(long)]
+        no_gpu: bool,
     },
 }
 
@@ -90,8 +106,26 @@ fn main() {
         .and_then(|rt| {
             rt.block_on(async {
                 match cli.command {
-                    Command::Trace { pid, duration, record, summary_json, quiet, summary_every } => {
-                        trace::run(trace::TraceOptions { pid, duration, record, summary_json, quiet, summary_every })
+                    Command::Trace {
+                        pid,
+                        duration,
+                        record,
+                        summary_json,
+                        quiet,
+                        summary_every,
+                        nvml_lib,
+                        gpu_interval,
+                        stall_threshold,
+                        stall_window,
+                        no_gpu,
+                    } => {
+                        let gpu = (!no_gpu).then_some(trace::GpuOptions {
+                            nvml_lib,
+                            interval: gpu_interval,
+                            threshold_pct: stall_threshold,
+                            window: stall_window,
+                        });
+                        trace::run(trace::TraceOptions { pid, duration, record, summary_json, quiet, summary_every, gpu })
                             .await
                     }
                 }

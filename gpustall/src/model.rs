@@ -47,6 +47,7 @@ pub struct Model {
     pub start_ns: u64,
     pub last_ns: u64,
     pub overhead: crate::overhead::Overhead,
+    pub gpu: crate::gpuwatch::GpuState,
 }
 
 impl Model {

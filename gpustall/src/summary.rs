@@ -32,6 +32,12 @@ pub struct Summary {
     pub host: HostSummary,
     pub block_latency_us: Vec<LatencySummary>,
     pub overhead: crate::overhead::Overhead,
+    /// Why there is no GPU data, or which GPUs were sampled.
+    pub gpu_status: String,
+    /// Per GPU over the trace; `null` without GPU data.
+    pub gpu: Option<crate::gpu::GpuSummary>,
+    /// GPU stall episodes (utilisation at or under the threshold for the window).
+    pub stalls: Vec<crate::gpu::StallEpisode>,
     pub verdict: Verdict,
 }
 
@@ -300,6 +306,9 @@ impl Summary {
             },
             block_latency_us: latency,
             overhead: m.overhead.clone(),
+            gpu_status: m.gpu.status.clone(),
+            gpu: m.gpu.summary.clone(),
+            stalls: m.gpu.stalls.clone(),
             verdict,
         }
     }

@@ -13,7 +13,7 @@ use serde_json::json;
 use tokio::io::unix::AsyncFd;
 
 use crate::{
-    decode::decode, live, loader, model::Model, preflight, procscan, record::{event_json, Recorder},
+    decode::decode, gpu::monotonic_ns, gpuwatch::GpuWatch, live, loader, model::Model, preflight, procscan, record::{event_json, Recorder},
     report, summary::Summary, tracefs::Tracefs, verdict,
 };
 
@@ -25,13 +25,15 @@ pub struct TraceOptions {
     pub summary_json: Option<PathBuf>,
     pub quiet: bool,
     pub summary_every: Duration,
+    /// `None`: --no-gpu.
+    pub gpu: Option<GpuOptions>,
 }
 
-pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: valid pointer to a timespec; CLOCK_MONOTONIC is bpf_ktime_get_ns's clock.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+pub struct GpuOptions {
+    pub nvml_lib: Option<PathBuf>,
+    pub interval: Duration,
+    pub threshold_pct: u32,
+    pub window: Duration,
 }
 
 struct Session {
@@ -116,6 +118,21 @@ pub async fn run(opts: TraceOptions) -> anyhow::Result<()> {
     if !session.model.tree.contains(opts.pid) {
         anyhow::bail!("no such process: {} (it exited before tracing started)", opts.pid);
     }
+    let mut gpu = match &opts.gpu {
+        Some(g) => {
+            let detector = crate::gpu::StallDetector::new(g.threshold_pct, g.window.as_nanos() as u64);
+            let w = GpuWatch::open(g.nvml_lib.as_deref(), detector, &mut session.model);
+            eprintln!("gpustall: {}", session.model.gpu.status);
+            w
+        }
+        None => {
+            session.model.gpu.status = "GPU data is off (--no-gpu)".into();
+            None
+        }
+    };
+    let gpu_every = opts.gpu.as_ref().map_or(Duration::from_secs(3600), |g| g.interval.max(Duration::from_millis(50)));
+    let mut gpu_tick = tokio::time::interval(gpu_every);
+    gpu_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     if let Some(r) = session.recorder.as_mut() {
         r.write(&json!({
             "type": "header",
@@ -129,6 +146,7 @@ pub async fn run(opts: TraceOptions) -> anyhow::Result<()> {
             "targets": [opts.pid],
             "attached": probes.attached,
             "skipped": probes.skipped,
+            "gpu_status": session.model.gpu.status,
         }));
         r.flush();
     }
@@ -170,6 +188,11 @@ pub async fn run(opts: TraceOptions) -> anyhow::Result<()> {
                 session.drain(guard.get_inner_mut());
                 guard.clear_ready();
             }
+            _ = gpu_tick.tick(), if gpu.is_some() => {
+                if let Some(g) = gpu.as_mut() {
+                    g.tick(&mut session.model, session.recorder.as_mut());
+                }
+            }
             _ = tick.tick() => {
                 let now = monotonic_ns();
                 probes.maps.read_into(&mut session.model);
@@ -181,7 +204,7 @@ pub async fn run(opts: TraceOptions) -> anyhow::Result<()> {
                     let l = live::line(
                         (now - start) as f64 / 1e9, alive, session.model.tree.iter().count(),
                         prev, cur, prev_at.elapsed().as_secs_f64(), lost,
-                    );
+                    ) + &crate::gpuwatch::live_part(&session.model.gpu, now);
                     if tty { eprint!("\r{l}\x1b[K") } else { eprintln!("{l}") }
                 }
                 prev = cur;
@@ -218,6 +241,9 @@ pub async fn run(opts: TraceOptions) -> anyhow::Result<()> {
     };
     let end = monotonic_ns();
     session.sample_proc(end);
+    if let Some(g) = gpu.as_mut() {
+        g.finish(&mut session.model, end, session.recorder.as_mut());
+    }
     let summary = session.summary(end, true);
     if let Some(r) = session.recorder.as_mut() {
         r.write_serialize(&summary);
