@@ -22,6 +22,10 @@ pub struct GpuState {
     pub latest: Vec<GpuSample>,
     /// A stall in progress (start, gpu) for the live line.
     pub stalled_since: Option<(u64, u32)>,
+    /// Samples, and those that showed a slowdown reason (thermal, power, ...), over the trace.
+    pub samples: u64,
+    pub throttled_samples: u64,
+    pub throttle_reasons: std::collections::BTreeSet<String>,
 }
 
 pub struct GpuWatch {
@@ -67,6 +71,13 @@ impl GpuWatch {
                     o.insert("kind".into(), json!("gpu"));
                 }
                 r.write(&v);
+            }
+        }
+        for s in &samples {
+            model.gpu.samples += 1;
+            if !s.throttle_reasons.is_empty() {
+                model.gpu.throttled_samples += 1;
+                model.gpu.throttle_reasons.extend(s.throttle_reasons.iter().cloned());
             }
         }
         if let Some(summary) = model.gpu.summary.as_mut() {

@@ -5,9 +5,12 @@
 //! swaps, swap I/O saturates the disk, the OOM killer kills a worker.
 
 mod btf;
+mod context;
 mod decode;
+mod facts;
 mod gpu;
 mod gpuwatch;
+mod hostctx;
 mod live;
 mod loader;
 mod model;
@@ -21,6 +24,7 @@ mod stats;
 mod summary;
 mod trace;
 mod tracefs;
+mod trainlog;
 mod verdict;
 
 use std::{path::PathBuf, time::Duration};
@@ -91,6 +95,12 @@ process, not root, BPF unavailable, a required tracepoint missing)."
         /// Do not load NVML at all.
         #[arg(long)]
         no_gpu: bool,
+        /// Tail this training log for per-step data_time (mmengine style `data_time: 0.7384`).
+        #[arg(long, value_name = "FILE")]
+        log: Option<PathBuf>,
+        /// A regular expression with one capture group, the seconds, for other log formats.
+        #[arg(long, value_name = "REGEX", requires = "log")]
+        log_regex: Option<String>,
     },
 }
 
@@ -118,6 +128,8 @@ fn main() {
                         stall_threshold,
                         stall_window,
                         no_gpu,
+                        log,
+                        log_regex,
                     } => {
                         let gpu = (!no_gpu).then_some(trace::GpuOptions {
                             nvml_lib,
@@ -125,7 +137,7 @@ fn main() {
                             threshold_pct: stall_threshold,
                             window: stall_window,
                         });
-                        trace::run(trace::TraceOptions { pid, duration, record, summary_json, quiet, summary_every, gpu })
+                        trace::run(trace::TraceOptions { pid, duration, record, summary_json, quiet, summary_every, gpu, log, log_regex })
                             .await
                     }
                 }

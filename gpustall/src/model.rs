@@ -48,6 +48,9 @@ pub struct Model {
     pub last_ns: u64,
     pub overhead: crate::overhead::Overhead,
     pub gpu: crate::gpuwatch::GpuState,
+    pub ctx: crate::context::HostContext,
+    /// Per-step times from the training log (`--log`), with the time the line was read.
+    pub steps: Vec<(u64, crate::trainlog::StepTimes)>,
 }
 
 impl Model {
@@ -102,8 +105,10 @@ impl Model {
                 self.host.kswapd_episodes += 1;
                 self.host.kswapd_ns += duration_ns;
             }
-            Event::Reclaim { h, duration_ns, .. } => {
-                let _ = self.proc_mut(h.tgid).reclaim_stalls.record((*duration_ns).max(1));
+            Event::Reclaim { h, duration_ns, start_ns, .. } => {
+                let p = self.proc_mut(h.tgid);
+                let _ = p.reclaim_stalls.record((*duration_ns).max(1));
+                p.first_reclaim_ns = Some(p.first_reclaim_ns.map_or(*start_ns, |f| f.min(*start_ns)));
             }
             Event::Throttled { .. } => {}
         }

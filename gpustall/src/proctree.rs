@@ -9,8 +9,14 @@ use std::collections::BTreeMap;
 pub enum Role {
     /// The `--pid` given to gpustall.
     Trainer,
+    /// A training process started by torchrun / torch.distributed (elastic agent's child).
+    Rank,
     /// A PyTorch DataLoader worker process (`pt_data_worker`, `pt_multiprocess`).
     DataloaderWorker,
+    /// A process named like PyTorch's pin-memory thread (`pt_data_pin`).
+    PinMemory,
+    /// multiprocessing's forkserver (Python 3.14's default start method): workers hang off it.
+    Forkserver,
     Other,
 }
 
@@ -33,6 +39,8 @@ pub struct ProcNode {
     /// Names of threads that renamed themselves (`pt_data_pin`, `pt_thread_data_0`, ...).
     pub thread_names: BTreeMap<u32, String>,
     pub exec_filename: Option<String>,
+    /// The command line, read from /proc at seed, fork and exec (best effort).
+    pub cmdline: Option<String>,
     pub is_target: bool,
     /// When the agent first saw it (fork time for children; start of tracing for seeds).
     pub seen_ns: u64,
@@ -65,6 +73,24 @@ pub fn is_worker_name(comm: &str) -> bool {
     comm.starts_with("pt_data_worker") || comm.starts_with("pt_multiprocess")
 }
 
+/// torchrun and the elastic agent, whose children are the ranks.
+fn is_launcher(n: &ProcNode) -> bool {
+    n.comm == "torchrun"
+        || n.cmdline.as_deref().is_some_and(|c| {
+            c.contains("torchrun") || c.contains("torch.distributed.run") || c.contains("torch.distributed.launch")
+        })
+}
+
+fn is_forkserver(n: &ProcNode) -> bool {
+    n.cmdline.as_deref().is_some_and(|c| c.contains("multiprocessing.forkserver"))
+}
+
+/// multiprocessing's spawn start method: fork + exec of `python -c 'from multiprocessing.spawn
+/// import spawn_main; ...'`.
+fn is_spawned(n: &ProcNode) -> bool {
+    n.cmdline.as_deref().is_some_and(|c| c.contains("multiprocessing.spawn") || c.contains("spawn_main"))
+}
+
 #[derive(Default)]
 pub struct ProcessTree {
     nodes: BTreeMap<u32, ProcNode>,
@@ -83,6 +109,7 @@ impl ProcessTree {
                 comm: comm.to_string(),
                 thread_names: BTreeMap::new(),
                 exec_filename: None,
+                cmdline: None,
                 is_target,
                 seen_ns: t_ns,
                 order,
@@ -175,12 +202,40 @@ impl ProcessTree {
         }
     }
 
-    pub fn role(&self, pid: u32) -> Role {
-        match self.nodes.get(&pid) {
-            Some(n) if n.is_target => Role::Trainer,
-            Some(n) if is_worker_name(&n.comm) => Role::DataloaderWorker,
-            _ => Role::Other,
+    pub fn set_cmdline(&mut self, pid: u32, cmdline: String) {
+        if let Some(n) = self.nodes.get_mut(&pid) {
+            n.cmdline = Some(cmdline);
         }
+    }
+
+    /// Names first (PyTorch names its processes), then the tree: the children of a launcher
+    /// are ranks; a spawned multiprocessing child of the trainer, a rank or the forkserver is
+    /// taken for a worker (a guess: other multiprocessing pools look the same).
+    pub fn role(&self, pid: u32) -> Role {
+        let Some(n) = self.nodes.get(&pid) else {
+            return Role::Other;
+        };
+        if n.is_target {
+            return Role::Trainer;
+        }
+        if is_worker_name(&n.comm) {
+            return Role::DataloaderWorker;
+        }
+        if n.comm.starts_with("pt_data_pin") {
+            return Role::PinMemory;
+        }
+        if is_forkserver(n) {
+            return Role::Forkserver;
+        }
+        let parent = self.nodes.get(&n.ppid);
+        if parent.is_some_and(is_launcher) {
+            return Role::Rank;
+        }
+        let parent_role = parent.map(|p| self.role(p.pid));
+        if is_spawned(n) && matches!(parent_role, Some(Role::Trainer | Role::Rank | Role::Forkserver)) {
+            return Role::DataloaderWorker;
+        }
+        Role::Other
     }
 
     /// Index of a DataLoader worker among its parent's workers, by start order.
@@ -230,6 +285,31 @@ mod tests {
         assert_eq!(t.worker_index(200), Some(0));
         assert_eq!(t.worker_index(201), Some(1));
         assert_eq!(t.worker_index(100), None);
+    }
+
+    #[test]
+    fn torchrun_children_are_ranks_and_forkserver_children_are_workers() {
+        let mut t = ProcessTree::default();
+        t.seed(1, 0, "torchrun", true, 0);
+        t.on_fork(1, 2, "torchrun", 1);
+        t.on_exec(2, "python3", "/usr/bin/python3");
+        t.set_cmdline(2, "python3 train.py --local-rank 0".into());
+        assert_eq!(t.role(2), Role::Rank);
+        t.on_fork(2, 3, "python3", 2);
+        t.set_cmdline(3, "python3 -c from multiprocessing.forkserver import main; main(5, 6)".into());
+        assert_eq!(t.role(3), Role::Forkserver);
+        t.on_fork(3, 4, "python3", 3);
+        t.on_rename(4, 4, "pt_data_worker");
+        t.on_fork(3, 5, "python3", 4);
+        t.on_rename(5, 5, "pt_data_worker");
+        assert_eq!((t.role(4), t.worker_index(4), t.worker_index(5)), (Role::DataloaderWorker, Some(0), Some(1)));
+        // spawn: fork + exec of spawn_main, found by the tree when unnamed.
+        t.on_fork(2, 6, "python3", 5);
+        t.set_cmdline(6, "python3 -c from multiprocessing.spawn import spawn_main; spawn_main(tracker_fd=7)".into());
+        assert_eq!(t.role(6), Role::DataloaderWorker);
+        t.on_fork(1, 7, "torchrun", 6);
+        t.set_cmdline(7, "python3 -c from multiprocessing.spawn import spawn_main".into());
+        assert_eq!(t.role(7), Role::Rank, "a launcher's child is a rank first");
     }
 
     #[test]

@@ -16,8 +16,20 @@ pub fn render(s: &Summary) -> String {
     if !v.culprit_pids.is_empty() {
         let _ = writeln!(o, "culprits (most responsible first): {:?}", v.culprit_pids);
     }
+    if !v.evidence.is_empty() {
+        let _ = writeln!(o, "\nEvidence (in time order):");
+    }
     for e in &v.evidence {
         let _ = writeln!(o, "  - {e}");
+    }
+    if !v.advice.is_empty() {
+        let _ = writeln!(o, "\nAdvice:");
+    }
+    for a in &v.advice {
+        let _ = writeln!(o, "  - {a}");
+    }
+    if !s.gpu_status.is_empty() {
+        let _ = writeln!(o, "\nGPU: {}", s.gpu_status);
     }
     let _ = writeln!(
         o,

@@ -34,8 +34,14 @@ pub struct ProcStats {
     /// Reclaim stall durations in ns, one value per episode received.
     pub reclaim_stalls: Histogram<u64>,
     pub mem: MemSample,
-    /// Largest RSS seen (VmHWM or a sample), in kB.
+    /// Largest RSS seen (VmHWM or a sample), in kB, and when it was first seen.
     pub peak_rss_kb: u64,
+    pub peak_rss_ns: u64,
+    /// The first /proc sample: where growth is measured from.
+    pub first_rss_kb: Option<u64>,
+    pub first_rss_ns: u64,
+    /// Start of the first reclaim stall.
+    pub first_reclaim_ns: Option<u64>,
 }
 
 impl Default for ProcStats {
@@ -46,6 +52,10 @@ impl Default for ProcStats {
             reclaim_stalls: new_ns_histogram(),
             mem: MemSample::default(),
             peak_rss_kb: 0,
+            peak_rss_ns: 0,
+            first_rss_kb: None,
+            first_rss_ns: 0,
+            first_reclaim_ns: None,
         }
     }
 }
@@ -64,8 +74,16 @@ impl ProcStats {
             .sum()
     }
 
-    pub fn record_mem(&mut self, m: MemSample) {
-        self.peak_rss_kb = self.peak_rss_kb.max(m.hwm_kb).max(m.rss_kb);
+    pub fn record_mem(&mut self, m: MemSample, t_ns: u64) {
+        if self.first_rss_kb.is_none() {
+            self.first_rss_kb = Some(m.rss_kb);
+            self.first_rss_ns = t_ns;
+        }
+        let peak = m.hwm_kb.max(m.rss_kb);
+        if peak > self.peak_rss_kb {
+            self.peak_rss_kb = peak;
+            self.peak_rss_ns = t_ns;
+        }
         self.mem = m;
     }
 }
@@ -174,9 +192,10 @@ mod tests {
     #[test]
     fn peak_rss_keeps_the_largest() {
         let mut p = ProcStats::default();
-        p.record_mem(MemSample { rss_kb: 500, hwm_kb: 800, ..Default::default() });
-        p.record_mem(MemSample { rss_kb: 100, hwm_kb: 0, ..Default::default() });
-        assert_eq!(p.peak_rss_kb, 800);
+        p.record_mem(MemSample { rss_kb: 500, hwm_kb: 800, ..Default::default() }, 1);
+        p.record_mem(MemSample { rss_kb: 100, hwm_kb: 0, ..Default::default() }, 2);
+        assert_eq!((p.peak_rss_kb, p.peak_rss_ns), (800, 1));
+        assert_eq!((p.first_rss_kb, p.first_rss_ns), (Some(500), 1));
     }
 
     #[test]

@@ -38,7 +38,38 @@ pub struct Summary {
     pub gpu: Option<crate::gpu::GpuSummary>,
     /// GPU stall episodes (utilisation at or under the threshold for the window).
     pub stalls: Vec<crate::gpu::StallEpisode>,
+    pub context: ContextSummary,
     pub verdict: Verdict,
+}
+
+/// The job's surroundings over the trace.
+#[derive(Serialize, Debug, Clone)]
+pub struct ContextSummary {
+    /// The trainer's memory cgroup at the end, with its peak usage over the trace.
+    pub cgroup: Option<crate::hostctx::CgroupMem>,
+    pub cgroup_peak_usage_bytes: u64,
+    pub host_mem_total_kb: Option<u64>,
+    pub host_min_available_kb: Option<u64>,
+    pub swap_total_kb: Option<u64>,
+    pub swap_free_kb: Option<u64>,
+    /// /proc/vmstat deltas over the trace (whole host).
+    pub vmstat: crate::hostctx::VmDelta,
+    /// Busy % of each disk over the trace, and at its busiest second.
+    pub disks: Vec<DiskSummary>,
+    pub filesystems: Vec<crate::hostctx::FsUsage>,
+    /// From `--log`: the per-step data_time trend.
+    pub train_steps: usize,
+    pub data_time: Option<crate::trainlog::DataTimeTrend>,
+}
+
+#[derive(Serialize, Debug, Clone)]
+pub struct DiskSummary {
+    pub name: String,
+    pub dev: String,
+    pub busy_pct: f64,
+    pub peak_busy_pct: f64,
+    pub read_bytes: u64,
+    pub write_bytes: u64,
 }
 
 #[derive(Serialize, Debug, Clone, Default)]
@@ -90,6 +121,9 @@ pub struct ProcessSummary {
     pub throttled_count: u64,
     pub throttled_us: u64,
     pub peak_rss_kb: u64,
+    /// RSS at the first sample, and growth from there to the peak.
+    pub first_rss_kb: Option<u64>,
+    pub rss_growth_kb: u64,
     pub last_rss_kb: u64,
     pub last_swap_kb: u64,
     pub major_faults: u64,
@@ -152,6 +186,36 @@ pub struct LatencySummary {
     /// Upper bounds of the kernel's power-of-two buckets.
     pub p50_us: Option<f64>,
     pub p99_us: Option<f64>,
+}
+
+fn context_summary(m: &Model) -> ContextSummary {
+    let c = &m.ctx;
+    let data_times: Vec<f64> = m.steps.iter().filter_map(|(_, s)| s.data_time_s).collect();
+    ContextSummary {
+        cgroup: c.cgroup_last.clone(),
+        cgroup_peak_usage_bytes: c.cgroup_peak_usage,
+        host_mem_total_kb: c.host_last.as_ref().map(|h| h.mem_total_kb),
+        host_min_available_kb: c.host_min_available_kb,
+        swap_total_kb: c.host_last.as_ref().map(|h| h.swap_total_kb),
+        swap_free_kb: c.host_last.as_ref().map(|h| h.swap_free_kb),
+        vmstat: c.vm_delta(),
+        disks: c
+            .disk_busy_overall()
+            .into_iter()
+            .filter(|d| d.read_bytes + d.write_bytes > 0)
+            .map(|d| DiskSummary {
+                peak_busy_pct: c.disk_peak_busy.get(&d.name).copied().unwrap_or(d.busy_pct),
+                name: d.name,
+                dev: d.dev,
+                busy_pct: d.busy_pct,
+                read_bytes: d.read_bytes,
+                write_bytes: d.write_bytes,
+            })
+            .collect(),
+        filesystems: c.filesystems.clone(),
+        train_steps: m.steps.len(),
+        data_time: crate::trainlog::data_time_trend(&data_times),
+    }
 }
 
 fn dev_name(dev: u32) -> String {
@@ -224,6 +288,8 @@ impl Summary {
                     throttled_count: c.throttled_count,
                     throttled_us: c.throttled_us,
                     peak_rss_kb: p.peak_rss_kb,
+                    first_rss_kb: p.first_rss_kb,
+                    rss_growth_kb: p.peak_rss_kb.saturating_sub(p.first_rss_kb.unwrap_or(p.peak_rss_kb)),
                     last_rss_kb: p.mem.rss_kb,
                     last_swap_kb: p.mem.swap_kb,
                     major_faults: p.mem.majflt,
@@ -309,6 +375,7 @@ impl Summary {
             gpu_status: m.gpu.status.clone(),
             gpu: m.gpu.summary.clone(),
             stalls: m.gpu.stalls.clone(),
+            context: context_summary(m),
             verdict,
         }
     }

@@ -27,6 +27,9 @@ pub struct TraceOptions {
     pub summary_every: Duration,
     /// `None`: --no-gpu.
     pub gpu: Option<GpuOptions>,
+    /// `--log FILE` and an optional `--log-regex` for data_time.
+    pub log: Option<PathBuf>,
+    pub log_regex: Option<String>,
 }
 
 pub struct GpuOptions {
@@ -51,6 +54,16 @@ impl Session {
                         r.write(&event_json(&e));
                     }
                     self.model.apply(&e);
+                    // Roles need command lines (torchrun, forkserver, spawn); read them while
+                    // the process is young. Best effort: it may be gone already.
+                    let pid = match &e {
+                        crate::decode::Event::Fork { child_pid, .. } => Some(*child_pid),
+                        crate::decode::Event::Exec { h, .. } => Some(h.tgid),
+                        _ => None,
+                    };
+                    if let Some(c) = pid.and_then(crate::hostctx::cmdline) {
+                        self.model.tree.set_cmdline(pid.unwrap_or(0), c.join(" "));
+                    }
                 }
                 Err(err) => {
                     self.model.host.undecodable += 1;
@@ -66,7 +79,7 @@ impl Session {
         for pid in self.model.tree.alive_pids() {
             match procscan::sample_mem(pid) {
                 Some(m) => {
-                    self.model.proc_mut(pid).record_mem(m);
+                    self.model.proc_mut(pid).record_mem(m, now);
                     if let Some(r) = self.recorder.as_mut() {
                         r.write(&json!({"type": "sample", "kind": "proc_mem", "t_ns": now, "pid": pid,
                             "rss_kb": m.rss_kb, "anon_kb": m.anon_kb, "file_kb": m.file_kb, "shmem_kb": m.shmem_kb,
@@ -79,8 +92,22 @@ impl Session {
         }
     }
 
+    /// New training-log lines: per-step times onto the timeline (stamped when read: the log's
+    /// own clock is not ours).
+    fn read_log(&mut self, tail: &mut crate::trainlog::LogTail, patterns: &crate::trainlog::LogPatterns, now: u64) {
+        for line in tail.poll() {
+            if let Some(step) = patterns.parse(&line) {
+                if let Some(r) = self.recorder.as_mut() {
+                    r.write(&json!({"type": "event", "kind": "train_step", "t_ns": now,
+                        "data_time_s": step.data_time_s, "iter_time_s": step.iter_time_s}));
+                }
+                self.model.steps.push((now, step));
+            }
+        }
+    }
+
     fn summary(&self, now: u64, is_final: bool) -> Summary {
-        Summary::from_model(&self.model, now, is_final, verdict::decide(&self.model, now))
+        Summary::from_model(&self.model, now, is_final, verdict::decide(&crate::facts::from_model(&self.model, now)))
     }
 }
 
@@ -113,11 +140,23 @@ pub async fn run(opts: TraceOptions) -> anyhow::Result<()> {
             }
             probes.maps.track(p.pid).context("adding a process to the kernel's tracked map")?;
             session.model.tree.seed(p.pid, p.ppid, &p.comm, p.pid == opts.pid, start);
+            if let Some(c) = crate::hostctx::cmdline(p.pid) {
+                session.model.tree.set_cmdline(p.pid, c.join(" "));
+            }
         }
     }
     if !session.model.tree.contains(opts.pid) {
         anyhow::bail!("no such process: {} (it exited before tracing started)", opts.pid);
     }
+    session.model.ctx = crate::context::HostContext::begin(opts.pid, start);
+    let mut log_tail = match &opts.log {
+        Some(path) => Some((
+            crate::trainlog::LogTail::open(path, false)?,
+            crate::trainlog::LogPatterns::new(opts.log_regex.as_deref())
+                .map_err(|e| anyhow::anyhow!("--log-regex is not a valid regular expression: {e}"))?,
+        )),
+        None => None,
+    };
     let mut gpu = match &opts.gpu {
         Some(g) => {
             let detector = crate::gpu::StallDetector::new(g.threshold_pct, g.window.as_nanos() as u64);
@@ -197,6 +236,11 @@ pub async fn run(opts: TraceOptions) -> anyhow::Result<()> {
                 let now = monotonic_ns();
                 probes.maps.read_into(&mut session.model);
                 session.sample_proc(now);
+                let alive_now = session.model.tree.alive_pids();
+                session.model.ctx.sample(&alive_now, now);
+                if let Some((tail, patterns)) = log_tail.as_mut() {
+                    session.read_log(tail, patterns, now);
+                }
                 let cur = live::totals(&session.model);
                 let alive = session.model.tree.alive_pids().len();
                 if !opts.quiet {
@@ -241,6 +285,11 @@ pub async fn run(opts: TraceOptions) -> anyhow::Result<()> {
     };
     let end = monotonic_ns();
     session.sample_proc(end);
+    let alive_end = session.model.tree.alive_pids();
+    session.model.ctx.sample(&alive_end, end);
+    if let Some((tail, patterns)) = log_tail.as_mut() {
+        session.read_log(tail, patterns, end);
+    }
     if let Some(g) = gpu.as_mut() {
         g.finish(&mut session.model, end, session.recorder.as_mut());
     }
