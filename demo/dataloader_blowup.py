@@ -10,7 +10,7 @@ growing data_time in the training log, and finally an OOM kill of a worker, afte
 trainer fails with PyTorch's own error message.
 
   python3 demo/dataloader_blowup.py --data-dir DIR --log FILE [--workers 3]
-      [--cache-mib-per-batch 6] [--batch-files 8] [--steps 400] [--step-ms 50] [--wait-go]
+      [--cache-mib-per-batch 6] [--batch-files 8] [--mosaic 3] [--steps 400] [--step-ms 50] [--wait-go]
 """
 import argparse
 import ctypes
@@ -18,6 +18,7 @@ import hashlib
 import json
 import multiprocessing as mp
 import os
+import random
 import signal
 import sys
 import time
@@ -34,6 +35,7 @@ def parse_args():
     p.add_argument("--workers", type=int, default=3)
     p.add_argument("--cache-mib-per-batch", type=float, default=6.0)
     p.add_argument("--batch-files", type=int, default=8)
+    p.add_argument("--mosaic", type=int, default=3, help="earlier cached samples each batch reads again")
     p.add_argument("--steps", type=int, default=400)
     p.add_argument("--step-ms", type=float, default=50.0, help="stand-in for the GPU's time per step")
     p.add_argument("--wait-go", action="store_true", help="read one line from stdin first (lets a tracer attach)")
@@ -71,6 +73,10 @@ def worker_main(index, conn, files, args):
         # "Decoding" with random augmentation: every entry is new, so the cache never hits and
         # only grows. os.urandom writes every byte: real anonymous memory, not lazy zero pages.
         decoded[batch] = os.urandom(cache_bytes)
+        # Mosaic augmentation (YOLO-style) mixes in random earlier samples from the cache, so old
+        # entries are read again: once they are swapped out, every batch waits for swap-in.
+        for old in random.sample(list(decoded), min(args.mosaic, len(decoded))):
+            bytes(decoded[old][::4096])  # reads one byte per page: faults in every page
         shm = shared_memory.SharedMemory(create=True, size=len(data))
         shm.buf[: len(data)] = data
         try:

@@ -44,6 +44,16 @@ fn oom_victim_in_a_memory_cgroup_is_recorded() {
     assert_eq!(p["killed_by"]["sig"], 9);
     assert_eq!(t.summary["verdict"]["cause"], "host_memory_oom");
     assert_eq!(t.summary["verdict"]["culprit_pids"][0], victim);
+    let evidence = t.summary["verdict"]["evidence"].to_string();
+    assert!(evidence.contains(&format!("OOM killer chose pid {victim}")), "{evidence}");
+    // The kernel log's own anon-rss figure for the victim is the one gpustall reports.
+    let logged_anon = log
+        .iter()
+        .find_map(|l| l.split("anon-rss:").nth(1))
+        .and_then(|r| r.split("kB").next())
+        .and_then(|v| v.parse::<u64>().ok())
+        .expect("anon-rss in the kernel log");
+    assert_eq!(anon_kb, logged_anon, "anon-rss: gpustall vs the kernel log");
     // The other workers were not OOM-killed.
     for l in lines.iter().filter(|l| l["role"] == "worker" && l["pid"] != victim) {
         let other = t.process(l["pid"].as_u64().expect("pid") as u32);

@@ -1,0 +1,103 @@
+//! The verdict on real workloads: the memory chain, a disk-bound pipeline, a hung trainer, and
+//! a GPU stall (stand-in NVML) that coincides with the memory chain.
+
+use std::time::Duration;
+
+use serde_json::json;
+use tests::{
+    cgroup::MemCgroup,
+    kernel::SwapFile,
+    procs::{Tracer, Workload},
+};
+
+fn workload() -> &'static std::path::Path {
+    std::path::Path::new(env!("CARGO_BIN_EXE_gpustall-workload"))
+}
+
+#[test]
+fn cold_direct_reads_with_plenty_of_memory_are_disk_bound() {
+    tests::require_privileged_env();
+    let _lock = tests::pressure_lock();
+    let dir = std::path::PathBuf::from(format!("/var/tmp/gpustall-diskbound-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    struct Rm(std::path::PathBuf);
+    impl Drop for Rm {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    let _rm = Rm(dir.clone());
+    let data = dir.join("data");
+    let made = std::process::Command::new("dd")
+        .args(["if=/dev/urandom", &format!("of={}", data.display()), "bs=1M", "count=256", "status=none"])
+        .status()
+        .expect("dd");
+    assert!(made.success());
+    let input = format!("if={}", data.display());
+    // O_DIRECT, small blocks, queue depth 1: the reader waits on the disk all the time.
+    let mut w = Workload::start(workload(), &["spawn", "dd", &input, "of=/dev/null", "bs=64k", "iflag=direct", "status=none"], None);
+    let tracer = Tracer::start(w.pid(), &["--quiet", "--no-gpu"]);
+    w.go();
+    let (code, _) = w.wait(Duration::from_secs(120));
+    assert_eq!(code, Some(0));
+    let t = tracer.wait(Duration::from_secs(30));
+    let v = &t.summary["verdict"];
+    eprintln!("disk-bound verdict: {v:#}");
+    assert_eq!(v["cause"], "disk_io_bound", "{v:#}");
+    let reader = t.processes().iter().find(|p| p["comm"] == "dd").expect("dd traced");
+    assert_eq!(v["culprit_pids"][0], reader["pid"]);
+    assert!(reader["block_read_bytes"].as_u64() >= Some(256 << 20), "{reader}");
+    assert!(v["evidence"].as_array().is_some_and(|e| e.iter().any(|l| l.as_str().is_some_and(|s| s.contains("no memory pressure")))), "{v}");
+}
+
+#[test]
+fn a_stopped_trainer_is_hung() {
+    tests::require_privileged_env();
+    let mut w = Workload::start(workload(), &["spawn", "sleep", "30"], None);
+    let tracer = Tracer::start(w.pid(), &["--quiet", "--no-gpu", "--duration", "6s"]);
+    w.go();
+    std::thread::sleep(Duration::from_millis(300));
+    // SAFETY: plain kill of our own child.
+    unsafe { libc::kill(w.pid() as i32, libc::SIGSTOP) };
+    let t = tracer.wait(Duration::from_secs(30));
+    // SAFETY: as above; the Workload guard kills it afterwards.
+    unsafe { libc::kill(w.pid() as i32, libc::SIGCONT) };
+    let v = &t.summary["verdict"];
+    eprintln!("hung verdict: {v:#}");
+    assert_eq!(v["cause"], "process_hung", "{v:#}");
+    assert_eq!(v["culprit_pids"][0], w.pid());
+    assert!(v["evidence"][0].as_str().is_some_and(|e| e.contains("stopped (T)")), "{v}");
+}
+
+#[test]
+fn gpu_stall_during_the_memory_chain_is_linked_in_the_evidence() {
+    tests::require_privileged_env();
+    let _lock = tests::pressure_lock();
+    let _swap = SwapFile::ensure(1024);
+    let cg = MemCgroup::new("verdict-gpu", 128, true);
+    let dir = tests::TempDir::new("verdict-gpu");
+    let scenario = dir.path("scenario.json");
+    let entry = |at: f64, util: u32| json!({"at_s": at, "util_gpu": util, "temperature_c": 60, "pids": [{"pid": "$GPUSTALL_TEST_TRAINER"}]});
+    let doc = json!({"gpus": [{"name": "Stand-in", "uuid": "GPU-stub-0", "memory_total_mib": 81920, "timeline": [entry(0.0, 95), entry(0.5, 0)]}]});
+    std::fs::write(&scenario, doc.to_string()).expect("scenario");
+    let mut w = Workload::start(workload(), &["hog", "100,100,100", "8", "5000"], Some(&cg));
+    let pid = w.pid().to_string();
+    let tracer = Tracer::start_with_env(
+        w.pid(),
+        &["--quiet", "--nvml-lib", tests::nvml_stub().to_str().expect("utf-8"), "--gpu-interval", "200ms"],
+        &[("GPUSTALL_NVML_STUB_SCENARIO", scenario.to_str().expect("utf-8")), ("GPUSTALL_TEST_TRAINER", &pid)],
+    );
+    w.go();
+    let (code, _) = w.wait(Duration::from_secs(180));
+    assert_eq!(code, Some(0));
+    let t = tracer.wait(Duration::from_secs(30));
+    let v = &t.summary["verdict"];
+    eprintln!("memory + GPU verdict: {v:#}");
+    assert_eq!(v["cause"], "host_memory_pressure", "{v:#}");
+    let evidence: Vec<&str> = v["evidence"].as_array().expect("evidence").iter().filter_map(|e| e.as_str()).collect();
+    assert!(evidence.iter().any(|e| e.contains("GPU 0 idle")), "{evidence:#?}");
+    assert!(evidence.iter().any(|e| e.contains("reclaim began")), "{evidence:#?}");
+    assert!(evidence.iter().any(|e| e.contains("swapped out")), "{evidence:#?}");
+    assert!(v["text"].as_str().is_some_and(|s| s.contains("GPU 0 sat idle")), "{v}");
+    assert!(v["advice"].as_array().is_some_and(|a| a.iter().any(|l| l.as_str().is_some_and(|s| s.contains("num_workers=3")))), "{v}");
+}
