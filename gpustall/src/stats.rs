@@ -40,6 +40,11 @@ pub struct ProcStats {
     /// The first /proc sample: where growth is measured from.
     pub first_rss_kb: Option<u64>,
     pub first_rss_ns: u64,
+    /// Resident plus swapped-out memory (what the process holds, wherever it is): first
+    /// sample, peak and when. Under swap, RSS alone shrinks while the demand grows.
+    pub first_mem_kb: Option<u64>,
+    pub peak_mem_kb: u64,
+    pub peak_mem_ns: u64,
     /// Start of the first reclaim stall.
     pub first_reclaim_ns: Option<u64>,
 }
@@ -55,6 +60,9 @@ impl Default for ProcStats {
             peak_rss_ns: 0,
             first_rss_kb: None,
             first_rss_ns: 0,
+            first_mem_kb: None,
+            peak_mem_kb: 0,
+            peak_mem_ns: 0,
             first_reclaim_ns: None,
         }
     }
@@ -83,6 +91,12 @@ impl ProcStats {
         if peak > self.peak_rss_kb {
             self.peak_rss_kb = peak;
             self.peak_rss_ns = t_ns;
+        }
+        let held = m.rss_kb + m.swap_kb;
+        self.first_mem_kb.get_or_insert(held);
+        if held > self.peak_mem_kb {
+            self.peak_mem_kb = held;
+            self.peak_mem_ns = t_ns;
         }
         self.mem = m;
     }
@@ -196,6 +210,8 @@ mod tests {
         p.record_mem(MemSample { rss_kb: 100, hwm_kb: 0, ..Default::default() }, 2);
         assert_eq!((p.peak_rss_kb, p.peak_rss_ns), (800, 1));
         assert_eq!((p.first_rss_kb, p.first_rss_ns), (Some(500), 1));
+        p.record_mem(MemSample { rss_kb: 300, swap_kb: 700, ..Default::default() }, 3);
+        assert_eq!((p.first_mem_kb, p.peak_mem_kb, p.peak_mem_ns), (Some(500), 1000, 3));
     }
 
     #[test]

@@ -121,6 +121,8 @@ pub struct ProcessSummary {
     pub throttled_count: u64,
     pub throttled_us: u64,
     pub peak_rss_kb: u64,
+    /// Resident + swapped-out memory at its peak (RSS alone shrinks under swap).
+    pub peak_mem_kb: u64,
     /// RSS at the first sample, and growth from there to the peak.
     pub first_rss_kb: Option<u64>,
     pub rss_growth_kb: u64,
@@ -288,6 +290,7 @@ impl Summary {
                     throttled_count: c.throttled_count,
                     throttled_us: c.throttled_us,
                     peak_rss_kb: p.peak_rss_kb,
+                    peak_mem_kb: p.peak_mem_kb,
                     first_rss_kb: p.first_rss_kb,
                     rss_growth_kb: p.peak_rss_kb.saturating_sub(p.first_rss_kb.unwrap_or(p.peak_rss_kb)),
                     last_rss_kb: p.mem.rss_kb,

@@ -39,10 +39,13 @@ pub struct ProcFacts {
     pub is_worker: bool,
     pub is_trainer: bool,
     pub worker_index: Option<usize>,
-    pub first_rss_kb: u64,
-    pub first_rss_ns: u64,
-    pub peak_rss_kb: u64,
-    pub peak_rss_ns: u64,
+    /// Memory held (resident + swapped out, from /proc) at the first sample and at the peak.
+    pub first_mem_kb: u64,
+    pub first_mem_ns: u64,
+    pub peak_mem_kb: u64,
+    pub peak_mem_ns: u64,
+    /// The last moment it was sampled (its exit, or the end of the trace).
+    pub last_mem_ns: u64,
     pub reclaim_count: u64,
     pub reclaim_ns: u64,
     pub first_reclaim_ns: Option<u64>,
@@ -147,18 +150,18 @@ impl Chain {
 }
 
 fn memory_chain(f: &Facts, chain: &mut Chain) {
-    let mut growers: Vec<&ProcFacts> = f.procs.iter().filter(|p| p.peak_rss_kb > p.first_rss_kb).collect();
-    growers.sort_by_key(|p| std::cmp::Reverse(p.peak_rss_kb - p.first_rss_kb));
+    let mut growers: Vec<&ProcFacts> = f.procs.iter().filter(|p| p.peak_mem_kb > p.first_mem_kb).collect();
+    growers.sort_by_key(|p| std::cmp::Reverse(p.peak_mem_kb - p.first_mem_kb));
     for p in growers.iter().take(4) {
         chain.push(
-            p.first_rss_ns,
+            p.first_mem_ns,
             format!(
-                "{at}: {} grew from {} to {} RSS (peak at {})",
+                "{at}: {} grew from {} to {} held (resident + swapped; peak at {})",
                 name(p),
-                mib_kb(p.first_rss_kb),
-                mib_kb(p.peak_rss_kb),
-                at(f, p.peak_rss_ns),
-                at = at(f, p.first_rss_ns)
+                mib_kb(p.first_mem_kb),
+                mib_kb(p.peak_mem_kb),
+                at(f, p.peak_mem_ns),
+                at = at(f, p.first_mem_ns)
             ),
         );
     }
@@ -241,12 +244,12 @@ fn stall_links(f: &Facts, chain: &mut Chain) {
 fn memory_advice(f: &Facts) -> Vec<String> {
     let mut advice = Vec::new();
     let workers: Vec<&ProcFacts> = f.procs.iter().filter(|p| p.is_worker).collect();
-    let trainer_kb = f.procs.iter().filter(|p| p.is_trainer).map(|p| p.peak_rss_kb).max().unwrap_or(0);
+    let trainer_kb = f.procs.iter().filter(|p| p.is_trainer).map(|p| p.peak_mem_kb).max().unwrap_or(0);
     let limit_kb = f.cgroup.as_ref().and_then(|c| c.1).map(|b| b / 1024).or(f.host_mem_total_kb);
     if let (false, Some(limit_kb)) = (workers.is_empty(), limit_kb) {
         let n = workers.len() as u64;
-        let per = workers.iter().map(|p| p.peak_rss_kb).max().unwrap_or(0).max(1);
-        let total = trainer_kb + workers.iter().map(|p| p.peak_rss_kb).sum::<u64>();
+        let per = workers.iter().map(|p| p.peak_mem_kb).max().unwrap_or(0).max(1);
+        let total = trainer_kb + workers.iter().map(|p| p.peak_mem_kb).sum::<u64>();
         let budget = (limit_kb as f64 * 0.9) as u64;
         let fit = budget.saturating_sub(trainer_kb) / per;
         advice.push(format!(
@@ -264,13 +267,23 @@ fn memory_advice(f: &Facts) -> Vec<String> {
             mib_kb(per)
         ));
     }
-    let grew: Vec<&&ProcFacts> = workers.iter().filter(|p| p.peak_rss_kb > 2 * p.first_rss_kb.max(1)).collect();
+    // Still growing at their last sample (peak within 2 s of it), over at least 2 s of samples.
+    let grew: Vec<&&ProcFacts> = workers
+        .iter()
+        .filter(|p| p.peak_mem_kb > 2 * p.first_mem_kb.max(1))
+        .filter(|p| p.peak_mem_ns.saturating_sub(p.first_mem_ns) >= 2_000_000_000)
+        .filter(|p| p.last_mem_ns.saturating_sub(p.peak_mem_ns) <= 2_000_000_000)
+        .collect();
     if !grew.is_empty() {
-        let secs = grew.iter().map(|p| p.peak_rss_ns.saturating_sub(p.first_rss_ns)).max().unwrap_or(1).max(1) as f64 / 1e9;
-        let rate = grew.iter().map(|p| (p.peak_rss_kb - p.first_rss_kb) as f64).sum::<f64>() / grew.len() as f64 / MIB_KB / secs * 60.0;
+        let rate = grew
+            .iter()
+            .map(|p| (p.peak_mem_kb - p.first_mem_kb) as f64 / MIB_KB / (p.peak_mem_ns - p.first_mem_ns) as f64 * 60e9)
+            .sum::<f64>()
+            / grew.len() as f64;
         advice.push(format!(
-            "{} workers kept growing (about {:.0} MiB/min each) instead of levelling off: a per-worker cache or leak (unbounded lru_cache, decoded samples kept, copy-on-write of Python objects). Bound it; with persistent_workers=True that growth also carries across epochs, while persistent_workers=False restarts workers (and frees it) every epoch",
+            "{} of {} workers kept growing until their last sample (about {:.0} MiB/min each) instead of levelling off: a per-worker cache or leak (unbounded lru_cache, decoded samples kept, copy-on-write of Python objects). Bound it; with persistent_workers=True that growth also carries across epochs, while persistent_workers=False restarts workers (and frees it) every epoch",
             grew.len(),
+            workers.len(),
             rate
         ));
     }
@@ -284,7 +297,7 @@ pub fn decide(f: &Facts) -> Verdict {
     let stall_ns: u64 = f.procs.iter().map(|p| p.reclaim_ns).sum();
     let swap: u64 = f.procs.iter().map(|p| p.swapout_pages).sum();
     let mut by_memory: Vec<&ProcFacts> = f.procs.iter().collect();
-    by_memory.sort_by_key(|p| (std::cmp::Reverse(p.peak_rss_kb.saturating_sub(p.first_rss_kb)), std::cmp::Reverse(p.reclaim_ns)));
+    by_memory.sort_by_key(|p| (std::cmp::Reverse(p.peak_mem_kb.saturating_sub(p.first_mem_kb)), std::cmp::Reverse(p.reclaim_ns)));
 
     let kills: Vec<&OomFacts> = f.oom_kills.iter().filter(|o| f.procs.iter().any(|p| p.pid == o.victim_pid)).collect();
     if let Some(first) = kills.first() {
@@ -313,7 +326,7 @@ pub fn decide(f: &Facts) -> Verdict {
             );
         }
         let mut culprits: Vec<u32> = kills.iter().map(|o| o.victim_pid).collect();
-        culprits.extend(by_memory.iter().filter(|p| p.peak_rss_kb > p.first_rss_kb || p.reclaim_ns > 0).map(|p| p.pid));
+        culprits.extend(by_memory.iter().filter(|p| p.peak_mem_kb > p.first_mem_kb || p.reclaim_ns > 0).map(|p| p.pid));
         dedup(&mut culprits);
         let victim = f.procs.iter().find(|p| p.pid == first.victim_pid);
         return Verdict {

@@ -11,17 +11,18 @@ fn worker(pid: u32, i: usize, first_kb: u64, peak_kb: u64) -> ProcFacts {
         comm: "pt_data_worker".into(),
         is_worker: true,
         worker_index: Some(i),
-        first_rss_kb: first_kb,
-        first_rss_ns: S,
-        peak_rss_kb: peak_kb,
-        peak_rss_ns: 50 * S,
+        first_mem_kb: first_kb,
+        first_mem_ns: S,
+        peak_mem_kb: peak_kb,
+        peak_mem_ns: 50 * S,
+        last_mem_ns: 50 * S,
         alive: true,
         ..Default::default()
     }
 }
 
 fn trainer(pid: u32) -> ProcFacts {
-    ProcFacts { pid, comm: "python".into(), is_trainer: true, first_rss_kb: 100_000, peak_rss_kb: 102_400, alive: true, ..Default::default() }
+    ProcFacts { pid, comm: "python".into(), is_trainer: true, first_mem_kb: 100_000, peak_mem_kb: 102_400, alive: true, ..Default::default() }
 }
 
 fn base() -> Facts {
@@ -79,7 +80,7 @@ fn oom_kill_is_the_memory_cause_with_the_victim_first_and_evidence_in_time_order
     assert_eq!(v.culprit_pids[0], 12, "the victim first");
     assert_eq!(v.culprit_pids[1], 11, "then the largest grower");
     let joined = v.evidence.join("\n");
-    assert!(joined.contains("grew from 40 MiB to 300 MiB"), "{joined}");
+    assert!(joined.contains("grew from 40 MiB to 300 MiB held"), "{joined}");
     assert!(joined.contains("swapped out 40000 pages"), "{joined}");
     assert!(joined.contains("memory cgroup /job OOM killer chose pid 12"), "{joined}");
     assert!(joined.contains("GPU 0 idle"), "{joined}");
