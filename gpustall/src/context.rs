@@ -2,126 +2,134 @@
 //! and usage, host memory and swap, the kernel's vmstat counters, disk busy time, the
 //! filesystems the job writes to, and each traced process's scheduler state (to tell a hung or
 //! deadlocked job from a starved one).
+//!
+//! [`ContextReader`] reads the machine (live only); [`HostContext::apply`] folds a
+//! [`ContextSample`] into the model, the same way live and on replay.
 
 use std::{
     collections::{BTreeMap, HashMap},
     path::PathBuf,
 };
 
-use crate::hostctx::{self, CgroupMem, DiskStat, FsUsage, HostMem, TaskState};
+use crate::{
+    hostctx::{self, CgroupMem, DiskStat, FsUsage, HostMem, TaskState},
+    observe::ContextSample,
+};
+
+/// The vmstat counters the verdict reads (allocstall_* are summed by `vm_delta`).
+fn wanted_vmstat(key: &str) -> bool {
+    matches!(key, "pswpin" | "pswpout" | "pgmajfault" | "oom_kill" | "pgscan_direct" | "pgsteal_direct" | "pgscan_kswapd")
+        || key.starts_with("allocstall")
+}
+
+/// Reads the machine for one [`ContextSample`].
+pub struct ContextReader {
+    cgroup_dir: Option<(PathBuf, String, u8)>,
+    fs_paths: Vec<PathBuf>,
+}
+
+impl ContextReader {
+    /// `target` is the traced process: its memory cgroup and working directory stand for the job's.
+    pub fn new(target: u32) -> Self {
+        let mut fs_paths: Vec<PathBuf> = vec!["/tmp".into(), "/dev/shm".into()];
+        if let Some(cwd) = hostctx::cwd(target) {
+            fs_paths.insert(0, cwd);
+        }
+        Self { cgroup_dir: hostctx::memory_cgroup_dir(target), fs_paths }
+    }
+
+    pub fn read(&self, alive: &[u32], t_ns: u64) -> ContextSample {
+        ContextSample {
+            t_ns,
+            cgroup: self.cgroup_dir.as_ref().and_then(|(d, p, v)| hostctx::read_cgroup_mem(d, p, *v)),
+            host: hostctx::read_host_mem(),
+            vmstat: hostctx::read_vmstat().into_iter().filter(|(k, _)| wanted_vmstat(k)).collect(),
+            disks: hostctx::read_disks(),
+            tasks: alive.iter().filter_map(|&p| hostctx::task_state(p)).collect(),
+            filesystems: self.fs_paths.iter().filter_map(|p| hostctx::fs_usage(p)).collect(),
+        }
+    }
+}
 
 /// A process that has not made progress: stopped (T), in uninterruptible sleep (D), or using
-/// no CPU at all, since `since_ns`.
+/// no CPU at all, since the times below.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TaskWatch {
     pub last: TaskState,
-    pub cpu_ticks_at_start: u64,
     /// When the current state (T/D) began, as far as the samples tell.
     pub stuck_since_ns: Option<u64>,
-    /// When CPU time and I/O last stood still (None while it moves).
+    /// When CPU time and I/O last stood still (None while they move).
     pub idle_since_ns: Option<u64>,
 }
 
 #[derive(Default)]
 pub struct HostContext {
-    pub cgroup_dir: Option<(PathBuf, String, u8)>,
-    pub cgroup_first: Option<CgroupMem>,
+    pub samples: u64,
     pub cgroup_last: Option<CgroupMem>,
     pub cgroup_peak_usage: u64,
-    pub host_first: Option<HostMem>,
-    pub host_min_available_kb: Option<u64>,
     pub host_last: Option<HostMem>,
+    pub host_min_available_kb: Option<u64>,
     pub vm_before: BTreeMap<String, u64>,
     pub vm_last: BTreeMap<String, u64>,
     pub disks_before: Vec<DiskStat>,
-    pub disks_prev: Vec<DiskStat>,
     pub disks_last: Vec<DiskStat>,
-    /// Highest one-second busy % per disk name.
+    /// Highest busy % per disk between two consecutive samples.
     pub disk_peak_busy: BTreeMap<String, f64>,
     pub start_ns: u64,
-    pub prev_ns: u64,
     pub last_ns: u64,
+    /// Per path, the fullest it was seen.
     pub filesystems: Vec<FsUsage>,
     pub tasks: HashMap<u32, TaskWatch>,
 }
 
 impl HostContext {
-    /// First look: baselines for every delta. `target` is the traced process (its cgroup and
-    /// working directory stand for the job's).
-    pub fn begin(target: u32, now_ns: u64) -> Self {
-        let cgroup_dir = hostctx::memory_cgroup_dir(target);
-        let mut c = Self {
-            cgroup_first: cgroup_dir.as_ref().and_then(|(d, p, v)| hostctx::read_cgroup_mem(d, p, *v)),
-            cgroup_dir,
-            host_first: hostctx::read_host_mem(),
-            vm_before: hostctx::read_vmstat(),
-            disks_before: hostctx::read_disks(),
-            start_ns: now_ns,
-            prev_ns: now_ns,
-            last_ns: now_ns,
-            ..Default::default()
-        };
-        c.disks_prev = c.disks_before.clone();
-        c.disks_last = c.disks_before.clone();
-        c.vm_last = c.vm_before.clone();
-        c.cgroup_last = c.cgroup_first.clone();
-        c.cgroup_peak_usage = c.cgroup_first.as_ref().map_or(0, |m| m.peak_bytes.unwrap_or(m.usage_bytes));
-        c.host_last = c.host_first.clone();
-        c.host_min_available_kb = c.host_first.as_ref().map(|h| h.mem_available_kb);
-        let mut paths: Vec<PathBuf> = vec!["/tmp".into(), "/dev/shm".into()];
-        if let Some(cwd) = hostctx::cwd(target) {
-            paths.insert(0, cwd);
+    pub fn apply(&mut self, s: &ContextSample) {
+        if self.samples == 0 {
+            self.vm_before = s.vmstat.clone();
+            self.disks_before = s.disks.clone();
+            self.disks_last = s.disks.clone();
+            self.start_ns = s.t_ns;
+            self.last_ns = s.t_ns;
         }
-        c.filesystems = paths.iter().filter_map(|p| hostctx::fs_usage(p)).collect();
-        c
-    }
-
-    /// One-second sample.
-    pub fn sample(&mut self, alive: &[u32], now_ns: u64) {
-        if let Some((d, p, v)) = &self.cgroup_dir {
-            if let Some(m) = hostctx::read_cgroup_mem(d, p, *v) {
-                self.cgroup_peak_usage = self.cgroup_peak_usage.max(m.peak_bytes.unwrap_or(0)).max(m.usage_bytes);
-                self.cgroup_last = Some(m);
-            }
+        self.samples += 1;
+        if let Some(m) = &s.cgroup {
+            self.cgroup_peak_usage = self.cgroup_peak_usage.max(m.peak_bytes.unwrap_or(0)).max(m.usage_bytes);
+            self.cgroup_last = Some(m.clone());
         }
-        if let Some(h) = hostctx::read_host_mem() {
+        if let Some(h) = &s.host {
             self.host_min_available_kb = Some(self.host_min_available_kb.map_or(h.mem_available_kb, |m| m.min(h.mem_available_kb)));
-            self.host_last = Some(h);
+            self.host_last = Some(h.clone());
         }
-        self.vm_last = hostctx::read_vmstat();
-        let disks = hostctx::read_disks();
-        let dt_ms = now_ns.saturating_sub(self.prev_ns) / 1_000_000;
+        if !s.vmstat.is_empty() {
+            self.vm_last = s.vmstat.clone();
+        }
+        let dt_ms = s.t_ns.saturating_sub(self.last_ns) / 1_000_000;
         if dt_ms > 0 {
-            for b in hostctx::disk_busy(&self.disks_prev, &disks, dt_ms) {
+            for b in hostctx::disk_busy(&self.disks_last, &s.disks, dt_ms) {
                 let e = self.disk_peak_busy.entry(b.name).or_insert(0.0);
                 *e = e.max(b.busy_pct);
             }
         }
-        self.disks_prev = disks.clone();
-        self.disks_last = disks;
-        self.prev_ns = now_ns;
-        self.last_ns = now_ns;
-        for &pid in alive {
-            if let Some(s) = hostctx::task_state(pid) {
-                self.watch(s, now_ns);
-            }
+        self.disks_last = s.disks.clone();
+        self.last_ns = s.t_ns;
+        for t in &s.tasks {
+            self.watch(t.clone(), s.t_ns);
         }
-        for fs in &mut self.filesystems {
-            if let Some(now) = hostctx::fs_usage(std::path::Path::new(&fs.path)) {
-                if now.used_pct > fs.used_pct {
-                    *fs = now;
-                }
+        for fs in &s.filesystems {
+            match self.filesystems.iter_mut().find(|f| f.path == fs.path) {
+                Some(f) if fs.used_pct > f.used_pct => *f = fs.clone(),
+                Some(_) => {}
+                None => self.filesystems.push(fs.clone()),
             }
         }
     }
 
     fn watch(&mut self, s: TaskState, now_ns: u64) {
-        let w = self.tasks.entry(s.pid).or_insert_with(|| TaskWatch {
-            last: s.clone(),
-            cpu_ticks_at_start: s.cpu_ticks,
-            stuck_since_ns: None,
-            idle_since_ns: None,
-        });
+        let Some(w) = self.tasks.get_mut(&s.pid) else {
+            let stuck = matches!(s.state, 'T' | 't' | 'D').then_some(now_ns);
+            self.tasks.insert(s.pid, TaskWatch { last: s, stuck_since_ns: stuck, idle_since_ns: None });
+            return;
+        };
         let stuck = matches!(s.state, 'T' | 't' | 'D');
         w.stuck_since_ns = match (stuck, w.stuck_since_ns) {
             (true, Some(since)) if w.last.state == s.state => Some(since),
@@ -148,5 +156,43 @@ impl HostContext {
 
     pub fn vm_delta(&self) -> hostctx::VmDelta {
         hostctx::vm_delta(&self.vm_before, &self.vm_last)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn task(state: char, cpu: u64) -> TaskState {
+        TaskState { pid: 5, state, wchan: String::new(), cpu_ticks: cpu, majflt: 0, read_bytes: Some(0), write_bytes: Some(0) }
+    }
+
+    fn at(t_s: u64, tasks: Vec<TaskState>) -> ContextSample {
+        ContextSample { t_ns: t_s * 1_000_000_000, tasks, ..Default::default() }
+    }
+
+    #[test]
+    fn stopped_and_idle_times_start_when_the_state_begins() {
+        let mut c = HostContext::default();
+        c.apply(&at(0, vec![task('R', 10)]));
+        c.apply(&at(1, vec![task('T', 11)]));
+        c.apply(&at(2, vec![task('T', 11)]));
+        c.apply(&at(3, vec![task('T', 11)]));
+        let w = &c.tasks[&5];
+        assert_eq!(w.stuck_since_ns, Some(1_000_000_000));
+        assert_eq!(w.idle_since_ns, Some(2_000_000_000));
+        c.apply(&at(4, vec![task('S', 12)]));
+        assert_eq!((c.tasks[&5].stuck_since_ns, c.tasks[&5].idle_since_ns), (None, None));
+    }
+
+    #[test]
+    fn fullest_filesystem_reading_is_kept() {
+        let fs = |pct: f64| FsUsage { path: "/tmp".into(), total_bytes: 100, avail_bytes: 1, used_pct: pct };
+        let mut c = HostContext::default();
+        c.apply(&ContextSample { filesystems: vec![fs(50.0)], ..Default::default() });
+        c.apply(&ContextSample { filesystems: vec![fs(99.0)], ..Default::default() });
+        c.apply(&ContextSample { filesystems: vec![fs(60.0)], ..Default::default() });
+        assert_eq!(c.filesystems.len(), 1);
+        assert_eq!(c.filesystems[0].used_pct, 99.0);
     }
 }

@@ -1,21 +1,17 @@
-//! The GPU side of a trace: NVML sampled every `--gpu-interval`, fed to the stall detector and
-//! the per-GPU summary, each sample and episode recorded on the kernel events' timeline.
+//! The GPU side of a trace: [`GpuWatch`] reads NVML (live only); [`GpuState::apply`] folds a
+//! tick of samples into the stall detector and the per-GPU summary, live and on replay alike.
 
-use std::collections::HashSet;
+use std::collections::{BTreeSet, HashSet};
 
-use serde_json::json;
+use crate::gpu::{GpuSample, GpuSampler, GpuSummary, StallDetector, StallEpisode};
 
-use crate::{
-    gpu::{GpuSampler, GpuSample, GpuSummary, StallDetector, StallEpisode},
-    model::Model,
-    record::Recorder,
-};
-
-/// GPU state kept in the model for the summary and the verdict.
+/// GPU state kept in the model for the summary, the verdict and the live line.
 #[derive(Default)]
 pub struct GpuState {
     /// One line on why there is no GPU data, or which GPUs there are.
     pub status: String,
+    /// `None` without GPU data.
+    pub detector: Option<StallDetector>,
     pub summary: Option<GpuSummary>,
     pub stalls: Vec<StallEpisode>,
     /// The latest sample per GPU, for the live line.
@@ -25,92 +21,74 @@ pub struct GpuState {
     /// Samples, and those that showed a slowdown reason (thermal, power, ...), over the trace.
     pub samples: u64,
     pub throttled_samples: u64,
-    pub throttle_reasons: std::collections::BTreeSet<String>,
+    pub throttle_reasons: BTreeSet<String>,
 }
 
+impl GpuState {
+    /// GPU data on, with these stall settings.
+    pub fn enable(&mut self, status: String, threshold_pct: u32, window_ns: u64) {
+        self.status = status;
+        self.detector = Some(StallDetector::new(threshold_pct, window_ns));
+        self.summary = Some(GpuSummary::new());
+    }
+
+    /// One tick of samples. `job_pids`: every pid of the traced tree; `alive`: is the job?
+    /// Returns the stall episodes that ended.
+    pub fn apply(&mut self, samples: &[GpuSample], job_pids: &HashSet<u32>, alive: bool) -> Vec<StallEpisode> {
+        let Some(detector) = self.detector.as_mut() else {
+            return Vec::new();
+        };
+        let ended = detector.observe_all(samples, job_pids, alive);
+        for s in samples {
+            self.samples += 1;
+            if !s.throttle_reasons.is_empty() {
+                self.throttled_samples += 1;
+                self.throttle_reasons.extend(s.throttle_reasons.iter().cloned());
+            }
+            if let Some(summary) = self.summary.as_mut() {
+                summary.add(s, job_pids);
+            }
+        }
+        self.stalled_since = samples
+            .iter()
+            .filter_map(|s| detector.open_episode(s.index).map(|e| (e.start_ns, s.index)))
+            .min();
+        self.latest = samples.to_vec();
+        self.stalls.extend(ended.iter().cloned());
+        ended
+    }
+
+    /// The end of the trace: stalls still open count if they lasted the window.
+    pub fn finish(&mut self, now_ns: u64) -> Vec<StallEpisode> {
+        let ended = self.detector.as_mut().map(|d| d.finish(now_ns)).unwrap_or_default();
+        self.stalls.extend(ended.iter().cloned());
+        ended
+    }
+}
+
+/// NVML, opened once.
 pub struct GpuWatch {
     sampler: GpuSampler,
-    detector: StallDetector,
 }
 
 impl GpuWatch {
-    /// Opens NVML; on failure the model says why, once, and tracing goes on without GPU data.
-    pub fn open(lib: Option<&std::path::Path>, detector: StallDetector, model: &mut Model) -> Option<Self> {
+    /// Opens NVML: the GPUs and driver on success, or the one-line reason GPU data is off.
+    pub fn open(lib: Option<&std::path::Path>) -> Result<(Self, String), String> {
         match GpuSampler::open(lib) {
             Ok(sampler) => {
-                model.gpu.status = format!(
+                let status = format!(
                     "{} GPU(s), driver {}",
                     sampler.gpu_count(),
                     sampler.driver_version().unwrap_or_else(|| "?".into())
                 );
-                model.gpu.summary = Some(GpuSummary::new());
-                Some(Self { sampler, detector })
+                Ok((Self { sampler }, status))
             }
-            Err(e) => {
-                model.gpu.status = e.to_string();
-                None
-            }
+            Err(e) => Err(e.to_string()),
         }
     }
 
-    fn job_pids(model: &Model) -> HashSet<u32> {
-        model.tree.iter().map(|n| n.pid).collect()
-    }
-
-    pub fn tick(&mut self, model: &mut Model, recorder: Option<&mut Recorder>) {
-        let samples = self.sampler.sample();
-        let pids = Self::job_pids(model);
-        let alive = !model.tree.alive_pids().is_empty();
-        let ended = self.detector.observe_all(&samples, &pids, alive);
-        let mut recorder = recorder;
-        if let Some(r) = recorder.as_deref_mut() {
-            for s in &samples {
-                let mut v = serde_json::to_value(s).unwrap_or_default();
-                if let Some(o) = v.as_object_mut() {
-                    o.insert("type".into(), json!("sample"));
-                    o.insert("kind".into(), json!("gpu"));
-                }
-                r.write(&v);
-            }
-        }
-        for s in &samples {
-            model.gpu.samples += 1;
-            if !s.throttle_reasons.is_empty() {
-                model.gpu.throttled_samples += 1;
-                model.gpu.throttle_reasons.extend(s.throttle_reasons.iter().cloned());
-            }
-        }
-        if let Some(summary) = model.gpu.summary.as_mut() {
-            for s in &samples {
-                summary.add(s, &pids);
-            }
-        }
-        model.gpu.stalled_since = samples
-            .iter()
-            .filter_map(|s| self.detector.open_episode(s.index).map(|e| (e.start_ns, s.index)))
-            .min();
-        model.gpu.latest = samples;
-        Self::push(model, recorder, ended);
-    }
-
-    pub fn finish(&mut self, model: &mut Model, now_ns: u64, recorder: Option<&mut Recorder>) {
-        let ended = self.detector.finish(now_ns);
-        Self::push(model, recorder, ended);
-    }
-
-    fn push(model: &mut Model, recorder: Option<&mut Recorder>, ended: Vec<StallEpisode>) {
-        if let Some(r) = recorder {
-            for e in &ended {
-                let mut v = serde_json::to_value(e).unwrap_or_default();
-                if let Some(o) = v.as_object_mut() {
-                    o.insert("type".into(), json!("event"));
-                    o.insert("kind".into(), json!("gpu_stall"));
-                    o.insert("t_ns".into(), json!(e.start_ns));
-                }
-                r.write(&v);
-            }
-        }
-        model.gpu.stalls.extend(ended);
+    pub fn sample(&mut self) -> Vec<GpuSample> {
+        self.sampler.sample()
     }
 }
 

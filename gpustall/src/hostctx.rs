@@ -28,7 +28,7 @@ const SECTOR_BYTES: u64 = 512;
 
 /// The memory cgroup of a process: the limit that makes reclaim and the OOM killer act on the
 /// job long before the host runs out.
-#[derive(Serialize, Clone, Debug, PartialEq)]
+#[derive(Serialize, serde::Deserialize, Clone, Debug, PartialEq)]
 pub struct CgroupMem {
     /// The cgroup path as /proc/PID/cgroup shows it, e.g. "/gpustall-test-x".
     pub path: String,
@@ -173,7 +173,7 @@ fn keyed_value(text: &str, key: &str) -> Option<u64> {
 }
 
 /// Host-wide memory: a job without a cgroup limit is squeezed by the host's MemAvailable.
-#[derive(Serialize, Clone, Debug, PartialEq)]
+#[derive(Serialize, serde::Deserialize, Clone, Debug, PartialEq)]
 pub struct HostMem {
     pub mem_total_kb: u64,
     pub mem_available_kb: u64,
@@ -211,7 +211,7 @@ pub fn read_vmstat() -> BTreeMap<String, u64> {
 
 /// Host-wide reclaim, swap and OOM activity between two /proc/vmstat readings: the evidence
 /// of memory pressure even for the events the eBPF side could not attribute.
-#[derive(Serialize, Clone, Debug, PartialEq, Default)]
+#[derive(Serialize, serde::Deserialize, Clone, Debug, PartialEq, Default)]
 pub struct VmDelta {
     pub pswpin: u64,
     pub pswpout: u64,
@@ -245,7 +245,7 @@ pub fn vm_delta(before: &BTreeMap<String, u64>, after: &BTreeMap<String, u64>) -
 }
 
 /// One line of /proc/diskstats, cumulative since boot.
-#[derive(Serialize, Clone, Debug, PartialEq)]
+#[derive(Serialize, serde::Deserialize, Clone, Debug, PartialEq)]
 pub struct DiskStat {
     pub name: String,
     pub major: u32,
@@ -304,7 +304,7 @@ pub fn whole_disks(all: Vec<DiskStat>, sys_block: &Path) -> Vec<DiskStat> {
 
 /// A disk's activity over an interval: 100% busy with reclaim I/O is the "disk is the problem"
 /// symptom that memory pressure often causes.
-#[derive(Serialize, Clone, Debug, PartialEq)]
+#[derive(Serialize, serde::Deserialize, Clone, Debug, PartialEq)]
 pub struct DiskBusy {
     pub name: String,
     /// "maj:min", to match the device numbers of block tracepoints.
@@ -342,7 +342,7 @@ pub fn disk_busy(before: &[DiskStat], after: &[DiskStat], elapsed_ms: u64) -> Ve
 
 /// Space on the filesystem holding a path (the dataset, the checkpoint directory): a full disk
 /// stalls a job in a way that looks like slow I/O.
-#[derive(Serialize, Clone, Debug, PartialEq)]
+#[derive(Serialize, serde::Deserialize, Clone, Debug, PartialEq)]
 pub struct FsUsage {
     pub path: String,
     pub total_bytes: u64,
@@ -379,7 +379,7 @@ pub fn fs_usage(path: &Path) -> Option<FsUsage> {
 
 /// What a task is doing: a job whose processes sit in D state with a wchan in the block layer
 /// is hung on I/O; at 0 CPU in S state it is waiting or deadlocked.
-#[derive(Serialize, Clone, Debug, PartialEq)]
+#[derive(Serialize, serde::Deserialize, Clone, Debug, PartialEq)]
 pub struct TaskState {
     pub pid: u32,
     /// R S D T t Z I X, as in /proc/PID/stat.

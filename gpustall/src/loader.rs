@@ -9,8 +9,8 @@ use aya::{
 use gpustall_common::counters::{IoCounters, IoKey, ProcCounters, HOST_COUNTERS, LATENCY_BUCKETS, LOST_COUNTERS};
 
 use crate::{
-    model::Model,
-    stats::{sum_counters, sum_io, IoSlot},
+    observe::{CountersSample, IoRec, ProcCountersRec},
+    stats::{sum_counters, sum_io},
     tracefs::Tracefs,
 };
 
@@ -162,37 +162,45 @@ impl KernelMaps {
         self.tracked.insert(pid, 1, 0)
     }
 
-    /// Copies the kernel's cumulative counters into the model (replacing, not adding). A map
-    /// read that fails is logged and retried at the next read: never fatal while tracing.
-    pub fn read_into(&self, m: &mut Model) {
+    /// Reads the kernel's cumulative counters. A map read that fails is logged and retried at
+    /// the next read: never fatal while tracing.
+    pub fn read(&self, t_ns: u64, undecodable: u64) -> CountersSample {
+        let mut out = CountersSample { t_ns, undecodable: Some(undecodable), ..Default::default() };
         for item in self.proc_counters.iter() {
             match item {
-                Ok((pid, per_cpu)) => m.proc_mut(pid).counters = sum_counters(per_cpu.iter()),
+                Ok((pid, per_cpu)) => out.procs.push(ProcCountersRec::new(pid, &sum_counters(per_cpu.iter()))),
                 Err(e) => log::debug!("reading PROC_COUNTERS: {e}"),
             }
         }
         for item in self.io_counters.iter() {
             match item {
                 Ok((k, per_cpu)) => {
-                    let slot = IoSlot { dev: k.dev, op: k.op, in_reclaim: k.in_reclaim != 0 };
-                    m.proc_mut(k.tgid).io.insert(slot, sum_io(per_cpu.iter()));
+                    let c = sum_io(per_cpu.iter());
+                    out.io.push(IoRec {
+                        pid: k.tgid,
+                        dev: k.dev,
+                        op: k.op,
+                        in_reclaim: k.in_reclaim != 0,
+                        bytes: c.bytes,
+                        bios: c.bios,
+                        completed: c.completed,
+                        latency_ns_sum: c.latency_ns_sum,
+                        latency_ns_max: c.latency_ns_max,
+                    });
                 }
                 Err(e) => log::debug!("reading IO_COUNTERS: {e}"),
             }
         }
-        let read_array = |arr: &PerCpuArray<MapData, u64>, out: &mut [u64]| {
-            for (i, slot) in out.iter_mut().enumerate() {
-                if let Ok(v) = arr.get(&(i as u32), 0) {
-                    *slot = v.iter().sum();
-                }
-            }
+        // Map iteration order is the kernel's: sort so that "what changed" compares like with like.
+        out.procs.sort_by_key(|p| p.pid);
+        out.io.sort_by_key(|r| (r.pid, r.dev, r.op, r.in_reclaim));
+        let read_array = |arr: &PerCpuArray<MapData, u64>, n: u32| -> Vec<u64> {
+            (0..n).map(|i| arr.get(&i, 0).map(|v| v.iter().sum()).unwrap_or(0)).collect()
         };
-        read_array(&self.host, &mut m.host.counters[..HOST_COUNTERS as usize]);
-        read_array(&self.lost, &mut m.host.lost[..LOST_COUNTERS as usize]);
-        let mut lat = vec![0u64; 3 * LATENCY_BUCKETS as usize];
-        read_array(&self.io_latency, &mut lat);
-        for (op, chunk) in lat.chunks(LATENCY_BUCKETS as usize).enumerate() {
-            m.host.io_latency[op].copy_from_slice(chunk);
-        }
+        out.host = read_array(&self.host, HOST_COUNTERS);
+        out.lost = read_array(&self.lost, LOST_COUNTERS);
+        let lat = read_array(&self.io_latency, 3 * LATENCY_BUCKETS);
+        out.io_latency = lat.chunks(LATENCY_BUCKETS as usize).map(<[u64]>::to_vec).collect();
+        out
     }
 }

@@ -14,11 +14,13 @@ mod hostctx;
 mod live;
 mod loader;
 mod model;
+mod observe;
 mod overhead;
 mod preflight;
 mod proctree;
 mod procscan;
 mod record;
+mod replay;
 mod report;
 mod stats;
 mod summary;
@@ -52,6 +54,23 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Rebuild the summary and verdict of a recording (`trace --record FILE`), offline.
+    #[command(
+        long_about = "Replay a recording made with `gpustall trace --record FILE` and print the same \
+report the live run printed (and, with --summary-json, the same summary). Needs no privileges. A \
+truncated or corrupt file is read up to the bad line: the error names the line and the report covers \
+what came before it.",
+        after_help = "EXIT STATUS:\n    0 when the whole file was read; 1 when it stopped at a bad line (the \
+report is still printed) or is not a recording."
+    )]
+    Report {
+        /// The recording (JSON Lines).
+        #[arg(value_name = "FILE")]
+        file: PathBuf,
+        /// Write the summary as JSON to OUT.
+        #[arg(long, value_name = "OUT")]
+        summary_json: Option<PathBuf>,
+    },
     /// Trace a process and all its descendants, then report.
     #[command(
         long_about = "Trace PID and every process it forks (and those processes' children) until \
@@ -104,6 +123,31 @@ process, not root, BPF unavailable, a required tracepoint missing)."
     },
 }
 
+/// `gpustall report`: the summary and verdict of a recording, offline.
+fn report_cmd(file: &std::path::Path, summary_json: Option<&std::path::Path>) -> anyhow::Result<()> {
+    let f = std::fs::File::open(file).map_err(|e| anyhow::anyhow!("cannot open the recording {}: {e}", file.display()))?;
+    let r = replay::replay(std::io::BufReader::new(f));
+    if r.lines == 0 {
+        let why = r.error.map_or("it is empty".to_string(), |e| format!("line {}: {}", e.line, e.why));
+        anyhow::bail!("{} is not a gpustall recording: {why}", file.display());
+    }
+    let summary = trace::summary(&r.model, r.end_ns, true);
+    if let Some(path) = summary_json {
+        summary::write_json(&summary, path)?;
+    }
+    print!("{}", report::render(&summary));
+    if let Some(e) = r.error {
+        anyhow::bail!(
+            "{} line {}: {}; the report above covers lines 1-{}",
+            file.display(),
+            e.line,
+            e.why,
+            r.lines
+        );
+    }
+    Ok(())
+}
+
 fn main() {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn"))
         .format_timestamp(None)
@@ -116,6 +160,7 @@ fn main() {
         .and_then(|rt| {
             rt.block_on(async {
                 match cli.command {
+                    Command::Report { file, summary_json } => report_cmd(&file, summary_json.as_deref()),
                     Command::Trace {
                         pid,
                         duration,

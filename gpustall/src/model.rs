@@ -2,14 +2,15 @@
 //! measurements, OOM kills and fatal signals. Fed by decoded events and by counter snapshots;
 //! no kernel access here, so it is tested on hand-built events.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 
 use gpustall_common::reclaim::ReclaimKind;
 
 use crate::{
     decode::{Event, OomRss},
+    observe::{CountersSample, Sample},
     proctree::{Killer, ProcessTree},
-    stats::{HostStats, ProcStats},
+    stats::{HostStats, IoSlot, ProcStats},
 };
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -54,6 +55,64 @@ pub struct Model {
 }
 
 impl Model {
+    /// Folds in one observation (see `observe`): the same path live and on replay.
+    /// Returns GPU stall episodes that ended with it.
+    pub fn observe(&mut self, s: &Sample) -> Vec<crate::gpu::StallEpisode> {
+        self.last_ns = self.last_ns.max(s.t_ns());
+        match s {
+            Sample::Seed { t_ns, pid, ppid, comm, is_target } => self.tree.seed(*pid, *ppid, comm, *is_target, *t_ns),
+            Sample::ProcMem { t_ns, pid, mem } => self.proc_mut(*pid).record_mem(*mem, *t_ns),
+            Sample::Vanished { t_ns, pid } => self.tree.mark_vanished(*pid, *t_ns),
+            Sample::Cmdline { pid, cmdline, .. } => self.tree.set_cmdline(*pid, cmdline.clone()),
+            Sample::Counters(c) => self.apply_counters(c),
+            Sample::Context(c) => self.ctx.apply(c),
+            Sample::Gpu { gpus, .. } => {
+                let pids: HashSet<u32> = self.tree.iter().map(|n| n.pid).collect();
+                let alive = !self.tree.alive_pids().is_empty();
+                return self.gpu.apply(gpus, &pids, alive);
+            }
+            Sample::TrainStep { t_ns, data_time_s, iter_time_s } => self.steps.push((
+                *t_ns,
+                crate::trainlog::StepTimes { data_time_s: *data_time_s, iter_time_s: *iter_time_s },
+            )),
+            Sample::Overhead { overhead, .. } => self.overhead = overhead.clone(),
+        }
+        Vec::new()
+    }
+
+    fn apply_counters(&mut self, c: &CountersSample) {
+        for p in &c.procs {
+            self.proc_mut(p.pid).counters = p.counters();
+        }
+        for r in &c.io {
+            let slot = IoSlot { dev: r.dev, op: r.op, in_reclaim: r.in_reclaim };
+            self.proc_mut(r.pid).io.insert(slot, r.counters());
+        }
+        if !c.host.is_empty() {
+            for (dst, src) in self.host.counters.iter_mut().zip(&c.host) {
+                *dst = *src;
+            }
+        }
+        if !c.lost.is_empty() {
+            for (dst, src) in self.host.lost.iter_mut().zip(&c.lost) {
+                *dst = *src;
+            }
+        }
+        if let Some(u) = c.undecodable {
+            self.host.undecodable = u;
+        }
+        for (dst, src) in self.host.io_latency.iter_mut().zip(&c.io_latency) {
+            for (d, s) in dst.iter_mut().zip(src) {
+                *d = *s;
+            }
+        }
+    }
+
+    /// The end of the trace (live or replayed): GPU stalls still open are closed.
+    pub fn finish(&mut self, now_ns: u64) -> Vec<crate::gpu::StallEpisode> {
+        self.gpu.finish(now_ns)
+    }
+
     pub fn proc_mut(&mut self, pid: u32) -> &mut ProcStats {
         self.procs.entry(pid).or_default()
     }

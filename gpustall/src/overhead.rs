@@ -3,7 +3,7 @@
 
 use serde::Serialize;
 
-#[derive(Serialize, Debug, Clone, Default, PartialEq)]
+#[derive(Serialize, serde::Deserialize, Debug, Clone, Default, PartialEq)]
 pub struct ProgramStat {
     pub name: String,
     pub run_count: u64,
@@ -11,11 +11,14 @@ pub struct ProgramStat {
     pub avg_ns: Option<f64>,
 }
 
-#[derive(Serialize, Debug, Clone, Default, PartialEq)]
+#[derive(Serialize, serde::Deserialize, Debug, Clone, Default, PartialEq)]
 pub struct Overhead {
     /// False when the kernel does not collect run times (sysctl kernel.bpf_stats_enabled=0).
     pub bpf_stats_enabled: bool,
     pub programs: Vec<ProgramStat>,
+    /// CPU the agent spent loading and attaching (verifier included), before tracing began.
+    pub agent_startup_cpu_s: f64,
+    /// All CPU the agent spent, start-up included.
     pub agent_cpu_s: f64,
     pub agent_peak_rss_kb: u64,
 }

@@ -12,6 +12,8 @@ use std::{
 use bytes::{BufMut, BytesMut};
 use serde_json::{json, Value};
 
+use gpustall_common::reclaim::ReclaimKind;
+
 use crate::decode::Event;
 
 pub struct Recorder {
@@ -63,6 +65,15 @@ impl Recorder {
             log::error!("flushing {}: {e}", self.path.display());
         }
     }
+
+    /// Flushes and asks the kernel to put the data on disk: done every few seconds and at once
+    /// after an incident, so a crash (of the agent or the machine) loses little.
+    pub fn sync(&mut self) {
+        self.flush();
+        if let Err(e) = self.out.get_ref().sync_data() {
+            log::error!("syncing {}: {e}", self.path.display());
+        }
+    }
 }
 
 impl Drop for Recorder {
@@ -70,6 +81,100 @@ impl Drop for Recorder {
         self.flush();
         let _ = self.out.get_ref().sync_all();
     }
+}
+
+/// A GPU stall episode as an event line (derived data: replay recomputes it from the samples).
+pub fn stall_json(e: &crate::gpu::StallEpisode) -> Value {
+    let mut v = serde_json::to_value(e).unwrap_or_default();
+    if let Some(o) = v.as_object_mut() {
+        o.insert("type".into(), json!("event"));
+        o.insert("kind".into(), json!("gpu_stall"));
+        o.insert("t_ns".into(), json!(e.start_ns));
+    }
+    v
+}
+
+/// Why a record line could not be read back.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum RecordError {
+    #[error("field {0} is missing or has the wrong type")]
+    Field(&'static str),
+    #[error("unknown event kind {0:?}")]
+    UnknownKind(String),
+}
+
+fn num<T: TryFrom<i64>>(v: &Value, key: &'static str) -> Result<T, RecordError> {
+    let n = v[key].as_i64().or_else(|| v[key].as_u64().and_then(|u| i64::try_from(u).ok()));
+    n.and_then(|n| T::try_from(n).ok()).ok_or(RecordError::Field(key))
+}
+
+fn u64_of(v: &Value, key: &'static str) -> Result<u64, RecordError> {
+    v[key].as_u64().ok_or(RecordError::Field(key))
+}
+
+fn text(v: &Value, key: &'static str) -> Result<String, RecordError> {
+    v[key].as_str().map(str::to_string).ok_or(RecordError::Field(key))
+}
+
+/// The inverse of [`event_json`]. `Ok(None)` for derived events (`gpu_stall`), which a replay
+/// recomputes.
+pub fn event_from_json(v: &Value) -> Result<Option<Event>, RecordError> {
+    use crate::decode::{Header, OomRss};
+    let kind = text(v, "kind")?;
+    if kind == "gpu_stall" {
+        return Ok(None);
+    }
+    let h = Header { t_ns: u64_of(v, "t_ns")?, tgid: num(v, "pid")?, tid: num(v, "tid")?, comm: text(v, "comm")? };
+    Ok(Some(match kind.as_str() {
+        "fork" => Event::Fork { h, child_pid: num(v, "child_pid")?, clone_flags: u64_of(v, "clone_flags")? },
+        "exit" => Event::Exit { h, exit_code: v["wait_status"].as_u64().and_then(|c| u32::try_from(c).ok()) },
+        "rename" => Event::Rename { h, pid: num(v, "renamed_tid")?, new_comm: text(v, "new_comm")? },
+        "exec" => Event::Exec { h, old_pid: num(v, "old_pid")?, filename: text(v, "filename")? },
+        "oom_kill" => Event::OomVictim {
+            h,
+            victim_pid: num(v, "victim_pid")?,
+            victim_comm: text(v, "victim_comm")?,
+            rss: match v["anon_rss_kb"].as_u64() {
+                Some(anon) => Some(OomRss {
+                    total_vm_kb: u64_of(v, "total_vm_kb")?,
+                    anon_rss_kb: anon,
+                    file_rss_kb: u64_of(v, "file_rss_kb")?,
+                    shmem_rss_kb: u64_of(v, "shmem_rss_kb")?,
+                }),
+                None => None,
+            },
+            oom_score_adj: num(v, "oom_score_adj")?,
+            uid: num(v, "uid")?,
+        },
+        "signal" => Event::Signal {
+            h,
+            sig: num(v, "sig")?,
+            code: num(v, "si_code")?,
+            target_pid: num(v, "target_pid")?,
+            result: num(v, "result")?,
+            target_comm: text(v, "target_comm")?,
+        },
+        "reclaim" => Event::Reclaim {
+            h,
+            kind: match text(v, "reclaim")?.as_str() {
+                "direct" => ReclaimKind::Direct,
+                "memcg" => ReclaimKind::Memcg,
+                "kswapd" => ReclaimKind::Kswapd,
+                _ => return Err(RecordError::Field("reclaim")),
+            },
+            start_ns: u64_of(v, "start_ns")?,
+            duration_ns: u64_of(v, "duration_ns")?,
+            nr_reclaimed: u64_of(v, "nr_reclaimed")?,
+        },
+        "reclaim_throttled" => Event::Throttled {
+            h,
+            usec_timeout: num(v, "usec_timeout")?,
+            usec_delayed: num(v, "usec_delayed")?,
+            reason: num(v, "reason")?,
+            nid: num(v, "nid")?,
+        },
+        other => return Err(RecordError::UnknownKind(other.to_string())),
+    }))
 }
 
 /// One event as a record line: common fields first, then the event's own.
@@ -106,7 +211,7 @@ pub fn event_json(e: &Event) -> Value {
             "sig": sig, "si_code": code, "target_pid": target_pid, "target_comm": target_comm, "result": result,
         }),
         Event::Reclaim { kind, start_ns, duration_ns, nr_reclaimed, .. } => json!({
-            "reclaim": format!("{kind:?}").to_lowercase(),
+            "reclaim": match kind { ReclaimKind::Direct => "direct", ReclaimKind::Memcg => "memcg", ReclaimKind::Kswapd => "kswapd" },
             "start_ns": start_ns,
             "duration_ns": duration_ns,
             "nr_reclaimed": nr_reclaimed,
@@ -134,6 +239,31 @@ mod tests {
         let v = event_json(&Event::Exit { h, exit_code: Some(2 << 8) });
         assert_eq!((v["exit_code"].as_i64(), v["exit_signal"].is_null()), (Some(2), true));
         assert_eq!(v["type"], "event");
+    }
+
+    #[test]
+    fn every_event_kind_reads_back_as_written() {
+        use crate::decode::OomRss;
+        let h = |t| Header { t_ns: t, tgid: 10, tid: 11, comm: "pt_data_worker".into() };
+        let events = vec![
+            Event::Fork { h: h(1), child_pid: 12, clone_flags: 0x1200011 },
+            Event::Exit { h: h(2), exit_code: Some(9) },
+            Event::Exit { h: h(2), exit_code: None },
+            Event::Rename { h: h(3), pid: 11, new_comm: "pt_data_pin".into() },
+            Event::Exec { h: h(4), old_pid: 10, filename: "/usr/bin/python3".into() },
+            Event::OomVictim { h: h(5), victim_pid: 12, victim_comm: "w".into(), rss: Some(OomRss { total_vm_kb: 1, anon_rss_kb: 2, file_rss_kb: 3, shmem_rss_kb: 4 }), oom_score_adj: -5, uid: 0 },
+            Event::OomVictim { h: h(5), victim_pid: 12, victim_comm: "w".into(), rss: None, oom_score_adj: 0, uid: 0 },
+            Event::Signal { h: h(6), sig: 9, code: 0x80, target_pid: 12, result: 0, target_comm: "w".into() },
+            Event::Reclaim { h: h(7), kind: ReclaimKind::Memcg, start_ns: 6, duration_ns: 1, nr_reclaimed: 32 },
+            Event::Throttled { h: h(8), usec_timeout: 100, usec_delayed: 50, reason: 1, nid: 0 },
+        ];
+        for e in events {
+            let line = serde_json::to_string(&event_json(&e)).expect("json");
+            let back = event_from_json(&serde_json::from_str(&line).expect("parse")).expect("reads back");
+            assert_eq!(back, Some(e));
+        }
+        assert_eq!(event_from_json(&json!({"kind": "gpu_stall"})), Ok(None));
+        assert!(event_from_json(&json!({"kind": "fork", "t_ns": 1, "pid": 1, "tid": 1, "comm": "x"})).is_err());
     }
 
     #[test]

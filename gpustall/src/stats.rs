@@ -15,7 +15,7 @@ pub struct IoSlot {
 }
 
 /// Memory of a process as /proc last showed it.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct MemSample {
     pub rss_kb: u64,
     pub anon_kb: u64,

@@ -190,6 +190,12 @@ pub struct LatencySummary {
     pub p99_us: Option<f64>,
 }
 
+/// Writes the summary as pretty JSON.
+pub fn write_json(s: &Summary, path: &std::path::Path) -> anyhow::Result<()> {
+    let text = serde_json::to_string_pretty(s)?;
+    std::fs::write(path, text + "\n").map_err(|e| anyhow::anyhow!("writing the summary to {}: {e}", path.display()))
+}
+
 fn context_summary(m: &Model) -> ContextSummary {
     let c = &m.ctx;
     let data_times: Vec<f64> = m.steps.iter().filter_map(|(_, s)| s.data_time_s).collect();

@@ -1,5 +1,8 @@
 //! `gpustall trace`: follow a process tree until a duration passes, Ctrl-C, or every traced
 //! process has exited; then write what was collected, always.
+//!
+//! Everything the model learns goes through the recording first (events and samples), so
+//! `gpustall report` can rebuild the same summary from the file.
 
 use std::{
     io::IsTerminal,
@@ -13,8 +16,18 @@ use serde_json::json;
 use tokio::io::unix::AsyncFd;
 
 use crate::{
-    decode::decode, gpu::monotonic_ns, gpuwatch::GpuWatch, live, loader, model::Model, preflight, procscan, record::{event_json, Recorder},
-    report, summary::Summary, tracefs::Tracefs, verdict,
+    context::ContextReader,
+    decode::{decode, Event},
+    gpu::{monotonic_ns, StallEpisode},
+    gpuwatch::GpuWatch,
+    live, loader,
+    model::Model,
+    observe::{CountersSample, Sample},
+    preflight, procscan,
+    record::{event_json, stall_json, Recorder},
+    report,
+    summary::Summary,
+    tracefs::Tracefs,
 };
 
 /// What `trace` was asked to do (from the CLI).
@@ -39,38 +52,80 @@ pub struct GpuOptions {
     pub window: Duration,
 }
 
+/// fsync the recording at least this often (and at once after an incident).
+const SYNC_EVERY: Duration = Duration::from_secs(5);
+
 struct Session {
     model: Model,
     recorder: Option<Recorder>,
+    /// The last full read of the kernel counters: only changes are recorded.
+    last_counters: CountersSample,
+    undecodable: u64,
+    /// An OOM kill, a fatal signal or a GPU stall arrived: sync the recording now.
+    incident: bool,
 }
 
 impl Session {
+    fn observe(&mut self, s: Sample) {
+        if let Some(r) = self.recorder.as_mut() {
+            r.write(&s.to_json());
+        }
+        let ended = self.model.observe(&s);
+        self.stalls_ended(&ended);
+    }
+
+    fn stalls_ended(&mut self, ended: &[StallEpisode]) {
+        if ended.is_empty() {
+            return;
+        }
+        self.incident = true;
+        if let Some(r) = self.recorder.as_mut() {
+            for e in ended {
+                r.write(&stall_json(e));
+            }
+        }
+    }
+
     fn drain(&mut self, ring: &mut RingBuf<MapData>) {
         while let Some(item) = ring.next() {
-            match decode(&item) {
-                Ok(e) => {
-                    log::trace!("{} bytes: {e:?}", item.len());
-                    if let Some(r) = self.recorder.as_mut() {
-                        r.write(&event_json(&e));
-                    }
-                    self.model.apply(&e);
-                    // Roles need command lines (torchrun, forkserver, spawn); read them while
-                    // the process is young. Best effort: it may be gone already.
-                    let pid = match &e {
-                        crate::decode::Event::Fork { child_pid, .. } => Some(*child_pid),
-                        crate::decode::Event::Exec { h, .. } => Some(h.tgid),
-                        _ => None,
-                    };
-                    if let Some(c) = pid.and_then(crate::hostctx::cmdline) {
-                        self.model.tree.set_cmdline(pid.unwrap_or(0), c.join(" "));
-                    }
-                }
+            let e = match decode(&item) {
+                Ok(e) => e,
                 Err(err) => {
-                    self.model.host.undecodable += 1;
+                    self.undecodable += 1;
                     log::debug!("undecodable record: {err}");
+                    continue;
+                }
+            };
+            if let Some(r) = self.recorder.as_mut() {
+                r.write(&event_json(&e));
+            }
+            self.model.apply(&e);
+            if matches!(e, Event::OomVictim { .. } | Event::Signal { .. }) {
+                self.incident = true;
+            }
+            // Roles need command lines (torchrun, forkserver, spawn): read them while the
+            // process is young. Best effort: it may be gone already.
+            let pid = match &e {
+                Event::Fork { child_pid, .. } => Some(*child_pid),
+                Event::Exec { h, .. } => Some(h.tgid),
+                _ => None,
+            };
+            if let Some(pid) = pid {
+                if let Some(c) = crate::hostctx::cmdline(pid) {
+                    let t_ns = e.header().t_ns;
+                    self.observe(Sample::Cmdline { t_ns, pid, cmdline: c.join(" ") });
                 }
             }
         }
+    }
+
+    fn counters(&mut self, maps: &loader::KernelMaps, now: u64) {
+        let full = maps.read(now, self.undecodable);
+        let changes = full.changes_since(&self.last_counters);
+        if !changes.is_empty() {
+            self.observe(Sample::Counters(changes));
+        }
+        self.last_counters = full;
     }
 
     /// /proc memory of live processes; processes that vanished without an exit event (lost)
@@ -78,15 +133,8 @@ impl Session {
     fn sample_proc(&mut self, now: u64) {
         for pid in self.model.tree.alive_pids() {
             match procscan::sample_mem(pid) {
-                Some(m) => {
-                    self.model.proc_mut(pid).record_mem(m, now);
-                    if let Some(r) = self.recorder.as_mut() {
-                        r.write(&json!({"type": "sample", "kind": "proc_mem", "t_ns": now, "pid": pid,
-                            "rss_kb": m.rss_kb, "anon_kb": m.anon_kb, "file_kb": m.file_kb, "shmem_kb": m.shmem_kb,
-                            "swap_kb": m.swap_kb, "hwm_kb": m.hwm_kb, "majflt": m.majflt}));
-                    }
-                }
-                None if !procscan::exists(pid) => self.model.tree.mark_vanished(pid, now),
+                Some(mem) => self.observe(Sample::ProcMem { t_ns: now, pid, mem }),
+                None if !procscan::exists(pid) => self.observe(Sample::Vanished { t_ns: now, pid }),
                 None => {} // a zombie: its exit event is on its way
             }
         }
@@ -97,19 +145,34 @@ impl Session {
     fn read_log(&mut self, tail: &mut crate::trainlog::LogTail, patterns: &crate::trainlog::LogPatterns, now: u64) {
         for line in tail.poll() {
             if let Some(step) = patterns.parse(&line) {
-                if let Some(r) = self.recorder.as_mut() {
-                    r.write(&json!({"type": "event", "kind": "train_step", "t_ns": now,
-                        "data_time_s": step.data_time_s, "iter_time_s": step.iter_time_s}));
-                }
-                self.model.steps.push((now, step));
+                self.observe(Sample::TrainStep { t_ns: now, data_time_s: step.data_time_s, iter_time_s: step.iter_time_s });
             }
         }
     }
 
-    fn summary(&self, now: u64, is_final: bool) -> Summary {
-        Summary::from_model(&self.model, now, is_final, verdict::decide(&crate::facts::from_model(&self.model, now)))
+    /// Everything a tick looks at.
+    fn tick(&mut self, maps: &loader::KernelMaps, ctx: &ContextReader, log: &mut Option<LogSource>, now: u64) {
+        self.counters(maps, now);
+        self.sample_proc(now);
+        let alive = self.model.tree.alive_pids();
+        self.observe(Sample::Context(ctx.read(&alive, now)));
+        if let Some((tail, patterns)) = log.as_mut() {
+            self.read_log(tail, patterns, now);
+        }
+    }
+
+    fn sync_if_due(&mut self, last_sync: &mut Instant) {
+        if self.incident || last_sync.elapsed() >= SYNC_EVERY {
+            if let Some(r) = self.recorder.as_mut() {
+                r.sync();
+            }
+            self.incident = false;
+            *last_sync = Instant::now();
+        }
     }
 }
+
+type LogSource = (crate::trainlog::LogTail, crate::trainlog::LogPatterns);
 
 pub async fn run(opts: TraceOptions) -> anyhow::Result<()> {
     preflight::check_pid(opts.pid)?;
@@ -123,33 +186,7 @@ pub async fn run(opts: TraceOptions) -> anyhow::Result<()> {
     for s in &probes.skipped {
         eprintln!("gpustall: warning: tracepoint {s} is not available on this kernel; its data is missing");
     }
-
-    let start = monotonic_ns();
-    let mut session = Session { model: Model { start_ns: start, ..Default::default() }, recorder: None };
-    if let Some(path) = &opts.record {
-        session.recorder = Some(Recorder::create(path)?);
-    }
-
-    // Seed after attaching, then look again: a fork between the first scan and the map insert
-    // would otherwise be missed (its parent was not tracked yet when it forked).
-    for pass in 0..2 {
-        let all = procscan::all_processes();
-        for p in procscan::descendants_of(opts.pid, &all) {
-            if pass == 1 && session.model.tree.contains(p.pid) {
-                continue;
-            }
-            probes.maps.track(p.pid).context("adding a process to the kernel's tracked map")?;
-            session.model.tree.seed(p.pid, p.ppid, &p.comm, p.pid == opts.pid, start);
-            if let Some(c) = crate::hostctx::cmdline(p.pid) {
-                session.model.tree.set_cmdline(p.pid, c.join(" "));
-            }
-        }
-    }
-    if !session.model.tree.contains(opts.pid) {
-        anyhow::bail!("no such process: {} (it exited before tracing started)", opts.pid);
-    }
-    session.model.ctx = crate::context::HostContext::begin(opts.pid, start);
-    let mut log_tail = match &opts.log {
+    let mut log_source: Option<LogSource> = match &opts.log {
         Some(path) => Some((
             crate::trainlog::LogTail::open(path, false)?,
             crate::trainlog::LogPatterns::new(opts.log_regex.as_deref())
@@ -157,21 +194,40 @@ pub async fn run(opts: TraceOptions) -> anyhow::Result<()> {
         )),
         None => None,
     };
-    let mut gpu = match &opts.gpu {
+
+    let start = monotonic_ns();
+    let mut session = Session {
+        model: Model { start_ns: start, last_ns: start, ..Default::default() },
+        recorder: None,
+        last_counters: CountersSample::default(),
+        undecodable: 0,
+        incident: false,
+    };
+    if let Some(path) = &opts.record {
+        session.recorder = Some(Recorder::create(path)?);
+    }
+
+    let mut gpu = None;
+    let gpu_header = match &opts.gpu {
         Some(g) => {
-            let detector = crate::gpu::StallDetector::new(g.threshold_pct, g.window.as_nanos() as u64);
-            let w = GpuWatch::open(g.nvml_lib.as_deref(), detector, &mut session.model);
-            eprintln!("gpustall: {}", session.model.gpu.status);
-            w
+            let window_ns = g.window.as_nanos() as u64;
+            let status = match GpuWatch::open(g.nvml_lib.as_deref()) {
+                Ok((w, status)) => {
+                    session.model.gpu.enable(status.clone(), g.threshold_pct, window_ns);
+                    gpu = Some(w);
+                    status
+                }
+                Err(why) => why,
+            };
+            session.model.gpu.status = status.clone();
+            eprintln!("gpustall: {status}");
+            json!({"enabled": gpu.is_some(), "status": status, "threshold_pct": g.threshold_pct, "window_ns": window_ns})
         }
         None => {
             session.model.gpu.status = "GPU data is off (--no-gpu)".into();
-            None
+            json!({"enabled": false, "status": session.model.gpu.status})
         }
     };
-    let gpu_every = opts.gpu.as_ref().map_or(Duration::from_secs(3600), |g| g.interval.max(Duration::from_millis(50)));
-    let mut gpu_tick = tokio::time::interval(gpu_every);
-    gpu_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     if let Some(r) = session.recorder.as_mut() {
         r.write(&json!({
             "type": "header",
@@ -185,20 +241,38 @@ pub async fn run(opts: TraceOptions) -> anyhow::Result<()> {
             "targets": [opts.pid],
             "attached": probes.attached,
             "skipped": probes.skipped,
-            "gpu_status": session.model.gpu.status,
+            "gpu": gpu_header,
         }));
         r.flush();
     }
-    {
-        // Printed even with --quiet: it is the cue that tracing has begun.
-        eprintln!(
-            "gpustall: tracing pid {} and its descendants ({} processes now, {} tracepoints){}",
-            opts.pid,
-            session.model.tree.alive_pids().len(),
-            probes.attached.len(),
-            opts.duration.map_or(String::new(), |d| format!(" for {}", humantime::format_duration(d)))
-        );
+
+    // Seed after attaching, then look again: a fork between the first scan and the map insert
+    // would otherwise be missed (its parent was not tracked yet when it forked).
+    for _pass in 0..2 {
+        let all = procscan::all_processes();
+        for p in procscan::descendants_of(opts.pid, &all) {
+            if session.model.tree.contains(p.pid) {
+                continue;
+            }
+            probes.maps.track(p.pid).context("adding a process to the kernel's tracked map")?;
+            session.observe(Sample::Seed { t_ns: start, pid: p.pid, ppid: p.ppid, comm: p.comm.clone(), is_target: p.pid == opts.pid });
+            if let Some(c) = crate::hostctx::cmdline(p.pid) {
+                session.observe(Sample::Cmdline { t_ns: start, pid: p.pid, cmdline: c.join(" ") });
+            }
+        }
     }
+    if !session.model.tree.contains(opts.pid) {
+        anyhow::bail!("no such process: {} (it exited before tracing started)", opts.pid);
+    }
+    let ctx = ContextReader::new(opts.pid);
+    eprintln!(
+        "gpustall: tracing pid {} and its descendants ({} processes now, {} tracepoints){}",
+        opts.pid,
+        session.model.tree.alive_pids().len(),
+        probes.attached.len(),
+        opts.duration.map_or(String::new(), |d| format!(" for {}", humantime::format_duration(d)))
+    );
+    let (startup_cpu, _) = crate::overhead::agent_usage();
 
     // SAFETY: each AsyncFd owns its ring, and with it the map's fd, until both are dropped
     // together: the fd cannot be closed while registered.
@@ -208,12 +282,16 @@ pub async fn run(opts: TraceOptions) -> anyhow::Result<()> {
         .map_err(|e| anyhow::anyhow!("watching the bulk ring: {e}"))?;
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let gpu_every = opts.gpu.as_ref().map_or(Duration::from_secs(3600), |g| g.interval.max(Duration::from_millis(50)));
+    let mut gpu_tick = tokio::time::interval(gpu_every);
+    gpu_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     let deadline = opts.duration.map(|d| tokio::time::Instant::now() + d);
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let tty = std::io::stderr().is_terminal();
     let mut prev = live::Totals::default();
     let mut prev_at = Instant::now();
     let mut last_summary = Instant::now();
+    let mut last_sync = Instant::now();
 
     loop {
         tokio::select! {
@@ -221,6 +299,7 @@ pub async fn run(opts: TraceOptions) -> anyhow::Result<()> {
                 let mut guard = guard?;
                 session.drain(guard.get_inner_mut());
                 guard.clear_ready();
+                session.sync_if_due(&mut last_sync);
             }
             guard = bulk.readable_mut() => {
                 let mut guard = guard?;
@@ -229,22 +308,18 @@ pub async fn run(opts: TraceOptions) -> anyhow::Result<()> {
             }
             _ = gpu_tick.tick(), if gpu.is_some() => {
                 if let Some(g) = gpu.as_mut() {
-                    g.tick(&mut session.model, session.recorder.as_mut());
+                    let gpus = g.sample();
+                    let t_ns = gpus.first().map_or_else(monotonic_ns, |s| s.t_ns);
+                    session.observe(Sample::Gpu { t_ns, gpus });
                 }
             }
             _ = tick.tick() => {
                 let now = monotonic_ns();
-                probes.maps.read_into(&mut session.model);
-                session.sample_proc(now);
-                let alive_now = session.model.tree.alive_pids();
-                session.model.ctx.sample(&alive_now, now);
-                if let Some((tail, patterns)) = log_tail.as_mut() {
-                    session.read_log(tail, patterns, now);
-                }
+                session.tick(&probes.maps, &ctx, &mut log_source, now);
                 let cur = live::totals(&session.model);
                 let alive = session.model.tree.alive_pids().len();
                 if !opts.quiet {
-                    let lost = session.summary(now, false).lost_events;
+                    let lost = session.model.host.lost.iter().sum::<u64>() + session.undecodable;
                     let l = live::line(
                         (now - start) as f64 / 1e9, alive, session.model.tree.iter().count(),
                         prev, cur, prev_at.elapsed().as_secs_f64(), lost,
@@ -254,11 +329,12 @@ pub async fn run(opts: TraceOptions) -> anyhow::Result<()> {
                 prev = cur;
                 prev_at = Instant::now();
                 if last_summary.elapsed() >= opts.summary_every {
-                    let s = session.summary(now, false);
+                    let s = summary(&session.model, now, false);
                     if let Some(r) = session.recorder.as_mut() { r.write_serialize(&s); }
                     last_summary = Instant::now();
                 }
                 if let Some(r) = session.recorder.as_mut() { r.flush(); }
+                session.sync_if_due(&mut last_sync);
                 if alive == 0 {
                     break;
                 }
@@ -275,34 +351,31 @@ pub async fn run(opts: TraceOptions) -> anyhow::Result<()> {
     // Whatever ended the trace, take in what the kernel still holds, then write it all.
     session.drain(critical.get_mut());
     session.drain(bulk.get_mut());
-    probes.maps.read_into(&mut session.model);
+    let end = monotonic_ns();
+    session.tick(&probes.maps, &ctx, &mut log_source, end);
+    let ended = session.model.finish(end);
+    session.stalls_ended(&ended);
     let (cpu, rss) = crate::overhead::agent_usage();
-    session.model.overhead = crate::overhead::Overhead {
+    let overhead = crate::overhead::Overhead {
         bpf_stats_enabled: crate::overhead::bpf_stats_enabled(),
         programs: loader::program_stats(&probes.ebpf, &probes.attached),
+        agent_startup_cpu_s: startup_cpu,
         agent_cpu_s: cpu,
         agent_peak_rss_kb: rss,
     };
-    let end = monotonic_ns();
-    session.sample_proc(end);
-    let alive_end = session.model.tree.alive_pids();
-    session.model.ctx.sample(&alive_end, end);
-    if let Some((tail, patterns)) = log_tail.as_mut() {
-        session.read_log(tail, patterns, end);
-    }
-    if let Some(g) = gpu.as_mut() {
-        g.finish(&mut session.model, end, session.recorder.as_mut());
-    }
-    let summary = session.summary(end, true);
+    session.observe(Sample::Overhead { t_ns: end, overhead });
+    let summary = summary(&session.model, end, true);
     if let Some(r) = session.recorder.as_mut() {
         r.write_serialize(&summary);
-        r.flush();
+        r.sync();
     }
     if let Some(path) = &opts.summary_json {
-        let text = serde_json::to_string_pretty(&summary)?;
-        std::fs::write(path, text + "\n")
-            .with_context(|| format!("writing the summary to {}", path.display()))?;
+        crate::summary::write_json(&summary, path)?;
     }
     print!("{}", report::render(&summary));
     Ok(())
+}
+
+pub fn summary(m: &Model, now: u64, is_final: bool) -> Summary {
+    Summary::from_model(m, now, is_final, crate::verdict::decide(&crate::facts::from_model(m, now)))
 }

@@ -30,7 +30,7 @@ const MAX_READ_PER_POLL: u64 = 16 << 20;
 const MAX_PARTIAL_LINE: usize = 1 << 20;
 
 /// The times one log line reports, in seconds.
-#[derive(Serialize, Clone, Debug, PartialEq)]
+#[derive(Serialize, serde::Deserialize, Clone, Debug, PartialEq)]
 pub struct StepTimes {
     pub data_time_s: Option<f64>,
     pub iter_time_s: Option<f64>,
@@ -220,7 +220,7 @@ fn ends_with_newline(file: &mut File, len: u64) -> bool {
 
 /// How `data_time` moved over a run: the figure behind "the input pipeline slowed 12x from
 /// step N on".
-#[derive(Serialize, Clone, Debug, PartialEq)]
+#[derive(Serialize, serde::Deserialize, Clone, Debug, PartialEq)]
 pub struct DataTimeTrend {
     pub steps: usize,
     /// Median data_time of the first min(10, n/3) steps.

@@ -55,7 +55,7 @@ pub fn monotonic_ns() -> u64 {
 }
 
 /// A compute process NVML lists on a GPU.
-#[derive(Serialize, Clone, Debug, PartialEq, Eq)]
+#[derive(Serialize, serde::Deserialize, Clone, Debug, PartialEq, Eq)]
 pub struct GpuProcess {
     pub pid: u32,
     /// `None` where the driver does not say (NVML_VALUE_NOT_AVAILABLE, e.g. in some containers).
@@ -63,7 +63,7 @@ pub struct GpuProcess {
 }
 
 /// One GPU at one moment. A field NVML could not read is `None`, never a guessed 0.
-#[derive(Serialize, Clone, Debug, Default)]
+#[derive(Serialize, serde::Deserialize, Clone, Debug, Default)]
 pub struct GpuSample {
     /// CLOCK_MONOTONIC ns taken just before this GPU's queries.
     pub t_ns: u64,
