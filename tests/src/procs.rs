@@ -90,6 +90,8 @@ pub struct Tracer {
 
 /// What a finished trace left.
 pub struct TraceResult {
+    /// Holds the recording and summary files until the result is dropped.
+    pub dir: TempDir,
     pub code: Option<i32>,
     pub summary: Value,
     pub record: Vec<Value>,
@@ -147,6 +149,10 @@ impl Tracer {
         }
     }
 
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     pub fn record_path(&self) -> PathBuf {
         self.dir.path("record.jsonl")
     }
@@ -194,7 +200,8 @@ impl Tracer {
             .lines()
             .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("recording line does not parse ({e}): {l}")))
             .collect();
-        TraceResult { code, summary, record, stdout, stderr }
+        let dir = std::mem::replace(&mut self.dir, TempDir::new("trace-done"));
+        TraceResult { dir, code, summary, record, stdout, stderr }
     }
 }
 
@@ -206,6 +213,10 @@ impl Drop for Tracer {
 }
 
 impl TraceResult {
+    pub fn record_path(&self) -> PathBuf {
+        self.dir.path("record.jsonl")
+    }
+
     /// The summary's entry for a pid.
     pub fn process(&self, pid: u32) -> &Value {
         self.processes()

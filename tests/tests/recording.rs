@@ -1,0 +1,126 @@
+//! Recordings: durable JSON Lines that replay offline into the very summary the live run
+//! produced, and survive `kill -9` of the agent.
+
+use std::{os::unix::fs::PermissionsExt, process::Command, time::Duration};
+
+use serde_json::{json, Value};
+use tests::{
+    cgroup::MemCgroup,
+    kernel::SwapFile,
+    procs::{Tracer, Workload},
+};
+
+fn workload() -> &'static std::path::Path {
+    std::path::Path::new(env!("CARGO_BIN_EXE_gpustall-workload"))
+}
+
+fn report(file: &std::path::Path, out: &std::path::Path) -> (Option<i32>, String, String) {
+    let o = Command::new(tests::gpustall_bin())
+        .arg("report")
+        .arg(file)
+        .arg("--summary-json")
+        .arg(out)
+        .output()
+        .expect("gpustall report");
+    (o.status.code(), String::from_utf8_lossy(&o.stdout).into_owned(), String::from_utf8_lossy(&o.stderr).into_owned())
+}
+
+/// Every leaf that differs, as "path: live vs replayed".
+fn differences(a: &Value, b: &Value, path: &str, out: &mut Vec<String>) {
+    match (a, b) {
+        (Value::Object(x), Value::Object(y)) => {
+            for k in x.keys().chain(y.keys().filter(|k| !x.contains_key(*k))) {
+                differences(&x[k], y.get(k).unwrap_or(&Value::Null), &format!("{path}.{k}"), out);
+            }
+        }
+        (Value::Array(x), Value::Array(y)) if x.len() == y.len() => {
+            for (i, (p, q)) in x.iter().zip(y).enumerate() {
+                differences(p, q, &format!("{path}[{i}]"), out);
+            }
+        }
+        _ if a != b => out.push(format!("{path}: {a} vs {b}")),
+        _ => {}
+    }
+}
+
+#[test]
+fn the_offline_report_reproduces_the_live_summary_field_by_field() {
+    tests::require_privileged_env();
+    let _lock = tests::pressure_lock();
+    let _swap = SwapFile::ensure(1024);
+    let cg = MemCgroup::new("replay", 128, true);
+    let dir = tests::TempDir::new("replay");
+    let scenario = dir.path("scenario.json");
+    let e = |at: f64, util: u32| json!({"at_s": at, "util_gpu": util, "temperature_c": 70, "pids": [{"pid": "$GPUSTALL_TEST_TRAINER"}]});
+    std::fs::write(&scenario, json!({"gpus": [{"name": "Stand-in", "uuid": "GPU-stub-0", "memory_total_mib": 81920, "timeline": [e(0.0, 90), e(0.5, 0)]}]}).to_string()).expect("scenario");
+    let mut w = Workload::start(workload(), &["hog", "100,100,60", "8", "3000"], Some(&cg));
+    let pid = w.pid().to_string();
+    let tracer = Tracer::start_with_env(
+        w.pid(),
+        &["--quiet", "--nvml-lib", tests::nvml_stub().to_str().expect("utf-8"), "--gpu-interval", "250ms", "--summary-every", "2s"],
+        &[("GPUSTALL_NVML_STUB_SCENARIO", scenario.to_str().expect("utf-8")), ("GPUSTALL_TEST_TRAINER", &pid)],
+    );
+    w.go();
+    let (code, _) = w.wait(Duration::from_secs(180));
+    assert_eq!(code, Some(0));
+    let live = tracer.wait(Duration::from_secs(30));
+    let record = live.record_path();
+    let mode = std::fs::metadata(&record).expect("record").permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "the recording is private");
+    let copy = dir.path("copy.jsonl");
+    std::fs::copy(&record, &copy).expect("copy");
+    let out = dir.path("replayed.json");
+    let (rc, stdout, stderr) = report(&copy, &out);
+    assert_eq!(rc, Some(0), "{stderr}");
+    let replayed: Value = serde_json::from_str(&std::fs::read_to_string(&out).expect("summary")).expect("json");
+    let mut diffs = Vec::new();
+    differences(&live.summary, &replayed, "", &mut diffs);
+    assert!(diffs.is_empty(), "the replayed summary differs from the live one:\n{}", diffs.join("\n"));
+    assert!(stdout.contains(live.summary["verdict"]["cause"].as_str().expect("cause")), "{stdout}");
+    // The run had something to replay: reclaim, swap, GPU samples and a stall.
+    assert!(live.summary["stalls"].as_array().is_some_and(|s| !s.is_empty()), "{}", live.summary["stalls"]);
+    let swap: u64 = live.processes().iter().map(|p| p["swapout_pages"].as_u64().unwrap_or(0)).sum();
+    assert!(swap > 0);
+    eprintln!("replayed {} lines; verdict {}", live.record.len(), live.summary["verdict"]["cause"]);
+
+    // A corrupt line: the error names it; the report covers what came before.
+    let text = std::fs::read_to_string(&record).expect("read");
+    let lines: Vec<&str> = text.lines().collect();
+    let cut = lines.len() / 2;
+    let corrupt = dir.path("corrupt.jsonl");
+    std::fs::write(&corrupt, format!("{}\n{{not json\n{}\n", lines[..cut].join("\n"), lines[cut..].join("\n"))).expect("write");
+    let (rc, stdout, stderr) = report(&corrupt, &dir.path("c.json"));
+    assert_eq!(rc, Some(1));
+    assert!(stderr.contains(&format!("line {}", cut + 1)) && stderr.contains("not JSON"), "{stderr}");
+    assert!(stdout.contains("== gpustall:"), "the report of what parsed is printed: {stdout}");
+}
+
+#[test]
+fn after_kill_9_of_the_agent_every_line_but_the_last_parses() {
+    tests::require_privileged_env();
+    let mut w = Workload::start(workload(), &["spawn", "sh", "-c", "for i in $(seq 40); do sleep 0.05 & wait; done"], None);
+    let tracer = Tracer::start(w.pid(), &["--quiet", "--no-gpu"]);
+    let record = tracer.record_path();
+    w.go();
+    std::thread::sleep(Duration::from_millis(2500));
+    let agent = tracer.pid();
+    // SAFETY: plain kill of our own child.
+    unsafe { libc::kill(agent as i32, libc::SIGKILL) };
+    let _ = w.wait(Duration::from_secs(30));
+    let text = std::fs::read_to_string(&record).expect("the recording survives");
+    let lines: Vec<&str> = text.split_inclusive('\n').collect();
+    assert!(lines.len() > 10, "it recorded before the kill: {} lines", lines.len());
+    for (i, l) in lines.iter().enumerate() {
+        let parsed = serde_json::from_str::<Value>(l.trim_end());
+        if i + 1 < lines.len() {
+            assert!(parsed.is_ok(), "line {} does not parse: {l}", i + 1);
+        }
+    }
+    let dir = tests::TempDir::new("kill9");
+    let (rc, stdout, stderr) = report(&record, &dir.path("s.json"));
+    drop(tracer);
+    assert!(rc == Some(0) || stderr.contains("truncated"), "{rc:?} {stderr}");
+    assert!(stdout.contains("== gpustall:"), "{stdout}");
+    let forks = text.lines().filter(|l| l.contains("\"kind\":\"fork\"")).count();
+    assert!(forks >= 5, "fork events were on disk before the kill: {forks}");
+}
