@@ -10,12 +10,15 @@ mod decode;
 mod facts;
 mod gpu;
 mod gpuwatch;
+mod html;
+mod export;
 mod hostctx;
 mod live;
 mod loader;
 mod model;
 mod observe;
 mod overhead;
+mod perfetto;
 mod preflight;
 mod proctree;
 mod procscan;
@@ -24,6 +27,7 @@ mod replay;
 mod report;
 mod stats;
 mod summary;
+mod timeline;
 mod trace;
 mod tracefs;
 mod trainlog;
@@ -70,6 +74,25 @@ report is still printed) or is not a recording."
         /// Write the summary as JSON to OUT.
         #[arg(long, value_name = "OUT")]
         summary_json: Option<PathBuf>,
+        /// Write a self-contained HTML page (verdict and timeline chart, no network) to OUT.
+        #[arg(long, value_name = "OUT")]
+        html: Option<PathBuf>,
+    },
+    /// Convert a recording for a trace viewer.
+    #[command(
+        long_about = "Convert a recording made with `gpustall trace --record FILE` into the Chrome \
+trace-event JSON format, which ui.perfetto.dev and chrome://tracing open: a track per process \
+(reclaim stalls as slices; fork, exit, OOM kill and signals as instants) and counter tracks (RSS \
+and swap per process, GPU utilisation and temperature, job disk and swap-out rates, host swap, \
+data_time)."
+    )]
+    Export {
+        /// Where to write the Perfetto / Chrome trace JSON.
+        #[arg(long, value_name = "OUT", required = true)]
+        perfetto: PathBuf,
+        /// The recording (JSON Lines).
+        #[arg(value_name = "FILE")]
+        file: PathBuf,
     },
     /// Trace a process and all its descendants, then report.
     #[command(
@@ -120,11 +143,14 @@ process, not root, BPF unavailable, a required tracepoint missing)."
         /// A regular expression with one capture group, the seconds, for other log formats.
         #[arg(long, value_name = "REGEX", requires = "log")]
         log_regex: Option<String>,
+        /// Also write a Perfetto / Chrome trace (ui.perfetto.dev) of the run to OUT.
+        #[arg(long, value_name = "OUT")]
+        perfetto: Option<PathBuf>,
     },
 }
 
 /// `gpustall report`: the summary and verdict of a recording, offline.
-fn report_cmd(file: &std::path::Path, summary_json: Option<&std::path::Path>) -> anyhow::Result<()> {
+fn report_cmd(file: &std::path::Path, summary_json: Option<&std::path::Path>, html: Option<&std::path::Path>) -> anyhow::Result<()> {
     let f = std::fs::File::open(file).map_err(|e| anyhow::anyhow!("cannot open the recording {}: {e}", file.display()))?;
     let r = replay::replay(std::io::BufReader::new(f));
     if r.lines == 0 {
@@ -134,6 +160,11 @@ fn report_cmd(file: &std::path::Path, summary_json: Option<&std::path::Path>) ->
     let summary = trace::summary(&r.model, r.end_ns, true);
     if let Some(path) = summary_json {
         summary::write_json(&summary, path)?;
+    }
+    if let Some(path) = html {
+        let lines = export::read_lines(file, r.lines)?;
+        let page = html::render(&summary, &timeline::build(&lines));
+        std::fs::write(path, page).map_err(|e| anyhow::anyhow!("writing {}: {e}", path.display()))?;
     }
     print!("{}", report::render(&summary));
     if let Some(e) = r.error {
@@ -160,7 +191,8 @@ fn main() {
         .and_then(|rt| {
             rt.block_on(async {
                 match cli.command {
-                    Command::Report { file, summary_json } => report_cmd(&file, summary_json.as_deref()),
+                    Command::Report { file, summary_json, html } => report_cmd(&file, summary_json.as_deref(), html.as_deref()),
+                    Command::Export { perfetto, file } => export::perfetto_file(&file, &perfetto),
                     Command::Trace {
                         pid,
                         duration,
@@ -175,6 +207,7 @@ fn main() {
                         no_gpu,
                         log,
                         log_regex,
+                        perfetto,
                     } => {
                         let gpu = (!no_gpu).then_some(trace::GpuOptions {
                             nvml_lib,
@@ -182,7 +215,7 @@ fn main() {
                             threshold_pct: stall_threshold,
                             window: stall_window,
                         });
-                        trace::run(trace::TraceOptions { pid, duration, record, summary_json, quiet, summary_every, gpu, log, log_regex })
+                        trace::run(trace::TraceOptions { pid, duration, record, summary_json, quiet, summary_every, gpu, log, log_regex, perfetto })
                             .await
                     }
                 }

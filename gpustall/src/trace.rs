@@ -43,6 +43,8 @@ pub struct TraceOptions {
     /// `--log FILE` and an optional `--log-regex` for data_time.
     pub log: Option<PathBuf>,
     pub log_regex: Option<String>,
+    /// Also write a Perfetto trace at the end.
+    pub perfetto: Option<PathBuf>,
 }
 
 pub struct GpuOptions {
@@ -203,7 +205,11 @@ pub async fn run(opts: TraceOptions) -> anyhow::Result<()> {
         undecodable: 0,
         incident: false,
     };
-    if let Some(path) = &opts.record {
+    // A Perfetto trace is drawn from the recording: without --record, record to a scratch file.
+    let scratch = (opts.perfetto.is_some() && opts.record.is_none())
+        .then(|| std::env::temp_dir().join(format!("gpustall-{}-{}.jsonl", std::process::id(), start)));
+    let record_path = opts.record.clone().or_else(|| scratch.clone());
+    if let Some(path) = &record_path {
         session.recorder = Some(Recorder::create(path)?);
     }
 
@@ -373,6 +379,14 @@ pub async fn run(opts: TraceOptions) -> anyhow::Result<()> {
         crate::summary::write_json(&summary, path)?;
     }
     print!("{}", report::render(&summary));
+    if let (Some(out), Some(record)) = (&opts.perfetto, &record_path) {
+        drop(session.recorder.take());
+        let lines = crate::export::read_lines(record, usize::MAX);
+        if let Some(s) = &scratch {
+            let _ = std::fs::remove_file(s);
+        }
+        crate::export::write_perfetto(&lines?, out)?;
+    }
     Ok(())
 }
 

@@ -18,7 +18,9 @@ fn oom_victim_in_a_memory_cgroup_is_recorded() {
     let bin = std::path::Path::new(env!("CARGO_BIN_EXE_gpustall-workload"));
     // Worker 0 grows past the limit; 1 and 2 hold 40 MiB each, so there is exactly one victim.
     let mut w = Workload::start(bin, &["hog", "600,40,40", "8", "3000"], Some(&cg));
-    let tracer = Tracer::start(w.pid(), &["--quiet"]);
+    let perfetto = tests::TempDir::new("oom-perfetto");
+    let trace_out = perfetto.path("trace.json");
+    let tracer = Tracer::start(w.pid(), &["--quiet", "--perfetto", trace_out.to_str().expect("utf-8")]);
     w.go();
     let (code, lines) = w.wait(Duration::from_secs(120));
     let t = tracer.wait(Duration::from_secs(30));
@@ -54,6 +56,11 @@ fn oom_victim_in_a_memory_cgroup_is_recorded() {
         .and_then(|v| v.parse::<u64>().ok())
         .expect("anon-rss in the kernel log");
     assert_eq!(anon_kb, logged_anon, "anon-rss: gpustall vs the kernel log");
+    // `trace --perfetto`: the OOM kill is an instant on the victim's track.
+    let trace: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&trace_out).expect("perfetto trace")).expect("json");
+    let ev = trace["traceEvents"].as_array().expect("events");
+    assert!(ev.iter().any(|e| e["ph"] == "i" && e["name"] == "OOM kill" && e["pid"] == victim), "OOM kill instant on pid {victim}");
+    assert!(ev.iter().any(|e| e["ph"] == "i" && e["pid"] == victim && e["name"].as_str().is_some_and(|n| n.starts_with("signal 9"))), "the SIGKILL instant");
     // The other workers were not OOM-killed.
     for l in lines.iter().filter(|l| l["role"] == "worker" && l["pid"] != victim) {
         let other = t.process(l["pid"].as_u64().expect("pid") as u32);

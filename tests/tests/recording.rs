@@ -83,6 +83,31 @@ fn the_offline_report_reproduces_the_live_summary_field_by_field() {
     assert!(swap > 0);
     eprintln!("replayed {} lines; verdict {}", live.record.len(), live.summary["verdict"]["cause"]);
 
+    // The same recording as a Perfetto trace: tracks per process, slices, counters, the stall.
+    let trace_out = dir.path("trace.json");
+    let o = Command::new(tests::gpustall_bin()).args(["export", "--perfetto"]).arg(&trace_out).arg(&copy).output().expect("export");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let trace: Value = serde_json::from_str(&std::fs::read_to_string(&trace_out).expect("trace")).expect("trace JSON");
+    let ev = trace["traceEvents"].as_array().expect("traceEvents");
+    let workers: Vec<u64> = live.processes().iter().filter(|p| p["role"] == "dataloader_worker").map(|p| p["pid"].as_u64().expect("pid")).collect();
+    for w in &workers {
+        assert!(ev.iter().any(|e| e["ph"] == "M" && e["name"] == "process_name" && e["pid"] == *w), "a named track for worker {w}");
+        assert!(ev.iter().any(|e| e["ph"] == "X" && e["pid"] == *w && e["name"] == "memcg reclaim"), "reclaim slices on worker {w}'s track");
+        assert!(ev.iter().any(|e| e["ph"] == "C" && e["pid"] == *w && e["name"] == "rss_mib"), "an RSS counter on worker {w}'s track");
+    }
+    assert!(ev.iter().any(|e| e["ph"] == "X" && e["name"] == "GPU stall"), "the GPU stall on the GPU track");
+    assert!(ev.iter().any(|e| e["ph"] == "C" && e["name"] == "util_pct"), "GPU utilisation counter");
+    assert!(ev.iter().any(|e| e["ph"] == "C" && e["name"] == "job_swapout_pages_s"), "swap-out rate counter");
+    assert!(ev.iter().all(|e| e["ts"].is_null() || e["ts"].as_f64().is_some_and(|t| t >= 0.0)), "timestamps from the start");
+
+    // And as one self-contained HTML page.
+    let html_out = dir.path("report.html");
+    let o = Command::new(tests::gpustall_bin()).arg("report").arg(&copy).arg("--html").arg(&html_out).output().expect("report --html");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let html = std::fs::read_to_string(&html_out).expect("html");
+    assert!(html.contains("<svg") && html.contains(live.summary["verdict"]["cause"].as_str().expect("cause")));
+    assert!(!html.contains("<script") && !html.contains("src=\"http") && !html.contains("href=\"http"), "no network, no scripts");
+
     // A corrupt line: the error names it; the report covers what came before.
     let text = std::fs::read_to_string(&record).expect("read");
     let lines: Vec<&str> = text.lines().collect();
