@@ -11,7 +11,7 @@ use crate::{
 
 const W: f64 = 1000.0;
 const H: f64 = 160.0;
-const LEFT: f64 = 60.0;
+const LEFT: f64 = 70.0;
 const COLORS: [&str; 8] = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#7f7f7f"];
 
 fn esc(s: &str) -> String {
@@ -32,16 +32,27 @@ impl Axis {
 /// A line chart of several series, with vertical markers (OOM kills) and shaded spans (stalls).
 fn chart(title: &str, unit: &str, series: &[(String, &[(u64, f64)])], axis: &Axis, marks: &[(u64, String)], spans: &[(u64, u64)]) -> String {
     let max = series.iter().flat_map(|(_, p)| p.iter().map(|v| v.1)).fold(0.0f64, f64::max).max(1e-9);
-    let y = |v: f64| H - 20.0 - (v / max) * (H - 40.0);
+    // Legend: four entries to a row above the plot.
+    let top = 8.0 + 13.0 * series.len().div_ceil(4).max(1) as f64;
+    let height = H + top - 20.0;
+    let bottom = height - 20.0;
+    let y = |v: f64| bottom - (v / max) * (bottom - top);
     let mut s = String::new();
-    let _ = write!(s, r##"<h3>{}</h3><svg viewBox="0 0 {W} {H}" width="100%" role="img" aria-label="{}">"##, esc(title), esc(title));
-    let _ = write!(s, r##"<rect x="{LEFT}" y="20" width="{}" height="{}" fill="#fafafa" stroke="#ccc"/>"##, W - LEFT - 10.0, H - 40.0);
+    let _ = write!(s, r##"<h3>{}</h3><svg viewBox="0 0 {W} {height}" width="100%" role="img" aria-label="{}">"##, esc(title), esc(title));
+    let _ = write!(s, r##"<rect x="{LEFT}" y="{top}" width="{}" height="{}" fill="#fafafa" stroke="#ccc"/>"##, W - LEFT - 10.0, bottom - top);
     for (a, b) in spans {
-        let _ = write!(s, r##"<rect x="{:.1}" y="20" width="{:.1}" height="{}" fill="#f4cccc" opacity="0.7"><title>GPU stall</title></rect>"##, axis.x(*a), (axis.x(*b) - axis.x(*a)).max(1.0), H - 40.0);
+        let _ = write!(s, r##"<rect x="{:.1}" y="{top}" width="{:.1}" height="{}" fill="#f4cccc" opacity="0.7"><title>GPU stall</title></rect>"##, axis.x(*a), (axis.x(*b) - axis.x(*a)).max(1.0), bottom - top);
     }
-    let _ = write!(s, r##"<text x="{}" y="{:.1}" font-size="11" text-anchor="end">{:.0} {}</text><text x="{}" y="{}" font-size="11" text-anchor="end">0</text>"##, LEFT - 4.0, y(max) + 4.0, max, esc(unit), LEFT - 4.0, H - 16.0);
+    let _ = write!(s, r##"<text x="{}" y="{:.1}" font-size="11" text-anchor="end">{}</text><text x="{}" y="{:.1}" font-size="11" text-anchor="end">{}</text><text x="{}" y="{}" font-size="11" text-anchor="end">0</text>"##, LEFT - 4.0, top + 10.0, compact(max), LEFT - 4.0, top + 22.0, esc(unit), LEFT - 4.0, bottom + 4.0);
+    // Time ticks at a round step giving at most 10 of them.
     let secs = axis.t1.saturating_sub(axis.t0) as f64 / 1e9;
-    let _ = write!(s, r##"<text x="{}" y="{}" font-size="11" text-anchor="end">{secs:.0} s</text>"##, W - 10.0, H - 4.0);
+    let step = [1.0, 2.0, 5.0, 10.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0].into_iter().find(|s| secs / s <= 10.0).unwrap_or(7200.0);
+    let mut tick = 0.0;
+    while tick <= secs + 1e-9 {
+        let x = axis.x(axis.t0 + (tick * 1e9) as u64);
+        let _ = write!(s, r##"<line x1="{x:.1}" x2="{x:.1}" y1="{bottom}" y2="{}" stroke="#999"/><text x="{x:.1}" y="{}" font-size="10" text-anchor="middle">{tick:.0}s</text>"##, bottom + 4.0, height - 4.0);
+        tick += step;
+    }
     for (i, (label, points)) in series.iter().enumerate() {
         let color = COLORS[i % COLORS.len()];
         let d: Vec<String> = points.iter().map(|(t, v)| format!("{:.1},{:.1}", axis.x(*t), y(*v))).collect();
@@ -50,14 +61,24 @@ fn chart(title: &str, unit: &str, series: &[(String, &[(u64, f64)])], axis: &Axi
         } else if !d.is_empty() {
             let _ = write!(s, r##"<polyline fill="none" stroke="{color}" stroke-width="1.5" points="{}"><title>{}</title></polyline>"##, d.join(" "), esc(label));
         }
-        let _ = write!(s, r##"<text x="{:.1}" y="14" font-size="11" fill="{color}">{}</text>"##, LEFT + 150.0 * i as f64, esc(label));
+        let _ = write!(s, r##"<text x="{:.1}" y="{:.1}" font-size="11" fill="{color}">{}</text>"##, LEFT + 230.0 * (i % 4) as f64, 12.0 + 13.0 * (i / 4) as f64, esc(label));
     }
     for (t, label) in marks {
         let x = axis.x(*t);
-        let _ = write!(s, r##"<line x1="{x:.1}" x2="{x:.1}" y1="20" y2="{}" stroke="#d62728" stroke-width="2"/><text x="{:.1}" y="32" font-size="11" fill="#d62728">{}</text>"##, H - 20.0, x + 3.0, esc(label));
+        let _ = write!(s, r##"<line x1="{x:.1}" x2="{x:.1}" y1="{top}" y2="{bottom}" stroke="#d62728" stroke-width="2"/><text x="{:.1}" y="{:.1}" font-size="11" fill="#d62728">{}</text>"##, x + 3.0, top + 12.0, esc(label));
     }
     s.push_str("</svg>");
     s
+}
+
+/// 1234567 -> "1.2M": axis labels that fit.
+fn compact(v: f64) -> String {
+    match v {
+        v if v >= 1e6 => format!("{:.1}M", v / 1e6),
+        v if v >= 1e4 => format!("{:.0}k", v / 1e3),
+        v if v >= 10.0 => format!("{v:.0}"),
+        v => format!("{v:.2}"),
+    }
 }
 
 pub fn render(summary: &Summary, t: &Timeline) -> String {
@@ -84,16 +105,18 @@ li{{margin:.2em 0}} table{{border-collapse:collapse;font-size:12px}} td,th{{bord
         }
     }
     o.push_str("<h2>Timeline</h2>");
-    let gpu = series_of(&|tr, n| matches!(tr, Track::Gpu(_)).then_some(n == "util_pct").filter(|b| *b).map(|_| format!("{tr:?} util %")));
+    let gpu = series_of(&|tr, n| match tr {
+        Track::Gpu(i) if n == "util_pct" => Some(format!("GPU {i} {} util %", t.gpus.get(i).map_or("", String::as_str))),
+        _ => None,
+    });
     if !gpu.is_empty() {
         o.push_str(&chart("GPU utilisation", "%", &gpu, &axis, &marks, &spans));
     }
     let mem = series_of(&|tr, n| match tr {
-        Track::Process(p) if n == "rss_mib" => Some(format!("{} {p} RSS", t.processes.get(p).map_or("?", String::as_str))),
-        Track::Process(p) if n == "swap_mib" => Some(format!("{p} swap")),
+        Track::Process(p) if n == "held_mib" => Some(format!("{} {p}", t.processes.get(p).map_or("?", String::as_str))),
         _ => None,
     });
-    o.push_str(&chart("Memory per process (resident and swapped out)", "MiB", &mem, &axis, &marks, &spans));
+    o.push_str(&chart("Memory held per process (resident + swapped out)", "MiB", &mem, &axis, &marks, &spans));
     // Reclaim stalls: ms stalled per second, per process, from the slices.
     let mut stall_rate: std::collections::BTreeMap<u32, Vec<(u64, f64)>> = Default::default();
     for s in t.slices.iter().filter(|s| s.name.ends_with("reclaim")) {

@@ -132,6 +132,8 @@ pub fn build<'a>(lines: impl IntoIterator<Item = &'a Value>) -> Timeline {
             (Some("sample"), Some("proc_mem")) => {
                 t.point(Track::Process(pid), "rss_mib", ts, v["rss_kb"].as_f64().unwrap_or(0.0) / 1024.0);
                 t.point(Track::Process(pid), "swap_mib", ts, v["swap_kb"].as_f64().unwrap_or(0.0) / 1024.0);
+                let held = v["rss_kb"].as_f64().unwrap_or(0.0) + v["swap_kb"].as_f64().unwrap_or(0.0);
+                t.point(Track::Process(pid), "held_mib", ts, held / 1024.0);
             }
             (Some("sample"), Some("gpu")) => {
                 for g in v["gpus"].as_array().into_iter().flatten() {

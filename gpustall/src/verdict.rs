@@ -180,12 +180,12 @@ fn memory_chain(f: &Facts, chain: &mut Chain) {
         chain.push(
             first,
             format!(
-                "{}: reclaim began; {} traced processes stalled {:.2} s in {} reclaim episodes ({:.1}% of the trace)",
+                "{}: reclaim began; {} traced processes stalled a combined {:.2} s in {} reclaim episodes ({:.0}% of their time over the trace)",
                 at(f, first),
                 stalled.len(),
                 total_ns as f64 / 1e9,
                 count,
-                100.0 * total_ns as f64 / f.end_ns.saturating_sub(f.start_ns).max(1) as f64
+                100.0 * total_ns as f64 / (f.end_ns.saturating_sub(f.start_ns).max(1) as f64 * stalled.len() as f64)
             ),
         );
     }
@@ -332,7 +332,7 @@ pub fn decide(f: &Facts) -> Verdict {
         return Verdict {
             cause: "host_memory_oom",
             text: format!(
-                "Host memory ran out, not the disk: {} was OOM-killed at {} after the job's processes stalled {:.2} s in reclaim and swapped out {} pages{}. {}",
+                "Host memory ran out, not the disk: {} was OOM-killed at {} after the job's processes stalled a combined {:.2} s in reclaim and swapped out {} pages{}. {}",
                 victim.map_or(format!("pid {}", first.victim_pid), name),
                 at(f, first.t_ns),
                 stall_ns as f64 / 1e9,
@@ -362,9 +362,9 @@ pub fn decide(f: &Facts) -> Verdict {
         return Verdict {
             cause: "host_memory_pressure",
             text: format!(
-                "Memory pressure, not the disk: the job's processes stalled {:.2} s ({:.1}% of the trace) in reclaim and swapped out {} pages{}. No OOM kill yet.",
+                "Memory pressure, not the disk: the job's processes stalled a combined {:.2} s in reclaim over a {:.1} s trace and swapped out {} pages{}. No OOM kill yet.",
                 stall_ns as f64 / 1e9,
-                100.0 * stall_ns as f64 / duration as f64,
+                duration as f64 / 1e9,
                 swap,
                 gpu_clause(f)
             ),

@@ -5,6 +5,7 @@
 
 mod bench;
 mod demo;
+mod screenshot;
 mod setup;
 mod test;
 mod util;
@@ -32,6 +33,11 @@ enum Cmd {
     Demo,
     /// Measure the tracer's overhead side by side with an untraced run.
     Bench,
+    /// Render a recording's HTML report in headless Chromium and save a PNG to look at.
+    Screenshot {
+        recording: std::path::PathBuf,
+        png: std::path::PathBuf,
+    },
 }
 
 fn main() {
@@ -41,6 +47,7 @@ fn main() {
         Cmd::Test { args } => test::run(&args),
         Cmd::Demo => demo::run(),
         Cmd::Bench => bench::run(),
+        Cmd::Screenshot { recording, png } => screenshot::run(&recording, &png),
     };
     if let Err(e) = r {
         eprintln!("xtask: error: {e:#}");
