@@ -25,6 +25,7 @@ mod procscan;
 mod record;
 mod replay;
 mod report;
+mod session;
 mod stats;
 mod summary;
 mod timeline;

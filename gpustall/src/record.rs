@@ -16,6 +16,33 @@ use gpustall_common::reclaim::ReclaimKind;
 
 use crate::decode::Event;
 
+/// Where record lines go: a file (`trace --record`) or the flight recorder (`watch`).
+pub trait Sink {
+    fn write(&mut self, v: &Value);
+    fn flush(&mut self) {}
+    fn sync(&mut self) {}
+}
+
+/// Writes any serializable value as one line.
+pub fn write_serialize<T: serde::Serialize>(sink: &mut dyn Sink, v: &T) {
+    match serde_json::to_value(v) {
+        Ok(v) => sink.write(&v),
+        Err(e) => log::error!("serializing a record: {e}"),
+    }
+}
+
+impl Sink for Recorder {
+    fn write(&mut self, v: &Value) {
+        Recorder::write(self, v)
+    }
+    fn flush(&mut self) {
+        Recorder::flush(self)
+    }
+    fn sync(&mut self) {
+        Recorder::sync(self)
+    }
+}
+
 pub struct Recorder {
     out: BufWriter<File>,
     line: BytesMut,
@@ -50,13 +77,6 @@ impl Recorder {
         self.line.put_u8(b'\n');
         if let Err(e) = self.out.write_all(&self.line) {
             log::error!("writing {}: {e}", self.path.display());
-        }
-    }
-
-    pub fn write_serialize<T: serde::Serialize>(&mut self, v: &T) {
-        match serde_json::to_value(v) {
-            Ok(v) => self.write(&v),
-            Err(e) => log::error!("serializing a record: {e}"),
         }
     }
 

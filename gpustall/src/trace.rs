@@ -11,21 +11,20 @@ use std::{
 };
 
 use anyhow::Context as _;
-use aya::maps::{MapData, RingBuf};
 use serde_json::json;
 use tokio::io::unix::AsyncFd;
 
 use crate::{
     context::ContextReader,
-    decode::{decode, Event},
-    gpu::{monotonic_ns, StallEpisode},
+    gpu::monotonic_ns,
     gpuwatch::GpuWatch,
     live, loader,
     model::Model,
-    observe::{CountersSample, Sample},
+    observe::Sample,
     preflight, procscan,
-    record::{event_json, stall_json, Recorder},
+    record::Recorder,
     report,
+    session::{LogSource, Session},
     summary::Summary,
     tracefs::Tracefs,
 };
@@ -54,127 +53,6 @@ pub struct GpuOptions {
     pub window: Duration,
 }
 
-/// fsync the recording at least this often (and at once after an incident).
-const SYNC_EVERY: Duration = Duration::from_secs(5);
-
-struct Session {
-    model: Model,
-    recorder: Option<Recorder>,
-    /// The last full read of the kernel counters: only changes are recorded.
-    last_counters: CountersSample,
-    undecodable: u64,
-    /// An OOM kill, a fatal signal or a GPU stall arrived: sync the recording now.
-    incident: bool,
-}
-
-impl Session {
-    fn observe(&mut self, s: Sample) {
-        if let Some(r) = self.recorder.as_mut() {
-            r.write(&s.to_json());
-        }
-        let ended = self.model.observe(&s);
-        self.stalls_ended(&ended);
-    }
-
-    fn stalls_ended(&mut self, ended: &[StallEpisode]) {
-        if ended.is_empty() {
-            return;
-        }
-        self.incident = true;
-        if let Some(r) = self.recorder.as_mut() {
-            for e in ended {
-                r.write(&stall_json(e));
-            }
-        }
-    }
-
-    fn drain(&mut self, ring: &mut RingBuf<MapData>) {
-        while let Some(item) = ring.next() {
-            let e = match decode(&item) {
-                Ok(e) => e,
-                Err(err) => {
-                    self.undecodable += 1;
-                    log::debug!("undecodable record: {err}");
-                    continue;
-                }
-            };
-            if let Some(r) = self.recorder.as_mut() {
-                r.write(&event_json(&e));
-            }
-            self.model.apply(&e);
-            if matches!(e, Event::OomVictim { .. } | Event::Signal { .. }) {
-                self.incident = true;
-            }
-            // Roles need command lines (torchrun, forkserver, spawn): read them while the
-            // process is young. Best effort: it may be gone already.
-            let pid = match &e {
-                Event::Fork { child_pid, .. } => Some(*child_pid),
-                Event::Exec { h, .. } => Some(h.tgid),
-                _ => None,
-            };
-            if let Some(pid) = pid {
-                if let Some(c) = crate::hostctx::cmdline(pid) {
-                    let t_ns = e.header().t_ns;
-                    self.observe(Sample::Cmdline { t_ns, pid, cmdline: c.join(" ") });
-                }
-            }
-        }
-    }
-
-    fn counters(&mut self, maps: &loader::KernelMaps, now: u64) {
-        let full = maps.read(now, self.undecodable);
-        let changes = full.changes_since(&self.last_counters);
-        if !changes.is_empty() {
-            self.observe(Sample::Counters(changes));
-        }
-        self.last_counters = full;
-    }
-
-    /// /proc memory of live processes; processes that vanished without an exit event (lost)
-    /// are marked gone so the trace can end.
-    fn sample_proc(&mut self, now: u64) {
-        for pid in self.model.tree.alive_pids() {
-            match procscan::sample_mem(pid) {
-                Some(mem) => self.observe(Sample::ProcMem { t_ns: now, pid, mem }),
-                None if !procscan::exists(pid) => self.observe(Sample::Vanished { t_ns: now, pid }),
-                None => {} // a zombie: its exit event is on its way
-            }
-        }
-    }
-
-    /// New training-log lines: per-step times onto the timeline (stamped when read: the log's
-    /// own clock is not ours).
-    fn read_log(&mut self, tail: &mut crate::trainlog::LogTail, patterns: &crate::trainlog::LogPatterns, now: u64) {
-        for line in tail.poll() {
-            if let Some(step) = patterns.parse(&line) {
-                self.observe(Sample::TrainStep { t_ns: now, data_time_s: step.data_time_s, iter_time_s: step.iter_time_s });
-            }
-        }
-    }
-
-    /// Everything a tick looks at.
-    fn tick(&mut self, maps: &loader::KernelMaps, ctx: &ContextReader, log: &mut Option<LogSource>, now: u64) {
-        self.counters(maps, now);
-        self.sample_proc(now);
-        let alive = self.model.tree.alive_pids();
-        self.observe(Sample::Context(ctx.read(&alive, now)));
-        if let Some((tail, patterns)) = log.as_mut() {
-            self.read_log(tail, patterns, now);
-        }
-    }
-
-    fn sync_if_due(&mut self, last_sync: &mut Instant) {
-        if self.incident || last_sync.elapsed() >= SYNC_EVERY {
-            if let Some(r) = self.recorder.as_mut() {
-                r.sync();
-            }
-            self.incident = false;
-            *last_sync = Instant::now();
-        }
-    }
-}
-
-type LogSource = (crate::trainlog::LogTail, crate::trainlog::LogPatterns);
 
 pub async fn run(opts: TraceOptions) -> anyhow::Result<()> {
     preflight::check_pid(opts.pid)?;
@@ -198,19 +76,13 @@ pub async fn run(opts: TraceOptions) -> anyhow::Result<()> {
     };
 
     let start = monotonic_ns();
-    let mut session = Session {
-        model: Model { start_ns: start, last_ns: start, ..Default::default() },
-        recorder: None,
-        last_counters: CountersSample::default(),
-        undecodable: 0,
-        incident: false,
-    };
+    let mut session = Session::new(Model { start_ns: start, last_ns: start, ..Default::default() });
     // A Perfetto trace is drawn from the recording: without --record, record to a scratch file.
     let scratch = (opts.perfetto.is_some() && opts.record.is_none())
         .then(|| std::env::temp_dir().join(format!("gpustall-{}-{}.jsonl", std::process::id(), start)));
     let record_path = opts.record.clone().or_else(|| scratch.clone());
     if let Some(path) = &record_path {
-        session.recorder = Some(Recorder::create(path)?);
+        session.recorder = Some(Box::new(Recorder::create(path)?));
     }
 
     let mut gpu = None;
@@ -336,7 +208,7 @@ pub async fn run(opts: TraceOptions) -> anyhow::Result<()> {
                 prev_at = Instant::now();
                 if last_summary.elapsed() >= opts.summary_every {
                     let s = summary(&session.model, now, false);
-                    if let Some(r) = session.recorder.as_mut() { r.write_serialize(&s); }
+                    if let Some(r) = session.recorder.as_mut() { crate::record::write_serialize(r.as_mut(), &s); }
                     last_summary = Instant::now();
                 }
                 if let Some(r) = session.recorder.as_mut() { r.flush(); }
@@ -372,7 +244,7 @@ pub async fn run(opts: TraceOptions) -> anyhow::Result<()> {
     session.observe(Sample::Overhead { t_ns: end, overhead });
     let summary = summary(&session.model, end, true);
     if let Some(r) = session.recorder.as_mut() {
-        r.write_serialize(&summary);
+        crate::record::write_serialize(r.as_mut(), &summary);
         r.sync();
     }
     if let Some(path) = &opts.summary_json {
