@@ -26,6 +26,8 @@ from multiprocessing import resource_tracker, shared_memory
 
 PREFETCH_FACTOR = 2  # batches in flight per worker, as DataLoader's default
 N_FILES, FILE_BYTES = 64, 1 << 20
+TRAINER = os.getpid()  # forked workers inherit it
+IN_FLIGHT = set()  # batches requested from workers and not consumed yet
 
 
 def parse_args():
@@ -43,7 +45,8 @@ def parse_args():
 
 
 def say(**fields):
-    print(json.dumps(fields), flush=True)
+    # One write(2) per line: the trainer and its workers share the pipe, lines must not interleave.
+    os.write(1, (json.dumps(fields) + "\n").encode())
 
 
 def dataset_files(data_dir):
@@ -53,6 +56,11 @@ def dataset_files(data_dir):
             with open(os.path.join(data_dir, f"sample_{i:03d}.bin"), "wb") as f:
                 f.write(os.urandom(FILE_BYTES))
     return sorted(os.path.join(data_dir, n) for n in os.listdir(data_dir))
+
+
+def block_name(batch):
+    """The shared-memory block of a batch; named by the trainer's pid so it can free any block."""
+    return f"demo_{TRAINER}_{batch}"
 
 
 def worker_main(index, conn, files, args):
@@ -77,15 +85,13 @@ def worker_main(index, conn, files, args):
         # entries are read again: once they are swapped out, every batch waits for swap-in.
         for old in random.sample(list(decoded), min(args.mosaic, len(decoded))):
             bytes(decoded[old][::4096])  # reads one byte per page: faults in every page
-        shm = shared_memory.SharedMemory(create=True, size=len(data))
+        shm = shared_memory.SharedMemory(block_name(batch), create=True, size=len(data))
         shm.buf[: len(data)] = data
+        shm.close()  # the trainer unlinks it once it has consumed the batch
         try:
-            conn.send((batch, shm.name, len(data)))
-        except OSError:  # the trainer is gone: nobody will unlink the block
-            shm.unlink()
-            break
-        finally:
-            shm.close()  # the trainer unlinks it once it has consumed the batch
+            conn.send((batch, len(data)))
+        except OSError:
+            break  # the trainer is gone
     os._exit(0)  # like multiprocessing's workers: never run the trainer's atexit handlers
 
 
@@ -101,25 +107,30 @@ def reap_dead(workers):
 
 
 def shutdown(workers):
-    """Stops the workers as DataLoader's _shutdown_workers does, freeing the batches in flight."""
+    """Stops the workers as DataLoader's _shutdown_workers does, and frees the batches in flight."""
     for _, conn in workers:
         try:
             conn.send(None)
         except OSError:
             pass  # already dead
-    for pid, conn in workers:
-        try:
-            while True:  # until the worker has exited and its end of the pipe is closed
-                shared_memory.SharedMemory(name=conn.recv()[1]).unlink()
-        except (EOFError, OSError):
-            pass
+    for pid, _ in workers:
         try:
             os.waitpid(pid, 0)
         except ChildProcessError:
             pass  # reaped by reap_dead
+    for batch in IN_FLIGHT:
+        try:
+            shared_memory.SharedMemory(block_name(batch)).unlink()
+        except (FileNotFoundError, ValueError):
+            pass  # never made, or the worker died while making it
 
 
 def fail(workers, message):
+    for pid, _ in workers:  # the DataLoader terminates the other workers, not waiting for them
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
     shutdown(workers)
     print(f"RuntimeError: {message}", file=sys.stderr, flush=True)
     sys.exit(1)
@@ -140,6 +151,7 @@ def receive(workers, w):
 
 
 def request(workers, w, batch):
+    IN_FLIGHT.add(batch)
     try:
         workers[w][1].send(batch)
     except OSError:  # broken pipe: the worker is gone
@@ -160,7 +172,6 @@ def main():
     workers = []  # (pid, trainer's end of the pipe)
     for i in range(args.workers):
         ours, theirs = mp.Pipe()
-        sys.stdout.flush()
         pid = os.fork()
         if pid == 0:
             ours.close()
@@ -180,12 +191,13 @@ def main():
     t_start = time.monotonic()
     for step in range(args.steps):
         t0 = time.monotonic()
-        batch, name, size = receive(workers, step % args.workers)
+        batch, size = receive(workers, step % args.workers)
         data_time = time.monotonic() - t0
-        shm = shared_memory.SharedMemory(name=name)
+        shm = shared_memory.SharedMemory(block_name(batch))
         digest = hashlib.sha1(shm.buf[:size]).digest()  # "forward/backward" touches the batch
         shm.close()
         shm.unlink()
+        IN_FLIGHT.discard(batch)
         nxt = step + args.workers * PREFETCH_FACTOR
         if nxt < args.steps:
             request(workers, nxt % args.workers, nxt)
