@@ -19,7 +19,35 @@ use crate::{
 /// fsync the recording at least this often (and at once after an incident).
 const SYNC_EVERY: Duration = Duration::from_secs(5);
 
-pub type LogSource = (crate::trainlog::LogTail, crate::trainlog::LogPatterns);
+/// `--log FILE`: followed from its end; a file that does not exist yet (a job that has just
+/// started) is waited for, with one notice.
+pub struct LogSource {
+    path: std::path::PathBuf,
+    patterns: crate::trainlog::LogPatterns,
+    tail: Option<crate::trainlog::LogTail>,
+}
+
+impl LogSource {
+    pub fn new(path: &std::path::Path, regex: Option<&str>) -> anyhow::Result<Self> {
+        let patterns = crate::trainlog::LogPatterns::new(regex)
+            .map_err(|e| anyhow::anyhow!("--log-regex is not a valid regular expression: {e}"))?;
+        let tail = if path.exists() {
+            Some(crate::trainlog::LogTail::open(path, false)?)
+        } else {
+            eprintln!("gpustall: waiting for the training log {} to appear", path.display());
+            None
+        };
+        Ok(Self { path: path.to_path_buf(), patterns, tail })
+    }
+
+    /// New complete lines (all of a file that appeared after the start: it is this run's).
+    fn poll(&mut self) -> Vec<String> {
+        if self.tail.is_none() && self.path.exists() {
+            self.tail = crate::trainlog::LogTail::open(&self.path, true).ok();
+        }
+        self.tail.as_mut().map(|t| t.poll()).unwrap_or_default()
+    }
+}
 
 /// Something that happened to the job that deserves a bundle (watch) or an immediate fsync.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -143,9 +171,9 @@ impl Session {
 
     /// New training-log lines: per-step times onto the timeline (stamped when read: the log's
     /// own clock is not ours).
-    fn read_log(&mut self, tail: &mut crate::trainlog::LogTail, patterns: &crate::trainlog::LogPatterns, now: u64) {
-        for line in tail.poll() {
-            if let Some(step) = patterns.parse(&line) {
+    fn read_log(&mut self, log: &mut LogSource, now: u64) {
+        for line in log.poll() {
+            if let Some(step) = log.patterns.parse(&line) {
                 self.observe(Sample::TrainStep { t_ns: now, data_time_s: step.data_time_s, iter_time_s: step.iter_time_s });
             }
         }
@@ -157,8 +185,8 @@ impl Session {
         self.sample_proc(now);
         let alive = self.model.tree.alive_pids();
         self.observe(Sample::Context(ctx.read(&alive, now)));
-        if let Some((tail, patterns)) = log.as_mut() {
-            self.read_log(tail, patterns, now);
+        if let Some(log) = log.as_mut() {
+            self.read_log(log, now);
         }
     }
 

@@ -66,14 +66,7 @@ pub async fn run(opts: TraceOptions) -> anyhow::Result<()> {
     for s in &probes.skipped {
         eprintln!("gpustall: warning: tracepoint {s} is not available on this kernel; its data is missing");
     }
-    let mut log_source: Option<LogSource> = match &opts.log {
-        Some(path) => Some((
-            crate::trainlog::LogTail::open(path, false)?,
-            crate::trainlog::LogPatterns::new(opts.log_regex.as_deref())
-                .map_err(|e| anyhow::anyhow!("--log-regex is not a valid regular expression: {e}"))?,
-        )),
-        None => None,
-    };
+    let mut log_source = opts.log.as_deref().map(|p| LogSource::new(p, opts.log_regex.as_deref())).transpose()?;
 
     let start = monotonic_ns();
     let mut session = Session::new(Model { start_ns: start, last_ns: start, ..Default::default() });

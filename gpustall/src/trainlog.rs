@@ -223,14 +223,15 @@ fn ends_with_newline(file: &mut File, len: u64) -> bool {
 #[derive(Serialize, serde::Deserialize, Clone, Debug, PartialEq)]
 pub struct DataTimeTrend {
     pub steps: usize,
-    /// Median data_time of the first min(10, n/3) steps.
+    /// Mean data_time of the first min(20, n/3) steps.
     pub baseline_s: f64,
-    /// Median data_time of the last min(10, n/3) steps.
+    /// Mean data_time of the last min(20, n/3) steps.
     pub recent_s: f64,
     pub max_s: f64,
     /// recent / baseline.
     pub ratio: f64,
-    /// The first step after the baseline window whose data_time is at least 3x the baseline.
+    /// The step (after the baseline window) at which the mean data_time of the last 10 steps
+    /// first reaches 3x the baseline.
     pub first_rise_index: Option<usize>,
 }
 
@@ -244,12 +245,16 @@ pub fn data_time_trend(values: &[f64]) -> Option<DataTimeTrend> {
     if n < 4 {
         return None;
     }
-    let window = (n / 3).min(10);
-    let baseline_s = median(&values[..window]);
-    let recent_s = median(&values[n - window..]);
+    // Means, not medians: with prefetching, data_time is bursty (most steps find a batch ready,
+    // every few steps one waits for seconds), and the waiting is the point. mmengine logs a
+    // window mean for the same reason.
+    let window = (n / 3).clamp(1, 20);
+    let baseline_s = mean(&values[..window]);
+    let recent_s = mean(&values[n - window..]);
     let floor = baseline_s.max(MIN_BASELINE_S);
     // The baseline window is excluded: its first step often carries the workers' start-up.
-    let first_rise_index = (window..n).find(|&i| values[i] >= 3.0 * floor);
+    let roll = window.min(10);
+    let first_rise_index = (window.max(roll)..=n).find(|&end| mean(&values[end - roll..end]) >= 3.0 * floor).map(|end| end - 1);
     Some(DataTimeTrend {
         steps: n,
         baseline_s,
@@ -260,16 +265,8 @@ pub fn data_time_trend(values: &[f64]) -> Option<DataTimeTrend> {
     })
 }
 
-/// The median of a non-empty slice (mean of the two middle values for an even length).
-fn median(values: &[f64]) -> f64 {
-    let mut v = values.to_vec();
-    v.sort_by(f64::total_cmp);
-    let mid = v.len() / 2;
-    if v.len().is_multiple_of(2) {
-        (v[mid - 1] + v[mid]) / 2.0
-    } else {
-        v[mid]
-    }
+fn mean(values: &[f64]) -> f64 {
+    values.iter().sum::<f64>() / values.len().max(1) as f64
 }
 
 #[cfg(test)]
@@ -414,8 +411,21 @@ mod tests {
         assert!((t.recent_s - 0.74).abs() < 1e-12);
         assert!((t.ratio - 12.33).abs() < 0.01, "{t:?}");
         assert_eq!(t.max_s, 0.74);
-        // 0.2 >= 3 x 0.06 = 0.18: the rise starts at index 30.
-        assert_eq!(t.first_rise_index, Some(30));
+        // The 10-step mean first reaches 3 x 0.06 = 0.18 at index 32 (0.186).
+        assert_eq!(t.first_rise_index, Some(32));
+    }
+
+    #[test]
+    fn bursty_prefetching_pipeline_rises_in_the_mean() {
+        // With prefetching most steps find a batch ready; every sixth waits: the median stays ~0.
+        let mut v = vec![0.001; 60];
+        for i in 0..60 {
+            v.push(if i % 6 == 5 { 1.8 } else { 0.0002 });
+        }
+        let t = data_time_trend(&v).unwrap();
+        assert!(t.recent_s > 0.25, "{t:?}");
+        assert!(t.ratio > 100.0, "{t:?}");
+        assert!(t.first_rise_index.is_some_and(|i| i >= 60), "{t:?}");
     }
 
     #[test]

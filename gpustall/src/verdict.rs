@@ -252,14 +252,20 @@ fn memory_advice(f: &Facts) -> Vec<String> {
         let total = trainer_kb + workers.iter().map(|p| p.peak_mem_kb).sum::<u64>();
         let budget = (limit_kb as f64 * 0.9) as u64;
         let fit = budget.saturating_sub(trainer_kb) / per;
+        let verdict = if fit == 0 {
+            format!("not even one worker fits: its peak alone ({}) exceeds what the trainer leaves ({}), so fewer workers cannot fix it: bound the per-worker growth", mib_kb(per), mib_kb(budget.saturating_sub(trainer_kb)))
+        } else if fit < n {
+            format!("num_workers <= {fit} fits at this per-worker peak")
+        } else {
+            format!("the workers fit at this peak (up to {fit}); look at what else holds memory")
+        };
         advice.push(format!(
-            "num_workers={n}: trainer {} + {n} workers x up to {} = {} at peak, against a {} limit. With 10% headroom ({}), num_workers <= {fit} fits at this per-worker peak{}",
+            "num_workers={n}: trainer {} + {n} workers x up to {} = {} at peak, against a {} limit. With 10% headroom ({}), {verdict}",
             mib_kb(trainer_kb),
             mib_kb(per),
             mib_kb(total),
             mib_kb(limit_kb),
             mib_kb(budget),
-            if fit == 0 { ": a single worker does not fit; the per-worker growth itself must be bounded" } else { "" }
         ));
         advice.push(format!(
             "or give the job at least {} of memory (trainer + {n} x {} + 10%)",
@@ -326,7 +332,7 @@ pub fn decide(f: &Facts) -> Verdict {
             );
         }
         let mut culprits: Vec<u32> = kills.iter().map(|o| o.victim_pid).collect();
-        culprits.extend(by_memory.iter().filter(|p| p.peak_mem_kb > p.first_mem_kb || p.reclaim_ns > 0).map(|p| p.pid));
+        culprits.extend(significant(&by_memory));
         dedup(&mut culprits);
         let victim = f.procs.iter().find(|p| p.pid == first.victim_pid);
         return Verdict {
@@ -357,7 +363,7 @@ pub fn decide(f: &Facts) -> Verdict {
     }
     if stall_ns as f64 / duration as f64 >= PRESSURE_STALL_FRACTION || swap >= PRESSURE_SWAP_PAGES {
         memory_chain(f, &mut chain);
-        let mut culprits: Vec<u32> = by_memory.iter().filter(|p| p.reclaim_ns > 0 || p.swapout_pages > 0).map(|p| p.pid).collect();
+        let mut culprits: Vec<u32> = significant(&by_memory);
         dedup(&mut culprits);
         return Verdict {
             cause: "host_memory_pressure",
@@ -470,6 +476,19 @@ fn gpu_clause(f: &Facts) -> String {
         parts.push(format!("; data_time rose {:.3} -> {:.3} s per step", tr.baseline_s, tr.recent_s));
     }
     parts.concat()
+}
+
+/// Processes that matter to the memory chain: at least a tenth of the largest growth, or of
+/// the largest reclaim stall (helpers such as Python's resource tracker drop out).
+fn significant(ranked: &[&ProcFacts]) -> Vec<u32> {
+    let growth = |p: &ProcFacts| p.peak_mem_kb.saturating_sub(p.first_mem_kb);
+    let max_growth = ranked.iter().map(|p| growth(p)).max().unwrap_or(0);
+    let max_stall = ranked.iter().map(|p| p.reclaim_ns).max().unwrap_or(0);
+    ranked
+        .iter()
+        .filter(|p| (max_growth > 0 && growth(p) * 10 >= max_growth) || (max_stall > 0 && p.reclaim_ns * 10 >= max_stall))
+        .map(|p| p.pid)
+        .collect()
 }
 
 fn dedup(v: &mut Vec<u32>) {

@@ -97,6 +97,10 @@ fn advice_computes_the_worker_count_that_fits() {
     let a = v.advice.join("\n");
     assert!(a.contains("num_workers=2"), "{a}");
     assert!(a.contains("num_workers <= 1 fits"), "{a}");
+    // A helper with a little memory and no reclaim is not a culprit.
+    let mut f = memory_facts();
+    f.procs.push(ProcFacts { pid: 99, comm: "python3".into(), first_mem_kb: 10_000, peak_mem_kb: 12_000, alive: true, ..Default::default() });
+    assert!(!decide(&f).culprit_pids.contains(&99));
     assert!(a.contains("kept growing"), "{a}");
 }
 
