@@ -157,6 +157,16 @@ pub fn program_stats(ebpf: &Ebpf, attached: &[String]) -> Vec<crate::overhead::P
 }
 
 impl KernelMaps {
+    /// Drops a process's kernel counters (the daemon prunes processes long gone).
+    pub fn forget(&mut self, pid: u32) {
+        let _ = self.tracked.remove(&pid);
+        let _ = self.proc_counters.remove(&pid);
+        let keys: Vec<IoKey> = self.io_counters.keys().filter_map(Result::ok).filter(|k| k.tgid == pid).collect();
+        for k in keys {
+            let _ = self.io_counters.remove(&k);
+        }
+    }
+
     /// Adds a process to the tree the kernel follows.
     pub fn track(&mut self, pid: u32) -> Result<(), aya::maps::MapError> {
         self.tracked.insert(pid, 1, 0)

@@ -5,6 +5,7 @@
 //! swaps, swap I/O saturates the disk, the OOM killer kills a worker.
 
 mod btf;
+mod bundle;
 mod context;
 mod decode;
 mod facts;
@@ -12,9 +13,12 @@ mod gpu;
 mod gpuwatch;
 mod html;
 mod export;
+mod flight;
+mod jobs;
 mod hostctx;
 mod live;
 mod loader;
+mod metrics;
 mod model;
 mod observe;
 mod overhead;
@@ -33,6 +37,7 @@ mod trace;
 mod tracefs;
 mod trainlog;
 mod verdict;
+mod watch;
 
 use std::{path::PathBuf, time::Duration};
 
@@ -78,6 +83,70 @@ report is still printed) or is not a recording."
         /// Write a self-contained HTML page (verdict and timeline chart, no network) to OUT.
         #[arg(long, value_name = "OUT")]
         html: Option<PathBuf>,
+    },
+    /// Run as a daemon: find jobs, keep a flight recorder, write incident bundles, serve metrics.
+    #[command(
+        long_about = "Watch a node. Jobs are found by themselves: processes NVML lists on a GPU and \
+processes matching --match rules (for machines without a GPU, or jobs that have not touched it \
+yet), each with all its descendants; jobs that start later are picked up, jobs that end are \
+forgotten. The last --window of events and samples is kept in memory (at most --memory-budget \
+bytes). When an incident happens (an OOM kill or a SIGKILL in a watched tree, a GPU stall, a \
+reclaim storm) a bundle is written to --bundle-dir: the recording of the window around it \
+(replayable with `gpustall report`), summary.json with the verdict, report.txt and a Perfetto \
+trace.json. Prometheus metrics are served on --listen (/metrics).\n\n\
+The daemon sets its own oom_score_adj to -1000 (with CAP_SYS_RESOURCE), keeps its memory bounded \
+and keeps running when jobs die or the kernel lacks a tracepoint. See deploy/ for a systemd unit \
+and a Kubernetes DaemonSet.",
+        after_help = "EXAMPLES:\n    sudo gpustall watch --match 'comm:^python' --bundle-dir /var/lib/gpustall/incidents\n    \
+sudo gpustall watch --match 'cgroup:kubepods' --listen 0.0.0.0:9464"
+    )]
+    Watch {
+        /// Also watch processes matching RULE: `comm:REGEX` (process name) or `cgroup:SUBSTRING`
+        /// (cgroup path). Repeatable. GPU users are always watched.
+        #[arg(long = "match", value_name = "RULE")]
+        rules: Vec<jobs::MatchRule>,
+        /// Where incident bundles go.
+        #[arg(long, value_name = "DIR", default_value = "/var/lib/gpustall/incidents")]
+        bundle_dir: PathBuf,
+        /// Address of the Prometheus endpoint.
+        #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9464")]
+        listen: std::net::SocketAddr,
+        /// How long the flight recorder keeps events and samples.
+        #[arg(long, value_name = "D", default_value = "5m", value_parser = humantime::parse_duration)]
+        window: Duration,
+        /// How much of the time before an incident goes into its bundle.
+        #[arg(long, value_name = "D", default_value = "2m", value_parser = humantime::parse_duration)]
+        before: Duration,
+        /// How long after an incident its bundle waits (later incidents join it).
+        #[arg(long, value_name = "D", default_value = "10s", value_parser = humantime::parse_duration)]
+        after: Duration,
+        /// Keep at most this many bundles (oldest removed first).
+        #[arg(long, value_name = "N", default_value_t = 20)]
+        max_bundles: usize,
+        /// Keep bundles within this many bytes in all (oldest removed first).
+        #[arg(long, value_name = "BYTES", default_value_t = 512 << 20)]
+        max_bundle_bytes: u64,
+        /// Memory for the flight recorder, in bytes.
+        #[arg(long, value_name = "BYTES", default_value_t = 64 << 20)]
+        memory_budget: usize,
+        /// How often /proc is scanned for new jobs.
+        #[arg(long, value_name = "D", default_value = "2s", value_parser = humantime::parse_duration)]
+        scan_every: Duration,
+        /// The NVML library to load (default: $GPUSTALL_NVML_LIB, else the driver's libnvidia-ml.so.1).
+        #[arg(long, value_name = "PATH")]
+        nvml_lib: Option<PathBuf>,
+        /// How often the GPUs are sampled.
+        #[arg(long, value_name = "D", default_value = "1s", value_parser = humantime::parse_duration)]
+        gpu_interval: Duration,
+        /// A GPU at or under this utilisation (%) is idle.
+        #[arg(long, value_name = "PCT", default_value_t = 5)]
+        stall_threshold: u32,
+        /// An idle GPU of a job is a stall once it has been idle this long.
+        #[arg(long, value_name = "D", default_value = "30s", value_parser = humantime::parse_duration)]
+        stall_window: Duration,
+        /// Do not load NVML at all.
+        #[arg(long)]
+        no_gpu: bool,
     },
     /// Convert a recording for a trace viewer.
     #[command(
@@ -194,6 +263,44 @@ fn main() {
                 match cli.command {
                     Command::Report { file, summary_json, html } => report_cmd(&file, summary_json.as_deref(), html.as_deref()),
                     Command::Export { perfetto, file } => export::perfetto_file(&file, &perfetto),
+                    Command::Watch {
+                        rules,
+                        bundle_dir,
+                        listen,
+                        window,
+                        before,
+                        after,
+                        max_bundles,
+                        max_bundle_bytes,
+                        memory_budget,
+                        scan_every,
+                        nvml_lib,
+                        gpu_interval,
+                        stall_threshold,
+                        stall_window,
+                        no_gpu,
+                    } => {
+                        let gpu = (!no_gpu).then_some(trace::GpuOptions {
+                            nvml_lib,
+                            interval: gpu_interval,
+                            threshold_pct: stall_threshold,
+                            window: stall_window,
+                        });
+                        watch::run(watch::WatchOptions {
+                            rules,
+                            bundle_dir,
+                            listen,
+                            window,
+                            before,
+                            after,
+                            max_bundles,
+                            max_bundle_bytes,
+                            memory_budget,
+                            gpu,
+                            scan_every,
+                        })
+                        .await
+                    }
                     Command::Trace {
                         pid,
                         duration,

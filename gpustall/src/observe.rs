@@ -122,6 +122,66 @@ impl CountersSample {
         }
     }
 
+    /// These totals counted from `base` (a full read taken earlier) instead of from the
+    /// start: what an incident bundle needs, whose window begins mid-run.
+    pub fn minus(&self, base: &CountersSample) -> CountersSample {
+        let procs = self
+            .procs
+            .iter()
+            .map(|p| {
+                let b = base.procs.iter().find(|b| b.pid == p.pid).copied().unwrap_or_default();
+                ProcCountersRec {
+                    pid: p.pid,
+                    swapout_anon_folios: p.swapout_anon_folios.saturating_sub(b.swapout_anon_folios),
+                    writeback_file_folios: p.writeback_file_folios.saturating_sub(b.writeback_file_folios),
+                    kswapd_wakeups: p.kswapd_wakeups.saturating_sub(b.kswapd_wakeups),
+                    direct_reclaim_count: p.direct_reclaim_count.saturating_sub(b.direct_reclaim_count),
+                    direct_reclaim_ns: p.direct_reclaim_ns.saturating_sub(b.direct_reclaim_ns),
+                    memcg_reclaim_count: p.memcg_reclaim_count.saturating_sub(b.memcg_reclaim_count),
+                    memcg_reclaim_ns: p.memcg_reclaim_ns.saturating_sub(b.memcg_reclaim_ns),
+                    reclaimed_pages: p.reclaimed_pages.saturating_sub(b.reclaimed_pages),
+                    throttled_count: p.throttled_count.saturating_sub(b.throttled_count),
+                    throttled_us: p.throttled_us.saturating_sub(b.throttled_us),
+                }
+            })
+            .collect();
+        let io = self
+            .io
+            .iter()
+            .map(|r| {
+                let b = base
+                    .io
+                    .iter()
+                    .find(|b| (b.pid, b.dev, b.op, b.in_reclaim) == (r.pid, r.dev, r.op, r.in_reclaim))
+                    .copied()
+                    .unwrap_or_default();
+                IoRec {
+                    bytes: r.bytes.saturating_sub(b.bytes),
+                    bios: r.bios.saturating_sub(b.bios),
+                    completed: r.completed.saturating_sub(b.completed),
+                    latency_ns_sum: r.latency_ns_sum.saturating_sub(b.latency_ns_sum),
+                    // A maximum cannot be rebased: the window's own is unknown; keep the run's.
+                    ..*r
+                }
+            })
+            .collect();
+        let sub = |a: &[u64], b: &[u64]| -> Vec<u64> { a.iter().enumerate().map(|(i, v)| v.saturating_sub(b.get(i).copied().unwrap_or(0))).collect() };
+        CountersSample {
+            t_ns: self.t_ns,
+            procs,
+            io,
+            host: sub(&self.host, &base.host),
+            lost: sub(&self.lost, &base.lost),
+            undecodable: self.undecodable.map(|u| u.saturating_sub(base.undecodable.unwrap_or(0))),
+            io_latency: self
+                .io_latency
+                .iter()
+                .enumerate()
+                .map(|(i, h)| sub(h, base.io_latency.get(i).map_or(&[][..], |v| v.as_slice())))
+                .collect(),
+        }
+    }
+
     pub fn is_empty(&self) -> bool {
         self.procs.is_empty() && self.io.is_empty() && self.host.is_empty() && self.lost.is_empty() && self.undecodable.is_none() && self.io_latency.is_empty()
     }
@@ -203,6 +263,19 @@ mod tests {
         let step = Sample::TrainStep { t_ns: 1, data_time_s: Some(0.7384), iter_time_s: None };
         let back: Sample = serde_json::from_str(&step.to_json().to_string()).expect("parses");
         assert!(matches!(back, Sample::TrainStep { data_time_s: Some(v), .. } if v == 0.7384));
+    }
+
+    #[test]
+    fn rebasing_counts_from_the_window_start() {
+        let base = CountersSample { procs: vec![ProcCountersRec { pid: 1, memcg_reclaim_ns: 100, ..Default::default() }], host: vec![5, 5], ..Default::default() };
+        let later = CountersSample {
+            procs: vec![ProcCountersRec { pid: 1, memcg_reclaim_ns: 250, ..Default::default() }, ProcCountersRec { pid: 2, memcg_reclaim_ns: 7, ..Default::default() }],
+            host: vec![9, 5],
+            ..Default::default()
+        };
+        let r = later.minus(&base);
+        assert_eq!((r.procs[0].memcg_reclaim_ns, r.procs[1].memcg_reclaim_ns), (150, 7));
+        assert_eq!(r.host, vec![4, 0]);
     }
 
     #[test]

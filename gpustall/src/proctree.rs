@@ -176,6 +176,11 @@ impl ProcessTree {
         }
     }
 
+    /// Forgets a process (the daemon prunes those long gone, to stay bounded).
+    pub fn remove(&mut self, pid: u32) {
+        self.nodes.remove(&pid);
+    }
+
     pub fn get(&self, pid: u32) -> Option<&ProcNode> {
         self.nodes.get(&pid)
     }

@@ -1,0 +1,121 @@
+//! `gpustall watch`: a job that starts after the daemon is found by a --match rule, its OOM
+//! kill produces an incident bundle whose verdict names the victim, and the metrics endpoint
+//! serves counters that move.
+
+use std::{
+    io::{BufRead, BufReader, Read, Write},
+    process::{Child, Command, Stdio},
+    sync::mpsc,
+    time::{Duration, Instant},
+};
+
+use tests::{cgroup::MemCgroup, kernel::Kmsg, procs::Workload};
+
+struct Watcher {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+    seen: Vec<String>,
+}
+
+impl Watcher {
+    fn start(args: &[&str]) -> Self {
+        let mut child = Command::new(tests::gpustall_bin()).arg("watch").args(args).stderr(Stdio::piped()).stdout(Stdio::null()).spawn().expect("gpustall watch");
+        let err = child.stderr.take().expect("stderr");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for l in BufReader::new(err).lines().map_while(Result::ok) {
+                let _ = tx.send(l);
+            }
+        });
+        Self { child, lines: rx, seen: Vec::new() }
+    }
+
+    /// Waits for a stderr line containing `needle`.
+    fn wait_for(&mut self, needle: &str, timeout: Duration) -> String {
+        let end = Instant::now() + timeout;
+        if let Some(l) = self.seen.iter().find(|l| l.contains(needle)) {
+            return l.clone();
+        }
+        while Instant::now() < end {
+            if let Ok(l) = self.lines.recv_timeout(Duration::from_millis(100)) {
+                self.seen.push(l.clone());
+                if l.contains(needle) {
+                    return l;
+                }
+            }
+            if let Ok(Some(s)) = self.child.try_wait() {
+                panic!("gpustall watch exited ({s}):\n{}", self.seen.join("\n"));
+            }
+        }
+        panic!("no {needle:?} from gpustall watch within {timeout:?}:\n{}", self.seen.join("\n"));
+    }
+}
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn scrape(addr: &str) -> String {
+    let mut s = std::net::TcpStream::connect(addr).expect("connect to the metrics endpoint");
+    s.write_all(format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes()).expect("request");
+    let mut body = String::new();
+    s.read_to_string(&mut body).expect("response");
+    assert!(body.starts_with("HTTP/1.1 200"), "{body}");
+    body
+}
+
+/// The value of the first series starting with `prefix`.
+fn value(metrics: &str, prefix: &str) -> Option<f64> {
+    metrics.lines().find(|l| l.starts_with(prefix)).and_then(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+#[test]
+fn watch_finds_a_later_job_bundles_its_oom_kill_and_serves_metrics() {
+    tests::require_privileged_env();
+    let _lock = tests::pressure_lock();
+    let bundles = tests::TempDir::new("bundles");
+    let dir = bundles.0.to_str().expect("utf-8").to_string();
+    let mut w = Watcher::start(&["--match", "comm:^gpustall-worklo", "--bundle-dir", &dir, "--listen", "127.0.0.1:0", "--no-gpu", "--after", "2s", "--scan-every", "500ms"]);
+    let started = w.wait_for("metrics on http://", Duration::from_secs(60));
+    let addr = started.split("http://").nth(1).and_then(|r| r.split('/').next()).expect("address").to_string();
+    let before = scrape(&addr);
+    assert_eq!(value(&before, "gpustall_watched_jobs"), Some(0.0), "{before}");
+
+    // The job starts after the daemon.
+    let cg = MemCgroup::new("watch", 256, false);
+    let mut kmsg = Kmsg::open_at_end();
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_gpustall-workload"));
+    let mut job = Workload::start(bin, &["hog", "600,40,40", "8", "3000"], Some(&cg));
+    w.wait_for(&format!("watching job gpustall-worklo-{}", job.pid()), Duration::from_secs(20));
+    job.go();
+    let (code, lines) = job.wait(Duration::from_secs(120));
+    assert_eq!(code, Some(1), "a worker was OOM-killed");
+    let victim = tests::kernel::oom_killed_pids(&kmsg.read_new());
+    assert_eq!(victim.len(), 1);
+    let victim = victim[0];
+    assert!(lines.iter().any(|l| l["pid"] == victim), "the victim is a worker of the job");
+
+    let wrote = w.wait_for("wrote incident bundle", Duration::from_secs(30));
+    assert!(wrote.contains(&format!("oom_kill-{victim}")), "{wrote}");
+    let bundle = std::fs::read_dir(&bundles.0).expect("bundles").filter_map(|e| e.ok()).map(|e| e.path()).find(|p| p.to_string_lossy().contains(&format!("oom_kill-{victim}"))).expect("the bundle directory");
+    let summary: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(bundle.join("summary.json")).expect("summary.json")).expect("json");
+    assert_eq!(summary["verdict"]["cause"], "host_memory_oom", "{:#}", summary["verdict"]);
+    assert_eq!(summary["verdict"]["culprit_pids"][0], victim);
+    assert_eq!(summary["oom_kills"][0]["victim_pid"], victim);
+    for f in ["record.jsonl", "report.txt", "trace.json"] {
+        assert!(bundle.join(f).exists(), "{f} in the bundle");
+    }
+    // The bundle's recording replays offline into the same verdict.
+    let o = Command::new(tests::gpustall_bin()).arg("report").arg(bundle.join("record.jsonl")).output().expect("report");
+    assert!(String::from_utf8_lossy(&o.stdout).contains("host_memory_oom"), "{}", String::from_utf8_lossy(&o.stdout));
+
+    let after = scrape(&addr);
+    let oom = value(&after, "gpustall_oom_kills_total{").unwrap_or(0.0);
+    assert_eq!(oom, 1.0, "{after}");
+    assert!(value(&after, "gpustall_incidents_total{").is_some_and(|v| v >= 1.0), "{after}");
+    assert!(value(&after, "gpustall_agent_cpu_seconds_total").is_some_and(|v| v > 0.0), "{after}");
+    assert!(after.contains("# TYPE gpustall_reclaim_stall_seconds counter") || after.contains("gpustall_reclaim_stall_seconds_total"), "{after}");
+}
