@@ -34,7 +34,7 @@ pub fn render(s: &Summary) -> String {
     let _ = writeln!(
         o,
         "\n{:>7} {:>7} {:<16} {:<17} {:>9} {:>9} {:>9} {:>8} {:>10} {:>9} {:>9} {:>6}",
-        "PID", "PPID", "COMM", "ROLE", "READ_MiB", "WRITE_MiB", "RCLM_IO", "RECLAIM", "STALL_ms", "SWAPOUT", "PEAK_MiB", "EXIT"
+        "PID", "PPID", "COMM", "ROLE", "READ_MiB", "WRITE_MiB", "RCLM_IO", "RECLAIM", "STALL_ms", "SWAPOUT", "HELD_MiB", "EXIT"
     );
     for p in &s.processes {
         let role = match p.worker_index {
@@ -60,7 +60,7 @@ pub fn render(s: &Summary) -> String {
             p.direct_reclaim_count + p.memcg_reclaim_count,
             (p.direct_reclaim_ns + p.memcg_reclaim_ns) as f64 / 1e6,
             p.swapout_pages,
-            p.peak_rss_kb as f64 / 1024.0,
+            p.peak_mem_kb.max(p.peak_rss_kb) as f64 / 1024.0,
             exit
         );
     }
@@ -96,6 +96,7 @@ pub fn render(s: &Summary) -> String {
             l.p99_us.map_or("?".into(), |v| format!("{v:.0}"))
         );
     }
+    let _ = writeln!(o, "(HELD_MiB: peak of resident + swapped-out memory; RCLM_IO: disk I/O submitted inside reclaim)");
     let _ = writeln!(
         o,
         "events {} | lost {} (critical ring {}, bulk ring {}, map full {}, undecodable {}) | {:.1} s",

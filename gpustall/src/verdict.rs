@@ -150,7 +150,13 @@ impl Chain {
 }
 
 fn memory_chain(f: &Facts, chain: &mut Chain) {
-    let mut growers: Vec<&ProcFacts> = f.procs.iter().filter(|p| p.peak_mem_kb > p.first_mem_kb).collect();
+    // Those that grew at least a tenth as much as the largest grower: the rest is noise.
+    let max_growth = f.procs.iter().map(|p| p.peak_mem_kb.saturating_sub(p.first_mem_kb)).max().unwrap_or(0);
+    let mut growers: Vec<&ProcFacts> = f
+        .procs
+        .iter()
+        .filter(|p| p.peak_mem_kb > p.first_mem_kb && (p.peak_mem_kb - p.first_mem_kb) * 10 >= max_growth)
+        .collect();
     growers.sort_by_key(|p| std::cmp::Reverse(p.peak_mem_kb - p.first_mem_kb));
     for p in growers.iter().take(4) {
         chain.push(
