@@ -43,10 +43,12 @@ impl FlightRecorder {
         self.lines.iter().filter(|(t, _)| *t >= from_ns).map(|(_, l)| l.clone()).collect()
     }
 
+    #[cfg(test)]
     pub fn bytes(&self) -> usize {
         self.bytes
     }
 
+    #[cfg(test)]
     pub fn oldest_ns(&self) -> Option<u64> {
         self.lines.front().map(|(t, _)| *t)
     }

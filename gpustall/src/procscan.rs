@@ -49,12 +49,6 @@ pub fn exists(pid: u32) -> bool {
     std::path::Path::new(&format!("/proc/{pid}")).exists()
 }
 
-/// A process's name and parent, if it exists.
-pub fn entry(pid: u32) -> Option<ProcEntry> {
-    let s = procfs::process::Process::new(pid as i32).ok()?.stat().ok()?;
-    Some(ProcEntry { pid, ppid: s.ppid as u32, comm: s.comm })
-}
-
 /// Memory of one process, or `None` once it is gone (or a zombie without an mm).
 pub fn sample_mem(pid: u32) -> Option<MemSample> {
     let p = procfs::process::Process::new(pid as i32).ok()?;

@@ -62,10 +62,6 @@ impl Recorder {
         Ok(Self { out: BufWriter::with_capacity(64 * 1024, file), line: BytesMut::with_capacity(512), path: path.to_path_buf() })
     }
 
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
     /// Writes one value as one line. A failed write is reported once per call, never fatal:
     /// tracing goes on and the summary still reaches the terminal.
     pub fn write(&mut self, v: &Value) {

@@ -14,10 +14,8 @@ pub mod sampler;
 pub mod stall;
 pub mod summary;
 
-pub use sampler::{
-    monotonic_ns, throttle_names, GpuProcess, GpuSample, GpuSampler, GpuUnavailable, NVML_LIB_ENV,
-};
-pub use stall::{
-    Attribution, StallDetector, StallEpisode, DEFAULT_THRESHOLD_PCT, DEFAULT_WINDOW_NS,
-};
-pub use summary::{GpuStats, GpuSummary};
+pub use sampler::{monotonic_ns, GpuSample, GpuSampler};
+#[cfg(test)]
+pub use stall::Attribution;
+pub use stall::{StallDetector, StallEpisode};
+pub use summary::GpuSummary;

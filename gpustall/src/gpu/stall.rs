@@ -99,6 +99,7 @@ impl StallDetector {
         }
     }
 
+    #[cfg(test)]
     pub fn window_ns(&self) -> u64 {
         self.window_ns
     }

@@ -38,6 +38,7 @@ impl GpuSummary {
         Self::default()
     }
 
+    #[cfg(test)]
     pub fn gpus(&self) -> &[GpuStats] {
         &self.gpus
     }
