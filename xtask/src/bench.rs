@@ -1,10 +1,13 @@
 //! `cargo xtask bench`: what tracing costs, measured side by side in one run on the same
 //! machine (timings on shared machines are only meaningful as ratios).
 //!
-//! Case 1, swap-heavy: three workers allocate 100 MiB each in a 128 MiB memory cgroup with swap,
+//! Case 1, swap-heavy: three workers allocate 300 MiB each in a 128 MiB memory cgroup with swap,
 //! untraced and traced, alternating, three rounds each. Reported: the workload's slowdown, ring
 //! records per second against write_folio hits per second (aggregation in the kernel), each
 //! program's average run time (kernel BPF stats), the agent's CPU and peak RSS.
+//!
+//! Case 2, `gpustall watch`: the daemon's CPU and RSS while it watches an idle job, then the
+//! swap-heavy one.
 
 use std::{
     path::PathBuf,
@@ -22,7 +25,7 @@ use tests::{
 use crate::util::{cargo, is_root, run_cmd, workspace_root};
 
 const ROUNDS: usize = 3;
-const WORKLOAD: [&str; 4] = ["hog", "100,100,100", "8", "0"];
+const WORKLOAD: [&str; 4] = ["hog", "300,300,300", "8", "0"];
 
 /// Restores kernel.bpf_stats_enabled on drop.
 struct BpfStats(String);
@@ -95,9 +98,10 @@ pub fn run() -> anyhow::Result<()> {
         programs.iter().find(|p| p["name"] == name).and_then(|p| p["run_count"].as_u64()).unwrap_or(0)
     };
     let records = s["events"].as_u64().unwrap_or(0);
-    let cpu = s["overhead"]["agent_cpu_s"].as_f64().unwrap_or(0.0);
+    // CPU while tracing: without the start-up (loading and verifying the programs).
+    let cpu = s["overhead"]["agent_cpu_s"].as_f64().unwrap_or(0.0) - s["overhead"]["agent_startup_cpu_s"].as_f64().unwrap_or(0.0);
     let report = json!({
-        "case": "swap-heavy: 3 x 100 MiB workers in a 128 MiB memcg with swap",
+        "case": "swap-heavy: 3 x 300 MiB workers in a 128 MiB memcg with swap",
         "rounds": ROUNDS,
         "untraced_s": plain,
         "traced_s": traced,
@@ -109,7 +113,8 @@ pub fn run() -> anyhow::Result<()> {
         "write_folio_hits_per_s": hits("mm_vmscan_write_folio") as f64 / duration,
         "block_bio_queue_hits_per_s": hits("block_bio_queue") as f64 / duration,
         "programs": programs,
-        "agent_cpu_s": cpu,
+        "agent_cpu_s_while_tracing": cpu,
+        "agent_startup_cpu_s": s["overhead"]["agent_startup_cpu_s"],
         "agent_cpu_pct_of_one_core": 100.0 * cpu / duration,
         "agent_peak_rss_kb": s["overhead"]["agent_peak_rss_kb"],
         "lost_events": s["lost_events"],
@@ -122,7 +127,7 @@ pub fn run() -> anyhow::Result<()> {
         report["write_folio_hits_per_s"].as_f64().unwrap_or(0.0),
         report["block_bio_queue_hits_per_s"].as_f64().unwrap_or(0.0)
     );
-    println!("agent: {cpu:.2} s CPU ({:.1}% of one core), peak RSS {} kB, lost events {}",
+    println!("agent: {cpu:.2} s CPU while tracing ({:.1}% of one core; start-up not counted), peak RSS {} kB, lost events {}",
         report["agent_cpu_pct_of_one_core"].as_f64().unwrap_or(0.0), report["agent_peak_rss_kb"], report["lost_events"]);
     println!("{:<34} {:>10} {:>10}", "program", "runs", "avg ns");
     for p in &programs {
@@ -130,9 +135,89 @@ pub fn run() -> anyhow::Result<()> {
             println!("{:<34} {:>10} {:>10.0}", p["name"].as_str().unwrap_or("?"), p["run_count"], p["avg_ns"].as_f64().unwrap_or(0.0));
         }
     }
+    let daemon = watch_cases()?;
     let out = workspace_root().join("target/bench");
     std::fs::create_dir_all(&out)?;
-    std::fs::write(out.join("overhead.json"), serde_json::to_string_pretty(&report)? + "\n")?;
+    let all = json!({"swap_heavy_trace": report, "watch_daemon": daemon});
+    std::fs::write(out.join("overhead.json"), serde_json::to_string_pretty(&all)? + "\n")?;
     println!("written to target/bench/overhead.json");
     Ok(())
+}
+
+/// CPU seconds (user + system) and resident / peak memory of a process, from /proc.
+fn usage(pid: u32) -> anyhow::Result<(f64, u64, u64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    let after = stat.rsplit_once(") ").map(|x| x.1).context("stat")?;
+    let f: Vec<&str> = after.split_whitespace().collect();
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    let cpu = (f[11].parse::<f64>()? + f[12].parse::<f64>()?) / hz;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let kb = |key: &str| status.lines().find(|l| l.starts_with(key)).and_then(|l| l.split_whitespace().nth(1)?.parse().ok()).unwrap_or(0u64);
+    Ok((cpu, kb("VmRSS:"), kb("VmHWM:")))
+}
+
+/// Starts `gpustall watch` (release) and waits until it is watching.
+fn start_daemon(bundles: &std::path::Path) -> anyhow::Result<std::process::Child> {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new(workspace_root().join("target/release/gpustall"))
+        .args(["watch", "--match", "comm:^gpustall-worklo", "--listen", "127.0.0.1:0", "--no-gpu", "--bundle-dir"])
+        .arg(bundles)
+        .stderr(std::process::Stdio::piped())
+        .spawn()?;
+    let err = child.stderr.take().context("stderr")?;
+    let mut lines = std::io::BufReader::new(err).lines();
+    for line in lines.by_ref() {
+        if line?.contains("metrics on http://") {
+            break;
+        }
+    }
+    // Keep draining its stderr so it never blocks on a full pipe.
+    std::thread::spawn(move || for _ in lines {});
+    Ok(child)
+}
+
+/// Case 2: the daemon watching an idle job, then a busy one (the swap-heavy workload).
+fn watch_cases() -> anyhow::Result<Value> {
+    let bundles = tests::TempDir::new("bench-bundles");
+    let mut daemon = start_daemon(&bundles.0)?;
+    let pid = daemon.id();
+    let measure = |secs: u64, f: &mut dyn FnMut() -> anyhow::Result<()>| -> anyhow::Result<(f64, f64, u64, u64)> {
+        let (c0, _, _) = usage(pid)?;
+        let t0 = Instant::now();
+        f()?;
+        while t0.elapsed() < Duration::from_secs(secs) {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let (c1, rss, hwm) = usage(pid)?;
+        let wall = t0.elapsed().as_secs_f64();
+        Ok((wall, 100.0 * (c1 - c0) / wall, rss, hwm))
+    };
+    // Idle: a job waiting for its input (never released), watched for 20 s.
+    let idle_job = Workload::start(&workload_bin(), &["spawn", "sleep", "1"], None);
+    std::thread::sleep(Duration::from_secs(3));
+    let (idle_wall, idle_cpu, idle_rss, _) = measure(20, &mut || Ok(()))?;
+    drop(idle_job);
+    // Busy: the swap-heavy workload, watched while it runs.
+    let mut busy_wall = 0.0;
+    let (wall, busy_cpu, busy_rss, hwm) = measure(0, &mut || {
+        let cg = MemCgroup::new("bench-watch", 128, true);
+        let mut w = Workload::start(&workload_bin(), &["hog", "300,300,300", "8", "0"], Some(&cg));
+        std::thread::sleep(Duration::from_secs(3)); // found by the next scan
+        let t0 = Instant::now();
+        w.go();
+        let (code, _) = w.wait(Duration::from_secs(300));
+        busy_wall = t0.elapsed().as_secs_f64();
+        anyhow::ensure!(code == Some(0), "the workload failed ({code:?})");
+        Ok(())
+    })?;
+    let _ = daemon.kill();
+    let _ = daemon.wait();
+    println!("\n== gpustall watch: agent cost ==");
+    println!("idle job:  {idle_cpu:.2}% of one core over {idle_wall:.0} s, RSS {idle_rss} kB");
+    println!("busy job (swap-heavy, {busy_wall:.1} s): {busy_cpu:.2}% of one core over {wall:.0} s, RSS {busy_rss} kB, peak RSS {hwm} kB");
+    Ok(json!({
+        "idle": {"cpu_pct_of_one_core": idle_cpu, "rss_kb": idle_rss, "seconds": idle_wall},
+        "busy_swap_heavy": {"cpu_pct_of_one_core": busy_cpu, "rss_kb": busy_rss, "peak_rss_kb": hwm, "seconds": wall},
+    }))
 }
