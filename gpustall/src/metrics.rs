@@ -34,10 +34,11 @@ use prometheus_client::{
 };
 use tokio::{net::TcpListener, sync::Semaphore};
 
-/// Labels of per-job, per-role series.
+/// Labels of per-job, per-role series. The label is `training_job`, not `job`: Prometheus sets
+/// `job` on every scrape target and would rename ours to `exported_job`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct JobRole {
-    pub job: String,
+    pub training_job: String,
     pub role: String,
 }
 
@@ -395,7 +396,7 @@ impl Metrics {
     pub fn forget_job(&self, job: &str) {
         let mut known = lock(&self.known);
         known.retain(|labels| {
-            if labels.job == job {
+            if labels.training_job == job {
                 self.jobs.remove(labels);
                 false
             } else {
@@ -522,7 +523,7 @@ mod tests {
 
     fn jr(job: &str, role: &str) -> JobRole {
         JobRole {
-            job: job.into(),
+            training_job: job.into(),
             role: role.into(),
         }
     }
@@ -566,7 +567,7 @@ mod tests {
         m.set_agent(0.5, 30 << 20);
 
         let t = m.encode();
-        let w = r#"{job="train-7",role="worker"}"#;
+        let w = r#"{training_job="train-7",role="worker"}"#;
         has(
             &t,
             &format!("gpustall_reclaim_stall_seconds_total{w}"),
@@ -578,7 +579,7 @@ mod tests {
         has(&t, &format!("gpustall_block_write_bytes_total{w}"), "8192");
         has(&t, &format!("gpustall_reclaim_io_bytes_total{w}"), "409600");
         has(&t, &format!("gpustall_oom_kills_total{w}"), "1");
-        let tr = r#"{job="train-7",role="trainer"}"#;
+        let tr = r#"{training_job="train-7",role="trainer"}"#;
         has(
             &t,
             &format!("gpustall_process_resident_bytes{tr}"),
@@ -609,7 +610,7 @@ mod tests {
         m.oom_kill(&jr("a\"b\\c\nd", "worker"));
         has(
             &m.encode(),
-            r#"gpustall_oom_kills_total{job="a\"b\\c\nd",role="worker"}"#,
+            r#"gpustall_oom_kills_total{training_job="a\"b\\c\nd",role="worker"}"#,
             "1",
         );
     }
@@ -633,7 +634,7 @@ mod tests {
         assert!(!t.contains(r#"job="gone""#), "{t}");
         has(
             &t,
-            r#"gpustall_swapout_pages_total{job="kept",role="trainer"}"#,
+            r#"gpustall_swapout_pages_total{training_job="kept",role="trainer"}"#,
             "7",
         );
         // The metadata stays; a job seen again starts from zero.
@@ -641,7 +642,7 @@ mod tests {
         m.oom_kill(&jr("gone", "worker"));
         has(
             &m.encode(),
-            r#"gpustall_oom_kills_total{job="gone",role="worker"}"#,
+            r#"gpustall_oom_kills_total{training_job="gone",role="worker"}"#,
             "1",
         );
         m.forget_job("never-seen");
@@ -686,7 +687,7 @@ mod tests {
         );
         has(
             &m.encode(),
-            r#"gpustall_reclaim_stall_seconds_total{job="j",role="trainer"}"#,
+            r#"gpustall_reclaim_stall_seconds_total{training_job="j",role="trainer"}"#,
             "0.0",
         );
     }
@@ -728,7 +729,7 @@ mod tests {
         assert_eq!(ct, Some(OPENMETRICS_CONTENT_TYPE));
         has(
             body,
-            r#"gpustall_oom_kills_total{job="job",role="worker"}"#,
+            r#"gpustall_oom_kills_total{training_job="job",role="worker"}"#,
             "1",
         );
         assert!(body.ends_with("# EOF\n"));

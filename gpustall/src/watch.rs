@@ -109,7 +109,7 @@ impl Daemon {
     fn labels(&self, pid: u32) -> Option<JobRole> {
         let job = self.job_of(pid)?.name.clone();
         let role = serde_json::to_value(self.session.model.tree.role(pid)).ok()?.as_str()?.to_string();
-        Some(JobRole { job, role })
+        Some(JobRole { training_job: job, role })
     }
 
     /// New jobs: roots matched by the rules or by the GPU, with their existing descendants.
@@ -158,7 +158,7 @@ impl Daemon {
         let mut memory: BTreeMap<(String, String), (u64, u64)> = BTreeMap::new();
         for n in m.tree.iter() {
             let Some(l) = self.labels(n.pid) else { continue };
-            let key = (l.job, l.role);
+            let key = (l.training_job, l.role);
             if let Some(p) = m.procs.get(&n.pid) {
                 let c = &p.counters;
                 let t = totals.entry(key.clone()).or_default();
@@ -186,11 +186,11 @@ impl Daemon {
                 reclaim_io_bytes: t.reclaim_io.saturating_sub(prev.reclaim_io),
             };
             if d != ProcDelta::default() {
-                self.metrics.add(&JobRole { job: key.0.clone(), role: key.1.clone() }, d);
+                self.metrics.add(&JobRole { training_job: key.0.clone(), role: key.1.clone() }, d);
             }
         }
         for ((job, role), (res, swap)) in &memory {
-            self.metrics.set_memory(&JobRole { job: job.clone(), role: role.clone() }, *res, *swap);
+            self.metrics.set_memory(&JobRole { training_job: job.clone(), role: role.clone() }, *res, *swap);
         }
         // Totals of pruned processes drop out of `totals`: keep the old value as the baseline so
         // the counter does not jump when they come back with a pid of a new job.
