@@ -36,7 +36,7 @@ pub static CRITICAL: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
 
 /// Reclaim episodes and throttling: frequent under pressure; may drop, never silently.
 #[map]
-pub static BULK: RingBuf = RingBuf::with_byte_size(4 * 1024 * 1024, 0);
+pub static BULK: RingBuf = RingBuf::with_byte_size(BULK_BYTES, 0);
 
 #[map]
 pub static LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(LOST_COUNTERS, 0);
@@ -90,15 +90,38 @@ pub fn header(kind: EventKind, tgid: u32, tid: u32) -> EventHeader {
     }
 }
 
-/// Puts one record in a ring, counting it as lost when the ring is full.
+/// Bytes of the bulk ring (a power-of-two multiple of the page size).
+pub const BULK_BYTES: u32 = 4 * 1024 * 1024;
+
+const BPF_RB_NO_WAKEUP: u64 = 1;
+const BPF_RB_FORCE_WAKEUP: u64 = 2;
+const BPF_RB_AVAIL_DATA: u64 = 0;
+
+/// Puts one record in the critical ring, waking the agent at once (an OOM kill must not wait),
+/// counting it as lost when the ring is full.
 #[inline(always)]
-pub fn emit<T: 'static>(ring: &RingBuf, lost: LostCounter, value: T) {
-    match ring.reserve::<T>(0) {
+pub fn emit<T: 'static>(value: T) {
+    match CRITICAL.reserve::<T>(0) {
         Some(mut entry) => {
             entry.write(value);
             entry.submit(0);
         }
-        None => add_lost(lost),
+        None => add_lost(LostCounter::CriticalRing),
+    }
+}
+
+/// Puts one record in the bulk ring without waking the agent, which drains it on a short timer:
+/// a wakeup is an interrupt to the agent's CPU per record (in a VM, an exit to the hypervisor),
+/// which under a reclaim storm costs more than the record. Once the ring is half full, wake it.
+#[inline(always)]
+pub fn emit_bulk<T: 'static>(value: T) {
+    match BULK.reserve::<T>(0) {
+        Some(mut entry) => {
+            entry.write(value);
+            let flags = if BULK.query(BPF_RB_AVAIL_DATA) > (BULK_BYTES / 2) as u64 { BPF_RB_FORCE_WAKEUP } else { BPF_RB_NO_WAKEUP };
+            entry.submit(flags);
+        }
+        None => add_lost(LostCounter::BulkRing),
     }
 }
 

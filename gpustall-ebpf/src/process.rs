@@ -7,8 +7,8 @@ use gpustall_common::{
 };
 
 use crate::common::{
-    comm_field, data_loc_str, emit, field, header, is_tracked, offset, pid_tgid, CRITICAL,
-    RECLAIM_START, TRACKED,
+    comm_field, data_loc_str, emit, field, header, is_tracked, offset, pid_tgid, RECLAIM_START,
+    TRACKED,
 };
 
 const CLONE_THREAD: u64 = 0x0001_0000;
@@ -32,10 +32,7 @@ pub fn task_newtask(ctx: TracePointContext) -> u32 {
     if TRACKED.insert(&child, &1, 0).is_err() {
         crate::common::add_lost(LostCounter::MapFull);
     }
-    emit(
-        &CRITICAL,
-        LostCounter::CriticalRing,
-        ForkEvent { header: header(EventKind::Fork, tgid, tid), child_pid: child, _pad: 0, clone_flags: flags },
+    emit(ForkEvent { header: header(EventKind::Fork, tgid, tid), child_pid: child, _pad: 0, clone_flags: flags },
     );
     0
 }
@@ -68,10 +65,7 @@ pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
             Err(_) => (0, 0),
         }
     };
-    emit(
-        &CRITICAL,
-        LostCounter::CriticalRing,
-        ExitEvent { header: header(EventKind::Exit, tgid, tid), exit_code, exit_code_known: known },
+    emit(ExitEvent { header: header(EventKind::Exit, tgid, tid), exit_code, exit_code_known: known },
     );
     let _ = TRACKED.remove(&tgid);
     0
@@ -85,10 +79,7 @@ pub fn task_rename(ctx: TracePointContext) -> u32 {
     if !is_tracked(tgid) && !is_tracked(pid) {
         return 0;
     }
-    emit(
-        &CRITICAL,
-        LostCounter::CriticalRing,
-        RenameEvent {
+    emit(RenameEvent {
             header: header(EventKind::Rename, tgid, tid),
             pid,
             _pad: 0,
@@ -104,10 +95,7 @@ pub fn sched_process_exec(ctx: TracePointContext) -> u32 {
     if !is_tracked(tgid) {
         return 0;
     }
-    emit(
-        &CRITICAL,
-        LostCounter::CriticalRing,
-        ExecEvent {
+    emit(ExecEvent {
             header: header(EventKind::Exec, tgid, tid),
             old_pid: field::<i32>(&ctx, offset!(exec_old_pid)).unwrap_or(0) as u32,
             _pad: 0,
@@ -130,10 +118,7 @@ pub fn mark_victim(ctx: TracePointContext) -> u32 {
         return 0;
     }
     let anon = field::<u64>(&ctx, offset!(oom_anon_rss));
-    emit(
-        &CRITICAL,
-        LostCounter::CriticalRing,
-        OomVictimEvent {
+    emit(OomVictimEvent {
             header: header(EventKind::OomVictim, tgid, tid),
             victim_pid: victim,
             has_rss: anon.is_some() as u32,
@@ -165,10 +150,7 @@ pub fn signal_generate(ctx: TracePointContext) -> u32 {
         return 0;
     }
     let (tgid, tid) = pid_tgid();
-    emit(
-        &CRITICAL,
-        LostCounter::CriticalRing,
-        SignalEvent {
+    emit(SignalEvent {
             header: header(EventKind::Signal, tgid, tid),
             sig,
             code: field(&ctx, offset!(sig_code)).unwrap_or(0),

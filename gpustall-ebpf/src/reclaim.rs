@@ -9,7 +9,7 @@ use gpustall_common::{
 };
 
 use crate::common::{
-    add_per_cpu, emit, field, header, is_tracked, offset, pid_tgid, update_proc_counters, BULK,
+    add_per_cpu, emit_bulk, field, header, is_tracked, offset, pid_tgid, update_proc_counters,
     HOST, RECLAIM_START,
 };
 
@@ -56,10 +56,7 @@ fn end(ctx: &TracePointContext) -> u32 {
             }
             c.reclaimed_pages += nr_reclaimed;
         });
-        emit(
-            &BULK,
-            LostCounter::BulkRing,
-            ReclaimEvent {
+        emit_bulk(ReclaimEvent {
                 header: header(EventKind::Reclaim, tgid, tid),
                 kind,
                 _pad: 0,
@@ -116,10 +113,7 @@ pub fn mm_vmscan_kswapd_sleep(_ctx: TracePointContext) -> u32 {
         on_end(existing.as_ref(), unsafe { bpf_ktime_get_ns() })
     {
         let _ = RECLAIM_START.remove(&tid);
-        emit(
-            &BULK,
-            LostCounter::BulkRing,
-            ReclaimEvent {
+        emit_bulk(ReclaimEvent {
                 header: header(EventKind::Reclaim, tgid, tid),
                 kind,
                 _pad: 0,
@@ -193,10 +187,7 @@ pub fn mm_vmscan_throttled(ctx: TracePointContext) -> u32 {
         c.throttled_count += 1;
         c.throttled_us += delayed.max(0) as u64;
     });
-    emit(
-        &BULK,
-        LostCounter::BulkRing,
-        ThrottledEvent {
+    emit_bulk(ThrottledEvent {
             header: header(EventKind::Throttled, tgid, tid),
             usec_timeout: field(&ctx, offset!(throttled_usec_timeout)).unwrap_or(0),
             usec_delayed: delayed,

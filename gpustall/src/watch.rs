@@ -401,6 +401,9 @@ pub async fn run(opts: WatchOptions) -> anyhow::Result<()> {
     // SAFETY: each AsyncFd owns its ring and the map's fd until both are dropped together.
     let mut critical = unsafe { AsyncFd::register(probes.critical) }.map_err(|e| anyhow::anyhow!("watching the critical ring: {e}"))?;
     let mut bulk = unsafe { AsyncFd::register(probes.bulk) }.map_err(|e| anyhow::anyhow!("watching the bulk ring: {e}"))?;
+    // The kernel side does not wake us per bulk record (see emit_bulk): drain it on a timer.
+    let mut bulk_tick = tokio::time::interval(Duration::from_millis(100));
+    bulk_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     let gpu_every = d.opts.gpu.as_ref().map_or(Duration::from_secs(3600), |g| g.interval.max(Duration::from_millis(50)));
@@ -421,6 +424,7 @@ pub async fn run(opts: WatchOptions) -> anyhow::Result<()> {
                 d.session.drain(guard.get_inner_mut());
                 guard.clear_ready();
             }
+            _ = bulk_tick.tick() => d.session.drain(bulk.get_mut()),
             _ = gpu_tick.tick(), if gpu.is_some() => {
                 if let Some(g) = gpu.as_mut() {
                     let gpus = g.sample();
