@@ -38,6 +38,7 @@ pub fn from_model(m: &Model, now_ns: u64) -> Facts {
                 read_bytes: p.io_bytes(IoOp::Read, None),
                 write_bytes: p.io_bytes(IoOp::Write, None),
                 io_wait_ns: p.io.values().map(|v| v.latency_ns_sum).sum(),
+                lifetime_ns: n.exit_ns.unwrap_or(now_ns).saturating_sub(n.started_ns.max(m.start_ns)),
                 oom_killed: n.oom_killed,
                 exit_signal: n.exit_signal(),
                 stuck: watch.and_then(|w| w.stuck_since_ns.map(|s| (w.last.state, w.last.wchan.clone(), s))),

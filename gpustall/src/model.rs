@@ -60,7 +60,7 @@ impl Model {
     pub fn observe(&mut self, s: &Sample) -> Vec<crate::gpu::StallEpisode> {
         self.last_ns = self.last_ns.max(s.t_ns());
         match s {
-            Sample::Seed { pid, ppid, comm, is_target, .. } => self.tree.seed(*pid, *ppid, comm, *is_target),
+            Sample::Seed { t_ns, pid, ppid, comm, is_target } => self.tree.seed(*pid, *ppid, comm, *is_target, *t_ns),
             Sample::ProcMem { t_ns, pid, mem } => self.proc_mut(*pid).record_mem(*mem, *t_ns),
             Sample::Vanished { t_ns, pid } => self.tree.mark_vanished(*pid, *t_ns),
             Sample::Cmdline { pid, cmdline, .. } => self.tree.set_cmdline(*pid, cmdline.clone()),
@@ -122,7 +122,7 @@ impl Model {
         let h = e.header();
         self.last_ns = self.last_ns.max(h.t_ns);
         match e {
-            Event::Fork { h, child_pid, .. } => self.tree.on_fork(h.tgid, *child_pid, &h.comm),
+            Event::Fork { h, child_pid, .. } => self.tree.on_fork(h.tgid, *child_pid, &h.comm, h.t_ns),
             Event::Exit { h, exit_code } => self.tree.on_exit(h.tgid, *exit_code, h.t_ns),
             Event::Rename { h, pid, new_comm } => self.tree.on_rename(h.tgid, *pid, new_comm),
             Event::Exec { h, filename, .. } => self.tree.on_exec(h.tgid, &h.comm, filename),
@@ -186,7 +186,7 @@ mod tests {
     #[test]
     fn oom_kill_chain_marks_victim_and_killer() {
         let mut m = Model::default();
-        m.tree.seed(10, 1, "trainer", true);
+        m.tree.seed(10, 1, "trainer", true, 0);
         m.apply(&Event::Fork { h: h(10, "trainer", 1), child_pid: 11, clone_flags: 0x11 });
         m.apply(&Event::Rename { h: h(11, "trainer", 2), pid: 11, new_comm: "pt_data_worker".into() });
         m.apply(&Event::Reclaim {

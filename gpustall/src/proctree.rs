@@ -42,6 +42,8 @@ pub struct ProcNode {
     /// The command line, read from /proc at seed, fork and exec (best effort).
     pub cmdline: Option<String>,
     pub is_target: bool,
+    /// When it was forked, or when tracing began for processes that were already there.
+    pub started_ns: u64,
     /// Order of appearance, for worker indices.
     pub order: u64,
     pub exit_ns: Option<u64>,
@@ -96,7 +98,7 @@ pub struct ProcessTree {
 }
 
 impl ProcessTree {
-    fn insert(&mut self, pid: u32, ppid: u32, comm: &str, is_target: bool) {
+    fn insert(&mut self, pid: u32, ppid: u32, comm: &str, is_target: bool, started_ns: u64) {
         let order = self.next_order;
         self.next_order += 1;
         self.nodes.insert(
@@ -109,6 +111,7 @@ impl ProcessTree {
                 exec_filename: None,
                 cmdline: None,
                 is_target,
+                started_ns,
                 order,
                 exit_ns: None,
                 exit_code: None,
@@ -119,16 +122,16 @@ impl ProcessTree {
     }
 
     /// A process found in /proc when tracing started.
-    pub fn seed(&mut self, pid: u32, ppid: u32, comm: &str, is_target: bool) {
+    pub fn seed(&mut self, pid: u32, ppid: u32, comm: &str, is_target: bool, t_ns: u64) {
         if !self.nodes.contains_key(&pid) {
-            self.insert(pid, ppid, comm, is_target);
+            self.insert(pid, ppid, comm, is_target, t_ns);
         }
     }
 
     /// A child inherits its parent's name until it renames or execs.
-    pub fn on_fork(&mut self, parent: u32, child: u32, parent_comm: &str) {
+    pub fn on_fork(&mut self, parent: u32, child: u32, parent_comm: &str, t_ns: u64) {
         self.nodes.remove(&child); // a reused pid is a new process
-        self.insert(child, parent, parent_comm, false);
+        self.insert(child, parent, parent_comm, false, t_ns);
     }
 
     pub fn on_exit(&mut self, pid: u32, exit_code: Option<u32>, t_ns: u64) {
@@ -262,10 +265,10 @@ mod tests {
 
     fn tree() -> ProcessTree {
         let mut t = ProcessTree::default();
-        t.seed(100, 1, "python", true);
-        t.on_fork(100, 200, "python");
-        t.on_fork(100, 201, "python");
-        t.on_fork(200, 300, "python");
+        t.seed(100, 1, "python", true, 0);
+        t.on_fork(100, 200, "python", 0);
+        t.on_fork(100, 201, "python", 0);
+        t.on_fork(200, 300, "python", 0);
         t
     }
 
@@ -292,24 +295,24 @@ mod tests {
     #[test]
     fn torchrun_children_are_ranks_and_forkserver_children_are_workers() {
         let mut t = ProcessTree::default();
-        t.seed(1, 0, "torchrun", true);
-        t.on_fork(1, 2, "torchrun");
+        t.seed(1, 0, "torchrun", true, 0);
+        t.on_fork(1, 2, "torchrun", 0);
         t.on_exec(2, "python3", "/usr/bin/python3");
         t.set_cmdline(2, "python3 train.py --local-rank 0".into());
         assert_eq!(t.role(2), Role::Rank);
-        t.on_fork(2, 3, "python3");
+        t.on_fork(2, 3, "python3", 0);
         t.set_cmdline(3, "python3 -c from multiprocessing.forkserver import main; main(5, 6)".into());
         assert_eq!(t.role(3), Role::Forkserver);
-        t.on_fork(3, 4, "python3");
+        t.on_fork(3, 4, "python3", 0);
         t.on_rename(4, 4, "pt_data_worker");
-        t.on_fork(3, 5, "python3");
+        t.on_fork(3, 5, "python3", 0);
         t.on_rename(5, 5, "pt_data_worker");
         assert_eq!((t.role(4), t.worker_index(4), t.worker_index(5)), (Role::DataloaderWorker, Some(0), Some(1)));
         // spawn: fork + exec of spawn_main, found by the tree when unnamed.
-        t.on_fork(2, 6, "python3");
+        t.on_fork(2, 6, "python3", 0);
         t.set_cmdline(6, "python3 -c from multiprocessing.spawn import spawn_main; spawn_main(tracker_fd=7)".into());
         assert_eq!(t.role(6), Role::DataloaderWorker);
-        t.on_fork(1, 7, "torchrun");
+        t.on_fork(1, 7, "torchrun", 0);
         t.set_cmdline(7, "python3 -c from multiprocessing.spawn import spawn_main".into());
         assert_eq!(t.role(7), Role::Rank, "a launcher's child is a rank first");
     }
@@ -342,7 +345,7 @@ mod tests {
         t.on_signal(300, k(15, 1));
         assert_eq!(t.get(300).and_then(|n| n.killed_by.as_ref()).map(|k| k.sig), Some(9));
         t.on_exit(300, Some(9), 60);
-        t.on_fork(201, 300, "python");
+        t.on_fork(201, 300, "python", 0);
         let n = t.get(300).expect("300");
         assert!(n.alive() && n.killed_by.is_none() && n.ppid == 201);
     }

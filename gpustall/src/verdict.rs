@@ -55,6 +55,8 @@ pub struct ProcFacts {
     pub write_bytes: u64,
     /// Sum of the latency of this process's completed block requests.
     pub io_wait_ns: u64,
+    /// How long it lived within the trace (fork or start of tracing, to exit or end).
+    pub lifetime_ns: u64,
     pub oom_killed: bool,
     pub exit_signal: Option<i32>,
     /// Stopped (T) or in D state: (state, wchan, since).
@@ -112,7 +114,7 @@ const PRESSURE_SWAP_PAGES: u64 = 16_384;
 const DISK_FULL_PCT: f64 = 98.0;
 /// A process stopped or in D state this long is hung.
 const HUNG_NS: u64 = 3_000_000_000;
-/// The job waited on its disk I/O this share of the trace: disk-bound.
+/// A process waited on its disk I/O this share of its life: disk-bound.
 const IO_WAIT_FRACTION: f64 = 0.5;
 const DISK_BUSY_PCT: f64 = 80.0;
 
@@ -414,22 +416,26 @@ pub fn decide(f: &Facts) -> Verdict {
             advice: vec!["check cooling, power limits (nvidia-smi -q -d PERFORMANCE,POWER) and clocks; the host side is not the cause".into()],
         };
     }
-    let io_wait: u64 = f.procs.iter().map(|p| p.io_wait_ns).max().unwrap_or(0);
+    // Waiting on the disk most of its life (a process that lived half a second of a long trace
+    // is judged on that half second).
+    let waited = |p: &ProcFacts| p.io_wait_ns as f64 / p.lifetime_ns.max(1) as f64;
+    let io_wait = f.procs.iter().filter(|p| p.lifetime_ns >= 200_000_000).map(waited).fold(0.0, f64::max);
     let io_bytes: u64 = f.procs.iter().map(|p| p.read_bytes + p.write_bytes).sum();
     let busy = f.disks.iter().map(|d| d.1).fold(0.0, f64::max);
-    if io_bytes > 0 && (io_wait as f64 / duration as f64 >= IO_WAIT_FRACTION || busy >= DISK_BUSY_PCT) {
+    if io_bytes > 0 && (io_wait >= IO_WAIT_FRACTION || busy >= DISK_BUSY_PCT) {
         let mut procs: Vec<&ProcFacts> = f.procs.iter().filter(|p| p.read_bytes + p.write_bytes > 0).collect();
         procs.sort_by_key(|p| std::cmp::Reverse(p.io_wait_ns));
         for p in procs.iter().take(4) {
             chain.push(
                 f.start_ns,
                 format!(
-                    "{} read {} and wrote {}, waiting {:.1} s ({:.0}% of the trace) on its block requests",
+                    "{} read {} and wrote {}, waiting {:.1} s on its block requests ({:.0}% of the {:.1} s it ran)",
                     name(p),
                     mib_b(p.read_bytes),
                     mib_b(p.write_bytes),
                     p.io_wait_ns as f64 / 1e9,
-                    100.0 * p.io_wait_ns as f64 / duration as f64
+                    100.0 * waited(p),
+                    p.lifetime_ns as f64 / 1e9
                 ),
             );
         }

@@ -35,7 +35,7 @@ fn cold_direct_reads_with_plenty_of_memory_are_disk_bound() {
     assert!(made.success());
     let input = format!("if={}", data.display());
     // O_DIRECT, small blocks, queue depth 1: the reader waits on the disk all the time.
-    let mut w = Workload::start(workload(), &["spawn", "dd", &input, "of=/dev/null", "bs=64k", "iflag=direct", "status=none"], None);
+    let mut w = Workload::start(workload(), &["spawn", "dd", &input, "of=/dev/null", "bs=16k", "iflag=direct", "status=none"], None);
     let tracer = Tracer::start(w.pid(), &["--quiet", "--no-gpu"]);
     w.go();
     let (code, _) = w.wait(Duration::from_secs(120));

@@ -143,6 +143,7 @@ fn waiting_on_own_reads_is_disk_bound_not_memory() {
     let mut t = trainer(10);
     t.read_bytes = 2 << 30;
     t.io_wait_ns = 45 * S;
+    t.lifetime_ns = 60 * S;
     f.procs = vec![t];
     f.disks = vec![("vda".into(), 95.0, 100.0)];
     let v = decide(&f);
