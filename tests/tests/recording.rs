@@ -89,12 +89,17 @@ fn the_offline_report_reproduces_the_live_summary_field_by_field() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let trace: Value = serde_json::from_str(&std::fs::read_to_string(&trace_out).expect("trace")).expect("trace JSON");
     let ev = trace["traceEvents"].as_array().expect("traceEvents");
-    let workers: Vec<u64> = live.processes().iter().filter(|p| p["role"] == "dataloader_worker").map(|p| p["pid"].as_u64().expect("pid")).collect();
-    for w in &workers {
-        assert!(ev.iter().any(|e| e["ph"] == "M" && e["name"] == "process_name" && e["pid"] == *w), "a named track for worker {w}");
-        assert!(ev.iter().any(|e| e["ph"] == "X" && e["pid"] == *w && e["name"] == "memcg reclaim"), "reclaim slices on worker {w}'s track");
-        assert!(ev.iter().any(|e| e["ph"] == "C" && e["pid"] == *w && e["name"] == "rss_mib"), "an RSS counter on worker {w}'s track");
+    let workers: Vec<&Value> = live.processes().iter().filter(|p| p["role"] == "dataloader_worker").collect();
+    assert_eq!(workers.len(), 3);
+    for p in &workers {
+        let w = p["pid"].as_u64().expect("pid");
+        assert!(ev.iter().any(|e| e["ph"] == "M" && e["name"] == "process_name" && e["pid"] == w), "a named track for worker {w}");
+        assert!(ev.iter().any(|e| e["ph"] == "C" && e["pid"] == w && e["name"] == "rss_mib"), "an RSS counter on worker {w}'s track");
+        // As many reclaim slices on its track as reclaim stalls the summary counts for it.
+        let slices = ev.iter().filter(|e| e["ph"] == "X" && e["pid"] == w && e["name"] == "memcg reclaim").count() as u64;
+        assert_eq!(slices, p["memcg_reclaim_count"].as_u64().expect("count"), "reclaim slices on worker {w}'s track");
     }
+    assert!(workers.iter().any(|p| p["memcg_reclaim_count"].as_u64() > Some(0)), "some worker stalled in reclaim");
     assert!(ev.iter().any(|e| e["ph"] == "X" && e["name"] == "GPU stall"), "the GPU stall on the GPU track");
     assert!(ev.iter().any(|e| e["ph"] == "C" && e["name"] == "util_pct"), "GPU utilisation counter");
     assert!(ev.iter().any(|e| e["ph"] == "C" && e["name"] == "job_swapout_pages_s"), "swap-out rate counter");
