@@ -66,6 +66,35 @@ impl GpuState {
     }
 }
 
+/// What the GPU side was asked to do (`None` when --no-gpu).
+pub struct GpuOptions {
+    pub nvml_lib: Option<std::path::PathBuf>,
+    pub interval: std::time::Duration,
+    pub threshold_pct: u32,
+    pub window: std::time::Duration,
+}
+
+/// Opens NVML as asked: turns GPU data on in `state`, or records (and prints, once) why it is
+/// off. Returns the sampler, if any, and the `gpu` object of the recording's header.
+pub fn open(opts: Option<&GpuOptions>, state: &mut GpuState) -> (Option<GpuWatch>, serde_json::Value) {
+    let Some(g) = opts else {
+        state.status = "GPU data is off (--no-gpu)".into();
+        return (None, serde_json::json!({"enabled": false, "status": state.status}));
+    };
+    let window_ns = g.window.as_nanos() as u64;
+    let (watch, status) = match GpuWatch::open(g.nvml_lib.as_deref()) {
+        Ok((w, status)) => {
+            state.enable(status.clone(), g.threshold_pct, window_ns);
+            (Some(w), status)
+        }
+        Err(why) => (None, why),
+    };
+    state.status = status.clone();
+    eprintln!("gpustall: {status}");
+    let header = serde_json::json!({"enabled": watch.is_some(), "status": status, "threshold_pct": g.threshold_pct, "window_ns": window_ns});
+    (watch, header)
+}
+
 /// NVML, opened once.
 pub struct GpuWatch {
     sampler: GpuSampler,

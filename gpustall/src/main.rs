@@ -132,21 +132,8 @@ sudo gpustall watch --match 'cgroup:kubepods' --listen 0.0.0.0:9464"
         /// How often /proc is scanned for new jobs.
         #[arg(long, value_name = "D", default_value = "2s", value_parser = humantime::parse_duration)]
         scan_every: Duration,
-        /// The NVML library to load (default: $GPUSTALL_NVML_LIB, else the driver's libnvidia-ml.so.1).
-        #[arg(long, value_name = "PATH")]
-        nvml_lib: Option<PathBuf>,
-        /// How often the GPUs are sampled.
-        #[arg(long, value_name = "D", default_value = "1s", value_parser = humantime::parse_duration)]
-        gpu_interval: Duration,
-        /// A GPU at or under this utilisation (%) is idle.
-        #[arg(long, value_name = "PCT", default_value_t = 5)]
-        stall_threshold: u32,
-        /// An idle GPU of a job is a stall once it has been idle this long.
-        #[arg(long, value_name = "D", default_value = "30s", value_parser = humantime::parse_duration)]
-        stall_window: Duration,
-        /// Do not load NVML at all.
-        #[arg(long)]
-        no_gpu: bool,
+        #[command(flatten)]
+        gpu: GpuArgs,
     },
     /// Convert a recording for a trace viewer.
     #[command(
@@ -192,21 +179,8 @@ process, not root, BPF unavailable, a required tracepoint missing)."
         /// How often a periodic summary goes into the recording.
         #[arg(long, value_name = "D", default_value = "10s", value_parser = humantime::parse_duration)]
         summary_every: Duration,
-        /// The NVML library to load (default: $GPUSTALL_NVML_LIB, else the driver's libnvidia-ml.so.1).
-        #[arg(long, value_name = "PATH")]
-        nvml_lib: Option<PathBuf>,
-        /// How often the GPUs are sampled.
-        #[arg(long, value_name = "D", default_value = "500ms", value_parser = humantime::parse_duration)]
-        gpu_interval: Duration,
-        /// A GPU at or under this utilisation (%) is idle.
-        #[arg(long, value_name = "PCT", default_value_t = 5)]
-        stall_threshold: u32,
-        /// An idle GPU of the job is a stall once it has been idle this long.
-        #[arg(long, value_name = "D", default_value = "3s", value_parser = humantime::parse_duration)]
-        stall_window: Duration,
-        /// Do not load NVML at all.
-        #[arg(long)]
-        no_gpu: bool,
+        #[command(flatten)]
+        gpu: GpuArgs,
         /// Tail this training log for per-step data_time (mmengine style `data_time: 0.7384`).
         #[arg(long, value_name = "FILE")]
         log: Option<PathBuf>,
@@ -249,6 +223,38 @@ fn report_cmd(file: &std::path::Path, summary_json: Option<&std::path::Path>, ht
     Ok(())
 }
 
+/// GPU options shared by `trace` and `watch` (whose defaults differ).
+#[derive(clap::Args)]
+struct GpuArgs {
+    /// The NVML library to load (default: $GPUSTALL_NVML_LIB, else the driver's libnvidia-ml.so.1).
+    #[arg(long, value_name = "PATH")]
+    nvml_lib: Option<PathBuf>,
+    /// How often the GPUs are sampled [default: 500ms for trace, 1s for watch].
+    #[arg(long, value_name = "D", value_parser = humantime::parse_duration)]
+    gpu_interval: Option<Duration>,
+    /// A GPU at or under this utilisation (%) is idle.
+    #[arg(long, value_name = "PCT", default_value_t = 5)]
+    stall_threshold: u32,
+    /// An idle GPU of the job is a stall once it has been idle this long [default: 3s for trace,
+    /// 30s for watch].
+    #[arg(long, value_name = "D", value_parser = humantime::parse_duration)]
+    stall_window: Option<Duration>,
+    /// Do not load NVML at all.
+    #[arg(long)]
+    no_gpu: bool,
+}
+
+impl GpuArgs {
+    fn options(self, interval: Duration, window: Duration) -> Option<gpuwatch::GpuOptions> {
+        (!self.no_gpu).then(|| gpuwatch::GpuOptions {
+            nvml_lib: self.nvml_lib,
+            interval: self.gpu_interval.unwrap_or(interval),
+            threshold_pct: self.stall_threshold,
+            window: self.stall_window.unwrap_or(window),
+        })
+    }
+}
+
 fn main() {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn"))
         .format_timestamp(None)
@@ -274,18 +280,11 @@ fn main() {
                         max_bundle_bytes,
                         memory_budget,
                         scan_every,
-                        nvml_lib,
-                        gpu_interval,
-                        stall_threshold,
-                        stall_window,
-                        no_gpu,
+                        gpu,
                     } => {
-                        let gpu = (!no_gpu).then_some(trace::GpuOptions {
-                            nvml_lib,
-                            interval: gpu_interval,
-                            threshold_pct: stall_threshold,
-                            window: stall_window,
-                        });
+                        // A daemon samples less often and calls only long idle periods stalls
+                        // (evaluation, checkpointing and epoch ends idle a GPU for seconds).
+                        let gpu = gpu.options(Duration::from_secs(1), Duration::from_secs(30));
                         watch::run(watch::WatchOptions {
                             rules,
                             bundle_dir,
@@ -308,21 +307,12 @@ fn main() {
                         summary_json,
                         quiet,
                         summary_every,
-                        nvml_lib,
-                        gpu_interval,
-                        stall_threshold,
-                        stall_window,
-                        no_gpu,
+                        gpu,
                         log,
                         log_regex,
                         perfetto,
                     } => {
-                        let gpu = (!no_gpu).then_some(trace::GpuOptions {
-                            nvml_lib,
-                            interval: gpu_interval,
-                            threshold_pct: stall_threshold,
-                            window: stall_window,
-                        });
+                        let gpu = gpu.options(Duration::from_millis(500), Duration::from_secs(3));
                         trace::run(trace::TraceOptions { pid, duration, record, summary_json, quiet, summary_every, gpu, log, log_regex, perfetto })
                             .await
                     }

@@ -16,9 +16,9 @@ use tokio::io::unix::AsyncFd;
 
 use crate::{
     context::ContextReader,
+    gpuwatch::GpuOptions,
     gpu::monotonic_ns,
-    gpuwatch::GpuWatch,
-    live, loader,
+        live, loader,
     model::Model,
     observe::Sample,
     preflight, procscan,
@@ -46,12 +46,6 @@ pub struct TraceOptions {
     pub perfetto: Option<PathBuf>,
 }
 
-pub struct GpuOptions {
-    pub nvml_lib: Option<PathBuf>,
-    pub interval: Duration,
-    pub threshold_pct: u32,
-    pub window: Duration,
-}
 
 
 pub async fn run(opts: TraceOptions) -> anyhow::Result<()> {
@@ -78,27 +72,7 @@ pub async fn run(opts: TraceOptions) -> anyhow::Result<()> {
         session.recorder = Some(Box::new(Recorder::create(path)?));
     }
 
-    let mut gpu = None;
-    let gpu_header = match &opts.gpu {
-        Some(g) => {
-            let window_ns = g.window.as_nanos() as u64;
-            let status = match GpuWatch::open(g.nvml_lib.as_deref()) {
-                Ok((w, status)) => {
-                    session.model.gpu.enable(status.clone(), g.threshold_pct, window_ns);
-                    gpu = Some(w);
-                    status
-                }
-                Err(why) => why,
-            };
-            session.model.gpu.status = status.clone();
-            eprintln!("gpustall: {status}");
-            json!({"enabled": gpu.is_some(), "status": status, "threshold_pct": g.threshold_pct, "window_ns": window_ns})
-        }
-        None => {
-            session.model.gpu.status = "GPU data is off (--no-gpu)".into();
-            json!({"enabled": false, "status": session.model.gpu.status})
-        }
-    };
+    let (mut gpu, gpu_header) = crate::gpuwatch::open(opts.gpu.as_ref(), &mut session.model.gpu);
     if let Some(r) = session.recorder.as_mut() {
         r.write(&json!({
             "type": "header",

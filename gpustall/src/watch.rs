@@ -19,15 +19,14 @@ use crate::{
     context::ContextReader,
     flight::{FlightRecorder, FlightSink},
     gpu::monotonic_ns,
-    gpuwatch::GpuWatch,
-    jobs::{self, Candidate, MatchRule},
+    gpuwatch::GpuOptions,
+        jobs::{self, Candidate, MatchRule},
     loader,
     metrics::{GpuLabel, JobRole, Metrics, ProcDelta},
     model::Model,
     observe::Sample,
     preflight, procscan,
     session::{Incident, Session},
-    trace::GpuOptions,
     tracefs::Tracefs,
 };
 
@@ -344,24 +343,7 @@ pub async fn run(opts: WatchOptions) -> anyhow::Result<()> {
     session.recorder = Some(Box::new(FlightSink::new(flight.clone())));
     session.full_counters = true;
 
-    let mut gpu = None;
-    let gpu_header = match &opts.gpu {
-        Some(g) => {
-            let window_ns = g.window.as_nanos() as u64;
-            let status = match GpuWatch::open(g.nvml_lib.as_deref()) {
-                Ok((w, status)) => {
-                    session.model.gpu.enable(status.clone(), g.threshold_pct, window_ns);
-                    gpu = Some(w);
-                    status
-                }
-                Err(why) => why,
-            };
-            session.model.gpu.status = status.clone();
-            eprintln!("gpustall: {status}");
-            json!({"enabled": gpu.is_some(), "status": status, "threshold_pct": g.threshold_pct, "window_ns": window_ns})
-        }
-        None => json!({"enabled": false, "status": "GPU data is off (--no-gpu)"}),
-    };
+    let (mut gpu, gpu_header) = crate::gpuwatch::open(opts.gpu.as_ref(), &mut session.model.gpu);
     let header = json!({
         "type": "header",
         "version": 1,
