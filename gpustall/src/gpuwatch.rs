@@ -95,6 +95,38 @@ pub fn open(opts: Option<&GpuOptions>, state: &mut GpuState) -> (Option<GpuWatch
     (watch, header)
 }
 
+/// GPU options shared by `trace` and `watch` (whose defaults differ).
+#[derive(clap::Args)]
+pub struct GpuArgs {
+    /// The NVML library to load (default: $GPUSTALL_NVML_LIB, else the driver's libnvidia-ml.so.1).
+    #[arg(long, value_name = "PATH")]
+    nvml_lib: Option<std::path::PathBuf>,
+    /// How often the GPUs are sampled [default: 500ms for trace, 1s for watch].
+    #[arg(long, value_name = "D", value_parser = humantime::parse_duration)]
+    gpu_interval: Option<std::time::Duration>,
+    /// A GPU at or under this utilisation (%) is idle.
+    #[arg(long, value_name = "PCT", default_value_t = 5)]
+    stall_threshold: u32,
+    /// An idle GPU of the job is a stall once it has been idle this long [default: 3s for trace,
+    /// 30s for watch].
+    #[arg(long, value_name = "D", value_parser = humantime::parse_duration)]
+    stall_window: Option<std::time::Duration>,
+    /// Do not load NVML at all.
+    #[arg(long)]
+    no_gpu: bool,
+}
+
+impl GpuArgs {
+    pub fn options(self, interval: std::time::Duration, window: std::time::Duration) -> Option<GpuOptions> {
+        (!self.no_gpu).then(|| GpuOptions {
+            nvml_lib: self.nvml_lib,
+            interval: self.gpu_interval.unwrap_or(interval),
+            threshold_pct: self.stall_threshold,
+            window: self.stall_window.unwrap_or(window),
+        })
+    }
+}
+
 /// NVML, opened once.
 pub struct GpuWatch {
     sampler: GpuSampler,

@@ -100,41 +100,7 @@ and a Kubernetes DaemonSet.",
         after_help = "EXAMPLES:\n    sudo gpustall watch --match 'comm:^python' --bundle-dir /var/lib/gpustall/incidents\n    \
 sudo gpustall watch --match 'cgroup:kubepods' --listen 0.0.0.0:9464"
     )]
-    Watch {
-        /// Also watch processes matching RULE: `comm:REGEX` (process name) or `cgroup:SUBSTRING`
-        /// (cgroup path). Repeatable. GPU users are always watched.
-        #[arg(long = "match", value_name = "RULE")]
-        rules: Vec<jobs::MatchRule>,
-        /// Where incident bundles go.
-        #[arg(long, value_name = "DIR", default_value = "/var/lib/gpustall/incidents")]
-        bundle_dir: PathBuf,
-        /// Address of the Prometheus endpoint.
-        #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9464")]
-        listen: std::net::SocketAddr,
-        /// How long the flight recorder keeps events and samples.
-        #[arg(long, value_name = "D", default_value = "5m", value_parser = humantime::parse_duration)]
-        window: Duration,
-        /// How much of the time before an incident goes into its bundle.
-        #[arg(long, value_name = "D", default_value = "2m", value_parser = humantime::parse_duration)]
-        before: Duration,
-        /// How long after an incident its bundle waits (later incidents join it).
-        #[arg(long, value_name = "D", default_value = "10s", value_parser = humantime::parse_duration)]
-        after: Duration,
-        /// Keep at most this many bundles (oldest removed first).
-        #[arg(long, value_name = "N", default_value_t = 20)]
-        max_bundles: usize,
-        /// Keep bundles within this many bytes in all (oldest removed first).
-        #[arg(long, value_name = "BYTES", default_value_t = 512 << 20)]
-        max_bundle_bytes: u64,
-        /// Memory for the flight recorder, in bytes.
-        #[arg(long, value_name = "BYTES", default_value_t = 64 << 20)]
-        memory_budget: usize,
-        /// How often /proc is scanned for new jobs.
-        #[arg(long, value_name = "D", default_value = "2s", value_parser = humantime::parse_duration)]
-        scan_every: Duration,
-        #[command(flatten)]
-        gpu: GpuArgs,
-    },
+    Watch(watch::WatchArgs),
     /// Convert a recording for a trace viewer.
     #[command(
         long_about = "Convert a recording made with `gpustall trace --record FILE` into the Chrome \
@@ -180,7 +146,7 @@ process, not root, BPF unavailable, a required tracepoint missing)."
         #[arg(long, value_name = "D", default_value = "10s", value_parser = humantime::parse_duration)]
         summary_every: Duration,
         #[command(flatten)]
-        gpu: GpuArgs,
+        gpu: gpuwatch::GpuArgs,
         /// Tail this training log for per-step data_time (mmengine style `data_time: 0.7384`).
         #[arg(long, value_name = "FILE")]
         log: Option<PathBuf>,
@@ -223,38 +189,6 @@ fn report_cmd(file: &std::path::Path, summary_json: Option<&std::path::Path>, ht
     Ok(())
 }
 
-/// GPU options shared by `trace` and `watch` (whose defaults differ).
-#[derive(clap::Args)]
-struct GpuArgs {
-    /// The NVML library to load (default: $GPUSTALL_NVML_LIB, else the driver's libnvidia-ml.so.1).
-    #[arg(long, value_name = "PATH")]
-    nvml_lib: Option<PathBuf>,
-    /// How often the GPUs are sampled [default: 500ms for trace, 1s for watch].
-    #[arg(long, value_name = "D", value_parser = humantime::parse_duration)]
-    gpu_interval: Option<Duration>,
-    /// A GPU at or under this utilisation (%) is idle.
-    #[arg(long, value_name = "PCT", default_value_t = 5)]
-    stall_threshold: u32,
-    /// An idle GPU of the job is a stall once it has been idle this long [default: 3s for trace,
-    /// 30s for watch].
-    #[arg(long, value_name = "D", value_parser = humantime::parse_duration)]
-    stall_window: Option<Duration>,
-    /// Do not load NVML at all.
-    #[arg(long)]
-    no_gpu: bool,
-}
-
-impl GpuArgs {
-    fn options(self, interval: Duration, window: Duration) -> Option<gpuwatch::GpuOptions> {
-        (!self.no_gpu).then(|| gpuwatch::GpuOptions {
-            nvml_lib: self.nvml_lib,
-            interval: self.gpu_interval.unwrap_or(interval),
-            threshold_pct: self.stall_threshold,
-            window: self.stall_window.unwrap_or(window),
-        })
-    }
-}
-
 fn main() {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn"))
         .format_timestamp(None)
@@ -269,37 +203,7 @@ fn main() {
                 match cli.command {
                     Command::Report { file, summary_json, html } => report_cmd(&file, summary_json.as_deref(), html.as_deref()),
                     Command::Export { perfetto, file } => export::perfetto_file(&file, &perfetto),
-                    Command::Watch {
-                        rules,
-                        bundle_dir,
-                        listen,
-                        window,
-                        before,
-                        after,
-                        max_bundles,
-                        max_bundle_bytes,
-                        memory_budget,
-                        scan_every,
-                        gpu,
-                    } => {
-                        // A daemon samples less often and calls only long idle periods stalls
-                        // (evaluation, checkpointing and epoch ends idle a GPU for seconds).
-                        let gpu = gpu.options(Duration::from_secs(1), Duration::from_secs(30));
-                        watch::run(watch::WatchOptions {
-                            rules,
-                            bundle_dir,
-                            listen,
-                            window,
-                            before,
-                            after,
-                            max_bundles,
-                            max_bundle_bytes,
-                            memory_budget,
-                            gpu,
-                            scan_every,
-                        })
-                        .await
-                    }
+                    Command::Watch(args) => watch::run(args.into_options()).await,
                     Command::Trace {
                         pid,
                         duration,

@@ -30,6 +30,64 @@ use crate::{
     tracefs::Tracefs,
 };
 
+/// `gpustall watch`'s flags.
+#[derive(clap::Args)]
+pub struct WatchArgs {
+    /// Also watch processes matching RULE: `comm:REGEX` (process name) or `cgroup:SUBSTRING`
+    /// (cgroup path). Repeatable. GPU users are always watched.
+    #[arg(long = "match", value_name = "RULE")]
+    rules: Vec<MatchRule>,
+    /// Where incident bundles go.
+    #[arg(long, value_name = "DIR", default_value = "/var/lib/gpustall/incidents")]
+    bundle_dir: PathBuf,
+    /// Address of the Prometheus endpoint.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9464")]
+    listen: std::net::SocketAddr,
+    /// How long the flight recorder keeps events and samples.
+    #[arg(long, value_name = "D", default_value = "5m", value_parser = humantime::parse_duration)]
+    window: Duration,
+    /// How much of the time before an incident goes into its bundle.
+    #[arg(long, value_name = "D", default_value = "2m", value_parser = humantime::parse_duration)]
+    before: Duration,
+    /// How long after an incident its bundle waits (later incidents join it).
+    #[arg(long, value_name = "D", default_value = "10s", value_parser = humantime::parse_duration)]
+    after: Duration,
+    /// Keep at most this many bundles (oldest removed first).
+    #[arg(long, value_name = "N", default_value_t = 20)]
+    max_bundles: usize,
+    /// Keep bundles within this many bytes in all (oldest removed first).
+    #[arg(long, value_name = "BYTES", default_value_t = 512 << 20)]
+    max_bundle_bytes: u64,
+    /// Memory for the flight recorder, in bytes.
+    #[arg(long, value_name = "BYTES", default_value_t = 64 << 20)]
+    memory_budget: usize,
+    /// How often /proc is scanned for new jobs.
+    #[arg(long, value_name = "D", default_value = "2s", value_parser = humantime::parse_duration)]
+    scan_every: Duration,
+    #[command(flatten)]
+    gpu: crate::gpuwatch::GpuArgs,
+}
+
+impl WatchArgs {
+    pub fn into_options(self) -> WatchOptions {
+        WatchOptions {
+            rules: self.rules,
+            bundle_dir: self.bundle_dir,
+            listen: self.listen,
+            window: self.window,
+            before: self.before,
+            after: self.after,
+            max_bundles: self.max_bundles,
+            max_bundle_bytes: self.max_bundle_bytes,
+            memory_budget: self.memory_budget,
+            scan_every: self.scan_every,
+            // A daemon samples less often and calls only long idle periods stalls (evaluation,
+            // checkpointing and epoch ends idle a GPU for seconds).
+            gpu: self.gpu.options(Duration::from_secs(1), Duration::from_secs(30)),
+        }
+    }
+}
+
 pub struct WatchOptions {
     pub rules: Vec<MatchRule>,
     pub bundle_dir: PathBuf,
