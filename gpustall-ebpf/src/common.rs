@@ -32,7 +32,7 @@ pub static TRACKED: HashMap<u32, u32> = HashMap::with_max_entries(32768, 0);
 
 /// Fork/exit/rename/exec/OOM/signal: rare and precious.
 #[map]
-pub static CRITICAL: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
+pub static CRITICAL: RingBuf = RingBuf::with_byte_size(CRITICAL_BYTES, 0);
 
 /// Reclaim episodes and throttling: frequent under pressure; may drop, never silently.
 #[map]
@@ -90,21 +90,37 @@ pub fn header(kind: EventKind, tgid: u32, tid: u32) -> EventHeader {
     }
 }
 
-/// Bytes of the bulk ring (a power-of-two multiple of the page size).
+/// Bytes of the rings (power-of-two multiples of the page size).
 pub const BULK_BYTES: u32 = 4 * 1024 * 1024;
+pub const CRITICAL_BYTES: u32 = 256 * 1024;
 
 const BPF_RB_NO_WAKEUP: u64 = 1;
 const BPF_RB_FORCE_WAKEUP: u64 = 2;
 const BPF_RB_AVAIL_DATA: u64 = 0;
 
-/// Puts one record in the critical ring, waking the agent at once (an OOM kill must not wait),
-/// counting it as lost when the ring is full.
+/// How urgently the agent must see a critical record.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Wake {
+    /// OOM kills and fatal signals: wake the agent now (it syncs the recording at once).
+    Now,
+    /// Forks, exits, renames: the agent's 100 ms drain is soon enough, and a wakeup per record
+    /// costs an interrupt (in a VM, an exit to the hypervisor) in the forking task.
+    Later,
+}
+
+/// Puts one record in the critical ring, counting it as lost when the ring is full.
 #[inline(always)]
-pub fn emit<T: 'static>(value: T) {
+pub fn emit<T: 'static>(value: T, wake: Wake) {
     match CRITICAL.reserve::<T>(0) {
         Some(mut entry) => {
             entry.write(value);
-            entry.submit(0);
+            let half_full = CRITICAL.query(BPF_RB_AVAIL_DATA) > (CRITICAL_BYTES / 2) as u64;
+            let flags = match wake {
+                Wake::Now => 0,
+                Wake::Later if half_full => BPF_RB_FORCE_WAKEUP,
+                Wake::Later => BPF_RB_NO_WAKEUP,
+            };
+            entry.submit(flags);
         }
         None => add_lost(LostCounter::CriticalRing),
     }

@@ -7,7 +7,7 @@ use gpustall_common::{
 };
 
 use crate::common::{
-    comm_field, data_loc_str, emit, field, header, is_tracked, offset, pid_tgid, RECLAIM_START,
+    comm_field, data_loc_str, emit, field, header, is_tracked, offset, pid_tgid, Wake, RECLAIM_START,
     TRACKED,
 };
 
@@ -32,7 +32,9 @@ pub fn task_newtask(ctx: TracePointContext) -> u32 {
     if TRACKED.insert(&child, &1, 0).is_err() {
         crate::common::add_lost(LostCounter::MapFull);
     }
-    emit(ForkEvent { header: header(EventKind::Fork, tgid, tid), child_pid: child, _pad: 0, clone_flags: flags },
+    emit(
+        ForkEvent { header: header(EventKind::Fork, tgid, tid), child_pid: child, _pad: 0, clone_flags: flags },
+        Wake::Later,
     );
     0
 }
@@ -66,6 +68,7 @@ pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
         }
     };
     emit(ExitEvent { header: header(EventKind::Exit, tgid, tid), exit_code, exit_code_known: known },
+        Wake::Later,
     );
     let _ = TRACKED.remove(&tgid);
     0
@@ -85,6 +88,7 @@ pub fn task_rename(ctx: TracePointContext) -> u32 {
             _pad: 0,
             new_comm: comm_field(&ctx, offset!(rename_newcomm)),
         },
+        Wake::Later,
     );
     0
 }
@@ -101,6 +105,7 @@ pub fn sched_process_exec(ctx: TracePointContext) -> u32 {
             _pad: 0,
             filename: data_loc_str::<64>(&ctx, offset!(exec_filename)),
         },
+        Wake::Later,
     );
     0
 }
@@ -130,6 +135,7 @@ pub fn mark_victim(ctx: TracePointContext) -> u32 {
             uid: field(&ctx, offset!(oom_uid)).unwrap_or(0),
             victim_comm: data_loc_str::<16>(&ctx, offset!(oom_comm)),
         },
+        Wake::Now,
     );
     0
 }
@@ -158,6 +164,7 @@ pub fn signal_generate(ctx: TracePointContext) -> u32 {
             result: field(&ctx, offset!(sig_result)).unwrap_or(0),
             target_comm: comm_field(&ctx, offset!(sig_comm)),
         },
+        Wake::Now,
     );
     0
 }

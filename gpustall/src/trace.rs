@@ -125,7 +125,8 @@ pub async fn run(opts: TraceOptions) -> anyhow::Result<()> {
         .map_err(|e| anyhow::anyhow!("watching the critical ring: {e}"))?;
     let mut bulk = unsafe { AsyncFd::register(probes.bulk) }
         .map_err(|e| anyhow::anyhow!("watching the bulk ring: {e}"))?;
-    // The kernel side does not wake us per bulk record (see emit_bulk): drain it on a timer.
+    // The kernel side wakes us only for OOM kills and signals (see emit, emit_bulk): drain both
+    // rings on a short timer.
     let mut bulk_tick = tokio::time::interval(Duration::from_millis(100));
     bulk_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     let mut tick = tokio::time::interval(Duration::from_secs(1));
@@ -154,7 +155,10 @@ pub async fn run(opts: TraceOptions) -> anyhow::Result<()> {
                 session.drain(guard.get_inner_mut());
                 guard.clear_ready();
             }
-            _ = bulk_tick.tick() => session.drain(bulk.get_mut()),
+            _ = bulk_tick.tick() => {
+                session.drain(critical.get_mut());
+                session.drain(bulk.get_mut());
+            }
             _ = gpu_tick.tick(), if gpu.is_some() => {
                 if let Some(g) = gpu.as_mut() {
                     let gpus = g.sample();
@@ -163,6 +167,9 @@ pub async fn run(opts: TraceOptions) -> anyhow::Result<()> {
                 }
             }
             _ = tick.tick() => {
+                // Events first: an exit still in a ring must not look like a vanished process.
+                session.drain(critical.get_mut());
+                session.drain(bulk.get_mut());
                 let now = monotonic_ns();
                 session.tick(&probes.maps, &ctx, &mut log_source, now);
                 let cur = live::totals(&session.model);

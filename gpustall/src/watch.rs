@@ -441,7 +441,8 @@ pub async fn run(opts: WatchOptions) -> anyhow::Result<()> {
     // SAFETY: each AsyncFd owns its ring and the map's fd until both are dropped together.
     let mut critical = unsafe { AsyncFd::register(probes.critical) }.map_err(|e| anyhow::anyhow!("watching the critical ring: {e}"))?;
     let mut bulk = unsafe { AsyncFd::register(probes.bulk) }.map_err(|e| anyhow::anyhow!("watching the bulk ring: {e}"))?;
-    // The kernel side does not wake us per bulk record (see emit_bulk): drain it on a timer.
+    // The kernel side wakes us only for OOM kills and signals (see emit, emit_bulk): drain both
+    // rings on a short timer.
     let mut bulk_tick = tokio::time::interval(Duration::from_millis(100));
     bulk_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     let mut tick = tokio::time::interval(Duration::from_secs(1));
@@ -464,7 +465,10 @@ pub async fn run(opts: WatchOptions) -> anyhow::Result<()> {
                 d.session.drain(guard.get_inner_mut());
                 guard.clear_ready();
             }
-            _ = bulk_tick.tick() => d.session.drain(bulk.get_mut()),
+            _ = bulk_tick.tick() => {
+                d.session.drain(critical.get_mut());
+                d.session.drain(bulk.get_mut());
+            }
             _ = gpu_tick.tick(), if gpu.is_some() => {
                 if let Some(g) = gpu.as_mut() {
                     let gpus = g.sample();
@@ -473,6 +477,9 @@ pub async fn run(opts: WatchOptions) -> anyhow::Result<()> {
                 }
             }
             _ = tick.tick() => {
+                // Events first: an exit still in a ring must not look like a vanished process.
+                d.session.drain(critical.get_mut());
+                d.session.drain(bulk.get_mut());
                 let now = monotonic_ns();
                 if last_scan.elapsed() >= d.opts.scan_every {
                     d.discover(&mut probes.maps, now);
