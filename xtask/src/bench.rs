@@ -2,7 +2,7 @@
 //! machine (timings on shared machines are only meaningful as ratios).
 //!
 //! Case 1, swap-heavy: three workers allocate 300 MiB each in a 128 MiB memory cgroup with swap,
-//! untraced and traced, alternating, three rounds each. Reported: the workload's slowdown, ring
+//! untraced and traced, alternating, five rounds each. Reported: the workload's slowdown, ring
 //! records per second against write_folio hits per second (aggregation in the kernel), each
 //! program's average run time (kernel BPF stats), the agent's CPU and peak RSS.
 //!
@@ -24,7 +24,7 @@ use tests::{
 
 use crate::util::{cargo, is_root, run_cmd, workspace_root};
 
-const ROUNDS: usize = 3;
+const ROUNDS: usize = 5;
 const WORKLOAD: [&str; 4] = ["hog", "300,300,300", "8", "0"];
 
 /// Restores kernel.bpf_stats_enabled on drop.
