@@ -43,6 +43,20 @@ impl MemCgroup {
         cg
     }
 
+    /// `limit_mib` of memory and at most `swap_mib` of swap: the chain reaches the OOM killer
+    /// after swapping that much, quickly.
+    pub fn with_swap_limit(tag: &str, limit_mib: u64, swap_mib: u64) -> Self {
+        let cg = Self::new(tag, limit_mib, true);
+        if cg.v2 {
+            write(&cg.path.join("memory.swap.max"), &(swap_mib << 20).to_string());
+        } else {
+            let memsw = cg.path.join("memory.memsw.limit_in_bytes");
+            assert!(memsw.exists(), "no memory.memsw.limit_in_bytes: the kernel does not account swap per cgroup (swapaccount=1)");
+            write(&memsw, &((limit_mib + swap_mib) << 20).to_string());
+        }
+        cg
+    }
+
     pub fn add(&self, pid: u32) {
         write(&self.path.join("cgroup.procs"), &pid.to_string());
     }

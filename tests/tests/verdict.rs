@@ -101,3 +101,37 @@ fn gpu_stall_during_the_memory_chain_is_linked_in_the_evidence() {
     assert!(v["text"].as_str().is_some_and(|s| s.contains("GPU 0 sat idle")), "{v}");
     assert!(v["advice"].as_array().is_some_and(|a| a.iter().any(|l| l.as_str().is_some_and(|s| s.contains("num_workers=3")))), "{v}");
 }
+
+#[test]
+fn the_bundled_dataloader_workload_is_the_host_memory_chain() {
+    tests::require_privileged_env();
+    let _lock = tests::pressure_lock();
+    let _swap = SwapFile::ensure(1024);
+    // 256 MiB of memory and 128 MiB of swap: reclaim, swap-out, then the OOM killer.
+    let cg = MemCgroup::with_swap_limit("verdict-demo", 256, 128);
+    let dir = tests::TempDir::new("verdict-demo");
+    let log = dir.path("train.log");
+    std::fs::write(&log, "").expect("log");
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../demo/dataloader_blowup.py");
+    let (data, log_s) = (dir.path("data"), log.to_str().expect("utf-8").to_string());
+    let args = ["-u", script.to_str().expect("utf-8"), "--wait-go", "--data-dir", data.to_str().expect("utf-8"), "--log", &log_s, "--workers", "3", "--cache-mib-per-batch", "4", "--steps", "2000", "--step-ms", "20"];
+    let mut w = Workload::start(std::path::Path::new("python3"), &args, Some(&cg));
+    let tracer = Tracer::start(w.pid(), &["--quiet", "--no-gpu", "--log", &log_s]);
+    w.go();
+    let (code, lines) = w.wait(Duration::from_secs(180));
+    assert_eq!(code, Some(1), "the trainer fails when the OOM killer takes a worker");
+    let t = tracer.wait(Duration::from_secs(30));
+    let v = &t.summary["verdict"];
+    eprintln!("bundled workload verdict: {v:#}");
+    assert_eq!(v["cause"], "host_memory_oom", "{v:#}");
+    let victim = t.summary["oom_kills"][0]["victim_pid"].as_u64().expect("an OOM kill");
+    assert_eq!(v["culprit_pids"][0], victim, "the victim first");
+    let workers: Vec<u64> = lines.iter().filter(|l| l["role"] == "worker").filter_map(|l| l["pid"].as_u64()).collect();
+    assert!(workers.contains(&victim), "the victim is a DataLoader worker: {workers:?}");
+    assert_eq!(t.process(victim as u32)["role"], "dataloader_worker");
+    let evidence = v["evidence"].to_string();
+    assert!(evidence.contains("reclaim began"), "reclaim figures: {evidence}");
+    assert!(evidence.contains("swapped out"), "swap figures: {evidence}");
+    assert!(evidence.contains("grew from"), "worker growth: {evidence}");
+    assert!(t.summary["context"]["train_steps"].as_u64() > Some(10), "the training log was read: {}", t.summary["context"]);
+}

@@ -19,7 +19,13 @@ struct Watcher {
 
 impl Watcher {
     fn start(args: &[&str]) -> Self {
-        let mut child = Command::new(tests::gpustall_bin()).arg("watch").args(args).stderr(Stdio::piped()).stdout(Stdio::null()).spawn().expect("gpustall watch");
+        let mut cmd = Command::new(tests::gpustall_bin());
+        cmd.arg("watch").args(args);
+        Self::spawn(cmd)
+    }
+
+    fn spawn(mut cmd: Command) -> Self {
+        let mut child = cmd.stderr(Stdio::piped()).stdout(Stdio::null()).spawn().expect("gpustall watch");
         let err = child.stderr.take().expect("stderr");
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
@@ -118,4 +124,35 @@ fn watch_finds_a_later_job_bundles_its_oom_kill_and_serves_metrics() {
     assert!(value(&after, "gpustall_incidents_total{").is_some_and(|v| v >= 1.0), "{after}");
     assert!(value(&after, "gpustall_agent_cpu_seconds_total").is_some_and(|v| v > 0.0), "{after}");
     assert!(after.contains("# TYPE gpustall_reclaim_stall_seconds counter") || after.contains("gpustall_reclaim_stall_seconds_total"), "{after}");
+}
+
+#[test]
+fn watch_follows_a_process_that_nvml_lists_on_a_gpu() {
+    tests::require_privileged_env();
+    // A process that uses "the GPU" (the stand-in NVML lists it), matched by no rule.
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_gpustall-workload"));
+    let mut job = Workload::start(bin, &["tree"], None);
+    let dir = tests::TempDir::new("watch-gpu");
+    let scenario = dir.path("scenario.json");
+    let doc = serde_json::json!({"gpus": [{"name": "Stand-in", "uuid": "GPU-stub-0", "memory_total_mib": 81920,
+        "timeline": [{"at_s": 0, "util_gpu": 80, "temperature_c": 55, "pids": [{"pid": "$GPUSTALL_TEST_TRAINER", "used_mib": 1000}]}]}]});
+    std::fs::write(&scenario, doc.to_string()).expect("scenario");
+    let bundles = dir.path("bundles");
+    let mut cmd = Command::new(tests::gpustall_bin());
+    cmd.args(["watch", "--listen", "127.0.0.1:0", "--scan-every", "500ms", "--gpu-interval", "200ms", "--nvml-lib"])
+        .arg(tests::nvml_stub())
+        .arg("--bundle-dir")
+        .arg(&bundles)
+        .env("GPUSTALL_NVML_STUB_SCENARIO", &scenario)
+        .env("GPUSTALL_TEST_TRAINER", job.pid().to_string());
+    let mut w = Watcher::spawn(cmd);
+    let started = w.wait_for("metrics on http://", Duration::from_secs(60));
+    let addr = started.split("http://").nth(1).and_then(|r| r.split('/').next()).expect("address").to_string();
+    w.wait_for(&format!("watching job gpustall-worklo-{}", job.pid()), Duration::from_secs(20));
+    let metrics = scrape(&addr);
+    assert_eq!(value(&metrics, "gpustall_gpu_utilization_ratio{"), Some(0.8), "{metrics}");
+    assert_eq!(value(&metrics, "gpustall_watched_jobs"), Some(1.0), "{metrics}");
+    job.go();
+    let (code, _) = job.wait(Duration::from_secs(30));
+    assert_eq!(code, Some(0));
 }
