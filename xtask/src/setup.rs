@@ -67,11 +67,12 @@ pub fn run_setup(quiet: bool) -> anyhow::Result<()> {
         let _ = std::fs::create_dir_all("/sys/kernel/tracing");
         run_cmd(Command::new("mount").args(["-t", "tracefs", "nodev", "/sys/kernel/tracing"]))?;
     }
-    for tool in ["setpriv", "mkswap", "swapon", "fallocate", "dd"] {
+    // What the tests and the demo run: util-linux/coreutils tools and python3 (the demo workload).
+    for (tool, package) in [("setpriv", "util-linux"), ("mkswap", "util-linux"), ("swapon", "util-linux"), ("fallocate", "util-linux"), ("dd", "coreutils"), ("python3", "python3")] {
         if output(Command::new("sh").args(["-c", &format!("command -v {tool}")])).is_none() {
-            eprintln!("xtask: {tool} is missing: installing util-linux and coreutils");
-            run_cmd(Command::new("apt-get").args(["install", "-y", "util-linux", "coreutils"]))?;
-            break;
+            eprintln!("xtask: {tool} is missing: installing {package}");
+            let _ = run_cmd(Command::new("apt-get").arg("update"));
+            run_cmd(Command::new("apt-get").args(["install", "-y", package]))?;
         }
     }
     if !quiet {
