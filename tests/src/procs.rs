@@ -22,7 +22,16 @@ pub struct Workload {
 impl Workload {
     /// Starts `bin args..`, in `cgroup` if given (moved there before it is released).
     pub fn start(bin: &Path, args: &[&str], cgroup: Option<&MemCgroup>) -> Self {
-        let mut child = Command::new(bin)
+        Self::start_in(bin, args, cgroup, None)
+    }
+
+    /// The same, with `cwd` as its working directory.
+    pub fn start_in(bin: &Path, args: &[&str], cgroup: Option<&MemCgroup>, cwd: Option<&Path>) -> Self {
+        let mut cmd = Command::new(bin);
+        if let Some(dir) = cwd {
+            cmd.current_dir(dir);
+        }
+        let mut child = cmd
             .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
