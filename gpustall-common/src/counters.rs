@@ -4,7 +4,8 @@
 
 /// Per tracked process (key: tgid), in a per-CPU hash map.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "user", derive(serde::Serialize, serde::Deserialize))]
 pub struct ProcCounters {
     /// `mm_vmscan_write_folio` hits with the anon flag, in this process's reclaim: swap-out.
     pub swapout_anon_folios: u64,
@@ -60,7 +61,8 @@ pub struct IoKey {
 const _: () = assert!(core::mem::size_of::<IoKey>() == 16);
 
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "user", derive(serde::Serialize, serde::Deserialize))]
 pub struct IoCounters {
     /// Bytes and bios submitted (block_bio_queue, in the submitting task).
     pub bytes: u64,

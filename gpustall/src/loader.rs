@@ -178,25 +178,14 @@ impl KernelMaps {
         let mut out = CountersSample { t_ns, undecodable: Some(undecodable), ..Default::default() };
         for item in self.proc_counters.iter() {
             match item {
-                Ok((pid, per_cpu)) => out.procs.push(ProcCountersRec::new(pid, &sum_counters(per_cpu.iter()))),
+                Ok((pid, per_cpu)) => out.procs.push(ProcCountersRec { pid, counters: sum_counters(per_cpu.iter()) }),
                 Err(e) => log::debug!("reading PROC_COUNTERS: {e}"),
             }
         }
         for item in self.io_counters.iter() {
             match item {
                 Ok((k, per_cpu)) => {
-                    let c = sum_io(per_cpu.iter());
-                    out.io.push(IoRec {
-                        pid: k.tgid,
-                        dev: k.dev,
-                        op: k.op,
-                        in_reclaim: k.in_reclaim != 0,
-                        bytes: c.bytes,
-                        bios: c.bios,
-                        completed: c.completed,
-                        latency_ns_sum: c.latency_ns_sum,
-                        latency_ns_max: c.latency_ns_max,
-                    });
+                    out.io.push(IoRec { pid: k.tgid, dev: k.dev, op: k.op, in_reclaim: k.in_reclaim != 0, counters: sum_io(per_cpu.iter()) });
                 }
                 Err(e) => log::debug!("reading IO_COUNTERS: {e}"),
             }

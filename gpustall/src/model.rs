@@ -82,11 +82,11 @@ impl Model {
 
     fn apply_counters(&mut self, c: &CountersSample) {
         for p in &c.procs {
-            self.proc_mut(p.pid).counters = p.counters();
+            self.proc_mut(p.pid).counters = p.counters;
         }
         for r in &c.io {
             let slot = IoSlot { dev: r.dev, op: r.op, in_reclaim: r.in_reclaim };
-            self.proc_mut(r.pid).io.insert(slot, r.counters());
+            self.proc_mut(r.pid).io.insert(slot, r.counters);
         }
         if !c.host.is_empty() {
             for (dst, src) in self.host.counters.iter_mut().zip(&c.host) {

@@ -15,53 +15,12 @@ use crate::{
     stats::MemSample,
 };
 
-/// The kernel's counters for one process (a mirror of `ProcCounters`, which is `no_std`).
+/// The kernel's counters for one process.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ProcCountersRec {
     pub pid: u32,
-    pub swapout_anon_folios: u64,
-    pub writeback_file_folios: u64,
-    pub kswapd_wakeups: u64,
-    pub direct_reclaim_count: u64,
-    pub direct_reclaim_ns: u64,
-    pub memcg_reclaim_count: u64,
-    pub memcg_reclaim_ns: u64,
-    pub reclaimed_pages: u64,
-    pub throttled_count: u64,
-    pub throttled_us: u64,
-}
-
-impl ProcCountersRec {
-    pub fn new(pid: u32, c: &ProcCounters) -> Self {
-        Self {
-            pid,
-            swapout_anon_folios: c.swapout_anon_folios,
-            writeback_file_folios: c.writeback_file_folios,
-            kswapd_wakeups: c.kswapd_wakeups,
-            direct_reclaim_count: c.direct_reclaim_count,
-            direct_reclaim_ns: c.direct_reclaim_ns,
-            memcg_reclaim_count: c.memcg_reclaim_count,
-            memcg_reclaim_ns: c.memcg_reclaim_ns,
-            reclaimed_pages: c.reclaimed_pages,
-            throttled_count: c.throttled_count,
-            throttled_us: c.throttled_us,
-        }
-    }
-
-    pub fn counters(&self) -> ProcCounters {
-        ProcCounters {
-            swapout_anon_folios: self.swapout_anon_folios,
-            writeback_file_folios: self.writeback_file_folios,
-            kswapd_wakeups: self.kswapd_wakeups,
-            direct_reclaim_count: self.direct_reclaim_count,
-            direct_reclaim_ns: self.direct_reclaim_ns,
-            memcg_reclaim_count: self.memcg_reclaim_count,
-            memcg_reclaim_ns: self.memcg_reclaim_ns,
-            reclaimed_pages: self.reclaimed_pages,
-            throttled_count: self.throttled_count,
-            throttled_us: self.throttled_us,
-        }
-    }
+    #[serde(flatten)]
+    pub counters: ProcCounters,
 }
 
 /// Block I/O totals of one (process, device, direction, in-reclaim) slot.
@@ -71,23 +30,8 @@ pub struct IoRec {
     pub dev: u32,
     pub op: u32,
     pub in_reclaim: bool,
-    pub bytes: u64,
-    pub bios: u64,
-    pub completed: u64,
-    pub latency_ns_sum: u64,
-    pub latency_ns_max: u64,
-}
-
-impl IoRec {
-    pub fn counters(&self) -> IoCounters {
-        IoCounters {
-            bytes: self.bytes,
-            bios: self.bios,
-            completed: self.completed,
-            latency_ns_sum: self.latency_ns_sum,
-            latency_ns_max: self.latency_ns_max,
-        }
-    }
+    #[serde(flatten)]
+    pub counters: IoCounters,
 }
 
 /// A read of the kernel's counter maps. Entries are cumulative and replace earlier ones; the
@@ -129,19 +73,22 @@ impl CountersSample {
             .procs
             .iter()
             .map(|p| {
-                let b = base.procs.iter().find(|b| b.pid == p.pid).copied().unwrap_or_default();
+                let b = base.procs.iter().find(|b| b.pid == p.pid).map(|b| b.counters).unwrap_or_default();
+                let (c, d) = (&p.counters, &b);
                 ProcCountersRec {
                     pid: p.pid,
-                    swapout_anon_folios: p.swapout_anon_folios.saturating_sub(b.swapout_anon_folios),
-                    writeback_file_folios: p.writeback_file_folios.saturating_sub(b.writeback_file_folios),
-                    kswapd_wakeups: p.kswapd_wakeups.saturating_sub(b.kswapd_wakeups),
-                    direct_reclaim_count: p.direct_reclaim_count.saturating_sub(b.direct_reclaim_count),
-                    direct_reclaim_ns: p.direct_reclaim_ns.saturating_sub(b.direct_reclaim_ns),
-                    memcg_reclaim_count: p.memcg_reclaim_count.saturating_sub(b.memcg_reclaim_count),
-                    memcg_reclaim_ns: p.memcg_reclaim_ns.saturating_sub(b.memcg_reclaim_ns),
-                    reclaimed_pages: p.reclaimed_pages.saturating_sub(b.reclaimed_pages),
-                    throttled_count: p.throttled_count.saturating_sub(b.throttled_count),
-                    throttled_us: p.throttled_us.saturating_sub(b.throttled_us),
+                    counters: ProcCounters {
+                        swapout_anon_folios: c.swapout_anon_folios.saturating_sub(d.swapout_anon_folios),
+                        writeback_file_folios: c.writeback_file_folios.saturating_sub(d.writeback_file_folios),
+                        kswapd_wakeups: c.kswapd_wakeups.saturating_sub(d.kswapd_wakeups),
+                        direct_reclaim_count: c.direct_reclaim_count.saturating_sub(d.direct_reclaim_count),
+                        direct_reclaim_ns: c.direct_reclaim_ns.saturating_sub(d.direct_reclaim_ns),
+                        memcg_reclaim_count: c.memcg_reclaim_count.saturating_sub(d.memcg_reclaim_count),
+                        memcg_reclaim_ns: c.memcg_reclaim_ns.saturating_sub(d.memcg_reclaim_ns),
+                        reclaimed_pages: c.reclaimed_pages.saturating_sub(d.reclaimed_pages),
+                        throttled_count: c.throttled_count.saturating_sub(d.throttled_count),
+                        throttled_us: c.throttled_us.saturating_sub(d.throttled_us),
+                    },
                 }
             })
             .collect();
@@ -153,14 +100,18 @@ impl CountersSample {
                     .io
                     .iter()
                     .find(|b| (b.pid, b.dev, b.op, b.in_reclaim) == (r.pid, r.dev, r.op, r.in_reclaim))
-                    .copied()
+                    .map(|b| b.counters)
                     .unwrap_or_default();
+                let c = &r.counters;
                 IoRec {
-                    bytes: r.bytes.saturating_sub(b.bytes),
-                    bios: r.bios.saturating_sub(b.bios),
-                    completed: r.completed.saturating_sub(b.completed),
-                    latency_ns_sum: r.latency_ns_sum.saturating_sub(b.latency_ns_sum),
-                    // A maximum cannot be rebased: the window's own is unknown; keep the run's.
+                    counters: IoCounters {
+                        bytes: c.bytes.saturating_sub(b.bytes),
+                        bios: c.bios.saturating_sub(b.bios),
+                        completed: c.completed.saturating_sub(b.completed),
+                        latency_ns_sum: c.latency_ns_sum.saturating_sub(b.latency_ns_sum),
+                        // A maximum cannot be rebased: the window's own is unknown; keep the run's.
+                        latency_ns_max: c.latency_ns_max,
+                    },
                     ..*r
                 }
             })
@@ -267,14 +218,14 @@ mod tests {
 
     #[test]
     fn rebasing_counts_from_the_window_start() {
-        let base = CountersSample { procs: vec![ProcCountersRec { pid: 1, memcg_reclaim_ns: 100, ..Default::default() }], host: vec![5, 5], ..Default::default() };
+        let base = CountersSample { procs: vec![ProcCountersRec { pid: 1, counters: ProcCounters { memcg_reclaim_ns: 100, ..Default::default() } }], host: vec![5, 5], ..Default::default() };
         let later = CountersSample {
-            procs: vec![ProcCountersRec { pid: 1, memcg_reclaim_ns: 250, ..Default::default() }, ProcCountersRec { pid: 2, memcg_reclaim_ns: 7, ..Default::default() }],
+            procs: vec![ProcCountersRec { pid: 1, counters: ProcCounters { memcg_reclaim_ns: 250, ..Default::default() } }, ProcCountersRec { pid: 2, counters: ProcCounters { memcg_reclaim_ns: 7, ..Default::default() } }],
             host: vec![9, 5],
             ..Default::default()
         };
         let r = later.minus(&base);
-        assert_eq!((r.procs[0].memcg_reclaim_ns, r.procs[1].memcg_reclaim_ns), (150, 7));
+        assert_eq!((r.procs[0].counters.memcg_reclaim_ns, r.procs[1].counters.memcg_reclaim_ns), (150, 7));
         assert_eq!(r.host, vec![4, 0]);
     }
 
@@ -282,13 +233,13 @@ mod tests {
     fn counter_changes_keep_only_what_moved() {
         let a = CountersSample {
             t_ns: 1,
-            procs: vec![ProcCountersRec { pid: 1, swapout_anon_folios: 5, ..Default::default() }, ProcCountersRec { pid: 2, ..Default::default() }],
+            procs: vec![ProcCountersRec { pid: 1, counters: ProcCounters { swapout_anon_folios: 5, ..Default::default() } }, ProcCountersRec { pid: 2, ..Default::default() }],
             host: vec![0, 1],
             ..Default::default()
         };
         let mut b = a.clone();
         b.t_ns = 2;
-        b.procs[0].swapout_anon_folios = 9;
+        b.procs[0].counters.swapout_anon_folios = 9;
         let d = b.changes_since(&a);
         assert_eq!(d.procs.len(), 1);
         assert_eq!(d.procs[0].pid, 1);
