@@ -167,7 +167,7 @@ li{{margin:.2em 0}} table{{border-collapse:collapse;font-size:12px}} td,th{{bord
             exit
         );
     }
-    let _ = write!(o, "</table><p><small>gpustall {}; lost events: {}; GPU: {}</small></p></body></html>\n", env!("CARGO_PKG_VERSION"), summary.lost_events, esc(&summary.gpu_status));
+    let _ = writeln!(o, "</table><p><small>gpustall {}; lost events: {}; GPU: {}</small></p></body></html>", env!("CARGO_PKG_VERSION"), summary.lost_events, esc(&summary.gpu_status));
     o
 }
 

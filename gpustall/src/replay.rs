@@ -55,12 +55,11 @@ fn apply_line(r: &mut Replay, v: Value) -> Result<(), String> {
             let s: Sample = serde_json::from_value(v).map_err(|e| format!("bad sample: {e}"))?;
             r.model.observe(&s);
         }
-        Some("summary") => {
-            if v["final"].as_bool() == Some(true) {
+        Some("summary")
+            if v["final"].as_bool() == Some(true) => {
                 r.end_ns = v["t_ns"].as_u64().unwrap_or(r.end_ns);
                 r.recorded_summary = Some(v);
             }
-        }
         Some("header") => return Err("a second header".into()),
         // A newer gpustall may add record types: skip, do not fail.
         _ => {}

@@ -15,7 +15,7 @@ pub struct Field {
 }
 
 /// Parses the `field:` lines of a format file, e.g.
-/// `field:unsigned long anon_rss;	offset:24;	size:8;	signed:0;`.
+/// `field:unsigned long anon_rss;<TAB>offset:24;<TAB>size:8;<TAB>signed:0;`.
 /// The name is the last word of the declaration, without an array suffix.
 pub fn parse_format(text: &str) -> Vec<Field> {
     text.lines()

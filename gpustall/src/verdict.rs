@@ -173,13 +173,11 @@ fn memory_chain(f: &Facts, chain: &mut Chain) {
             ),
         );
     }
-    if let Some((path, limit, peak, _)) = &f.cgroup {
-        if let Some(limit) = limit {
-            chain.push(
-                f.procs.iter().filter_map(|p| p.first_reclaim_ns).min().unwrap_or(f.end_ns),
-                format!("memory cgroup {path}: usage peaked at {} of its {} limit", mib_b(*peak), mib_b(*limit)),
-            );
-        }
+    if let Some((path, Some(limit), peak, _)) = &f.cgroup {
+        chain.push(
+            f.procs.iter().filter_map(|p| p.first_reclaim_ns).min().unwrap_or(f.end_ns),
+            format!("memory cgroup {path}: usage peaked at {} of its {} limit", mib_b(*peak), mib_b(*limit)),
+        );
     }
     let stalled: Vec<&ProcFacts> = f.procs.iter().filter(|p| p.reclaim_count > 0).collect();
     if let Some(first) = stalled.iter().filter_map(|p| p.first_reclaim_ns).min() {
