@@ -102,14 +102,14 @@ pub struct GpuArgs {
     #[arg(long, value_name = "PATH")]
     nvml_lib: Option<std::path::PathBuf>,
     /// How often the GPUs are sampled [default: 500ms for trace, 1s for watch].
-    #[arg(long, value_name = "D", value_parser = humantime::parse_duration)]
+    #[arg(long, value_name = "D", value_parser = crate::units::parse_duration)]
     gpu_interval: Option<std::time::Duration>,
     /// A GPU at or under this utilisation (%) is idle.
     #[arg(long, value_name = "PCT", default_value_t = 5)]
     stall_threshold: u32,
     /// An idle GPU of the job is a stall once it has been idle this long [default: 3s for trace,
     /// 30s for watch].
-    #[arg(long, value_name = "D", value_parser = humantime::parse_duration)]
+    #[arg(long, value_name = "D", value_parser = crate::units::parse_duration)]
     stall_window: Option<std::time::Duration>,
     /// Do not load NVML at all.
     #[arg(long)]

@@ -35,6 +35,7 @@ mod summary;
 mod timeline;
 mod trace;
 mod tracefs;
+mod units;
 mod trainlog;
 mod verdict;
 mod watch;
@@ -97,7 +98,9 @@ trace.json. Prometheus metrics are served on --listen (/metrics).\n\n\
 The daemon sets its own oom_score_adj to -1000 (with CAP_SYS_RESOURCE), keeps its memory bounded \
 and keeps running when jobs die or the kernel lacks a tracepoint. See deploy/ for a systemd unit \
 and a Kubernetes DaemonSet.",
-        after_help = "EXAMPLES:\n    sudo gpustall watch --match 'comm:^python' --bundle-dir /var/lib/gpustall/incidents\n    \
+        after_help = "DURATIONS:\n    Every D takes a bare number as seconds (30, 1.5), as timeout(1) and sleep(1) \
+do, or a number with units: 500ms, 90s, 10m, 1h30m.\n\n\
+EXAMPLES:\n    sudo gpustall watch --match 'comm:^python' --bundle-dir /var/lib/gpustall/incidents\n    \
 sudo gpustall watch --match 'cgroup:kubepods' --listen 0.0.0.0:9464"
     )]
     Watch(watch::WatchArgs),
@@ -123,15 +126,18 @@ data_time)."
 DURATION passes, Ctrl-C or SIGTERM arrives, or every traced process has exited. A status line is \
 printed each second; at the end a report (verdict, evidence, a table per process) is printed and \
 the summary written. Whatever ends the trace, everything collected is written.",
-        after_help = "EXIT STATUS:\n    0 when the trace ran; 1 with a one-line error otherwise (no such \
+        after_help = "DURATIONS:\n    Every D takes a bare number as seconds (30, 1.5), as timeout(1) and sleep(1) \
+do, or a number with units: 500ms, 90s, 10m, 1h30m.\n\n\
+EXIT STATUS:\n    0 when the trace ran; 1 with a one-line error otherwise (no such \
 process, not root, BPF unavailable, a required tracepoint missing)."
     )]
     Trace {
         /// The process to trace (the trainer); its existing descendants are traced too.
         #[arg(long, short = 'p', value_name = "PID")]
         pid: u32,
-        /// Stop after this long (e.g. 90s, 10m, 1h30m); default: until the job exits or Ctrl-C.
-        #[arg(long, short = 'd', value_name = "D", value_parser = humantime::parse_duration)]
+        /// Stop after this long (30 is seconds, as for timeout(1); or 90s, 10m, 1h30m); default: until
+        /// the job exits or Ctrl-C.
+        #[arg(long, short = 'd', value_name = "D", value_parser = crate::units::parse_duration)]
         duration: Option<Duration>,
         /// Write every event as JSON Lines to FILE (header, events, samples, summaries).
         #[arg(long, value_name = "FILE")]
@@ -143,7 +149,7 @@ process, not root, BPF unavailable, a required tracepoint missing)."
         #[arg(long, short = 'q')]
         quiet: bool,
         /// How often a periodic summary goes into the recording.
-        #[arg(long, value_name = "D", default_value = "10s", value_parser = humantime::parse_duration)]
+        #[arg(long, value_name = "D", default_value = "10s", value_parser = crate::units::parse_duration)]
         summary_every: Duration,
         #[command(flatten)]
         gpu: gpuwatch::GpuArgs,

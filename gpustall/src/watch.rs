@@ -44,13 +44,13 @@ pub struct WatchArgs {
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9464")]
     listen: std::net::SocketAddr,
     /// How long the flight recorder keeps events and samples.
-    #[arg(long, value_name = "D", default_value = "5m", value_parser = humantime::parse_duration)]
+    #[arg(long, value_name = "D", default_value = "5m", value_parser = crate::units::parse_duration)]
     window: Duration,
     /// How much of the time before an incident goes into its bundle.
-    #[arg(long, value_name = "D", default_value = "2m", value_parser = humantime::parse_duration)]
+    #[arg(long, value_name = "D", default_value = "2m", value_parser = crate::units::parse_duration)]
     before: Duration,
     /// How long after an incident its bundle waits (later incidents join it).
-    #[arg(long, value_name = "D", default_value = "10s", value_parser = humantime::parse_duration)]
+    #[arg(long, value_name = "D", default_value = "10s", value_parser = crate::units::parse_duration)]
     after: Duration,
     /// Keep at most this many bundles (oldest removed first).
     #[arg(long, value_name = "N", default_value_t = 20)]
@@ -62,7 +62,7 @@ pub struct WatchArgs {
     #[arg(long, value_name = "BYTES", default_value_t = 64 << 20)]
     memory_budget: usize,
     /// How often /proc is scanned for new jobs.
-    #[arg(long, value_name = "D", default_value = "2s", value_parser = humantime::parse_duration)]
+    #[arg(long, value_name = "D", default_value = "2s", value_parser = crate::units::parse_duration)]
     scan_every: Duration,
     #[command(flatten)]
     gpu: crate::gpuwatch::GpuArgs,

@@ -53,11 +53,24 @@ impl NonBlock for std::fs::OpenOptions {
     }
 }
 
-/// Pids in "Killed process N (comm)" lines of the kernel log.
-pub fn oom_killed_pids(log: &[String]) -> Vec<u32> {
+/// One "Killed process N (comm) total-vm:..kB, anon-rss:..kB" line of the kernel log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OomKillLine {
+    pub pid: u32,
+    pub anon_rss_kb: Option<u64>,
+}
+
+/// The OOM kills in `log` whose victim is one of `pids`: the kernel log is the whole machine's,
+/// and a test must only ever count its own processes' kills.
+pub fn oom_kills_among(log: &[String], pids: &[u32]) -> Vec<OomKillLine> {
     log.iter()
         .filter_map(|l| l.split("Killed process ").nth(1))
-        .filter_map(|r| r.split_whitespace().next()?.parse().ok())
+        .filter_map(|r| {
+            let pid = r.split_whitespace().next()?.parse().ok()?;
+            let anon_rss_kb = r.split("anon-rss:").nth(1).and_then(|a| a.split("kB").next()).and_then(|v| v.parse().ok());
+            Some(OomKillLine { pid, anon_rss_kb })
+        })
+        .filter(|k| pids.contains(&k.pid))
         .collect()
 }
 
@@ -105,6 +118,8 @@ mod tests {
             "3,1234,5678,-;Memory cgroup out of memory: Killed process 4242 (pt_data_worker) total-vm:1kB, anon-rss:2kB".to_string(),
             "6,1,2,-;something else".to_string(),
         ];
-        assert_eq!(super::oom_killed_pids(&log), vec![4242]);
+        let kills = super::oom_kills_among(&log, &[4242]);
+        assert_eq!(kills, vec![super::OomKillLine { pid: 4242, anon_rss_kb: Some(2) }]);
+        assert!(super::oom_kills_among(&log, &[1]).is_empty(), "another process's kill is not ours");
     }
 }

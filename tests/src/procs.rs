@@ -17,6 +17,15 @@ use crate::{cgroup::MemCgroup, TempDir};
 pub struct Workload {
     pub child: Child,
     lines: mpsc::Receiver<String>,
+    comm: String,
+}
+
+/// A process name (comm, at most 15 bytes) no other test in any test process uses: `gw` + this
+/// test process's pid + a counter.
+pub fn unique_comm() -> String {
+    let comm = format!("gw{}x{}", std::process::id(), crate::unique());
+    assert!(comm.len() <= 15, "comm {comm} is longer than the kernel keeps");
+    comm
 }
 
 impl Workload {
@@ -27,7 +36,13 @@ impl Workload {
 
     /// The same, with `cwd` as its working directory.
     pub fn start_in(bin: &Path, args: &[&str], cgroup: Option<&MemCgroup>, cwd: Option<&Path>) -> Self {
+        Self::start_named(&unique_comm(), bin, args, cgroup, cwd)
+    }
+
+    /// The same, named `comm` (from [`unique_comm`]) from its first instruction on.
+    pub fn start_named(comm: &str, bin: &Path, args: &[&str], cgroup: Option<&MemCgroup>, cwd: Option<&Path>) -> Self {
         let mut cmd = Command::new(bin);
+        cmd.env("GPUSTALL_WORKLOAD_COMM", comm);
         if let Some(dir) = cwd {
             cmd.current_dir(dir);
         }
@@ -48,11 +63,16 @@ impl Workload {
                 let _ = tx.send(line);
             }
         });
-        Self { child, lines: rx }
+        Self { child, lines: rx, comm: comm.to_string() }
     }
 
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// Its process name, unique to this test.
+    pub fn comm(&self) -> &str {
+        &self.comm
     }
 
     /// Releases the workload.

@@ -42,3 +42,14 @@ fn bad_duration_is_rejected_by_the_cli() {
     assert_eq!(code, 2);
     assert!(err.contains("--duration"), "{err}");
 }
+
+#[test]
+fn a_bare_number_is_a_duration_in_seconds() {
+    // Accepted by the parser: the run then stops at the next check (no such pid), not at the flag.
+    let (code, err) = run(&["trace", "--pid", "999999999", "--duration", "30"], false);
+    assert_ne!(code, 2, "a bare 30 is 30 seconds, as timeout(1) takes it: {err}");
+    assert!(!err.contains("--duration"), "{err}");
+    let (code, err) = run(&["trace", "--pid", "1", "--duration", "18446744073709551615s"], false);
+    assert_eq!(code, 2, "a duration no trace means is refused, not a panic: {err}");
+    assert!(err.contains("longer than"), "{err}");
+}

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use tests::{
     cgroup::MemCgroup,
-    kernel::{oom_killed_pids, Kmsg},
+    kernel::{oom_kills_among, Kmsg},
     procs::{Tracer, Workload},
 };
 
@@ -25,11 +25,12 @@ fn oom_victim_in_a_memory_cgroup_is_recorded() {
     let (code, lines) = w.wait(Duration::from_secs(120));
     let t = tracer.wait(Duration::from_secs(30));
     let log = kmsg.read_new();
-    let killed = oom_killed_pids(&log);
+    let pids: Vec<u32> = lines.iter().filter_map(|l| l["pid"].as_u64()).map(|p| p as u32).collect();
+    let killed = oom_kills_among(&log, &pids);
     assert_eq!(code, Some(1), "the parent saw a worker killed");
-    assert_eq!(killed.len(), 1, "the kernel killed exactly one process: {log:?}");
+    assert_eq!(killed.len(), 1, "the kernel killed exactly one process of the job: {log:?}");
     assert_eq!(cg.oom_kills(), 1, "the cgroup's own OOM count");
-    let victim = killed[0];
+    let victim = killed[0].pid;
     let worker0 = lines.iter().find(|l| l["role"] == "worker" && l["index"] == 0).expect("worker 0")["pid"].as_u64().expect("pid") as u32;
     assert_eq!(victim, worker0, "the largest worker is the victim");
 
@@ -37,7 +38,7 @@ fn oom_victim_in_a_memory_cgroup_is_recorded() {
     assert_eq!(kills.len(), 1, "{kills:?}");
     assert_eq!(kills[0]["victim_pid"], victim);
     let anon_kb = kills[0]["anon_rss_kb"].as_u64().expect("anon_rss_kb");
-    eprintln!("OOM victim {victim}: anon-rss {anon_kb} kB by gpustall; kernel log: {:?}", log.iter().find(|l| l.contains("Killed process")));
+    eprintln!("OOM victim {victim}: anon-rss {anon_kb} kB by gpustall; kernel log: {:?}", killed[0]);
     assert!((150 * 1024..=256 * 1024).contains(&anon_kb), "anon-rss {anon_kb} kB of a worker in a 256 MiB cgroup");
     let p = t.process(victim);
     assert_eq!(p["oom_killed"], true);
@@ -49,12 +50,7 @@ fn oom_victim_in_a_memory_cgroup_is_recorded() {
     let evidence = t.summary["verdict"]["evidence"].to_string();
     assert!(evidence.contains(&format!("OOM killer chose pid {victim}")), "{evidence}");
     // The kernel log's own anon-rss figure for the victim is the one gpustall reports.
-    let logged_anon = log
-        .iter()
-        .find_map(|l| l.split("anon-rss:").nth(1))
-        .and_then(|r| r.split("kB").next())
-        .and_then(|v| v.parse::<u64>().ok())
-        .expect("anon-rss in the kernel log");
+    let logged_anon = killed[0].anon_rss_kb.expect("anon-rss in the kernel log");
     assert_eq!(anon_kb, logged_anon, "anon-rss: gpustall vs the kernel log");
     // `trace --perfetto`: the OOM kill is an instant on the victim's track.
     let trace: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&trace_out).expect("perfetto trace")).expect("json");

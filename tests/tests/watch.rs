@@ -9,7 +9,11 @@ use std::{
     time::{Duration, Instant},
 };
 
-use tests::{cgroup::MemCgroup, kernel::Kmsg, procs::Workload};
+use tests::{
+    cgroup::MemCgroup,
+    kernel::Kmsg,
+    procs::{unique_comm, Workload},
+};
 
 struct Watcher {
     child: Child,
@@ -84,7 +88,10 @@ fn watch_finds_a_later_job_bundles_its_oom_kill_and_serves_metrics() {
     let _lock = tests::pressure_lock();
     let bundles = tests::TempDir::new("bundles");
     let dir = bundles.0.to_str().expect("utf-8").to_string();
-    let mut w = Watcher::start(&["--match", "comm:^gpustall-worklo", "--bundle-dir", &dir, "--listen", "127.0.0.1:0", "--no-gpu", "--after", "2s", "--scan-every", "500ms"]);
+    // The rule matches this test's workload only: another test's job must never be watched here.
+    let comm = unique_comm();
+    let rule = format!("comm:^{comm}$");
+    let mut w = Watcher::start(&["--match", &rule, "--bundle-dir", &dir, "--listen", "127.0.0.1:0", "--no-gpu", "--after", "2s", "--scan-every", "500ms"]);
     let started = w.wait_for("metrics on http://", Duration::from_secs(60));
     let addr = started.split("http://").nth(1).and_then(|r| r.split('/').next()).expect("address").to_string();
     let before = scrape(&addr);
@@ -94,15 +101,15 @@ fn watch_finds_a_later_job_bundles_its_oom_kill_and_serves_metrics() {
     let cg = MemCgroup::new("watch", 256, false);
     let mut kmsg = Kmsg::open_at_end();
     let bin = std::path::Path::new(env!("CARGO_BIN_EXE_gpustall-workload"));
-    let mut job = Workload::start(bin, &["hog", "600,40,40", "8", "3000"], Some(&cg));
-    w.wait_for(&format!("watching job gpustall-worklo-{}", job.pid()), Duration::from_secs(20));
+    let mut job = Workload::start_named(&comm, bin, &["hog", "600,40,40", "8", "3000"], Some(&cg), None);
+    w.wait_for(&format!("watching job {comm}-{}", job.pid()), Duration::from_secs(20));
     job.go();
     let (code, lines) = job.wait(Duration::from_secs(120));
     assert_eq!(code, Some(1), "a worker was OOM-killed");
-    let victim = tests::kernel::oom_killed_pids(&kmsg.read_new());
-    assert_eq!(victim.len(), 1);
-    let victim = victim[0];
-    assert!(lines.iter().any(|l| l["pid"] == victim), "the victim is a worker of the job");
+    let pids: Vec<u32> = lines.iter().filter_map(|l| l["pid"].as_u64()).map(|p| p as u32).collect();
+    let victim = tests::kernel::oom_kills_among(&kmsg.read_new(), &pids);
+    assert_eq!(victim.len(), 1, "one process of the job was OOM-killed");
+    let victim = victim[0].pid;
 
     let wrote = w.wait_for("wrote incident bundle", Duration::from_secs(30));
     assert!(wrote.contains(&format!("oom_kill-{victim}")), "{wrote}");
@@ -148,7 +155,7 @@ fn watch_follows_a_process_that_nvml_lists_on_a_gpu() {
     let mut w = Watcher::spawn(cmd);
     let started = w.wait_for("metrics on http://", Duration::from_secs(60));
     let addr = started.split("http://").nth(1).and_then(|r| r.split('/').next()).expect("address").to_string();
-    w.wait_for(&format!("watching job gpustall-worklo-{}", job.pid()), Duration::from_secs(20));
+    w.wait_for(&format!("watching job {}-{}", job.comm(), job.pid()), Duration::from_secs(20));
     let metrics = scrape(&addr);
     assert_eq!(value(&metrics, "gpustall_gpu_utilization_ratio{"), Some(0.8), "{metrics}");
     assert_eq!(value(&metrics, "gpustall_watched_jobs"), Some(1.0), "{metrics}");

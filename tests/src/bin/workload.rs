@@ -178,6 +178,11 @@ fn hog(mib: &[usize], step: usize, hold_ms: u64) -> i32 {
 }
 
 fn main() {
+    // A name unique to the test that started this workload, so that a test selecting processes
+    // by name (watch --match comm:) only ever sees its own, whatever runs beside it.
+    if let Ok(comm) = std::env::var("GPUSTALL_WORKLOAD_COMM") {
+        set_name(&comm);
+    }
     let args: Vec<String> = std::env::args().skip(1).collect();
     let code = match args.first().map(String::as_str) {
         Some("tree") => tree(),
