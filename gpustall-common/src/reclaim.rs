@@ -43,15 +43,8 @@ const _: () = assert!(core::mem::size_of::<ReclaimStart>() == 16);
 #[inline(always)]
 pub fn on_begin(existing: Option<&ReclaimStart>, kind: ReclaimKind, now_ns: u64) -> ReclaimStart {
     match existing {
-        Some(s) => ReclaimStart {
-            depth: s.depth.saturating_add(1),
-            ..*s
-        },
-        None => ReclaimStart {
-            start_ns: now_ns,
-            kind: kind as u32,
-            depth: 1,
-        },
+        Some(s) => ReclaimStart { depth: s.depth.saturating_add(1), ..*s },
+        None => ReclaimStart { start_ns: now_ns, kind: kind as u32, depth: 1 },
     }
 }
 
@@ -70,10 +63,7 @@ pub enum EndOutcome {
 pub fn on_end(existing: Option<&ReclaimStart>, now_ns: u64) -> EndOutcome {
     match existing {
         None => EndOutcome::Unmatched,
-        Some(s) if s.depth > 1 => EndOutcome::Inner(ReclaimStart {
-            depth: s.depth - 1,
-            ..*s
-        }),
+        Some(s) if s.depth > 1 => EndOutcome::Inner(ReclaimStart { depth: s.depth - 1, ..*s }),
         Some(s) => EndOutcome::Complete {
             kind: s.kind,
             start_ns: s.start_ns,

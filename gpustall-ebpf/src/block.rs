@@ -20,12 +20,14 @@ use crate::{
 };
 
 #[map]
-pub static IO_COUNTERS: PerCpuHashMap<IoKey, IoCounters> = PerCpuHashMap::with_max_entries(16384, 0);
+pub static IO_COUNTERS: PerCpuHashMap<IoKey, IoCounters> =
+    PerCpuHashMap::with_max_entries(16384, 0);
 
 /// Requests of tracked processes between start and done. LRU: a request whose done never comes
 /// (device removed, trace attached mid-flight) ages out instead of filling the map.
 #[map]
-pub static IO_INFLIGHT: LruHashMap<InflightKey, InflightIo> = LruHashMap::with_max_entries(16384, 0);
+pub static IO_INFLIGHT: LruHashMap<InflightKey, InflightIo> =
+    LruHashMap::with_max_entries(16384, 0);
 
 /// Completed-request latency, log2 buckets, per direction: `op * LATENCY_BUCKETS + bucket`.
 #[map]
@@ -70,7 +72,11 @@ fn current_key(dev: u32, rwbs: &[u8; 8], bytes: u64) -> Option<IoKey> {
     let in_reclaim = unsafe { RECLAIM_START.get(&tid) }.is_some();
     if !is_tracked(tgid) {
         if in_reclaim && bytes > 0 {
-            let idx = if in_kswapd(tid) { HostCounter::KswapdIoBytes } else { HostCounter::OtherReclaimIoBytes };
+            let idx = if in_kswapd(tid) {
+                HostCounter::KswapdIoBytes
+            } else {
+                HostCounter::OtherReclaimIoBytes
+            };
             add_per_cpu(&HOST, idx as u32, bytes);
         }
         return None;

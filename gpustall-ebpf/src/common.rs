@@ -134,7 +134,11 @@ pub fn emit_bulk<T: 'static>(value: T) {
     match BULK.reserve::<T>(0) {
         Some(mut entry) => {
             entry.write(value);
-            let flags = if BULK.query(BPF_RB_AVAIL_DATA) > (BULK_BYTES / 2) as u64 { BPF_RB_FORCE_WAKEUP } else { BPF_RB_NO_WAKEUP };
+            let flags = if BULK.query(BPF_RB_AVAIL_DATA) > (BULK_BYTES / 2) as u64 {
+                BPF_RB_FORCE_WAKEUP
+            } else {
+                BPF_RB_NO_WAKEUP
+            };
             entry.submit(flags);
         }
         None => add_lost(LostCounter::BulkRing),

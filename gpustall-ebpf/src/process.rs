@@ -3,12 +3,14 @@
 use aya_ebpf::{helpers::bpf_get_current_task, macros::tracepoint, programs::TracePointContext};
 use gpustall_common::{
     counters::LostCounter,
-    events::{EventKind, ExecEvent, ExitEvent, ForkEvent, OomVictimEvent, RenameEvent, SignalEvent},
+    events::{
+        EventKind, ExecEvent, ExitEvent, ForkEvent, OomVictimEvent, RenameEvent, SignalEvent,
+    },
 };
 
 use crate::common::{
-    comm_field, data_loc_str, emit, field, header, is_tracked, offset, pid_tgid, Wake, RECLAIM_START,
-    TRACKED,
+    comm_field, data_loc_str, emit, field, header, is_tracked, offset, pid_tgid, Wake,
+    RECLAIM_START, TRACKED,
 };
 
 const CLONE_THREAD: u64 = 0x0001_0000;
@@ -33,7 +35,12 @@ pub fn task_newtask(ctx: TracePointContext) -> u32 {
         crate::common::add_lost(LostCounter::MapFull);
     }
     emit(
-        ForkEvent { header: header(EventKind::Fork, tgid, tid), child_pid: child, _pad: 0, clone_flags: flags },
+        ForkEvent {
+            header: header(EventKind::Fork, tgid, tid),
+            child_pid: child,
+            _pad: 0,
+            clone_flags: flags,
+        },
         Wake::Later,
     );
     0
@@ -62,12 +69,15 @@ pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
     } else {
         let task = unsafe { bpf_get_current_task() } as *const u8;
         // SAFETY: the offset is task_struct.exit_code from this kernel's BTF; probe_read checks.
-        match unsafe { aya_ebpf::helpers::bpf_probe_read_kernel(task.add(off as usize) as *const u32) } {
+        match unsafe {
+            aya_ebpf::helpers::bpf_probe_read_kernel(task.add(off as usize) as *const u32)
+        } {
             Ok(v) => (v, 1),
             Err(_) => (0, 0),
         }
     };
-    emit(ExitEvent { header: header(EventKind::Exit, tgid, tid), exit_code, exit_code_known: known },
+    emit(
+        ExitEvent { header: header(EventKind::Exit, tgid, tid), exit_code, exit_code_known: known },
         Wake::Later,
     );
     let _ = TRACKED.remove(&tgid);
@@ -82,7 +92,8 @@ pub fn task_rename(ctx: TracePointContext) -> u32 {
     if !is_tracked(tgid) && !is_tracked(pid) {
         return 0;
     }
-    emit(RenameEvent {
+    emit(
+        RenameEvent {
             header: header(EventKind::Rename, tgid, tid),
             pid,
             _pad: 0,
@@ -99,7 +110,8 @@ pub fn sched_process_exec(ctx: TracePointContext) -> u32 {
     if !is_tracked(tgid) {
         return 0;
     }
-    emit(ExecEvent {
+    emit(
+        ExecEvent {
             header: header(EventKind::Exec, tgid, tid),
             old_pid: field::<i32>(&ctx, offset!(exec_old_pid)).unwrap_or(0) as u32,
             _pad: 0,
@@ -123,7 +135,8 @@ pub fn mark_victim(ctx: TracePointContext) -> u32 {
         return 0;
     }
     let anon = field::<u64>(&ctx, offset!(oom_anon_rss));
-    emit(OomVictimEvent {
+    emit(
+        OomVictimEvent {
             header: header(EventKind::OomVictim, tgid, tid),
             victim_pid: victim,
             has_rss: anon.is_some() as u32,
@@ -156,7 +169,8 @@ pub fn signal_generate(ctx: TracePointContext) -> u32 {
         return 0;
     }
     let (tgid, tid) = pid_tgid();
-    emit(SignalEvent {
+    emit(
+        SignalEvent {
             header: header(EventKind::Signal, tgid, tid),
             sig,
             code: field(&ctx, offset!(sig_code)).unwrap_or(0),

@@ -57,14 +57,13 @@ fn end(ctx: &TracePointContext) -> u32 {
             c.reclaimed_pages += nr_reclaimed;
         });
         emit_bulk(ReclaimEvent {
-                header: header(EventKind::Reclaim, tgid, tid),
-                kind,
-                _pad: 0,
-                start_ns,
-                duration_ns,
-                nr_reclaimed,
-            },
-        );
+            header: header(EventKind::Reclaim, tgid, tid),
+            kind,
+            _pad: 0,
+            start_ns,
+            duration_ns,
+            nr_reclaimed,
+        });
     } else if kind == ReclaimKind::Memcg as u32 {
         add_per_cpu(&HOST, HostCounter::OtherMemcgReclaimCount as u32, 1);
         add_per_cpu(&HOST, HostCounter::OtherMemcgReclaimNs as u32, duration_ns);
@@ -114,14 +113,13 @@ pub fn mm_vmscan_kswapd_sleep(_ctx: TracePointContext) -> u32 {
     {
         let _ = RECLAIM_START.remove(&tid);
         emit_bulk(ReclaimEvent {
-                header: header(EventKind::Reclaim, tgid, tid),
-                kind,
-                _pad: 0,
-                start_ns,
-                duration_ns,
-                nr_reclaimed: 0,
-            },
-        );
+            header: header(EventKind::Reclaim, tgid, tid),
+            kind,
+            _pad: 0,
+            start_ns,
+            duration_ns,
+            nr_reclaimed: 0,
+        });
     }
     0
 }
@@ -188,12 +186,11 @@ pub fn mm_vmscan_throttled(ctx: TracePointContext) -> u32 {
         c.throttled_us += delayed.max(0) as u64;
     });
     emit_bulk(ThrottledEvent {
-            header: header(EventKind::Throttled, tgid, tid),
-            usec_timeout: field(&ctx, offset!(throttled_usec_timeout)).unwrap_or(0),
-            usec_delayed: delayed,
-            reason: field(&ctx, offset!(throttled_reason)).unwrap_or(0),
-            nid: field(&ctx, offset!(throttled_nid)).unwrap_or(0),
-        },
-    );
+        header: header(EventKind::Throttled, tgid, tid),
+        usec_timeout: field(&ctx, offset!(throttled_usec_timeout)).unwrap_or(0),
+        usec_delayed: delayed,
+        reason: field(&ctx, offset!(throttled_reason)).unwrap_or(0),
+        nid: field(&ctx, offset!(throttled_nid)).unwrap_or(0),
+    });
     0
 }

@@ -4,43 +4,13 @@
 //! that usually starves a GPU: DataLoader workers grow host memory, the kernel reclaims and
 //! swaps, swap I/O saturates the disk, the OOM killer kills a worker.
 
-mod btf;
-mod bundle;
-mod context;
-mod decode;
-mod facts;
-mod gpu;
-mod gpuwatch;
-mod html;
-mod export;
-mod flight;
-mod jobs;
-mod hostctx;
-mod live;
-mod loader;
-mod metrics;
+mod cmd;
+mod diagnose;
+mod kernel;
 mod model;
-mod observe;
-mod overhead;
-mod perfetto;
-mod preflight;
-mod proctree;
-mod procscan;
-mod record;
-mod replay;
-mod report;
-mod session;
-mod stats;
-mod summary;
-mod timeline;
-mod trace;
-mod tracefs;
-mod units;
-mod trainlog;
-mod verdict;
-mod watch;
-
-use std::{path::PathBuf, time::Duration};
+mod output;
+mod recording;
+mod sources;
 
 use clap::{Parser, Subcommand};
 
@@ -74,17 +44,7 @@ what came before it.",
         after_help = "EXIT STATUS:\n    0 when the whole file was read; 1 when it stopped at a bad line (the \
 report is still printed) or is not a recording."
     )]
-    Report {
-        /// The recording (JSON Lines).
-        #[arg(value_name = "FILE")]
-        file: PathBuf,
-        /// Write the summary as JSON to OUT.
-        #[arg(long, value_name = "OUT")]
-        summary_json: Option<PathBuf>,
-        /// Write a self-contained HTML page (verdict and timeline chart, no network) to OUT.
-        #[arg(long, value_name = "OUT")]
-        html: Option<PathBuf>,
-    },
+    Report(cmd::report::ReportArgs),
     /// Run as a daemon: find jobs, keep a flight recorder, write incident bundles, serve metrics.
     #[command(
         long_about = "Watch a node. Jobs are found by themselves: processes NVML lists on a GPU and \
@@ -103,7 +63,7 @@ do, or a number with units: 500ms, 90s, 10m, 1h30m.\n\n\
 EXAMPLES:\n    sudo gpustall watch --match 'comm:^python' --bundle-dir /var/lib/gpustall/incidents\n    \
 sudo gpustall watch --match 'cgroup:kubepods' --listen 0.0.0.0:9464"
     )]
-    Watch(watch::WatchArgs),
+    Watch(cmd::watch::WatchArgs),
     /// Convert a recording for a trace viewer.
     #[command(
         long_about = "Convert a recording made with `gpustall trace --record FILE` into the Chrome \
@@ -112,14 +72,7 @@ trace-event JSON format, which ui.perfetto.dev and chrome://tracing open: a trac
 and swap per process, GPU utilisation and temperature, job disk and swap-out rates, host swap, \
 data_time)."
     )]
-    Export {
-        /// Where to write the Perfetto / Chrome trace JSON.
-        #[arg(long, value_name = "OUT", required = true)]
-        perfetto: PathBuf,
-        /// The recording (JSON Lines).
-        #[arg(value_name = "FILE")]
-        file: PathBuf,
-    },
+    Export(cmd::export::ExportArgs),
     /// Trace a process and all its descendants, then report.
     #[command(
         long_about = "Trace PID and every process it forks (and those processes' children) until \
@@ -131,68 +84,7 @@ do, or a number with units: 500ms, 90s, 10m, 1h30m.\n\n\
 EXIT STATUS:\n    0 when the trace ran; 1 with a one-line error otherwise (no such \
 process, not root, BPF unavailable, a required tracepoint missing)."
     )]
-    Trace {
-        /// The process to trace (the trainer); its existing descendants are traced too.
-        #[arg(long, short = 'p', value_name = "PID")]
-        pid: u32,
-        /// Stop after this long (30 is seconds, as for timeout(1); or 90s, 10m, 1h30m); default: until
-        /// the job exits or Ctrl-C.
-        #[arg(long, short = 'd', value_name = "D", value_parser = crate::units::parse_duration)]
-        duration: Option<Duration>,
-        /// Write every event as JSON Lines to FILE (header, events, samples, summaries).
-        #[arg(long, value_name = "FILE")]
-        record: Option<PathBuf>,
-        /// Write the final summary (per-process figures, OOM kills, verdict) as JSON to FILE.
-        #[arg(long, value_name = "FILE")]
-        summary_json: Option<PathBuf>,
-        /// No status line (the report is still printed).
-        #[arg(long, short = 'q')]
-        quiet: bool,
-        /// How often a periodic summary goes into the recording.
-        #[arg(long, value_name = "D", default_value = "10s", value_parser = crate::units::parse_duration)]
-        summary_every: Duration,
-        #[command(flatten)]
-        gpu: gpuwatch::GpuArgs,
-        /// Tail this training log for per-step data_time (mmengine style `data_time: 0.7384`).
-        #[arg(long, value_name = "FILE")]
-        log: Option<PathBuf>,
-        /// A regular expression with one capture group, the seconds, for other log formats.
-        #[arg(long, value_name = "REGEX", requires = "log")]
-        log_regex: Option<String>,
-        /// Also write a Perfetto / Chrome trace (ui.perfetto.dev) of the run to OUT.
-        #[arg(long, value_name = "OUT")]
-        perfetto: Option<PathBuf>,
-    },
-}
-
-/// `gpustall report`: the summary and verdict of a recording, offline.
-fn report_cmd(file: &std::path::Path, summary_json: Option<&std::path::Path>, html: Option<&std::path::Path>) -> anyhow::Result<()> {
-    let f = std::fs::File::open(file).map_err(|e| anyhow::anyhow!("cannot open the recording {}: {e}", file.display()))?;
-    let r = replay::replay(std::io::BufReader::new(f));
-    if r.lines == 0 {
-        let why = r.error.map_or("it is empty".to_string(), |e| format!("line {}: {}", e.line, e.why));
-        anyhow::bail!("{} is not a gpustall recording: {why}", file.display());
-    }
-    let summary = trace::summary(&r.model, r.end_ns, true);
-    if let Some(path) = summary_json {
-        summary::write_json(&summary, path)?;
-    }
-    if let Some(path) = html {
-        let lines = export::read_lines(file, r.lines)?;
-        let page = html::render(&summary, &timeline::build(&lines));
-        std::fs::write(path, page).map_err(|e| anyhow::anyhow!("writing {}: {e}", path.display()))?;
-    }
-    print!("{}", report::render(&summary));
-    if let Some(e) = r.error {
-        anyhow::bail!(
-            "{} line {}: {}; the report above covers lines 1-{}",
-            file.display(),
-            e.line,
-            e.why,
-            r.lines
-        );
-    }
-    Ok(())
+    Trace(cmd::trace::TraceArgs),
 }
 
 fn main() {
@@ -207,25 +99,10 @@ fn main() {
         .and_then(|rt| {
             rt.block_on(async {
                 match cli.command {
-                    Command::Report { file, summary_json, html } => report_cmd(&file, summary_json.as_deref(), html.as_deref()),
-                    Command::Export { perfetto, file } => export::perfetto_file(&file, &perfetto),
-                    Command::Watch(args) => watch::run(args.into_options()).await,
-                    Command::Trace {
-                        pid,
-                        duration,
-                        record,
-                        summary_json,
-                        quiet,
-                        summary_every,
-                        gpu,
-                        log,
-                        log_regex,
-                        perfetto,
-                    } => {
-                        let gpu = gpu.options(Duration::from_millis(500), Duration::from_secs(3));
-                        trace::run(trace::TraceOptions { pid, duration, record, summary_json, quiet, summary_every, gpu, log, log_regex, perfetto })
-                            .await
-                    }
+                    Command::Report(args) => cmd::report::run(&args),
+                    Command::Export(args) => cmd::export::run(&args),
+                    Command::Watch(args) => cmd::watch::run(args.into_options()).await,
+                    Command::Trace(args) => cmd::trace::run(args.into_options()).await,
                 }
             })
         });

@@ -219,10 +219,9 @@ pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
 ) -> nvmlReturn_t {
     guarded(|| {
         state::with_device(device, |_, now| {
-            let value = now.util_gpu.map(|gpu| nvmlUtilization_t {
-                gpu,
-                memory: now.util_mem.unwrap_or(0),
-            });
+            let value = now
+                .util_gpu
+                .map(|gpu| nvmlUtilization_t { gpu, memory: now.util_mem.unwrap_or(0) });
             // SAFETY: `utilization` is null or valid for a write (nvml.h contract).
             unsafe { put_known(utilization, value) }
         })
@@ -269,13 +268,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
             let Some((total, free, used)) = memory(gpu, now) else {
                 return NVML_ERROR_NOT_SUPPORTED;
             };
-            *out = nvmlMemory_v2_t {
-                version: NVML_MEMORY_V2,
-                total,
-                reserved: 0,
-                free,
-                used,
-            };
+            *out = nvmlMemory_v2_t { version: NVML_MEMORY_V2, total, reserved: 0, free, used };
             NVML_SUCCESS
         })
     })

@@ -123,27 +123,14 @@ pub struct Scenario {
 pub fn parse(text: &str, env: impl Fn(&str) -> Option<String>) -> Result<Scenario, String> {
     let file: ScenarioFile = serde_json::from_str(text).map_err(|e| e.to_string())?;
     let driver_version = cstring(file.driver_version.as_deref().unwrap_or("nvml-stub"))?;
-    let gpus = file
-        .gpus
-        .into_iter()
-        .map(|g| gpu(g, &env))
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok(Scenario {
-        driver_version,
-        gpus,
-    })
+    let gpus = file.gpus.into_iter().map(|g| gpu(g, &env)).collect::<Result<Vec<_>, _>>()?;
+    Ok(Scenario { driver_version, gpus })
 }
 
 fn gpu(file: GpuFile, env: &impl Fn(&str) -> Option<String>) -> Result<Gpu, String> {
     let mut entries = file.timeline;
-    if let Some(bad) = entries
-        .iter()
-        .find(|e| !(e.at_s.is_finite() && e.at_s >= 0.0))
-    {
-        return Err(format!(
-            "gpu {:?}: at_s {} is not a time >= 0",
-            file.name, bad.at_s
-        ));
+    if let Some(bad) = entries.iter().find(|e| !(e.at_s.is_finite() && e.at_s >= 0.0)) {
+        return Err(format!("gpu {:?}: at_s {} is not a time >= 0", file.name, bad.at_s));
     }
     // Stable sort: of two entries at the same time the later one in the file wins.
     entries.sort_by(|a, b| a.at_s.total_cmp(&b.at_s));
@@ -174,16 +161,13 @@ fn entry(
         None => prev.power_mw,
     };
     let throttle_mask = match e.throttle {
-        Some(names) => names
-            .iter()
-            .try_fold(0u64, |mask, n| Ok::<u64, String>(mask | throttle_bit(n)?))?,
+        Some(names) => {
+            names.iter().try_fold(0u64, |mask, n| Ok::<u64, String>(mask | throttle_bit(n)?))?
+        }
         None => prev.throttle_mask,
     };
     let processes = match e.pids {
-        Some(pids) => pids
-            .iter()
-            .map(|p| process(p, env))
-            .collect::<Result<Vec<_>, _>>()?,
+        Some(pids) => pids.iter().map(|p| process(p, env)).collect::<Result<Vec<_>, _>>()?,
         None => prev.processes,
     };
     Ok(State {
@@ -219,16 +203,10 @@ fn process(p: &PidFile, env: &impl Fn(&str) -> Option<String>) -> Result<Process
                 .ok_or_else(|| format!("pid {s:?}: write a number or \"$ENVNAME\""))?;
             let value = env(name)
                 .ok_or_else(|| format!("pid {s:?}: environment variable {name} is not set"))?;
-            value
-                .trim()
-                .parse()
-                .map_err(|_| format!("pid {s:?}: {name}={value:?} is not a pid"))?
+            value.trim().parse().map_err(|_| format!("pid {s:?}: {name}={value:?} is not a pid"))?
         }
     };
-    Ok(Process {
-        pid,
-        used_bytes: p.used_mib.map(|m| m.saturating_mul(MIB)),
-    })
+    Ok(Process { pid, used_bytes: p.used_mib.map(|m| m.saturating_mul(MIB)) })
 }
 
 fn cstring(s: &str) -> Result<CString, String> {
@@ -255,18 +233,12 @@ mod tests {
         let g = &s.gpus[0];
         assert_eq!(g.memory_total_bytes, Some(10 * MIB));
         let t0 = g.state_at(1_999_999_999);
-        assert_eq!(
-            (t0.util_gpu, t0.temperature_c, t0.throttle_mask),
-            (Some(95), Some(60), 0)
-        );
+        assert_eq!((t0.util_gpu, t0.temperature_c, t0.throttle_mask), (Some(95), Some(60), 0));
         assert_eq!(t0.processes[0].pid, 4242);
         assert_eq!(t0.processes[0].used_bytes, Some(5 * MIB));
         assert_eq!(t0.processes[1].used_bytes, None);
         let t2 = g.state_at(2_000_000_000);
-        assert_eq!(
-            (t2.util_gpu, t2.temperature_c, t2.throttle_mask),
-            (Some(0), Some(60), 0x41)
-        );
+        assert_eq!((t2.util_gpu, t2.temperature_c, t2.throttle_mask), (Some(0), Some(60), 0x41));
         assert_eq!(t2.processes.len(), 2);
         assert_eq!(t2.power_mw, None);
     }

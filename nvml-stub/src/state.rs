@@ -22,17 +22,12 @@ struct Global {
     loaded: Option<Loaded>,
 }
 
-static GLOBAL: Mutex<Global> = Mutex::new(Global {
-    init_count: 0,
-    loaded: None,
-});
+static GLOBAL: Mutex<Global> = Mutex::new(Global { init_count: 0, loaded: None });
 
 fn global() -> MutexGuard<'static, Global> {
     // A panic while holding the lock was already caught and answered with an error code;
     // the data it guards is still consistent (every write is a single assignment).
-    GLOBAL
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
+    GLOBAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// Says why init failed, once, on stderr: an error code alone would leave a test author guessing.
@@ -54,20 +49,12 @@ pub fn init() -> nvmlReturn_t {
         let text = match std::fs::read_to_string(&path) {
             Ok(t) => t,
             Err(e) => {
-                complain(&format!(
-                    "cannot read scenario {}: {e}",
-                    path.to_string_lossy()
-                ));
+                complain(&format!("cannot read scenario {}: {e}", path.to_string_lossy()));
                 return NVML_ERROR_DRIVER_NOT_LOADED;
             }
         };
         match scenario::parse(&text, |name| std::env::var(name).ok()) {
-            Ok(scenario) => {
-                g.loaded = Some(Loaded {
-                    t0: Instant::now(),
-                    scenario,
-                })
-            }
+            Ok(scenario) => g.loaded = Some(Loaded { t0: Instant::now(), scenario }),
             Err(e) => {
                 complain(&format!("invalid scenario {}: {e}", path.to_string_lossy()));
                 return NVML_ERROR_UNKNOWN;

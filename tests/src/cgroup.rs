@@ -9,7 +9,8 @@ pub struct MemCgroup {
 }
 
 fn write(path: &std::path::Path, value: &str) {
-    std::fs::write(path, value).unwrap_or_else(|e| panic!("writing {value} to {}: {e}", path.display()));
+    std::fs::write(path, value)
+        .unwrap_or_else(|e| panic!("writing {value} to {}: {e}", path.display()));
 }
 
 impl MemCgroup {
@@ -17,16 +18,23 @@ impl MemCgroup {
     pub fn new(tag: &str, limit_mib: u64, allow_swap: bool) -> Self {
         let name = format!("gpustall-test-{tag}-{}-{}", std::process::id(), crate::unique());
         let v2_root = PathBuf::from("/sys/fs/cgroup");
-        let v2 = std::fs::read_to_string(v2_root.join("cgroup.controllers")).map(|c| c.split_whitespace().any(|x| x == "memory")).unwrap_or(false);
+        let v2 = std::fs::read_to_string(v2_root.join("cgroup.controllers"))
+            .map(|c| c.split_whitespace().any(|x| x == "memory"))
+            .unwrap_or(false);
         let cg = if v2 {
             let _ = std::fs::write(v2_root.join("cgroup.subtree_control"), "+memory");
             Self { path: v2_root.join(name), v2 }
         } else {
             let root = PathBuf::from("/sys/fs/cgroup/memory");
-            assert!(root.join("memory.limit_in_bytes").exists(), "no memory cgroup controller (v1 at {} or v2 at /sys/fs/cgroup)", root.display());
+            assert!(
+                root.join("memory.limit_in_bytes").exists(),
+                "no memory cgroup controller (v1 at {} or v2 at /sys/fs/cgroup)",
+                root.display()
+            );
             Self { path: root.join(name), v2 }
         };
-        std::fs::create_dir(&cg.path).unwrap_or_else(|e| panic!("mkdir {}: {e}", cg.path.display()));
+        std::fs::create_dir(&cg.path)
+            .unwrap_or_else(|e| panic!("mkdir {}: {e}", cg.path.display()));
         let bytes = (limit_mib << 20).to_string();
         if cg.v2 {
             write(&cg.path.join("memory.max"), &bytes);
@@ -71,7 +79,11 @@ impl MemCgroup {
 
     /// The cgroup's own count of OOM kills.
     pub fn oom_kills(&self) -> u64 {
-        let (file, key) = if self.v2 { ("memory.events", "oom_kill") } else { ("memory.oom_control", "oom_kill") };
+        let (file, key) = if self.v2 {
+            ("memory.events", "oom_kill")
+        } else {
+            ("memory.oom_control", "oom_kill")
+        };
         std::fs::read_to_string(self.path.join(file))
             .unwrap_or_default()
             .lines()

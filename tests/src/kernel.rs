@@ -7,7 +7,11 @@ pub fn vmstat(key: &str) -> u64 {
     std::fs::read_to_string("/proc/vmstat")
         .expect("/proc/vmstat")
         .lines()
-        .find_map(|l| l.strip_prefix(key).and_then(|r| r.strip_prefix(' ')).and_then(|v| v.trim().parse().ok()))
+        .find_map(|l| {
+            l.strip_prefix(key)
+                .and_then(|r| r.strip_prefix(' '))
+                .and_then(|v| v.trim().parse().ok())
+        })
         .unwrap_or_else(|| panic!("no {key} in /proc/vmstat"))
 }
 
@@ -35,7 +39,7 @@ impl Kmsg {
                 Ok(0) => break,
                 Ok(n) => out.push(String::from_utf8_lossy(&buf[..n]).into_owned()),
                 Err(e) if e.raw_os_error() == Some(libc::EPIPE) => continue, // overwritten records
-                Err(_) => break,                                            // EAGAIN: no more
+                Err(_) => break,                                             // EAGAIN: no more
             }
         }
         out
@@ -67,7 +71,11 @@ pub fn oom_kills_among(log: &[String], pids: &[u32]) -> Vec<OomKillLine> {
         .filter_map(|l| l.split("Killed process ").nth(1))
         .filter_map(|r| {
             let pid = r.split_whitespace().next()?.parse().ok()?;
-            let anon_rss_kb = r.split("anon-rss:").nth(1).and_then(|a| a.split("kB").next()).and_then(|v| v.parse().ok());
+            let anon_rss_kb = r
+                .split("anon-rss:")
+                .nth(1)
+                .and_then(|a| a.split("kB").next())
+                .and_then(|v| v.parse().ok());
             Some(OomKillLine { pid, anon_rss_kb })
         })
         .filter(|k| pids.contains(&k.pid))
@@ -86,9 +94,17 @@ impl SwapFile {
         if has_swap() {
             return Self(None);
         }
-        let path = PathBuf::from(format!("/var/tmp/gpustall-test-swap-{}-{}", std::process::id(), crate::unique()));
+        let path = PathBuf::from(format!(
+            "/var/tmp/gpustall-test-swap-{}-{}",
+            std::process::id(),
+            crate::unique()
+        ));
         let run = |cmd: &str, args: &[&str]| {
-            let ok = std::process::Command::new(cmd).args(args).status().map(|s| s.success()).unwrap_or(false);
+            let ok = std::process::Command::new(cmd)
+                .args(args)
+                .status()
+                .map(|s| s.success())
+                .unwrap_or(false);
             assert!(ok, "{cmd} {args:?} failed");
         };
         let guard = Self(Some(path.clone()));
@@ -120,6 +136,9 @@ mod tests {
         ];
         let kills = super::oom_kills_among(&log, &[4242]);
         assert_eq!(kills, vec![super::OomKillLine { pid: 4242, anon_rss_kb: Some(2) }]);
-        assert!(super::oom_kills_among(&log, &[1]).is_empty(), "another process's kill is not ours");
+        assert!(
+            super::oom_kills_among(&log, &[1]).is_empty(),
+            "another process's kill is not ours"
+        );
     }
 }

@@ -13,7 +13,11 @@ use std::path::PathBuf;
 /// Fails loudly (never skips) when the machine cannot run these tests.
 pub fn require_privileged_env() {
     // SAFETY: geteuid cannot fail.
-    assert_eq!(unsafe { libc::geteuid() }, 0, "these tests load eBPF programs and make cgroups: run them as root (cargo xtask test)");
+    assert_eq!(
+        unsafe { libc::geteuid() },
+        0,
+        "these tests load eBPF programs and make cgroups: run them as root (cargo xtask test)"
+    );
     assert!(
         std::path::Path::new("/sys/kernel/btf/vmlinux").exists(),
         "the kernel has no BTF (/sys/kernel/btf/vmlinux): gpustall needs CONFIG_DEBUG_INFO_BTF"
@@ -37,14 +41,22 @@ pub fn gpustall_bin() -> PathBuf {
     let p = std::env::var_os("GPUSTALL_BIN")
         .map(PathBuf::from)
         .unwrap_or_else(|| workspace_root().join("target/debug/gpustall"));
-    assert!(p.exists(), "{} is missing: build it first (cargo build -p gpustall, or cargo xtask test)", p.display());
+    assert!(
+        p.exists(),
+        "{} is missing: build it first (cargo build -p gpustall, or cargo xtask test)",
+        p.display()
+    );
     p
 }
 
 /// The stand-in NVML library built by the workspace (crate nvml-stub).
 pub fn nvml_stub() -> PathBuf {
     let p = workspace_root().join("target/debug/libnvidia_ml_stub.so");
-    assert!(p.exists(), "{} is missing: build it first (cargo build -p nvml-stub, or cargo xtask test)", p.display());
+    assert!(
+        p.exists(),
+        "{} is missing: build it first (cargo build -p nvml-stub, or cargo xtask test)",
+        p.display()
+    );
     p
 }
 
@@ -53,7 +65,11 @@ pub struct TempDir(pub PathBuf);
 
 impl TempDir {
     pub fn new(tag: &str) -> Self {
-        let p = std::env::temp_dir().join(format!("gpustall-{tag}-{}-{}", std::process::id(), unique()));
+        let p = std::env::temp_dir().join(format!(
+            "gpustall-{tag}-{}-{}",
+            std::process::id(),
+            unique()
+        ));
         std::fs::create_dir_all(&p).expect("creating a temp dir");
         Self(p)
     }
@@ -88,7 +104,13 @@ pub fn pressure_lock() -> PressureLock {
         .truncate(false)
         .write(true)
         .open("/run/lock/gpustall-tests.lock")
-        .or_else(|_| std::fs::OpenOptions::new().create(true).truncate(false).write(true).open("/tmp/gpustall-tests.lock"))
+        .or_else(|_| {
+            std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open("/tmp/gpustall-tests.lock")
+        })
         .expect("opening the test lock file");
     // SAFETY: a valid fd; the lock is released when the file is closed.
     let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) };

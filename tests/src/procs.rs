@@ -35,12 +35,23 @@ impl Workload {
     }
 
     /// The same, with `cwd` as its working directory.
-    pub fn start_in(bin: &Path, args: &[&str], cgroup: Option<&MemCgroup>, cwd: Option<&Path>) -> Self {
+    pub fn start_in(
+        bin: &Path,
+        args: &[&str],
+        cgroup: Option<&MemCgroup>,
+        cwd: Option<&Path>,
+    ) -> Self {
         Self::start_named(&unique_comm(), bin, args, cgroup, cwd)
     }
 
     /// The same, named `comm` (from [`unique_comm`]) from its first instruction on.
-    pub fn start_named(comm: &str, bin: &Path, args: &[&str], cgroup: Option<&MemCgroup>, cwd: Option<&Path>) -> Self {
+    pub fn start_named(
+        comm: &str,
+        bin: &Path,
+        args: &[&str],
+        cgroup: Option<&MemCgroup>,
+        cwd: Option<&Path>,
+    ) -> Self {
         let mut cmd = Command::new(bin);
         cmd.env("GPUSTALL_WORKLOAD_COMM", comm);
         if let Some(dir) = cwd {
@@ -170,7 +181,10 @@ impl Tracer {
                 }
                 Err(_) => {
                     if let Some(s) = t.child.try_wait().expect("try_wait") {
-                        panic!("gpustall exited ({s}) before tracing:\n{}", t.stderr_seen.join("\n"));
+                        panic!(
+                            "gpustall exited ({s}) before tracing:\n{}",
+                            t.stderr_seen.join("\n")
+                        );
                     }
                     assert!(Instant::now() < end, "gpustall did not start tracing within 60 s");
                 }
@@ -223,11 +237,16 @@ impl Tracer {
         let summary = std::fs::read_to_string(self.dir.path("summary.json"))
             .ok()
             .and_then(|t| serde_json::from_str(&t).ok())
-            .unwrap_or_else(|| panic!("gpustall wrote no summary (exit {code:?}):\n{stderr}\n{stdout}"));
+            .unwrap_or_else(|| {
+                panic!("gpustall wrote no summary (exit {code:?}):\n{stderr}\n{stdout}")
+            });
         let record = std::fs::read_to_string(self.record_path())
             .unwrap_or_default()
             .lines()
-            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("recording line does not parse ({e}): {l}")))
+            .map(|l| {
+                serde_json::from_str(l)
+                    .unwrap_or_else(|e| panic!("recording line does not parse ({e}): {l}"))
+            })
             .collect();
         let dir = std::mem::replace(&mut self.dir, TempDir::new("trace-done"));
         TraceResult { dir, code, summary, record, stdout, stderr }
@@ -248,10 +267,9 @@ impl TraceResult {
 
     /// The summary's entry for a pid.
     pub fn process(&self, pid: u32) -> &Value {
-        self.processes()
-            .iter()
-            .find(|p| p["pid"] == pid)
-            .unwrap_or_else(|| panic!("pid {pid} is not in the summary: {:#}", self.summary["processes"]))
+        self.processes().iter().find(|p| p["pid"] == pid).unwrap_or_else(|| {
+            panic!("pid {pid} is not in the summary: {:#}", self.summary["processes"])
+        })
     }
 
     pub fn processes(&self) -> &Vec<Value> {
@@ -259,6 +277,8 @@ impl TraceResult {
     }
 
     pub fn u64_of(&self, pid: u32, field: &str) -> u64 {
-        self.process(pid)[field].as_u64().unwrap_or_else(|| panic!("{field} of {pid} is not a number"))
+        self.process(pid)[field]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{field} of {pid} is not a number"))
     }
 }

@@ -12,7 +12,8 @@ fn direct_writes_are_counted_for_the_writer_only() {
     tests::require_privileged_env();
     let dir = tests::TempDir::new("blockio");
     // On the root disk (not tmpfs): /var/tmp.
-    let scratch = std::path::PathBuf::from(format!("/var/tmp/gpustall-blockio-{}", std::process::id()));
+    let scratch =
+        std::path::PathBuf::from(format!("/var/tmp/gpustall-blockio-{}", std::process::id()));
     std::fs::create_dir_all(&scratch).expect("scratch dir");
     struct Cleanup(std::path::PathBuf);
     impl Drop for Cleanup {
@@ -42,18 +43,31 @@ fn direct_writes_are_counted_for_the_writer_only() {
     let t = tracer.wait(Duration::from_secs(30));
     drop(dir);
 
-    let parent = lines.iter().find(|l| l["role"] == "parent").expect("parent line")["pid"].as_u64().expect("pid") as u32;
-    let children: Vec<&serde_json::Value> = t.processes().iter().filter(|p| p["ppid"] == parent).collect();
+    let parent = lines.iter().find(|l| l["role"] == "parent").expect("parent line")["pid"]
+        .as_u64()
+        .expect("pid") as u32;
+    let children: Vec<&serde_json::Value> =
+        t.processes().iter().filter(|p| p["ppid"] == parent).collect();
     assert_eq!(children.len(), 1, "one child (dd): {children:?}");
     let child = children[0];
     assert_eq!(child["comm"], "dd");
     let written = child["block_write_bytes"].as_u64().expect("bytes");
-    eprintln!("traced dd wrote {written} bytes ({:.2} MiB) by gpustall's count", written as f64 / MIB as f64);
-    assert!((64 * MIB..=68 * MIB).contains(&written), "dd's block_write_bytes {written} not in [64, 68] MiB");
+    eprintln!(
+        "traced dd wrote {written} bytes ({:.2} MiB) by gpustall's count",
+        written as f64 / MIB as f64
+    );
+    assert!(
+        (64 * MIB..=68 * MIB).contains(&written),
+        "dd's block_write_bytes {written} not in [64, 68] MiB"
+    );
     assert_eq!(t.u64_of(parent, "block_write_bytes"), 0, "the parent wrote nothing itself");
-    let total: u64 = t.processes().iter().map(|p| p["block_write_bytes"].as_u64().unwrap_or(0)).sum();
+    let total: u64 =
+        t.processes().iter().map(|p| p["block_write_bytes"].as_u64().unwrap_or(0)).sum();
     assert!(total <= 68 * MIB, "the outsider's 64 MiB leaked into the summary: total {total}");
     assert_eq!(t.processes().len(), 2, "only the traced parent and its dd: {:#?}", t.processes());
     let dev = &child["io_by_device"][0];
-    assert!(dev["avg_latency_us"].as_f64().is_some_and(|v| v > 0.0), "request latency measured: {dev}");
+    assert!(
+        dev["avg_latency_us"].as_f64().is_some_and(|v| v > 0.0),
+        "request latency measured: {dev}"
+    );
 }

@@ -22,8 +22,17 @@ fn trace_with_scenario(timeline: Value, secs: &str) -> (u32, TraceResult) {
     let stub = tests::nvml_stub();
     let tracer = Tracer::start_with_env(
         w.pid(),
-        &["--quiet", "--nvml-lib", stub.to_str().expect("utf-8"), "--gpu-interval", &format!("{INTERVAL_MS}ms")],
-        &[("GPUSTALL_NVML_STUB_SCENARIO", scenario.to_str().expect("utf-8")), ("GPUSTALL_TEST_TRAINER", &trainer)],
+        &[
+            "--quiet",
+            "--nvml-lib",
+            stub.to_str().expect("utf-8"),
+            "--gpu-interval",
+            &format!("{INTERVAL_MS}ms"),
+        ],
+        &[
+            ("GPUSTALL_NVML_STUB_SCENARIO", scenario.to_str().expect("utf-8")),
+            ("GPUSTALL_TEST_TRAINER", &trainer),
+        ],
     );
     w.go();
     let (code, _) = w.wait(Duration::from_secs(60));
@@ -44,7 +53,11 @@ fn busy(at: f64, util: u32) -> Value {
 
 /// The first GPU sample's time: the stub's clock starts at gpustall's nvmlInit, just before.
 fn first_gpu_sample_ns(t: &TraceResult) -> u64 {
-    t.record.iter().find(|r| r["kind"] == "gpu").and_then(|r| r["t_ns"].as_u64()).expect("a GPU sample in the recording")
+    t.record
+        .iter()
+        .find(|r| r["kind"] == "gpu")
+        .and_then(|r| r["t_ns"].as_u64())
+        .expect("a GPU sample in the recording")
 }
 
 #[test]
@@ -71,14 +84,22 @@ fn one_stall_with_its_bounds_throttling_and_ranks() {
     assert_eq!(gpu["job_pids"], json!([trainer]));
     assert_eq!(gpu["uuid"], "GPU-stub-0");
     assert!(t.record.iter().any(|r| r["kind"] == "gpu_stall"), "the episode is in the recording");
-    assert!(t.summary["gpu_status"].as_str().is_some_and(|s| s.contains("550.54.15")), "{}", t.summary["gpu_status"]);
+    assert!(
+        t.summary["gpu_status"].as_str().is_some_and(|s| s.contains("550.54.15")),
+        "{}",
+        t.summary["gpu_status"]
+    );
 }
 
 #[test]
 fn a_dip_shorter_than_the_window_is_no_stall() {
     let (_, t) = trace_with_scenario(json!([busy(0.0, 95), busy(2.0, 0), busy(3.0, 90)]), "5");
     assert_eq!(t.summary["stalls"], json!([]), "a 1 s dip under a 3 s window");
-    assert!(t.summary["gpu"][0]["util_gpu_min_pct"] == 0, "the dip was sampled: {}", t.summary["gpu"]);
+    assert!(
+        t.summary["gpu"][0]["util_gpu_min_pct"] == 0,
+        "the dip was sampled: {}",
+        t.summary["gpu"]
+    );
 }
 
 #[test]
@@ -86,7 +107,8 @@ fn no_nvml_is_one_notice_and_the_kernel_side_still_works() {
     tests::require_privileged_env();
     let bin = std::path::Path::new(env!("CARGO_BIN_EXE_gpustall-workload"));
     let mut w = Workload::start(bin, &["tree"], None);
-    let tracer = Tracer::start(w.pid(), &["--quiet", "--nvml-lib", "/nonexistent/libnvidia-ml.so.1"]);
+    let tracer =
+        Tracer::start(w.pid(), &["--quiet", "--nvml-lib", "/nonexistent/libnvidia-ml.so.1"]);
     w.go();
     let (code, _) = w.wait(Duration::from_secs(30));
     assert_eq!(code, Some(0));
@@ -96,5 +118,10 @@ fn no_nvml_is_one_notice_and_the_kernel_side_still_works() {
     assert_eq!(notices.len(), 1, "one notice: {}", t.stderr);
     assert!(notices[0].contains("no NVIDIA driver"), "{}", notices[0]);
     assert!(t.summary["gpu"].is_null());
-    assert_eq!(t.processes().len(), 4, "the kernel side traced the whole tree: {:#?}", t.processes());
+    assert_eq!(
+        t.processes().len(),
+        4,
+        "the kernel side traced the whole tree: {:#?}",
+        t.processes()
+    );
 }

@@ -11,7 +11,11 @@ use tests::{
 };
 
 fn pids_of(lines: &[serde_json::Value], role: &str) -> Vec<u32> {
-    lines.iter().filter(|l| l["role"] == role).map(|l| l["pid"].as_u64().expect("pid") as u32).collect()
+    lines
+        .iter()
+        .filter(|l| l["role"] == role)
+        .map(|l| l["pid"].as_u64().expect("pid") as u32)
+        .collect()
 }
 
 #[test]
@@ -45,9 +49,11 @@ fn reclaim_and_swapout_per_worker_match_the_kernel() {
         assert!(p["reclaim_stall_p99_ns"].as_u64() > Some(0), "stall distribution of {w}: {p}");
         assert_eq!(p["exit_code"], 0);
     }
-    let traced_swap: u64 = t.processes().iter().map(|p| p["swapout_pages"].as_u64().unwrap_or(0)).sum();
+    let traced_swap: u64 =
+        t.processes().iter().map(|p| p["swapout_pages"].as_u64().unwrap_or(0)).sum();
     let host = &t.summary["host"];
-    let host_swap = host["kswapd_swapout_pages"].as_u64().unwrap_or(0) + host["other_swapout_pages"].as_u64().unwrap_or(0);
+    let host_swap = host["kswapd_swapout_pages"].as_u64().unwrap_or(0)
+        + host["other_swapout_pages"].as_u64().unwrap_or(0);
     let total = traced_swap + host_swap;
     let error = (total as f64 - pswpout_delta as f64).abs() / pswpout_delta.max(1) as f64;
     eprintln!(
@@ -57,17 +63,30 @@ fn reclaim_and_swapout_per_worker_match_the_kernel() {
         100.0 * error,
         100.0 * traced_swap as f64 / total.max(1) as f64
     );
-    assert!(pswpout_delta > 10_000, "the workload must really swap (pswpout delta {pswpout_delta})");
-    assert!(error <= 0.10, "gpustall's swap-out total {total} is not within 10% of pswpout's {pswpout_delta}");
+    assert!(
+        pswpout_delta > 10_000,
+        "the workload must really swap (pswpout delta {pswpout_delta})"
+    );
+    assert!(
+        error <= 0.10,
+        "gpustall's swap-out total {total} is not within 10% of pswpout's {pswpout_delta}"
+    );
 
     // The twin outside the tree: none of its processes in the summary; its swap is host-level.
     for pid in pids_of(&other_lines, "worker").into_iter().chain(pids_of(&other_lines, "parent")) {
         assert!(t.processes().iter().all(|p| p["pid"] != pid), "untraced pid {pid} in the summary");
     }
-    assert!(host["other_swapout_pages"].as_u64() > Some(0), "the twin's swap-out is reported as host-level: {host}");
+    assert!(
+        host["other_swapout_pages"].as_u64() > Some(0),
+        "the twin's swap-out is reported as host-level: {host}"
+    );
     assert!(traced_swap < total, "the twin's swap-out is not blamed on the traced tree");
     let reclaim_io: u64 = workers.iter().map(|&w| t.u64_of(w, "reclaim_io_bytes")).sum();
     eprintln!("traced workers' reclaim I/O: {:.1} MiB", reclaim_io as f64 / 1048576.0);
     assert!(reclaim_io > 0, "swap writes submitted inside reclaim are marked as reclaim I/O");
-    assert!(matches!(t.summary["verdict"]["cause"].as_str(), Some("host_memory_pressure")), "{}", t.summary["verdict"]);
+    assert!(
+        matches!(t.summary["verdict"]["cause"].as_str(), Some("host_memory_pressure")),
+        "{}",
+        t.summary["verdict"]
+    );
 }

@@ -20,7 +20,8 @@ fn oom_victim_in_a_memory_cgroup_is_recorded() {
     let mut w = Workload::start(bin, &["hog", "600,40,40", "8", "3000"], Some(&cg));
     let perfetto = tests::TempDir::new("oom-perfetto");
     let trace_out = perfetto.path("trace.json");
-    let tracer = Tracer::start(w.pid(), &["--quiet", "--perfetto", trace_out.to_str().expect("utf-8")]);
+    let tracer =
+        Tracer::start(w.pid(), &["--quiet", "--perfetto", trace_out.to_str().expect("utf-8")]);
     w.go();
     let (code, lines) = w.wait(Duration::from_secs(120));
     let t = tracer.wait(Duration::from_secs(30));
@@ -31,15 +32,24 @@ fn oom_victim_in_a_memory_cgroup_is_recorded() {
     assert_eq!(killed.len(), 1, "the kernel killed exactly one process of the job: {log:?}");
     assert_eq!(cg.oom_kills(), 1, "the cgroup's own OOM count");
     let victim = killed[0].pid;
-    let worker0 = lines.iter().find(|l| l["role"] == "worker" && l["index"] == 0).expect("worker 0")["pid"].as_u64().expect("pid") as u32;
+    let worker0 = lines.iter().find(|l| l["role"] == "worker" && l["index"] == 0).expect("worker 0")
+        ["pid"]
+        .as_u64()
+        .expect("pid") as u32;
     assert_eq!(victim, worker0, "the largest worker is the victim");
 
     let kills = t.summary["oom_kills"].as_array().expect("oom_kills");
     assert_eq!(kills.len(), 1, "{kills:?}");
     assert_eq!(kills[0]["victim_pid"], victim);
     let anon_kb = kills[0]["anon_rss_kb"].as_u64().expect("anon_rss_kb");
-    eprintln!("OOM victim {victim}: anon-rss {anon_kb} kB by gpustall; kernel log: {:?}", killed[0]);
-    assert!((150 * 1024..=256 * 1024).contains(&anon_kb), "anon-rss {anon_kb} kB of a worker in a 256 MiB cgroup");
+    eprintln!(
+        "OOM victim {victim}: anon-rss {anon_kb} kB by gpustall; kernel log: {:?}",
+        killed[0]
+    );
+    assert!(
+        (150 * 1024..=256 * 1024).contains(&anon_kb),
+        "anon-rss {anon_kb} kB of a worker in a 256 MiB cgroup"
+    );
     let p = t.process(victim);
     assert_eq!(p["oom_killed"], true);
     assert_eq!(p["exit_signal"], 9);
@@ -53,10 +63,20 @@ fn oom_victim_in_a_memory_cgroup_is_recorded() {
     let logged_anon = killed[0].anon_rss_kb.expect("anon-rss in the kernel log");
     assert_eq!(anon_kb, logged_anon, "anon-rss: gpustall vs the kernel log");
     // `trace --perfetto`: the OOM kill is an instant on the victim's track.
-    let trace: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&trace_out).expect("perfetto trace")).expect("json");
+    let trace: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&trace_out).expect("perfetto trace"))
+            .expect("json");
     let ev = trace["traceEvents"].as_array().expect("events");
-    assert!(ev.iter().any(|e| e["ph"] == "i" && e["name"] == "OOM kill" && e["pid"] == victim), "OOM kill instant on pid {victim}");
-    assert!(ev.iter().any(|e| e["ph"] == "i" && e["pid"] == victim && e["name"].as_str().is_some_and(|n| n.starts_with("signal 9"))), "the SIGKILL instant");
+    assert!(
+        ev.iter().any(|e| e["ph"] == "i" && e["name"] == "OOM kill" && e["pid"] == victim),
+        "OOM kill instant on pid {victim}"
+    );
+    assert!(
+        ev.iter().any(|e| e["ph"] == "i"
+            && e["pid"] == victim
+            && e["name"].as_str().is_some_and(|n| n.starts_with("signal 9"))),
+        "the SIGKILL instant"
+    );
     // The other workers were not OOM-killed.
     for l in lines.iter().filter(|l| l["role"] == "worker" && l["pid"] != victim) {
         let other = t.process(l["pid"].as_u64().expect("pid") as u32);

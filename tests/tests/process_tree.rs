@@ -17,7 +17,9 @@ fn children_grandchildren_and_renames_are_followed() {
     let t = tracer.wait(Duration::from_secs(30));
     assert_eq!(t.code, Some(0), "{}", t.stderr);
 
-    let by_role = |r: &str| lines.iter().find(|l| l["role"] == r).unwrap_or_else(|| panic!("no {r} in {lines:?}"));
+    let by_role = |r: &str| {
+        lines.iter().find(|l| l["role"] == r).unwrap_or_else(|| panic!("no {r} in {lines:?}"))
+    };
     let (parent, a, b, g) = (by_role("parent"), by_role("a"), by_role("b"), by_role("grandchild"));
     let pid = |v: &serde_json::Value| v["pid"].as_u64().expect("pid") as u32;
     assert_eq!(t.process(pid(parent))["role"], "trainer");

@@ -22,7 +22,11 @@ fn report(file: &std::path::Path, out: &std::path::Path) -> (Option<i32>, String
         .arg(out)
         .output()
         .expect("gpustall report");
-    (o.status.code(), String::from_utf8_lossy(&o.stdout).into_owned(), String::from_utf8_lossy(&o.stderr).into_owned())
+    (
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
 }
 
 /// Every leaf that differs, as "path: live vs replayed".
@@ -57,8 +61,19 @@ fn the_offline_report_reproduces_the_live_summary_field_by_field() {
     let pid = w.pid().to_string();
     let tracer = Tracer::start_with_env(
         w.pid(),
-        &["--quiet", "--nvml-lib", tests::nvml_stub().to_str().expect("utf-8"), "--gpu-interval", "250ms", "--summary-every", "2s"],
-        &[("GPUSTALL_NVML_STUB_SCENARIO", scenario.to_str().expect("utf-8")), ("GPUSTALL_TEST_TRAINER", &pid)],
+        &[
+            "--quiet",
+            "--nvml-lib",
+            tests::nvml_stub().to_str().expect("utf-8"),
+            "--gpu-interval",
+            "250ms",
+            "--summary-every",
+            "2s",
+        ],
+        &[
+            ("GPUSTALL_NVML_STUB_SCENARIO", scenario.to_str().expect("utf-8")),
+            ("GPUSTALL_TEST_TRAINER", &pid),
+        ],
     );
     w.go();
     let (code, _) = w.wait(Duration::from_secs(180));
@@ -72,63 +87,130 @@ fn the_offline_report_reproduces_the_live_summary_field_by_field() {
     let out = dir.path("replayed.json");
     let (rc, stdout, stderr) = report(&copy, &out);
     assert_eq!(rc, Some(0), "{stderr}");
-    let replayed: Value = serde_json::from_str(&std::fs::read_to_string(&out).expect("summary")).expect("json");
+    let replayed: Value =
+        serde_json::from_str(&std::fs::read_to_string(&out).expect("summary")).expect("json");
     let mut diffs = Vec::new();
     differences(&live.summary, &replayed, "", &mut diffs);
-    assert!(diffs.is_empty(), "the replayed summary differs from the live one:\n{}", diffs.join("\n"));
+    assert!(
+        diffs.is_empty(),
+        "the replayed summary differs from the live one:\n{}",
+        diffs.join("\n")
+    );
     assert!(stdout.contains(live.summary["verdict"]["cause"].as_str().expect("cause")), "{stdout}");
     // The run had something to replay: reclaim, swap, GPU samples and a stall.
-    assert!(live.summary["stalls"].as_array().is_some_and(|s| !s.is_empty()), "{}", live.summary["stalls"]);
+    assert!(
+        live.summary["stalls"].as_array().is_some_and(|s| !s.is_empty()),
+        "{}",
+        live.summary["stalls"]
+    );
     let swap: u64 = live.processes().iter().map(|p| p["swapout_pages"].as_u64().unwrap_or(0)).sum();
     assert!(swap > 0);
     eprintln!("replayed {} lines; verdict {}", live.record.len(), live.summary["verdict"]["cause"]);
 
     // The same recording as a Perfetto trace: tracks per process, slices, counters, the stall.
     let trace_out = dir.path("trace.json");
-    let o = Command::new(tests::gpustall_bin()).args(["export", "--perfetto"]).arg(&trace_out).arg(&copy).output().expect("export");
+    let o = Command::new(tests::gpustall_bin())
+        .args(["export", "--perfetto"])
+        .arg(&trace_out)
+        .arg(&copy)
+        .output()
+        .expect("export");
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let trace: Value = serde_json::from_str(&std::fs::read_to_string(&trace_out).expect("trace")).expect("trace JSON");
+    let trace: Value = serde_json::from_str(&std::fs::read_to_string(&trace_out).expect("trace"))
+        .expect("trace JSON");
     let ev = trace["traceEvents"].as_array().expect("traceEvents");
-    let workers: Vec<&Value> = live.processes().iter().filter(|p| p["role"] == "dataloader_worker").collect();
+    let workers: Vec<&Value> =
+        live.processes().iter().filter(|p| p["role"] == "dataloader_worker").collect();
     assert_eq!(workers.len(), 3);
     for p in &workers {
         let w = p["pid"].as_u64().expect("pid");
-        assert!(ev.iter().any(|e| e["ph"] == "M" && e["name"] == "process_name" && e["pid"] == w), "a named track for worker {w}");
-        assert!(ev.iter().any(|e| e["ph"] == "C" && e["pid"] == w && e["name"] == "rss_mib"), "an RSS counter on worker {w}'s track");
+        assert!(
+            ev.iter().any(|e| e["ph"] == "M" && e["name"] == "process_name" && e["pid"] == w),
+            "a named track for worker {w}"
+        );
+        assert!(
+            ev.iter().any(|e| e["ph"] == "C" && e["pid"] == w && e["name"] == "rss_mib"),
+            "an RSS counter on worker {w}'s track"
+        );
         // As many reclaim slices on its track as reclaim stalls the summary counts for it.
-        let slices = ev.iter().filter(|e| e["ph"] == "X" && e["pid"] == w && e["name"] == "memcg reclaim").count() as u64;
-        assert_eq!(slices, p["memcg_reclaim_count"].as_u64().expect("count"), "reclaim slices on worker {w}'s track");
+        let slices = ev
+            .iter()
+            .filter(|e| e["ph"] == "X" && e["pid"] == w && e["name"] == "memcg reclaim")
+            .count() as u64;
+        assert_eq!(
+            slices,
+            p["memcg_reclaim_count"].as_u64().expect("count"),
+            "reclaim slices on worker {w}'s track"
+        );
     }
-    assert!(workers.iter().any(|p| p["memcg_reclaim_count"].as_u64() > Some(0)), "some worker stalled in reclaim");
-    assert!(ev.iter().any(|e| e["ph"] == "X" && e["name"] == "GPU stall"), "the GPU stall on the GPU track");
-    assert!(ev.iter().any(|e| e["ph"] == "C" && e["name"] == "util_pct"), "GPU utilisation counter");
-    assert!(ev.iter().any(|e| e["ph"] == "C" && e["name"] == "job_swapout_pages_s"), "swap-out rate counter");
-    assert!(ev.iter().all(|e| e["ts"].is_null() || e["ts"].as_f64().is_some_and(|t| t >= 0.0)), "timestamps from the start");
+    assert!(
+        workers.iter().any(|p| p["memcg_reclaim_count"].as_u64() > Some(0)),
+        "some worker stalled in reclaim"
+    );
+    assert!(
+        ev.iter().any(|e| e["ph"] == "X" && e["name"] == "GPU stall"),
+        "the GPU stall on the GPU track"
+    );
+    assert!(
+        ev.iter().any(|e| e["ph"] == "C" && e["name"] == "util_pct"),
+        "GPU utilisation counter"
+    );
+    assert!(
+        ev.iter().any(|e| e["ph"] == "C" && e["name"] == "job_swapout_pages_s"),
+        "swap-out rate counter"
+    );
+    assert!(
+        ev.iter().all(|e| e["ts"].is_null() || e["ts"].as_f64().is_some_and(|t| t >= 0.0)),
+        "timestamps from the start"
+    );
 
     // And as one self-contained HTML page.
     let html_out = dir.path("report.html");
-    let o = Command::new(tests::gpustall_bin()).arg("report").arg(&copy).arg("--html").arg(&html_out).output().expect("report --html");
+    let o = Command::new(tests::gpustall_bin())
+        .arg("report")
+        .arg(&copy)
+        .arg("--html")
+        .arg(&html_out)
+        .output()
+        .expect("report --html");
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let html = std::fs::read_to_string(&html_out).expect("html");
-    assert!(html.contains("<svg") && html.contains(live.summary["verdict"]["cause"].as_str().expect("cause")));
-    assert!(!html.contains("<script") && !html.contains("src=\"http") && !html.contains("href=\"http"), "no network, no scripts");
+    assert!(
+        html.contains("<svg")
+            && html.contains(live.summary["verdict"]["cause"].as_str().expect("cause"))
+    );
+    assert!(
+        !html.contains("<script") && !html.contains("src=\"http") && !html.contains("href=\"http"),
+        "no network, no scripts"
+    );
 
     // A corrupt line: the error names it; the report covers what came before.
     let text = std::fs::read_to_string(&record).expect("read");
     let lines: Vec<&str> = text.lines().collect();
     let cut = lines.len() / 2;
     let corrupt = dir.path("corrupt.jsonl");
-    std::fs::write(&corrupt, format!("{}\n{{not json\n{}\n", lines[..cut].join("\n"), lines[cut..].join("\n"))).expect("write");
+    std::fs::write(
+        &corrupt,
+        format!("{}\n{{not json\n{}\n", lines[..cut].join("\n"), lines[cut..].join("\n")),
+    )
+    .expect("write");
     let (rc, stdout, stderr) = report(&corrupt, &dir.path("c.json"));
     assert_eq!(rc, Some(1));
-    assert!(stderr.contains(&format!("line {}", cut + 1)) && stderr.contains("not JSON"), "{stderr}");
+    assert!(
+        stderr.contains(&format!("line {}", cut + 1)) && stderr.contains("not JSON"),
+        "{stderr}"
+    );
     assert!(stdout.contains("== gpustall:"), "the report of what parsed is printed: {stdout}");
 }
 
 #[test]
 fn after_kill_9_of_the_agent_every_line_but_the_last_parses() {
     tests::require_privileged_env();
-    let mut w = Workload::start(workload(), &["spawn", "sh", "-c", "for i in $(seq 40); do sleep 0.05 & wait; done"], None);
+    let mut w = Workload::start(
+        workload(),
+        &["spawn", "sh", "-c", "for i in $(seq 40); do sleep 0.05 & wait; done"],
+        None,
+    );
     let tracer = Tracer::start(w.pid(), &["--quiet", "--no-gpu"]);
     let record = tracer.record_path();
     w.go();

@@ -18,7 +18,8 @@ fn workload() -> &'static std::path::Path {
 fn cold_direct_reads_with_plenty_of_memory_are_disk_bound() {
     tests::require_privileged_env();
     let _lock = tests::pressure_lock();
-    let dir = std::path::PathBuf::from(format!("/var/tmp/gpustall-diskbound-{}", std::process::id()));
+    let dir =
+        std::path::PathBuf::from(format!("/var/tmp/gpustall-diskbound-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("dir");
     struct Rm(std::path::PathBuf);
     impl Drop for Rm {
@@ -29,13 +30,23 @@ fn cold_direct_reads_with_plenty_of_memory_are_disk_bound() {
     let _rm = Rm(dir.clone());
     let data = dir.join("data");
     let made = std::process::Command::new("dd")
-        .args(["if=/dev/urandom", &format!("of={}", data.display()), "bs=1M", "count=256", "status=none"])
+        .args([
+            "if=/dev/urandom",
+            &format!("of={}", data.display()),
+            "bs=1M",
+            "count=256",
+            "status=none",
+        ])
         .status()
         .expect("dd");
     assert!(made.success());
     let input = format!("if={}", data.display());
     // O_DIRECT, small blocks, queue depth 1: the reader waits on the disk all the time.
-    let mut w = Workload::start(workload(), &["spawn", "dd", &input, "of=/dev/null", "bs=16k", "iflag=direct", "status=none"], None);
+    let mut w = Workload::start(
+        workload(),
+        &["spawn", "dd", &input, "of=/dev/null", "bs=16k", "iflag=direct", "status=none"],
+        None,
+    );
     let tracer = Tracer::start(w.pid(), &["--quiet", "--no-gpu"]);
     w.go();
     let (code, _) = w.wait(Duration::from_secs(120));
@@ -47,7 +58,12 @@ fn cold_direct_reads_with_plenty_of_memory_are_disk_bound() {
     let reader = t.processes().iter().find(|p| p["comm"] == "dd").expect("dd traced");
     assert_eq!(v["culprit_pids"][0], reader["pid"]);
     assert!(reader["block_read_bytes"].as_u64() >= Some(256 << 20), "{reader}");
-    assert!(v["evidence"].as_array().is_some_and(|e| e.iter().any(|l| l.as_str().is_some_and(|s| s.contains("no memory pressure")))), "{v}");
+    assert!(
+        v["evidence"].as_array().is_some_and(|e| e
+            .iter()
+            .any(|l| l.as_str().is_some_and(|s| s.contains("no memory pressure")))),
+        "{v}"
+    );
 }
 
 #[test]
@@ -84,8 +100,17 @@ fn gpu_stall_during_the_memory_chain_is_linked_in_the_evidence() {
     let pid = w.pid().to_string();
     let tracer = Tracer::start_with_env(
         w.pid(),
-        &["--quiet", "--nvml-lib", tests::nvml_stub().to_str().expect("utf-8"), "--gpu-interval", "200ms"],
-        &[("GPUSTALL_NVML_STUB_SCENARIO", scenario.to_str().expect("utf-8")), ("GPUSTALL_TEST_TRAINER", &pid)],
+        &[
+            "--quiet",
+            "--nvml-lib",
+            tests::nvml_stub().to_str().expect("utf-8"),
+            "--gpu-interval",
+            "200ms",
+        ],
+        &[
+            ("GPUSTALL_NVML_STUB_SCENARIO", scenario.to_str().expect("utf-8")),
+            ("GPUSTALL_TEST_TRAINER", &pid),
+        ],
     );
     w.go();
     let (code, _) = w.wait(Duration::from_secs(180));
@@ -94,12 +119,18 @@ fn gpu_stall_during_the_memory_chain_is_linked_in_the_evidence() {
     let v = &t.summary["verdict"];
     eprintln!("memory + GPU verdict: {v:#}");
     assert_eq!(v["cause"], "host_memory_pressure", "{v:#}");
-    let evidence: Vec<&str> = v["evidence"].as_array().expect("evidence").iter().filter_map(|e| e.as_str()).collect();
+    let evidence: Vec<&str> =
+        v["evidence"].as_array().expect("evidence").iter().filter_map(|e| e.as_str()).collect();
     assert!(evidence.iter().any(|e| e.contains("GPU 0 idle")), "{evidence:#?}");
     assert!(evidence.iter().any(|e| e.contains("reclaim began")), "{evidence:#?}");
     assert!(evidence.iter().any(|e| e.contains("swapped out")), "{evidence:#?}");
     assert!(v["text"].as_str().is_some_and(|s| s.contains("GPU 0 sat idle")), "{v}");
-    assert!(v["advice"].as_array().is_some_and(|a| a.iter().any(|l| l.as_str().is_some_and(|s| s.contains("num_workers=3")))), "{v}");
+    assert!(
+        v["advice"].as_array().is_some_and(|a| a
+            .iter()
+            .any(|l| l.as_str().is_some_and(|s| s.contains("num_workers=3")))),
+        "{v}"
+    );
 }
 
 #[test]
@@ -112,9 +143,26 @@ fn the_bundled_dataloader_workload_is_the_host_memory_chain() {
     let dir = tests::TempDir::new("verdict-demo");
     let log = dir.path("train.log");
     std::fs::write(&log, "").expect("log");
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../demo/dataloader_blowup.py");
+    let script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../demo/dataloader_blowup.py");
     let (data, log_s) = (dir.path("data"), log.to_str().expect("utf-8").to_string());
-    let args = ["-u", script.to_str().expect("utf-8"), "--wait-go", "--data-dir", data.to_str().expect("utf-8"), "--log", &log_s, "--workers", "3", "--cache-mib-per-batch", "4", "--steps", "2000", "--step-ms", "20"];
+    let args = [
+        "-u",
+        script.to_str().expect("utf-8"),
+        "--wait-go",
+        "--data-dir",
+        data.to_str().expect("utf-8"),
+        "--log",
+        &log_s,
+        "--workers",
+        "3",
+        "--cache-mib-per-batch",
+        "4",
+        "--steps",
+        "2000",
+        "--step-ms",
+        "20",
+    ];
     let mut w = Workload::start(std::path::Path::new("python3"), &args, Some(&cg));
     let tracer = Tracer::start(w.pid(), &["--quiet", "--no-gpu", "--log", &log_s]);
     w.go();
@@ -126,12 +174,17 @@ fn the_bundled_dataloader_workload_is_the_host_memory_chain() {
     assert_eq!(v["cause"], "host_memory_oom", "{v:#}");
     let victim = t.summary["oom_kills"][0]["victim_pid"].as_u64().expect("an OOM kill");
     assert_eq!(v["culprit_pids"][0], victim, "the victim first");
-    let workers: Vec<u64> = lines.iter().filter(|l| l["role"] == "worker").filter_map(|l| l["pid"].as_u64()).collect();
+    let workers: Vec<u64> =
+        lines.iter().filter(|l| l["role"] == "worker").filter_map(|l| l["pid"].as_u64()).collect();
     assert!(workers.contains(&victim), "the victim is a DataLoader worker: {workers:?}");
     assert_eq!(t.process(victim as u32)["role"], "dataloader_worker");
     let evidence = v["evidence"].to_string();
     assert!(evidence.contains("reclaim began"), "reclaim figures: {evidence}");
     assert!(evidence.contains("swapped out"), "swap figures: {evidence}");
     assert!(evidence.contains("grew from"), "worker growth: {evidence}");
-    assert!(t.summary["context"]["train_steps"].as_u64() > Some(10), "the training log was read: {}", t.summary["context"]);
+    assert!(
+        t.summary["context"]["train_steps"].as_u64() > Some(10),
+        "the training log was read: {}",
+        t.summary["context"]
+    );
 }

@@ -20,8 +20,19 @@ fn sleeping_job_with_gpu(timeline: Value) -> TraceResult {
     let pid = w.pid().to_string();
     let tracer = Tracer::start_with_env(
         w.pid(),
-        &["--quiet", "--duration", "6s", "--nvml-lib", tests::nvml_stub().to_str().expect("utf-8"), "--gpu-interval", "200ms"],
-        &[("GPUSTALL_NVML_STUB_SCENARIO", scenario.to_str().expect("utf-8")), ("GPUSTALL_TEST_TRAINER", &pid)],
+        &[
+            "--quiet",
+            "--duration",
+            "6s",
+            "--nvml-lib",
+            tests::nvml_stub().to_str().expect("utf-8"),
+            "--gpu-interval",
+            "200ms",
+        ],
+        &[
+            ("GPUSTALL_NVML_STUB_SCENARIO", scenario.to_str().expect("utf-8")),
+            ("GPUSTALL_TEST_TRAINER", &pid),
+        ],
     );
     w.go();
     tracer.wait(Duration::from_secs(30))
@@ -56,7 +67,11 @@ fn a_full_filesystem_under_the_job_is_disk_full() {
     let dir = tests::TempDir::new("full");
     let mnt = dir.path("mnt");
     std::fs::create_dir_all(&mnt).expect("mkdir");
-    let ok = std::process::Command::new("mount").args(["-t", "tmpfs", "-o", "size=2m", "gpustall-test", mnt.to_str().expect("utf-8")]).status().expect("mount").success();
+    let ok = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=2m", "gpustall-test", mnt.to_str().expect("utf-8")])
+        .status()
+        .expect("mount")
+        .success();
     assert!(ok, "mounting a tmpfs");
     struct Umount(std::path::PathBuf);
     impl Drop for Umount {
@@ -65,7 +80,14 @@ fn a_full_filesystem_under_the_job_is_disk_full() {
         }
     }
     let _umount = Umount(mnt.clone());
-    let _ = std::process::Command::new("dd").args(["if=/dev/zero", &format!("of={}", mnt.join("fill").display()), "bs=64k", "status=none"]).status();
+    let _ = std::process::Command::new("dd")
+        .args([
+            "if=/dev/zero",
+            &format!("of={}", mnt.join("fill").display()),
+            "bs=64k",
+            "status=none",
+        ])
+        .status();
     let mut w = Workload::start_in(workload(), &["spawn", "sleep", "2"], None, Some(&mnt));
     let tracer = Tracer::start(w.pid(), &["--quiet", "--no-gpu"]);
     w.go();

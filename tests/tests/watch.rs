@@ -29,7 +29,8 @@ impl Watcher {
     }
 
     fn spawn(mut cmd: Command) -> Self {
-        let mut child = cmd.stderr(Stdio::piped()).stdout(Stdio::null()).spawn().expect("gpustall watch");
+        let mut child =
+            cmd.stderr(Stdio::piped()).stdout(Stdio::null()).spawn().expect("gpustall watch");
         let err = child.stderr.take().expect("stderr");
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
@@ -70,7 +71,10 @@ impl Drop for Watcher {
 
 fn scrape(addr: &str) -> String {
     let mut s = std::net::TcpStream::connect(addr).expect("connect to the metrics endpoint");
-    s.write_all(format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes()).expect("request");
+    s.write_all(
+        format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+    .expect("request");
     let mut body = String::new();
     s.read_to_string(&mut body).expect("response");
     assert!(body.starts_with("HTTP/1.1 200"), "{body}");
@@ -91,9 +95,26 @@ fn watch_finds_a_later_job_bundles_its_oom_kill_and_serves_metrics() {
     // The rule matches this test's workload only: another test's job must never be watched here.
     let comm = unique_comm();
     let rule = format!("comm:^{comm}$");
-    let mut w = Watcher::start(&["--match", &rule, "--bundle-dir", &dir, "--listen", "127.0.0.1:0", "--no-gpu", "--after", "2s", "--scan-every", "500ms"]);
+    let mut w = Watcher::start(&[
+        "--match",
+        &rule,
+        "--bundle-dir",
+        &dir,
+        "--listen",
+        "127.0.0.1:0",
+        "--no-gpu",
+        "--after",
+        "2s",
+        "--scan-every",
+        "500ms",
+    ]);
     let started = w.wait_for("metrics on http://", Duration::from_secs(60));
-    let addr = started.split("http://").nth(1).and_then(|r| r.split('/').next()).expect("address").to_string();
+    let addr = started
+        .split("http://")
+        .nth(1)
+        .and_then(|r| r.split('/').next())
+        .expect("address")
+        .to_string();
     let before = scrape(&addr);
     assert_eq!(value(&before, "gpustall_watched_jobs"), Some(0.0), "{before}");
 
@@ -101,7 +122,8 @@ fn watch_finds_a_later_job_bundles_its_oom_kill_and_serves_metrics() {
     let cg = MemCgroup::new("watch", 256, false);
     let mut kmsg = Kmsg::open_at_end();
     let bin = std::path::Path::new(env!("CARGO_BIN_EXE_gpustall-workload"));
-    let mut job = Workload::start_named(&comm, bin, &["hog", "600,40,40", "8", "3000"], Some(&cg), None);
+    let mut job =
+        Workload::start_named(&comm, bin, &["hog", "600,40,40", "8", "3000"], Some(&cg), None);
     w.wait_for(&format!("watching job {comm}-{}", job.pid()), Duration::from_secs(20));
     job.go();
     let (code, lines) = job.wait(Duration::from_secs(120));
@@ -113,8 +135,16 @@ fn watch_finds_a_later_job_bundles_its_oom_kill_and_serves_metrics() {
 
     let wrote = w.wait_for("wrote incident bundle", Duration::from_secs(30));
     assert!(wrote.contains(&format!("oom_kill-{victim}")), "{wrote}");
-    let bundle = std::fs::read_dir(&bundles.0).expect("bundles").filter_map(|e| e.ok()).map(|e| e.path()).find(|p| p.to_string_lossy().contains(&format!("oom_kill-{victim}"))).expect("the bundle directory");
-    let summary: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(bundle.join("summary.json")).expect("summary.json")).expect("json");
+    let bundle = std::fs::read_dir(&bundles.0)
+        .expect("bundles")
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .find(|p| p.to_string_lossy().contains(&format!("oom_kill-{victim}")))
+        .expect("the bundle directory");
+    let summary: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(bundle.join("summary.json")).expect("summary.json"),
+    )
+    .expect("json");
     assert_eq!(summary["verdict"]["cause"], "host_memory_oom", "{:#}", summary["verdict"]);
     assert_eq!(summary["verdict"]["culprit_pids"][0], victim);
     assert_eq!(summary["oom_kills"][0]["victim_pid"], victim);
@@ -122,15 +152,27 @@ fn watch_finds_a_later_job_bundles_its_oom_kill_and_serves_metrics() {
         assert!(bundle.join(f).exists(), "{f} in the bundle");
     }
     // The bundle's recording replays offline into the same verdict.
-    let o = Command::new(tests::gpustall_bin()).arg("report").arg(bundle.join("record.jsonl")).output().expect("report");
-    assert!(String::from_utf8_lossy(&o.stdout).contains("host_memory_oom"), "{}", String::from_utf8_lossy(&o.stdout));
+    let o = Command::new(tests::gpustall_bin())
+        .arg("report")
+        .arg(bundle.join("record.jsonl"))
+        .output()
+        .expect("report");
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("host_memory_oom"),
+        "{}",
+        String::from_utf8_lossy(&o.stdout)
+    );
 
     let after = scrape(&addr);
     let oom = value(&after, "gpustall_oom_kills_total{").unwrap_or(0.0);
     assert_eq!(oom, 1.0, "{after}");
     assert!(value(&after, "gpustall_incidents_total{").is_some_and(|v| v >= 1.0), "{after}");
     assert!(value(&after, "gpustall_agent_cpu_seconds_total").is_some_and(|v| v > 0.0), "{after}");
-    assert!(after.contains("# TYPE gpustall_reclaim_stall_seconds counter") || after.contains("gpustall_reclaim_stall_seconds_total"), "{after}");
+    assert!(
+        after.contains("# TYPE gpustall_reclaim_stall_seconds counter")
+            || after.contains("gpustall_reclaim_stall_seconds_total"),
+        "{after}"
+    );
 }
 
 #[test]
@@ -146,15 +188,29 @@ fn watch_follows_a_process_that_nvml_lists_on_a_gpu() {
     std::fs::write(&scenario, doc.to_string()).expect("scenario");
     let bundles = dir.path("bundles");
     let mut cmd = Command::new(tests::gpustall_bin());
-    cmd.args(["watch", "--listen", "127.0.0.1:0", "--scan-every", "500ms", "--gpu-interval", "200ms", "--nvml-lib"])
-        .arg(tests::nvml_stub())
-        .arg("--bundle-dir")
-        .arg(&bundles)
-        .env("GPUSTALL_NVML_STUB_SCENARIO", &scenario)
-        .env("GPUSTALL_TEST_TRAINER", job.pid().to_string());
+    cmd.args([
+        "watch",
+        "--listen",
+        "127.0.0.1:0",
+        "--scan-every",
+        "500ms",
+        "--gpu-interval",
+        "200ms",
+        "--nvml-lib",
+    ])
+    .arg(tests::nvml_stub())
+    .arg("--bundle-dir")
+    .arg(&bundles)
+    .env("GPUSTALL_NVML_STUB_SCENARIO", &scenario)
+    .env("GPUSTALL_TEST_TRAINER", job.pid().to_string());
     let mut w = Watcher::spawn(cmd);
     let started = w.wait_for("metrics on http://", Duration::from_secs(60));
-    let addr = started.split("http://").nth(1).and_then(|r| r.split('/').next()).expect("address").to_string();
+    let addr = started
+        .split("http://")
+        .nth(1)
+        .and_then(|r| r.split('/').next())
+        .expect("address")
+        .to_string();
     w.wait_for(&format!("watching job {}-{}", job.comm(), job.pid()), Duration::from_secs(20));
     let metrics = scrape(&addr);
     assert_eq!(value(&metrics, "gpustall_gpu_utilization_ratio{"), Some(0.8), "{metrics}");

@@ -84,7 +84,11 @@ pub fn run() -> anyhow::Result<()> {
     for round in 1..=ROUNDS {
         let (w, _) = run_once(false)?;
         let (t, s) = run_once(true)?;
-        eprintln!("round {round}: untraced {:.2} s, traced {:.2} s", w.as_secs_f64(), t.as_secs_f64());
+        eprintln!(
+            "round {round}: untraced {:.2} s, traced {:.2} s",
+            w.as_secs_f64(),
+            t.as_secs_f64()
+        );
         plain.push(w.as_secs_f64());
         traced.push(t.as_secs_f64());
         summaries.push(s.context("no summary")?);
@@ -95,11 +99,16 @@ pub fn run() -> anyhow::Result<()> {
     let duration = s["duration_s"].as_f64().unwrap_or(1.0).max(1e-3);
     let programs = s["overhead"]["programs"].as_array().cloned().unwrap_or_default();
     let hits = |name: &str| {
-        programs.iter().find(|p| p["name"] == name).and_then(|p| p["run_count"].as_u64()).unwrap_or(0)
+        programs
+            .iter()
+            .find(|p| p["name"] == name)
+            .and_then(|p| p["run_count"].as_u64())
+            .unwrap_or(0)
     };
     let records = s["events"].as_u64().unwrap_or(0);
     // CPU while tracing: without the start-up (loading and verifying the programs).
-    let cpu = s["overhead"]["agent_cpu_s"].as_f64().unwrap_or(0.0) - s["overhead"]["agent_startup_cpu_s"].as_f64().unwrap_or(0.0);
+    let cpu = s["overhead"]["agent_cpu_s"].as_f64().unwrap_or(0.0)
+        - s["overhead"]["agent_startup_cpu_s"].as_f64().unwrap_or(0.0);
     let report = json!({
         "case": "swap-heavy: 3 x 300 MiB workers in a 128 MiB memcg with swap",
         "rounds": ROUNDS,
@@ -132,7 +141,12 @@ pub fn run() -> anyhow::Result<()> {
     println!("{:<34} {:>10} {:>10}", "program", "runs", "avg ns");
     for p in &programs {
         if p["run_count"].as_u64().unwrap_or(0) > 0 {
-            println!("{:<34} {:>10} {:>10.0}", p["name"].as_str().unwrap_or("?"), p["run_count"], p["avg_ns"].as_f64().unwrap_or(0.0));
+            println!(
+                "{:<34} {:>10} {:>10.0}",
+                p["name"].as_str().unwrap_or("?"),
+                p["run_count"],
+                p["avg_ns"].as_f64().unwrap_or(0.0)
+            );
         }
     }
     let daemon = watch_cases()?;
@@ -153,7 +167,13 @@ fn usage(pid: u32) -> anyhow::Result<(f64, u64, u64)> {
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
     let cpu = (f[11].parse::<f64>()? + f[12].parse::<f64>()?) / hz;
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let kb = |key: &str| status.lines().find(|l| l.starts_with(key)).and_then(|l| l.split_whitespace().nth(1)?.parse().ok()).unwrap_or(0u64);
+    let kb = |key: &str| {
+        status
+            .lines()
+            .find(|l| l.starts_with(key))
+            .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+            .unwrap_or(0u64)
+    };
     Ok((cpu, kb("VmRSS:"), kb("VmHWM:")))
 }
 
@@ -161,7 +181,15 @@ fn usage(pid: u32) -> anyhow::Result<(f64, u64, u64)> {
 fn start_daemon(bundles: &std::path::Path) -> anyhow::Result<std::process::Child> {
     use std::io::BufRead;
     let mut child = std::process::Command::new(workspace_root().join("target/release/gpustall"))
-        .args(["watch", "--match", "comm:^gpustall-worklo", "--listen", "127.0.0.1:0", "--no-gpu", "--bundle-dir"])
+        .args([
+            "watch",
+            "--match",
+            "comm:^gpustall-worklo",
+            "--listen",
+            "127.0.0.1:0",
+            "--no-gpu",
+            "--bundle-dir",
+        ])
         .arg(bundles)
         .stderr(std::process::Stdio::piped())
         .spawn()?;
@@ -182,7 +210,9 @@ fn watch_cases() -> anyhow::Result<Value> {
     let bundles = tests::TempDir::new("bench-bundles");
     let mut daemon = start_daemon(&bundles.0)?;
     let pid = daemon.id();
-    let measure = |secs: u64, f: &mut dyn FnMut() -> anyhow::Result<()>| -> anyhow::Result<(f64, f64, u64, u64)> {
+    let measure = |secs: u64,
+                   f: &mut dyn FnMut() -> anyhow::Result<()>|
+     -> anyhow::Result<(f64, f64, u64, u64)> {
         let (c0, _, _) = usage(pid)?;
         let t0 = Instant::now();
         f()?;

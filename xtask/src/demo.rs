@@ -94,14 +94,23 @@ fn ensure_python() -> anyhow::Result<()> {
     }
     eprintln!("xtask: python3 is missing; installing it (apt-get install -y python3)");
     run_cmd(Command::new("apt-get").arg("update"))?;
-    run_cmd(Command::new("apt-get").args(["install", "-y", "python3"]).env("DEBIAN_FRONTEND", "noninteractive"))?;
-    anyhow::ensure!(ok(Command::new("python3").arg("--version")), "python3 still does not run after installing it");
+    run_cmd(
+        Command::new("apt-get")
+            .args(["install", "-y", "python3"])
+            .env("DEBIAN_FRONTEND", "noninteractive"),
+    )?;
+    anyhow::ensure!(
+        ok(Command::new("python3").arg("--version")),
+        "python3 still does not run after installing it"
+    );
     Ok(())
 }
 
 /// The cgroup's memory in use and swapped out, in MiB (v1 or v2 files).
 fn cgroup_mem(cg: &Path) -> (u64, u64) {
-    let num = |f: &str| std::fs::read_to_string(cg.join(f)).ok().and_then(|s| s.trim().parse::<u64>().ok());
+    let num = |f: &str| {
+        std::fs::read_to_string(cg.join(f)).ok().and_then(|s| s.trim().parse::<u64>().ok())
+    };
     let stat_swap = || {
         std::fs::read_to_string(cg.join("memory.stat"))
             .ok()?
@@ -120,7 +129,9 @@ fn log_steps(log: &Path) -> (Vec<(f64, f64)>, String) {
     let mut last = String::from("0");
     for line in text.lines() {
         let words: Vec<&str> = line.split_whitespace().collect();
-        let value = |key: &str| words.windows(2).find(|w| w[0] == key).and_then(|w| w[1].parse::<f64>().ok());
+        let value = |key: &str| {
+            words.windows(2).find(|w| w[0] == key).and_then(|w| w[1].parse::<f64>().ok())
+        };
         if let (Some(d), Some(t)) = (value("data_time:"), value("time:")) {
             steps.push((d, t));
             if let Some(s) = line.split('[').nth(2).and_then(|r| r.split(']').next()) {
@@ -224,7 +235,10 @@ pub fn run() -> anyhow::Result<()> {
     let cg = MemCgroup::new("demo", LIMIT_MIB, true);
 
     println!("\n== gpustall demo ==");
-    println!("A training job shaped like a PyTorch DataLoader memory blow-up ({}):", script.strip_prefix(&root).unwrap_or(&script).display());
+    println!(
+        "A training job shaped like a PyTorch DataLoader memory blow-up ({}):",
+        script.strip_prefix(&root).unwrap_or(&script).display()
+    );
     println!("  a trainer and {WORKERS} forked workers named pt_data_worker; each worker reads its batch's files,");
     println!("  hands the batch over in shared memory and keeps {CACHE_MIB_PER_BATCH} MiB per batch in a cache it never frees,");
     println!("  re-reading {MOSAIC} earlier entries per batch (mosaic augmentation); {STEP_MS} ms per step stands in for the GPU.");
@@ -233,7 +247,8 @@ pub fn run() -> anyhow::Result<()> {
 
     // The tracer opens the training log at start, as with a job that is already running.
     std::fs::write(&log, "").context("creating the training log")?;
-    let err_file = std::fs::File::create(&stderr_path).context("creating the workload's stderr file")?;
+    let err_file =
+        std::fs::File::create(&stderr_path).context("creating the workload's stderr file")?;
     let mut workload = {
         let _redirect = StderrTo::file(&err_file)?;
         Workload::start(Path::new("python3"), &args, Some(&cg))
@@ -269,7 +284,8 @@ pub fn run() -> anyhow::Result<()> {
     let wall = t0.elapsed();
     if status.is_none() {
         println!("  the workload did not end within {WORKLOAD_TIMEOUT:?}: stopping it");
-        for pid in std::fs::read_to_string(cg.path.join("cgroup.procs")).unwrap_or_default().lines() {
+        for pid in std::fs::read_to_string(cg.path.join("cgroup.procs")).unwrap_or_default().lines()
+        {
             if let Ok(pid) = pid.trim().parse::<i32>() {
                 // SAFETY: plain kill of the demo's own processes (they are in its cgroup).
                 unsafe { libc::kill(pid, libc::SIGKILL) };
@@ -282,10 +298,14 @@ pub fn run() -> anyhow::Result<()> {
 
     let stderr_text = std::fs::read_to_string(&stderr_path).unwrap_or_default();
     let failure = stderr_text.lines().rfind(|l| l.starts_with("RuntimeError"));
-    let mut workers: Vec<(u64, u64)> =
-        lines.iter().filter(|l| l["role"] == "worker").filter_map(|l| Some((l["index"].as_u64()?, l["pid"].as_u64()?))).collect();
+    let mut workers: Vec<(u64, u64)> = lines
+        .iter()
+        .filter(|l| l["role"] == "worker")
+        .filter_map(|l| Some((l["index"].as_u64()?, l["pid"].as_u64()?)))
+        .collect();
     workers.sort_unstable();
-    let workers: Vec<String> = workers.iter().map(|(i, pid)| format!("{pid} (worker {i})")).collect();
+    let workers: Vec<String> =
+        workers.iter().map(|(i, pid)| format!("{pid} (worker {i})")).collect();
     let (steps, steps_done) = log_steps(&log);
     let window = steps.len().min(50);
     let (first, last) = (means(&steps[..window]), means(&steps[steps.len() - window..]));
@@ -293,8 +313,12 @@ pub fn run() -> anyhow::Result<()> {
     println!("\n== how the workload ended ==");
     println!("trainer pid {trainer_pid}, workers {}", workers.join(", "));
     match code {
-        Some(c) => println!("exit status {c} after {:.1} s, at step {steps_done}", wall.as_secs_f64()),
-        None => println!("killed by a signal after {:.1} s, at step {steps_done}", wall.as_secs_f64()),
+        Some(c) => {
+            println!("exit status {c} after {:.1} s, at step {steps_done}", wall.as_secs_f64())
+        }
+        None => {
+            println!("killed by a signal after {:.1} s, at step {steps_done}", wall.as_secs_f64())
+        }
     }
     match failure {
         Some(l) => println!("its error: {l}"),

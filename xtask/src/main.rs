@@ -34,10 +34,7 @@ enum Cmd {
     /// Measure the tracer's overhead side by side with an untraced run.
     Bench,
     /// Render a recording's HTML report in headless Chromium and save a PNG to look at.
-    Screenshot {
-        recording: std::path::PathBuf,
-        png: std::path::PathBuf,
-    },
+    Screenshot { recording: std::path::PathBuf, png: std::path::PathBuf },
 }
 
 fn main() {

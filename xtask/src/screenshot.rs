@@ -12,11 +12,28 @@ pub fn run(recording: &Path, png: &Path) -> anyhow::Result<()> {
     }
     run_cmd(cargo().args(["build", "-p", "gpustall"]))?;
     let html = png.with_extension("html");
-    run_cmd(Command::new(workspace_root().join("target/debug/gpustall")).arg("report").arg(recording).arg("--html").arg(&html).stdout(std::process::Stdio::null()))?;
+    run_cmd(
+        Command::new(workspace_root().join("target/debug/gpustall"))
+            .arg("report")
+            .arg(recording)
+            .arg("--html")
+            .arg(&html)
+            .stdout(std::process::Stdio::null()),
+    )?;
     let profile = std::env::temp_dir().join(format!("gpustall-chromium-{}", std::process::id()));
     let html = std::fs::canonicalize(&html)?;
     let status = Command::new("chromium")
-        .args(["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync", "--window-size=1100,1900"])
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--window-size=1100,1900",
+        ])
         .arg(format!("--user-data-dir={}", profile.display()))
         .arg(format!("--screenshot={}", png.display()))
         .arg(format!("file://{}", html.display()))

@@ -14,7 +14,8 @@ const BPF_LINKER_VERSION: &str = "0.13.0";
 /// Where bpf-linker and the LLVM prefix live: `$GPUSTALL_TOOLS` or ~/.cache/gpustall/tools.
 pub fn tools_dir() -> PathBuf {
     std::env::var_os("GPUSTALL_TOOLS").map(PathBuf::from).unwrap_or_else(|| {
-        PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into())).join(".cache/gpustall/tools")
+        PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into()))
+            .join(".cache/gpustall/tools")
     })
 }
 
@@ -23,26 +24,38 @@ pub fn bpf_linker_bin() -> PathBuf {
 }
 
 fn nightly_ready() -> bool {
-    let Some(sysroot) = output(Command::new("rustc").arg(format!("+{NIGHTLY}")).args(["--print", "sysroot"])) else {
+    let Some(sysroot) =
+        output(Command::new("rustc").arg(format!("+{NIGHTLY}")).args(["--print", "sysroot"]))
+    else {
         return false;
     };
     PathBuf::from(sysroot.trim()).join("lib/rustlib/src/rust/library/core").is_dir()
 }
 
 fn bpf_linker_ready() -> bool {
-    output(Command::new(bpf_linker_bin()).arg("--version")).is_some_and(|v| v.contains(BPF_LINKER_VERSION))
+    output(Command::new(bpf_linker_bin()).arg("--version"))
+        .is_some_and(|v| v.contains(BPF_LINKER_VERSION))
 }
 
 pub fn run_setup(quiet: bool) -> anyhow::Result<()> {
     if !nightly_ready() {
         eprintln!("xtask: installing {NIGHTLY} with rust-src (for the eBPF programs)");
-        run_cmd(Command::new("rustup").args(["toolchain", "install", NIGHTLY, "--profile", "minimal", "--component", "rust-src"]))?;
+        run_cmd(Command::new("rustup").args([
+            "toolchain",
+            "install",
+            NIGHTLY,
+            "--profile",
+            "minimal",
+            "--component",
+            "rust-src",
+        ]))?;
     }
     if !bpf_linker_ready() {
         eprintln!("xtask: building bpf-linker {BPF_LINKER_VERSION} against {NIGHTLY}'s LLVM (about a minute)");
         // bpf-linker links against the nightly's own libLLVM: a prefix whose lib/ has it.
-        let sysroot = output(Command::new("rustc").arg(format!("+{NIGHTLY}")).args(["--print", "sysroot"]))
-            .context("rustc of the nightly does not run")?;
+        let sysroot =
+            output(Command::new("rustc").arg(format!("+{NIGHTLY}")).args(["--print", "sysroot"]))
+                .context("rustc of the nightly does not run")?;
         let lib = PathBuf::from(sysroot.trim()).join("lib");
         let so = std::fs::read_dir(&lib)?
             .filter_map(|e| e.ok())
@@ -56,19 +69,39 @@ pub fn run_setup(quiet: bool) -> anyhow::Result<()> {
             let _ = std::fs::remove_file(&link);
             std::os::unix::fs::symlink(lib.join(&so), &link)?;
         }
-        run_cmd(Command::new("cargo")
-            .arg(format!("+{NIGHTLY}"))
-            .args(["install", "bpf-linker", "--version", BPF_LINKER_VERSION, "--locked", "--no-default-features", "--features", "llvm-22", "--force", "--root"])
-            .arg(tools_dir().join("bpf-linker"))
-            // Without it, build.rs finds /usr/bin/llvm-config (LLVM 14).
-            .env("LLVM_PREFIX", &prefix))?;
+        run_cmd(
+            Command::new("cargo")
+                .arg(format!("+{NIGHTLY}"))
+                .args([
+                    "install",
+                    "bpf-linker",
+                    "--version",
+                    BPF_LINKER_VERSION,
+                    "--locked",
+                    "--no-default-features",
+                    "--features",
+                    "llvm-22",
+                    "--force",
+                    "--root",
+                ])
+                .arg(tools_dir().join("bpf-linker"))
+                // Without it, build.rs finds /usr/bin/llvm-config (LLVM 14).
+                .env("LLVM_PREFIX", &prefix),
+        )?;
     }
     if is_root() && !std::path::Path::new("/sys/kernel/tracing/events").is_dir() {
         let _ = std::fs::create_dir_all("/sys/kernel/tracing");
         run_cmd(Command::new("mount").args(["-t", "tracefs", "nodev", "/sys/kernel/tracing"]))?;
     }
     // What the tests and the demo run: util-linux/coreutils tools and python3 (the demo workload).
-    for (tool, package) in [("setpriv", "util-linux"), ("mkswap", "util-linux"), ("swapon", "util-linux"), ("fallocate", "util-linux"), ("dd", "coreutils"), ("python3", "python3")] {
+    for (tool, package) in [
+        ("setpriv", "util-linux"),
+        ("mkswap", "util-linux"),
+        ("swapon", "util-linux"),
+        ("fallocate", "util-linux"),
+        ("dd", "coreutils"),
+        ("python3", "python3"),
+    ] {
         if output(Command::new("sh").args(["-c", &format!("command -v {tool}")])).is_none() {
             eprintln!("xtask: {tool} is missing: installing {package}");
             let _ = run_cmd(Command::new("apt-get").arg("update"));
@@ -76,7 +109,10 @@ pub fn run_setup(quiet: bool) -> anyhow::Result<()> {
         }
     }
     if !quiet {
-        eprintln!("xtask: setup complete ({NIGHTLY}, bpf-linker {BPF_LINKER_VERSION} in {})", tools_dir().display());
+        eprintln!(
+            "xtask: setup complete ({NIGHTLY}, bpf-linker {BPF_LINKER_VERSION} in {})",
+            tools_dir().display()
+        );
     }
     Ok(())
 }
@@ -84,4 +120,3 @@ pub fn run_setup(quiet: bool) -> anyhow::Result<()> {
 pub fn run() -> anyhow::Result<()> {
     run_setup(false)
 }
-

@@ -12,4 +12,3 @@ pub fn run(extra: &[String]) -> anyhow::Result<()> {
     let bin = workspace_root().join("target/debug/gpustall");
     run_cmd(cargo().args(["test", "--no-fail-fast"]).env("GPUSTALL_BIN", bin).arg("--").args(extra))
 }
-

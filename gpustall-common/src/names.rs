@@ -1,0 +1,41 @@
+//! The names the eBPF object and the agent agree on: maps (the `static`s of gpustall-ebpf, whose
+//! names are the map names in the object), programs (the `#[tracepoint]` functions) and the
+//! global the loader rewrites. The agent looks everything up by these; a unit test in the agent
+//! checks each one against the built object, so a rename on one side fails the build's tests.
+
+/// Map names.
+pub mod maps {
+    pub const TRACKED: &str = "TRACKED";
+    pub const CRITICAL: &str = "CRITICAL";
+    pub const BULK: &str = "BULK";
+    pub const LOST: &str = "LOST";
+    pub const PROC_COUNTERS: &str = "PROC_COUNTERS";
+    pub const HOST: &str = "HOST";
+    pub const IO_COUNTERS: &str = "IO_COUNTERS";
+    pub const IO_LATENCY: &str = "IO_LATENCY";
+}
+
+/// The global holding this kernel's tracepoint field offsets.
+pub const OFFSETS: &str = "OFFSETS";
+
+/// Program names (one per tracepoint family member).
+pub mod programs {
+    pub const TASK_NEWTASK: &str = "task_newtask";
+    pub const SCHED_PROCESS_EXIT: &str = "sched_process_exit";
+    pub const TASK_RENAME: &str = "task_rename";
+    pub const SCHED_PROCESS_EXEC: &str = "sched_process_exec";
+    pub const MARK_VICTIM: &str = "mark_victim";
+    pub const SIGNAL_GENERATE: &str = "signal_generate";
+    pub const DIRECT_RECLAIM_BEGIN: &str = "mm_vmscan_direct_reclaim_begin";
+    pub const DIRECT_RECLAIM_END: &str = "mm_vmscan_direct_reclaim_end";
+    pub const MEMCG_RECLAIM_BEGIN: &str = "mm_vmscan_memcg_reclaim_begin";
+    pub const MEMCG_RECLAIM_END: &str = "mm_vmscan_memcg_reclaim_end";
+    pub const KSWAPD_WAKE: &str = "mm_vmscan_kswapd_wake";
+    pub const KSWAPD_SLEEP: &str = "mm_vmscan_kswapd_sleep";
+    pub const WRITE_FOLIO: &str = "mm_vmscan_write_folio";
+    pub const WAKEUP_KSWAPD: &str = "mm_vmscan_wakeup_kswapd";
+    pub const THROTTLED: &str = "mm_vmscan_throttled";
+    pub const BLOCK_BIO_QUEUE: &str = "block_bio_queue";
+    pub const BLOCK_IO_START: &str = "block_io_start";
+    pub const BLOCK_IO_DONE: &str = "block_io_done";
+}

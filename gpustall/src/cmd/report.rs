@@ -1,0 +1,55 @@
+//! `gpustall report FILE`: the summary, verdict and report of a recording, offline.
+
+use std::{io::BufReader, path::PathBuf};
+
+use anyhow::Context as _;
+
+use crate::{
+    output::{html, summary::Summary, text, timeline},
+    recording::replay::{read_lines, replay},
+};
+
+#[derive(clap::Args)]
+pub struct ReportArgs {
+    /// The recording (JSON Lines).
+    #[arg(value_name = "FILE")]
+    file: PathBuf,
+    /// Write the summary as JSON to OUT.
+    #[arg(long, value_name = "OUT")]
+    summary_json: Option<PathBuf>,
+    /// Write a self-contained HTML page (verdict and timeline chart, no network) to OUT.
+    #[arg(long, value_name = "OUT")]
+    html: Option<PathBuf>,
+}
+
+pub fn run(args: &ReportArgs) -> anyhow::Result<()> {
+    let file = &args.file;
+    let f = std::fs::File::open(file)
+        .with_context(|| format!("cannot open the recording {}", file.display()))?;
+    let r = replay(BufReader::new(f));
+    if r.lines == 0 {
+        let why =
+            r.error.map_or("it is empty".to_string(), |e| format!("line {}: {}", e.line, e.why));
+        anyhow::bail!("{} is not a gpustall recording: {why}", file.display());
+    }
+    let summary = Summary::of(&r.model, r.end_ns, true);
+    if let Some(path) = &args.summary_json {
+        crate::output::summary::write_json(&summary, path)?;
+    }
+    if let Some(path) = &args.html {
+        let lines = read_lines(file, r.lines)?;
+        let page = html::render(&summary, &timeline::build(&lines));
+        std::fs::write(path, page).with_context(|| format!("writing {}", path.display()))?;
+    }
+    print!("{}", text::render(&summary));
+    if let Some(e) = r.error {
+        anyhow::bail!(
+            "{} line {}: {}; the report above covers lines 1-{}",
+            file.display(),
+            e.line,
+            e.why,
+            r.lines
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,230 @@
+//! A tracing session: the model and where its observations are written. Shared by `trace`
+//! (a recording file) and `watch` (an in-memory flight recorder).
+
+use std::time::{Duration, Instant};
+
+use aya::maps::{MapData, RingBuf};
+
+use crate::kernel::decode::decode;
+use crate::kernel::loader;
+use crate::model::event::Event;
+use crate::model::gpu::StallEpisode;
+use crate::model::samples::CountersSample;
+use crate::model::samples::Sample;
+use crate::model::Model;
+use crate::recording::writer::event_json;
+use crate::recording::writer::stall_json;
+use crate::recording::writer::Sink;
+use crate::sources::context::ContextReader;
+use crate::sources::procfs;
+use crate::sources::trainlog::LogSource;
+
+/// fsync the recording at least this often (and at once after an incident).
+const SYNC_EVERY: Duration = Duration::from_secs(5);
+
+/// What kind of incident: its JSON name is the one in bundle names and metrics labels.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum IncidentKind {
+    // In order of gravity: when several fall in one bundle, the gravest names it.
+    GpuStall,
+    ReclaimStorm,
+    Sigkill,
+    OomKill,
+}
+
+impl IncidentKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::GpuStall => "gpu_stall",
+            Self::ReclaimStorm => "reclaim_storm",
+            Self::Sigkill => "sigkill",
+            Self::OomKill => "oom_kill",
+        }
+    }
+}
+
+impl std::fmt::Display for IncidentKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Something that happened to the job that deserves a bundle (watch) or an immediate fsync.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Incident {
+    pub kind: IncidentKind,
+    pub t_ns: u64,
+    pub pid: u32,
+}
+
+pub struct Session {
+    pub model: Model,
+    pub recorder: Option<Box<dyn Sink>>,
+    /// The last full read of the kernel counters: only changes are recorded, unless
+    /// `full_counters` (the flight recorder needs a whole baseline in any window).
+    last_counters: CountersSample,
+    pub full_counters: bool,
+    pub undecodable: u64,
+    /// Incidents since the caller last took them.
+    pub incidents: Vec<Incident>,
+    /// An incident arrived: sync the recording now.
+    incident: bool,
+    last_sync: Instant,
+}
+
+impl Session {
+    pub fn new(model: Model) -> Self {
+        Self {
+            model,
+            recorder: None,
+            last_counters: CountersSample::default(),
+            full_counters: false,
+            undecodable: 0,
+            incidents: Vec::new(),
+            incident: false,
+            last_sync: Instant::now(),
+        }
+    }
+
+    pub fn observe(&mut self, s: Sample) {
+        if let Some(r) = self.recorder.as_mut() {
+            r.write(&s.to_json());
+        }
+        let ended = self.model.observe(&s);
+        self.stalls_ended(&ended);
+    }
+
+    pub fn stalls_ended(&mut self, ended: &[StallEpisode]) {
+        if ended.is_empty() {
+            return;
+        }
+        self.incident = true;
+        for e in ended {
+            self.incidents.push(Incident {
+                kind: IncidentKind::GpuStall,
+                t_ns: e.start_ns,
+                pid: e.pids.first().copied().unwrap_or(0),
+            });
+            if let Some(r) = self.recorder.as_mut() {
+                r.write(&stall_json(e));
+            }
+        }
+    }
+
+    pub fn drain(&mut self, ring: &mut RingBuf<MapData>) {
+        while let Some(item) = ring.next() {
+            let e = match decode(&item) {
+                Ok(e) => e,
+                Err(err) => {
+                    self.undecodable += 1;
+                    log::debug!("undecodable record: {err}");
+                    continue;
+                }
+            };
+            if let Some(r) = self.recorder.as_mut() {
+                r.write(&event_json(&e));
+            }
+            self.model.apply(&e);
+            match &e {
+                Event::OomVictim { h, victim_pid, .. } => {
+                    self.incident = true;
+                    self.incidents.push(Incident {
+                        kind: IncidentKind::OomKill,
+                        t_ns: h.t_ns,
+                        pid: *victim_pid,
+                    });
+                }
+                Event::Signal { h, sig: 9, target_pid, .. } => {
+                    self.incident = true;
+                    self.incidents.push(Incident {
+                        kind: IncidentKind::Sigkill,
+                        t_ns: h.t_ns,
+                        pid: *target_pid,
+                    });
+                }
+                Event::Signal { .. } => self.incident = true,
+                _ => {}
+            }
+            // Roles need command lines (torchrun, forkserver, spawn): read them while the
+            // process is young. Best effort: it may be gone already.
+            let pid = match &e {
+                Event::Fork { child_pid, .. } => Some(*child_pid),
+                Event::Exec { h, .. } => Some(h.tgid),
+                _ => None,
+            };
+            if let Some(pid) = pid {
+                if let Some(c) = crate::sources::host::cmdline(pid) {
+                    let t_ns = e.header().t_ns;
+                    self.observe(Sample::Cmdline { t_ns, pid, cmdline: c.join(" ") });
+                }
+            }
+        }
+    }
+
+    fn counters(&mut self, maps: &loader::KernelMaps, now: u64) {
+        let full = maps.read(now, self.undecodable);
+        let changes =
+            if self.full_counters { full.clone() } else { full.changes_since(&self.last_counters) };
+        if !changes.is_empty() {
+            self.observe(Sample::Counters(changes));
+        }
+        self.last_counters = full;
+    }
+
+    /// /proc memory of live processes; processes that vanished without an exit event (lost)
+    /// are marked gone so the trace can end.
+    fn sample_proc(&mut self, now: u64) {
+        for pid in self.model.tree.alive_pids() {
+            match procfs::sample_mem(pid) {
+                Some(mem) => self.observe(Sample::ProcMem { t_ns: now, pid, mem }),
+                None if !procfs::exists(pid) => self.observe(Sample::Vanished { t_ns: now, pid }),
+                None => {} // a zombie: its exit event is on its way
+            }
+        }
+    }
+
+    /// New training-log lines: per-step times onto the timeline (stamped when read: the log's
+    /// own clock is not ours).
+    fn read_log(&mut self, log: &mut LogSource, now: u64) {
+        for line in log.poll() {
+            if let Some(step) = log.patterns.parse(&line) {
+                self.observe(Sample::TrainStep {
+                    t_ns: now,
+                    data_time_s: step.data_time_s,
+                    iter_time_s: step.iter_time_s,
+                });
+            }
+        }
+    }
+
+    /// Everything a tick looks at.
+    pub fn tick(
+        &mut self,
+        maps: &loader::KernelMaps,
+        ctx: &ContextReader,
+        log: Option<&mut LogSource>,
+        now: u64,
+    ) {
+        self.counters(maps, now);
+        self.sample_proc(now);
+        let alive = self.model.tree.alive_pids();
+        self.observe(Sample::Context(ctx.read(&alive, now)));
+        if let Some(log) = log {
+            self.read_log(log, now);
+        }
+    }
+
+    /// fsync the recording after an incident, and at least every [`SYNC_EVERY`].
+    pub fn sync_if_due(&mut self) {
+        if self.incident || self.last_sync.elapsed() >= SYNC_EVERY {
+            if let Some(r) = self.recorder.as_mut() {
+                r.sync();
+            }
+            self.incident = false;
+            self.last_sync = Instant::now();
+        }
+    }
+}

@@ -1,0 +1,311 @@
+//! `gpustall trace`: follow a process tree until a duration passes, a signal arrives, or every
+//! traced process has exited; then write what was collected, always.
+//!
+//! Everything the model learns goes through the recording first (events and samples), so
+//! `gpustall report` can rebuild the same summary from the file.
+
+use std::{
+    io::IsTerminal,
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+use anyhow::Context as _;
+
+use crate::{
+    cmd::{
+        event_loop::{self, Beat, GpuTicks, Rings, Stop},
+        gpu::{GpuArgs, GpuOptions, GpuWatch},
+        session::Session,
+    },
+    kernel::{
+        loader::{self, KernelMaps, Probes},
+        preflight,
+    },
+    model::{overhead::Overhead, samples::Sample, Model},
+    output::{status_line, summary::Summary},
+    recording::{
+        header::Header,
+        writer::{write_serialize, Recorder},
+    },
+    sources::{
+        agent, clock::monotonic_ns, context::ContextReader, host, procfs, trainlog::LogSource,
+    },
+};
+
+/// `gpustall trace`'s flags.
+#[derive(clap::Args)]
+pub struct TraceArgs {
+    /// The process to trace (the trainer); its existing descendants are traced too.
+    #[arg(long, short = 'p', value_name = "PID")]
+    pid: u32,
+    /// Stop after this long (30 is seconds, as for timeout(1); or 90s, 10m, 1h30m); default: until
+    /// the job exits or Ctrl-C.
+    #[arg(long, short = 'd', value_name = "D", value_parser = crate::cmd::units::parse_duration)]
+    duration: Option<Duration>,
+    /// Write every event as JSON Lines to FILE (header, events, samples, summaries).
+    #[arg(long, value_name = "FILE")]
+    record: Option<PathBuf>,
+    /// Write the final summary (per-process figures, OOM kills, verdict) as JSON to FILE.
+    #[arg(long, value_name = "FILE")]
+    summary_json: Option<PathBuf>,
+    /// No status line (the report is still printed).
+    #[arg(long, short = 'q')]
+    quiet: bool,
+    /// How often a periodic summary goes into the recording.
+    #[arg(long, value_name = "D", default_value = "10s", value_parser = crate::cmd::units::parse_duration)]
+    summary_every: Duration,
+    #[command(flatten)]
+    gpu: GpuArgs,
+    /// Tail this training log for per-step data_time (mmengine style `data_time: 0.7384`).
+    #[arg(long, value_name = "FILE")]
+    log: Option<PathBuf>,
+    /// A regular expression with one capture group, the seconds, for other log formats.
+    #[arg(long, value_name = "REGEX", requires = "log")]
+    log_regex: Option<String>,
+    /// Also write a Perfetto / Chrome trace (ui.perfetto.dev) of the run to OUT.
+    #[arg(long, value_name = "OUT")]
+    perfetto: Option<PathBuf>,
+}
+
+impl TraceArgs {
+    pub fn into_options(self) -> TraceOptions {
+        TraceOptions {
+            pid: self.pid,
+            duration: self.duration,
+            record: self.record,
+            summary_json: self.summary_json,
+            quiet: self.quiet,
+            summary_every: self.summary_every,
+            gpu: self.gpu.options(Duration::from_millis(500), Duration::from_secs(3)),
+            log: self.log,
+            log_regex: self.log_regex,
+            perfetto: self.perfetto,
+        }
+    }
+}
+
+/// What `trace` was asked to do (from the CLI).
+pub struct TraceOptions {
+    pub pid: u32,
+    pub duration: Option<Duration>,
+    pub record: Option<PathBuf>,
+    pub summary_json: Option<PathBuf>,
+    pub quiet: bool,
+    pub summary_every: Duration,
+    /// `None`: --no-gpu.
+    pub gpu: Option<GpuOptions>,
+    /// `--log FILE` and an optional `--log-regex` for data_time.
+    pub log: Option<PathBuf>,
+    pub log_regex: Option<String>,
+    /// Also write a Perfetto trace at the end.
+    pub perfetto: Option<PathBuf>,
+}
+
+pub async fn run(opts: TraceOptions) -> anyhow::Result<()> {
+    let (mut t, mut probes, mut rings, gpu) = setup(&opts)?;
+    let gpu =
+        GpuTicks { watch: gpu, every: opts.gpu.as_ref().map_or(Duration::MAX, |g| g.interval) };
+    let stop = event_loop::run(&mut t, &mut rings, &mut probes.maps, gpu, opts.duration).await?;
+    if t.beat.tty && !opts.quiet {
+        eprintln!();
+    }
+    log::debug!("trace ended: {stop:?}");
+    finish(&opts, t, &probes)
+}
+
+/// What a running trace holds besides the kernel side.
+struct Trace {
+    session: Session,
+    beat: BeatState,
+    /// The recording's path: `--record`, or a scratch file for `--perfetto` alone.
+    record_path: Option<PathBuf>,
+    scratch: Option<PathBuf>,
+    startup_cpu_s: f64,
+}
+
+/// State of the once-a-second work.
+struct BeatState {
+    ctx: ContextReader,
+    log: Option<LogSource>,
+    start: u64,
+    quiet: bool,
+    summary_every: Duration,
+    tty: bool,
+    prev: status_line::Totals,
+    prev_at: Instant,
+    last_summary: Instant,
+}
+
+/// Checks, loads and attaches, opens the outputs, seeds the tree from /proc.
+fn setup(opts: &TraceOptions) -> anyhow::Result<(Trace, Probes, Rings, Option<GpuWatch>)> {
+    preflight::check_pid(opts.pid)?;
+    preflight::check_privileges()?;
+    preflight::protect_self_from_oom_killer();
+    preflight::raise_memlock();
+    let mut probes = loader::load_and_warn()?;
+    let log =
+        opts.log.as_deref().map(|p| LogSource::new(p, opts.log_regex.as_deref())).transpose()?;
+
+    let start = monotonic_ns();
+    let mut session = Session::new(Model { start_ns: start, last_ns: start, ..Default::default() });
+    // A Perfetto trace is drawn from the recording: without --record, record to a scratch file.
+    let scratch = (opts.perfetto.is_some() && opts.record.is_none()).then(|| {
+        std::env::temp_dir().join(format!("gpustall-{}-{}.jsonl", std::process::id(), start))
+    });
+    let record_path = opts.record.clone().or_else(|| scratch.clone());
+    if let Some(path) = &record_path {
+        session.recorder = Some(Box::new(Recorder::create(path)?));
+    }
+    let (gpu, gpu_header) = crate::cmd::gpu::open(opts.gpu.as_ref(), &mut session.model.gpu);
+    if let Some(r) = session.recorder.as_mut() {
+        let header = Header {
+            targets: Some(vec![opts.pid]),
+            ..Header::new(start, &probes.attached, &probes.skipped, gpu_header)
+        };
+        r.write(&header.to_json());
+        r.flush();
+    }
+    seed(&mut session, &mut probes.maps, opts.pid, start)?;
+    eprintln!(
+        "gpustall: tracing pid {} and its descendants ({} processes now, {} tracepoints){}",
+        opts.pid,
+        session.model.tree.alive_pids().len(),
+        probes.attached.len(),
+        opts.duration.map_or(String::new(), |d| format!(" for {}", humantime::format_duration(d)))
+    );
+    let (startup_cpu_s, _) = agent::agent_usage();
+    let (critical, bulk) = probes.take_rings()?;
+    let rings = Rings::register(critical, bulk)?;
+    let beat = BeatState {
+        ctx: ContextReader::new(opts.pid),
+        log,
+        start,
+        quiet: opts.quiet,
+        summary_every: opts.summary_every,
+        tty: std::io::stderr().is_terminal(),
+        prev: status_line::Totals::default(),
+        prev_at: Instant::now(),
+        last_summary: Instant::now(),
+    };
+    Ok((Trace { session, beat, record_path, scratch, startup_cpu_s }, probes, rings, gpu))
+}
+
+/// The target and its descendants into the kernel's tracked set and the model. Seeded after
+/// attaching, then looked at again: a fork between the first scan and the map insert would
+/// otherwise be missed (its parent was not tracked yet when it forked).
+fn seed(
+    session: &mut Session,
+    maps: &mut KernelMaps,
+    target: u32,
+    t_ns: u64,
+) -> anyhow::Result<()> {
+    for _pass in 0..2 {
+        let all = procfs::all_processes();
+        for p in procfs::descendants_of(target, &all) {
+            if session.model.tree.contains(p.pid) {
+                continue;
+            }
+            maps.track(p.pid).context("adding a process to the kernel's tracked map")?;
+            session.observe(Sample::Seed {
+                t_ns,
+                pid: p.pid,
+                ppid: p.ppid,
+                comm: p.comm.clone(),
+                is_target: p.pid == target,
+            });
+            if let Some(c) = host::cmdline(p.pid) {
+                session.observe(Sample::Cmdline { t_ns, pid: p.pid, cmdline: c.join(" ") });
+            }
+        }
+    }
+    if !session.model.tree.contains(target) {
+        anyhow::bail!("no such process: {target} (it exited before tracing started)");
+    }
+    Ok(())
+}
+
+impl Beat for Trace {
+    fn session(&mut self) -> &mut Session {
+        &mut self.session
+    }
+
+    /// Counters, /proc, context and log; the status line; the periodic summary.
+    fn beat(&mut self, maps: &mut KernelMaps, now: u64) -> Option<Stop> {
+        let (session, b) = (&mut self.session, &mut self.beat);
+        session.tick(maps, &b.ctx, b.log.as_mut(), now);
+        let cur = status_line::totals(&session.model);
+        let alive = session.model.tree.alive_pids().len();
+        if !b.quiet {
+            let lost = session.model.host.lost.iter().sum::<u64>() + session.undecodable;
+            let elapsed_s = (now - b.start) as f64 / 1e9;
+            let procs = session.model.tree.iter().count();
+            let l = status_line::line(
+                elapsed_s,
+                alive,
+                procs,
+                b.prev,
+                cur,
+                b.prev_at.elapsed().as_secs_f64(),
+                lost,
+            ) + &status_line::live_part(&session.model.gpu, now);
+            if b.tty {
+                eprint!("\r{l}\x1b[K")
+            } else {
+                eprintln!("{l}")
+            }
+        }
+        b.prev = cur;
+        b.prev_at = Instant::now();
+        if b.last_summary.elapsed() >= b.summary_every {
+            let s = Summary::of(&session.model, now, false);
+            if let Some(r) = session.recorder.as_mut() {
+                write_serialize(r.as_mut(), &s);
+            }
+            b.last_summary = Instant::now();
+        }
+        if let Some(r) = session.recorder.as_mut() {
+            r.flush();
+        }
+        (alive == 0).then_some(Stop::JobEnded)
+    }
+}
+
+/// Whatever ended the trace: take in what the kernel still holds, then write it all.
+fn finish(opts: &TraceOptions, mut t: Trace, probes: &Probes) -> anyhow::Result<()> {
+    let end = monotonic_ns();
+    t.session.tick(&probes.maps, &t.beat.ctx, t.beat.log.as_mut(), end);
+    let ended = t.session.model.finish(end);
+    t.session.stalls_ended(&ended);
+    let (cpu, rss) = agent::agent_usage();
+    let overhead = Overhead {
+        bpf_stats_enabled: agent::bpf_stats_enabled(),
+        programs: loader::program_stats(&probes.ebpf, &probes.attached),
+        agent_startup_cpu_s: t.startup_cpu_s,
+        agent_cpu_s: cpu,
+        agent_peak_rss_kb: rss,
+    };
+    t.session.observe(Sample::Overhead { t_ns: end, overhead });
+    let summary = Summary::of(&t.session.model, end, true);
+    if let Some(r) = t.session.recorder.as_mut() {
+        write_serialize(r.as_mut(), &summary);
+        r.sync();
+    }
+    if let Some(path) = &opts.summary_json {
+        crate::output::summary::write_json(&summary, path)?;
+    }
+    print!("{}", crate::output::text::render(&summary));
+    if let (Some(out), Some(record)) = (&opts.perfetto, &t.record_path) {
+        drop(t.session.recorder.take());
+        write_perfetto_from(record, t.scratch.as_deref(), out)?;
+    }
+    Ok(())
+}
+
+fn write_perfetto_from(record: &Path, scratch: Option<&Path>, out: &Path) -> anyhow::Result<()> {
+    let lines = crate::recording::replay::read_lines(record, usize::MAX);
+    if let Some(s) = scratch {
+        let _ = std::fs::remove_file(s);
+    }
+    crate::output::perfetto::write_file(&lines?, out)
+}

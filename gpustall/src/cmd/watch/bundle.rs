@@ -1,0 +1,146 @@
+//! Incident bundles written by `gpustall watch`: a directory per incident with the recording
+//! of the window around it (replayable with `gpustall report`), the summary and verdict, the
+//! text report and a Perfetto trace. Bundles are rotated by count and total size.
+
+use std::{
+    io::Write,
+    os::unix::fs::{DirBuilderExt, OpenOptionsExt},
+    path::{Path, PathBuf},
+};
+
+use serde_json::Value;
+
+use crate::model::samples::CountersSample;
+use crate::model::samples::Sample;
+
+/// Counters in a flight-recorder window are cumulative since the daemon started: make them
+/// count from the window's first read instead.
+pub fn rebase_counters(lines: &[Value]) -> Vec<Value> {
+    let mut base: Option<CountersSample> = None;
+    lines
+        .iter()
+        .map(|v| {
+            if v["type"] != "sample" || v["kind"] != "counters" {
+                return v.clone();
+            }
+            let Ok(Sample::Counters(c)) = serde_json::from_value::<Sample>(v.clone()) else {
+                return v.clone();
+            };
+            let b = base.get_or_insert_with(|| c.clone());
+            Sample::Counters(c.minus(b)).to_json()
+        })
+        .collect()
+}
+
+fn private_file(path: &Path) -> anyhow::Result<std::fs::File> {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(|e| anyhow::anyhow!("creating {}: {e}", path.display()))
+}
+
+/// Writes one bundle; returns its directory and the summary.
+pub fn write(
+    root: &Path,
+    name: &str,
+    lines: &[Value],
+) -> anyhow::Result<(PathBuf, crate::output::summary::Summary)> {
+    let dir = root.join(name);
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&dir)
+        .map_err(|e| anyhow::anyhow!("creating {}: {e}", dir.display()))?;
+    let mut rec = std::io::BufWriter::new(private_file(&dir.join("record.jsonl"))?);
+    for v in lines {
+        serde_json::to_writer(&mut rec, v)?;
+        rec.write_all(b"\n")?;
+    }
+    rec.flush()?;
+    drop(rec);
+    let text: Vec<u8> = lines
+        .iter()
+        .flat_map(|v| {
+            let mut l = serde_json::to_vec(v).unwrap_or_default();
+            l.push(b'\n');
+            l
+        })
+        .collect();
+    let r = crate::recording::replay::replay(text.as_slice());
+    let summary = crate::output::summary::Summary::of(&r.model, r.end_ns, true);
+    crate::output::summary::write_json(&summary, &dir.join("summary.json"))?;
+    std::fs::write(dir.join("report.txt"), crate::output::text::render(&summary))?;
+    let trace = crate::output::perfetto::render(&crate::output::timeline::build(lines));
+    std::fs::write(dir.join("trace.json"), serde_json::to_string(&trace)?)?;
+    Ok((dir, summary))
+}
+
+fn dir_bytes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok()?.metadata().ok())
+        .map(|m| m.len())
+        .sum()
+}
+
+/// Deletes the oldest bundles until at most `max_count` remain and they take at most
+/// `max_bytes` (the newest is always kept).
+pub fn rotate(root: &Path, max_count: usize, max_bytes: u64) -> Vec<PathBuf> {
+    let mut bundles: Vec<PathBuf> = std::fs::read_dir(root)
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.is_dir()
+                && p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("incident-"))
+        })
+        .collect();
+    bundles.sort();
+    let mut sizes: Vec<u64> = bundles.iter().map(|b| dir_bytes(b)).collect();
+    let mut removed = Vec::new();
+    while bundles.len() > 1 && (bundles.len() > max_count || sizes.iter().sum::<u64>() > max_bytes)
+    {
+        let old = bundles.remove(0);
+        sizes.remove(0);
+        if std::fs::remove_dir_all(&old).is_ok() {
+            removed.push(old);
+        }
+    }
+    removed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rotation_keeps_the_newest_within_count_and_size() {
+        let root = std::env::temp_dir().join(format!("gpustall-bundles-{}", std::process::id()));
+        for i in 0..5 {
+            let d = root.join(format!("incident-{i:012}-oom_kill-1"));
+            std::fs::create_dir_all(&d).expect("mkdir");
+            std::fs::write(d.join("record.jsonl"), vec![b'x'; 100]).expect("write");
+        }
+        assert_eq!(rotate(&root, 3, 1 << 20).len(), 2);
+        assert_eq!(rotate(&root, 10, 150).len(), 2);
+        let left: Vec<_> = std::fs::read_dir(&root).expect("dir").filter_map(|e| e.ok()).collect();
+        assert_eq!(left.len(), 1);
+        assert!(left[0].file_name().to_string_lossy().contains("000000000004"));
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    #[test]
+    fn counters_in_a_window_start_from_zero() {
+        let c = |ns: u64| {
+            Sample::Counters(CountersSample { t_ns: ns, host: vec![ns], ..Default::default() })
+                .to_json()
+        };
+        let out = rebase_counters(&[c(10), serde_json::json!({"type": "event"}), c(25)]);
+        assert_eq!(out[0]["host"][0], 0);
+        assert_eq!(out[2]["host"][0], 15);
+    }
+}

@@ -1,0 +1,485 @@
+//! Prometheus metrics for `gpustall watch`, and the small HTTP server that exposes them.
+//!
+//! A daemon that watches every training job on a node is only useful if its findings reach the
+//! dashboards and alerts people already have, so it exports counters to the Prometheus they
+//! already run instead of keeping its own store or aggregation server. The exposition format is
+//! left to `prometheus-client` (the Prometheus project's own Rust client: escaping, `# EOF`,
+//! `_total` and unit suffixes are its job) and HTTP to hyper, so no hand-written parser faces the
+//! network.
+//!
+//! Jobs come and go on a long-lived node: [`Metrics::forget_job`] drops a finished job's series so
+//! the daemon's memory and the scrape size stay bounded.
+
+use std::{
+    collections::HashSet,
+    convert::Infallible,
+    sync::{Arc, Mutex, MutexGuard, PoisonError},
+    time::Duration,
+};
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::{
+    body::Incoming,
+    header::{HeaderValue, ALLOW, CONTENT_TYPE},
+    server::conn::http1,
+    service::service_fn,
+    Method, Request, Response, StatusCode,
+};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use prometheus_client::{
+    encoding::{text::encode, EncodeLabelSet},
+    metrics::{counter::Counter, family::Family, gauge::Gauge},
+    registry::{Registry, Unit},
+};
+use tokio::{net::TcpListener, sync::Semaphore};
+
+/// Labels of per-job, per-role series. The label is `training_job`, not `job`: Prometheus sets
+/// `job` on every scrape target and would rename ours to `exported_job`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct JobRole {
+    pub training_job: String,
+    pub role: String,
+}
+
+/// Label of per-GPU series.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct GpuLabel {
+    pub gpu: String,
+}
+
+/// Label of the incident counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct IncidentKind {
+    kind: String,
+}
+
+/// Increments since the last update of one (job, role): the caller computes the deltas.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct ProcDelta {
+    pub reclaim_stall_seconds: f64,
+    pub reclaim_stalls: u64,
+    pub swapout_pages: u64,
+    pub block_read_bytes: u64,
+    pub block_write_bytes: u64,
+    pub reclaim_io_bytes: u64,
+}
+
+/// A counter of seconds: prometheus-client stores the f64 in an `AtomicU64`.
+type SecondsCounter = Counter<f64, std::sync::atomic::AtomicU64>;
+type FloatGauge = Gauge<f64, std::sync::atomic::AtomicU64>;
+type ByteGauge = Gauge<u64, std::sync::atomic::AtomicU64>;
+
+/// The families keyed by (job, role): every one of them is cleared by `forget_job`.
+#[derive(Default)]
+struct JobFamilies {
+    reclaim_stall_seconds: Family<JobRole, SecondsCounter>,
+    reclaim_stalls: Family<JobRole, Counter>,
+    swapout_pages: Family<JobRole, Counter>,
+    block_read_bytes: Family<JobRole, Counter>,
+    block_write_bytes: Family<JobRole, Counter>,
+    reclaim_io_bytes: Family<JobRole, Counter>,
+    oom_kills: Family<JobRole, Counter>,
+    resident_bytes: Family<JobRole, ByteGauge>,
+    swap_bytes: Family<JobRole, ByteGauge>,
+}
+
+impl JobFamilies {
+    fn remove(&self, labels: &JobRole) {
+        // `remove` returns whether the series existed; a label set may be in some families only
+        // (set_memory without add), so the answers are not interesting.
+        self.reclaim_stall_seconds.remove(labels);
+        self.reclaim_stalls.remove(labels);
+        self.swapout_pages.remove(labels);
+        self.block_read_bytes.remove(labels);
+        self.block_write_bytes.remove(labels);
+        self.reclaim_io_bytes.remove(labels);
+        self.oom_kills.remove(labels);
+        self.resident_bytes.remove(labels);
+        self.swap_bytes.remove(labels);
+    }
+}
+
+/// The last cumulative totals passed in, to turn them into counter increments.
+#[derive(Default)]
+struct Totals {
+    lost_events: u64,
+    agent_cpu_seconds: f64,
+}
+
+/// All metrics of the agent, behind `&self` so one `Arc<Metrics>` serves the daemon loop and the
+/// HTTP server at once.
+pub struct Metrics {
+    registry: Registry,
+    jobs: JobFamilies,
+    /// Every (job, role) with a series: `Family` cannot be searched by one label, so
+    /// `forget_job` needs this to find what to remove. Held while the job families are updated so
+    /// a concurrent `forget_job` cannot leave a series behind that this set no longer knows.
+    known: Mutex<HashSet<JobRole>>,
+    gpu_utilization: Family<GpuLabel, FloatGauge>,
+    gpu_temperature: Family<GpuLabel, FloatGauge>,
+    gpu_stall_episodes: Family<GpuLabel, Counter>,
+    lost_events: Counter,
+    watched_jobs: ByteGauge,
+    watched_processes: ByteGauge,
+    incidents: Family<IncidentKind, Counter>,
+    agent_cpu_seconds: SecondsCounter,
+    agent_resident_bytes: ByteGauge,
+    totals: Mutex<Totals>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// A poisoned lock only means another thread panicked mid-update of plain numbers; the daemon
+/// must go on, so take the data anyway.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// `v` if it can be added to a counter: finite and positive (zero adds nothing anyway).
+fn nonneg(v: f64) -> Option<f64> {
+    (v.is_finite() && v > 0.0).then_some(v)
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let jobs = JobFamilies::default();
+        let gpu_utilization = Family::<GpuLabel, FloatGauge>::default();
+        let gpu_temperature = Family::<GpuLabel, FloatGauge>::default();
+        let gpu_stall_episodes = Family::<GpuLabel, Counter>::default();
+        let lost_events = Counter::default();
+        let watched_jobs = ByteGauge::default();
+        let watched_processes = ByteGauge::default();
+        let incidents = Family::<IncidentKind, Counter>::default();
+        let agent_cpu_seconds = SecondsCounter::default();
+        let agent_resident_bytes = ByteGauge::default();
+
+        // The registry adds the `gpustall_` prefix, the unit suffix and, for counters, `_total`;
+        // the names below are the stems. Families are `Arc`s inside, so the clones registered
+        // here and the fields kept in `Metrics` are the same series.
+        let mut r = Registry::with_prefix("gpustall");
+        r.register_with_unit(
+            "reclaim_stall",
+            "Time processes of the job spent stalled in direct or memcg reclaim",
+            Unit::Seconds,
+            jobs.reclaim_stall_seconds.clone(),
+        );
+        r.register(
+            "reclaim_stalls",
+            "Direct or memcg reclaim episodes that stalled processes of the job",
+            jobs.reclaim_stalls.clone(),
+        );
+        r.register(
+            "swapout_pages",
+            "Anonymous pages of the job's processes written out to swap by reclaim",
+            jobs.swapout_pages.clone(),
+        );
+        r.register_with_unit(
+            "block_read",
+            "Block I/O read bytes submitted by processes of the job",
+            Unit::Bytes,
+            jobs.block_read_bytes.clone(),
+        );
+        r.register_with_unit(
+            "block_write",
+            "Block I/O write bytes submitted by processes of the job",
+            Unit::Bytes,
+            jobs.block_write_bytes.clone(),
+        );
+        r.register_with_unit(
+            "reclaim_io",
+            "Block I/O bytes the job's processes submitted inside reclaim (swap and writeback under memory pressure)",
+            Unit::Bytes,
+            jobs.reclaim_io_bytes.clone(),
+        );
+        r.register(
+            "oom_kills",
+            "Processes of the job killed by the OOM killer",
+            jobs.oom_kills.clone(),
+        );
+        r.register_with_unit(
+            "process_resident",
+            "Resident memory summed over the job's processes of this role",
+            Unit::Bytes,
+            jobs.resident_bytes.clone(),
+        );
+        r.register_with_unit(
+            "process_swap",
+            "Swapped-out memory summed over the job's processes of this role",
+            Unit::Bytes,
+            jobs.swap_bytes.clone(),
+        );
+        r.register_with_unit(
+            "gpu_utilization",
+            "GPU utilisation reported by NVML over its last sample period, 0 to 1",
+            Unit::Other("ratio".to_string()),
+            gpu_utilization.clone(),
+        );
+        r.register_with_unit(
+            "gpu_temperature",
+            "GPU core temperature reported by NVML",
+            Unit::Celsius,
+            gpu_temperature.clone(),
+        );
+        r.register(
+            "gpu_stall_episodes",
+            "Episodes of low GPU utilisation while a watched job was alive",
+            gpu_stall_episodes.clone(),
+        );
+        r.register(
+            "lost_events",
+            "Kernel events dropped because a ring buffer was full",
+            lost_events.clone(),
+        );
+        r.register("watched_jobs", "Jobs the agent currently watches", watched_jobs.clone());
+        r.register(
+            "watched_processes",
+            "Processes the agent currently follows across all watched jobs",
+            watched_processes.clone(),
+        );
+        r.register("incidents", "Incidents detected, by kind", incidents.clone());
+        r.register_with_unit(
+            "agent_cpu",
+            "CPU time (user and system) used by the gpustall agent itself",
+            Unit::Seconds,
+            agent_cpu_seconds.clone(),
+        );
+        r.register_with_unit(
+            "agent_resident_memory",
+            "Resident memory of the gpustall agent itself",
+            Unit::Bytes,
+            agent_resident_bytes.clone(),
+        );
+
+        Self {
+            registry: r,
+            jobs,
+            known: Mutex::new(HashSet::new()),
+            gpu_utilization,
+            gpu_temperature,
+            gpu_stall_episodes,
+            lost_events,
+            watched_jobs,
+            watched_processes,
+            incidents,
+            agent_cpu_seconds,
+            agent_resident_bytes,
+            totals: Mutex::new(Totals::default()),
+        }
+    }
+
+    /// Remembers `labels` for `forget_job`; the returned guard must be held while the caller
+    /// touches the job families (see `known`).
+    fn track(&self, labels: &JobRole) -> MutexGuard<'_, HashSet<JobRole>> {
+        let mut known = lock(&self.known);
+        if !known.contains(labels) {
+            known.insert(labels.clone());
+        }
+        known
+    }
+
+    /// Adds one update's increments. Every series of the (job, role) is created, at zero if need
+    /// be, so `rate()` has a first sample before the first stall.
+    pub fn add(&self, labels: &JobRole, d: ProcDelta) {
+        let _known = self.track(labels);
+        let j = &self.jobs;
+        let stall = j.reclaim_stall_seconds.get_or_create(labels);
+        // A counter must never go down: a negative or NaN delta from a caller bug is dropped.
+        if let Some(s) = nonneg(d.reclaim_stall_seconds) {
+            stall.inc_by(s);
+        }
+        j.reclaim_stalls.get_or_create(labels).inc_by(d.reclaim_stalls);
+        j.swapout_pages.get_or_create(labels).inc_by(d.swapout_pages);
+        j.block_read_bytes.get_or_create(labels).inc_by(d.block_read_bytes);
+        j.block_write_bytes.get_or_create(labels).inc_by(d.block_write_bytes);
+        j.reclaim_io_bytes.get_or_create(labels).inc_by(d.reclaim_io_bytes);
+    }
+
+    pub fn oom_kill(&self, labels: &JobRole) {
+        let _known = self.track(labels);
+        self.jobs.oom_kills.get_or_create(labels).inc();
+    }
+
+    /// Sets the memory gauges of one (job, role); the caller passes sums over its processes.
+    pub fn set_memory(&self, labels: &JobRole, resident_bytes: u64, swapped_bytes: u64) {
+        let _known = self.track(labels);
+        self.jobs.resident_bytes.get_or_create(labels).set(resident_bytes);
+        self.jobs.swap_bytes.get_or_create(labels).set(swapped_bytes);
+    }
+
+    /// Sets one GPU's gauges. Without a temperature reading the series is removed rather than
+    /// left at a stale value.
+    pub fn set_gpu(&self, gpu: &GpuLabel, util_ratio: f64, temperature_celsius: Option<f64>) {
+        if util_ratio.is_finite() {
+            self.gpu_utilization.get_or_create(gpu).set(util_ratio.clamp(0.0, 1.0));
+        }
+        match temperature_celsius.filter(|t| t.is_finite()) {
+            Some(t) => {
+                self.gpu_temperature.get_or_create(gpu).set(t);
+            }
+            None => {
+                self.gpu_temperature.remove(gpu);
+            }
+        }
+    }
+
+    pub fn gpu_stall(&self, gpu: &GpuLabel) {
+        self.gpu_stall_episodes.get_or_create(gpu).inc();
+    }
+
+    /// Takes the cumulative count of lost events and adds what is new. A smaller total means the
+    /// source was reset (programs reloaded): it becomes the new base, so later losses are still
+    /// counted instead of hidden until the old high-water mark is passed again.
+    pub fn set_lost_events(&self, total: u64) {
+        let mut t = lock(&self.totals);
+        self.lost_events.inc_by(total.saturating_sub(t.lost_events));
+        t.lost_events = total;
+    }
+
+    pub fn set_watched(&self, jobs: u64, processes: u64) {
+        self.watched_jobs.set(jobs);
+        self.watched_processes.set(processes);
+    }
+
+    pub fn incident(&self, kind: &str) {
+        let labels = IncidentKind { kind: kind.to_string() };
+        self.incidents.get_or_create(&labels).inc();
+    }
+
+    /// Takes the agent's cumulative CPU time (as in /proc/self/stat) and its resident memory. The
+    /// CPU total is turned into increments like `set_lost_events`.
+    pub fn set_agent(&self, cpu_seconds_total: f64, resident_bytes: u64) {
+        // CPU time is never negative: such a value is a caller bug, not a reset to rebase on.
+        if cpu_seconds_total.is_finite() && cpu_seconds_total >= 0.0 {
+            let mut t = lock(&self.totals);
+            if let Some(d) = nonneg(cpu_seconds_total - t.agent_cpu_seconds) {
+                self.agent_cpu_seconds.inc_by(d);
+            }
+            t.agent_cpu_seconds = cpu_seconds_total;
+        }
+        self.agent_resident_bytes.set(resident_bytes);
+    }
+
+    /// Removes every series whose job label is `job`.
+    pub fn forget_job(&self, job: &str) {
+        let mut known = lock(&self.known);
+        known.retain(|labels| {
+            if labels.training_job == job {
+                self.jobs.remove(labels);
+                false
+            } else {
+                true
+            }
+        });
+    }
+
+    /// The OpenMetrics text exposition of every metric, ending in `# EOF`.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing to a String cannot fail; an error could only come from a label encoder, and a
+        // scrape with what was written is better than a panic in the daemon.
+        if let Err(e) = encode(&mut out, &self.registry) {
+            log::warn!("encoding metrics failed: {e}");
+        }
+        out
+    }
+}
+
+/// The content type of the OpenMetrics text format, which `encode` writes.
+pub const OPENMETRICS_CONTENT_TYPE: &str =
+    "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Connections served at once. Scrapers need one or two; the cap keeps a misbehaving client from
+/// growing the agent's memory, which runs under a tight limit on the nodes it watches.
+const MAX_CONNECTIONS: usize = 64;
+
+/// A client that opens a connection and sends nothing, or idles between requests, is dropped
+/// after this; Prometheus simply reconnects for the next scrape.
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+fn respond(metrics: &Metrics, req: &Request<Incoming>) -> Response<Full<Bytes>> {
+    let (status, content_type, body) = match (req.method(), req.uri().path()) {
+        (&Method::GET | &Method::HEAD, "/metrics") => {
+            (StatusCode::OK, OPENMETRICS_CONTENT_TYPE, metrics.encode())
+        }
+        (&Method::GET | &Method::HEAD, "/") => (
+            StatusCode::OK,
+            "text/plain; charset=utf-8",
+            "gpustall agent: metrics are at /metrics\n".to_string(),
+        ),
+        (_, "/metrics" | "/") => (
+            StatusCode::METHOD_NOT_ALLOWED,
+            "text/plain; charset=utf-8",
+            "method not allowed: use GET\n".to_string(),
+        ),
+        _ => (
+            StatusCode::NOT_FOUND,
+            "text/plain; charset=utf-8",
+            "not found: metrics are at /metrics\n".to_string(),
+        ),
+    };
+    // Built field by field: `Response::builder` returns a Result that only fails on invalid
+    // header values, and these are all static.
+    let mut resp = Response::new(Full::new(Bytes::from(body)));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    if status == StatusCode::METHOD_NOT_ALLOWED {
+        resp.headers_mut().insert(ALLOW, HeaderValue::from_static("GET, HEAD"));
+    }
+    resp
+}
+
+/// Accept errors that mean the process is out of a resource: worth a warning, unlike a client
+/// that hung up before accept (ECONNABORTED and the like).
+fn is_resource_error(e: &std::io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM))
+}
+
+/// Serves `GET /metrics` (OpenMetrics text) and `GET /` (a pointer to it) on `listener`, one
+/// task per connection, until the task running it is dropped. Errors on one connection are
+/// logged at debug and never stop the server.
+pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>) -> anyhow::Result<()> {
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let mut http = http1::Builder::new();
+    // The timer makes the header read timeout take effect; without one hyper ignores it.
+    http.timer(TokioTimer::new()).header_read_timeout(HEADER_READ_TIMEOUT);
+    loop {
+        // Waiting for a free slot before accepting leaves further clients in the kernel's backlog.
+        let Ok(slot) = Arc::clone(&slots).acquire_owned().await else {
+            // Only a closed semaphore fails, and this one is never closed.
+            anyhow::bail!("metrics server connection limiter closed");
+        };
+        let (stream, peer) = match listener.accept().await {
+            Ok(conn) => conn,
+            Err(e) => {
+                if is_resource_error(&e) {
+                    log::warn!("metrics server: accept failed: {e}");
+                } else {
+                    log::debug!("metrics server: accept failed: {e}");
+                }
+                // A short pause so a persistent error (no file descriptors left) does not spin.
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let metrics = Arc::clone(&metrics);
+        let http = http.clone();
+        tokio::spawn(async move {
+            let service = service_fn(move |req: Request<Incoming>| {
+                let resp = respond(&metrics, &req);
+                async move { Ok::<_, Infallible>(resp) }
+            });
+            if let Err(e) = http.serve_connection(TokioIo::new(stream), service).await {
+                log::debug!("metrics server: connection from {peer}: {e}");
+            }
+            drop(slot);
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests;

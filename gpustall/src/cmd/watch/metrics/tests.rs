@@ -1,0 +1,191 @@
+//! Unit tests of the parent module.
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use super::*;
+
+fn jr(job: &str, role: &str) -> JobRole {
+    JobRole { training_job: job.into(), role: role.into() }
+}
+
+/// Asserts that the exposition `t` has the sample line `series value`.
+#[track_caller]
+fn has(t: &str, series: &str, value: &str) {
+    let line = format!("{series} {value}");
+    assert!(t.lines().any(|l| l == line), "no line `{line}` in:\n{t}");
+}
+
+#[test]
+fn encode_has_the_series_with_labels_and_values() {
+    let m = Metrics::new();
+    let w = jr("train-7", "worker");
+    let d = ProcDelta {
+        reclaim_stall_seconds: 1.5,
+        reclaim_stalls: 3,
+        swapout_pages: 100,
+        block_read_bytes: 4096,
+        block_write_bytes: 8192,
+        reclaim_io_bytes: 409_600,
+    };
+    m.add(&w, d);
+    m.add(&w, ProcDelta { reclaim_stall_seconds: 0.25, reclaim_stalls: 1, ..Default::default() });
+    m.oom_kill(&w);
+    m.set_memory(&jr("train-7", "trainer"), 10 << 30, 1 << 20);
+    let gpu = GpuLabel { gpu: "0".into() };
+    m.set_gpu(&gpu, 0.42, Some(71.0));
+    m.gpu_stall(&gpu);
+    m.set_watched(2, 17);
+    m.incident("oom_kill");
+    m.set_lost_events(5);
+    m.set_agent(0.5, 30 << 20);
+
+    let t = m.encode();
+    let w = r#"{training_job="train-7",role="worker"}"#;
+    has(&t, &format!("gpustall_reclaim_stall_seconds_total{w}"), "1.75");
+    has(&t, &format!("gpustall_reclaim_stalls_total{w}"), "4");
+    has(&t, &format!("gpustall_swapout_pages_total{w}"), "100");
+    has(&t, &format!("gpustall_block_read_bytes_total{w}"), "4096");
+    has(&t, &format!("gpustall_block_write_bytes_total{w}"), "8192");
+    has(&t, &format!("gpustall_reclaim_io_bytes_total{w}"), "409600");
+    has(&t, &format!("gpustall_oom_kills_total{w}"), "1");
+    let tr = r#"{training_job="train-7",role="trainer"}"#;
+    has(&t, &format!("gpustall_process_resident_bytes{tr}"), "10737418240");
+    has(&t, &format!("gpustall_process_swap_bytes{tr}"), "1048576");
+    has(&t, r#"gpustall_gpu_utilization_ratio{gpu="0"}"#, "0.42");
+    has(&t, r#"gpustall_gpu_temperature_celsius{gpu="0"}"#, "71.0");
+    has(&t, r#"gpustall_gpu_stall_episodes_total{gpu="0"}"#, "1");
+    has(&t, "gpustall_watched_jobs", "2");
+    has(&t, "gpustall_watched_processes", "17");
+    has(&t, r#"gpustall_incidents_total{kind="oom_kill"}"#, "1");
+    has(&t, "gpustall_lost_events_total", "5");
+    has(&t, "gpustall_agent_cpu_seconds_total", "0.5");
+    has(&t, "gpustall_agent_resident_memory_bytes", "31457280");
+    // Help on every family, units where they apply, and a complete exposition.
+    assert!(t.contains("# HELP gpustall_reclaim_stall_seconds Time processes"));
+    assert!(t.contains("# UNIT gpustall_reclaim_stall_seconds seconds"));
+    assert!(t.contains("# TYPE gpustall_oom_kills counter"));
+    assert!(t.contains("# TYPE gpustall_process_resident_bytes gauge"));
+    assert_eq!(t.matches("# HELP ").count(), t.matches("# TYPE ").count());
+    assert!(t.ends_with("# EOF\n"));
+}
+
+#[test]
+fn label_values_are_escaped() {
+    let m = Metrics::new();
+    m.oom_kill(&jr("a\"b\\c\nd", "worker"));
+    has(&m.encode(), r#"gpustall_oom_kills_total{training_job="a\"b\\c\nd",role="worker"}"#, "1");
+}
+
+#[test]
+fn forget_job_removes_only_that_jobs_series() {
+    let m = Metrics::new();
+    let pages = |n| ProcDelta { swapout_pages: n, ..Default::default() };
+    for role in ["trainer", "worker"] {
+        m.add(&jr("gone", role), pages(1));
+        m.set_memory(&jr("gone", role), 1, 2);
+    }
+    m.oom_kill(&jr("gone", "worker"));
+    m.add(&jr("kept", "trainer"), pages(7));
+
+    m.forget_job("gone");
+    let t = m.encode();
+    assert!(!t.contains(r#"job="gone""#), "{t}");
+    has(&t, r#"gpustall_swapout_pages_total{training_job="kept",role="trainer"}"#, "7");
+    // The metadata stays; a job seen again starts from zero.
+    assert!(t.contains("# TYPE gpustall_swapout_pages counter"));
+    m.oom_kill(&jr("gone", "worker"));
+    has(&m.encode(), r#"gpustall_oom_kills_total{training_job="gone",role="worker"}"#, "1");
+    m.forget_job("never-seen");
+}
+
+#[test]
+fn cumulative_totals_only_add_differences() {
+    let m = Metrics::new();
+    m.set_lost_events(10);
+    m.set_lost_events(10);
+    has(&m.encode(), "gpustall_lost_events_total", "10");
+    // A smaller total (the source was reset) neither decreases the counter nor panics ...
+    m.set_lost_events(4);
+    has(&m.encode(), "gpustall_lost_events_total", "10");
+    // ... and becomes the base for what follows.
+    m.set_lost_events(6);
+    has(&m.encode(), "gpustall_lost_events_total", "12");
+    m.set_lost_events(u64::MAX);
+    m.set_lost_events(0);
+
+    for cpu in [2.0, 1.0, f64::NAN, -5.0, f64::INFINITY, 1.5] {
+        m.set_agent(cpu, 1);
+    }
+    has(&m.encode(), "gpustall_agent_cpu_seconds_total", "2.5");
+}
+
+#[test]
+fn odd_inputs_are_tamed() {
+    let m = Metrics::new();
+    let gpu = GpuLabel { gpu: "1".into() };
+    m.set_gpu(&gpu, 1.7, Some(60.0));
+    m.set_gpu(&gpu, f64::NAN, None);
+    let t = m.encode();
+    has(&t, r#"gpustall_gpu_utilization_ratio{gpu="1"}"#, "1.0");
+    assert!(!t.contains("gpustall_gpu_temperature_celsius{"), "{t}");
+    m.add(&jr("j", "trainer"), ProcDelta { reclaim_stall_seconds: -1.0, ..Default::default() });
+    has(
+        &m.encode(),
+        r#"gpustall_reclaim_stall_seconds_total{training_job="j",role="trainer"}"#,
+        "0.0",
+    );
+}
+
+/// Sends `request` over a fresh connection and returns the whole response.
+async fn http(addr: std::net::SocketAddr, request: &str) -> String {
+    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    s.write_all(request.as_bytes()).await.expect("send the request");
+    let mut buf = Vec::new();
+    let read = s.read_to_end(&mut buf);
+    let read = tokio::time::timeout(Duration::from_secs(10), read).await;
+    read.expect("a response within 10 s").expect("read the response");
+    String::from_utf8(buf).expect("a UTF-8 response")
+}
+
+fn get(path: &str) -> String {
+    format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+}
+
+#[tokio::test]
+async fn serves_metrics_over_http() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("local address");
+    let metrics = Arc::new(Metrics::new());
+    metrics.oom_kill(&jr("job", "worker"));
+    let server = tokio::spawn(serve(listener, Arc::clone(&metrics)));
+
+    let r = http(addr, &get("/metrics")).await;
+    let (head, body) = r.split_once("\r\n\r\n").expect("a header and a body");
+    assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "{head}");
+    let ct = head.lines().find_map(|l| {
+        let (name, value) = l.split_once(':')?;
+        name.eq_ignore_ascii_case("content-type").then(|| value.trim())
+    });
+    assert_eq!(ct, Some(OPENMETRICS_CONTENT_TYPE));
+    has(body, r#"gpustall_oom_kills_total{training_job="job",role="worker"}"#, "1");
+    assert!(body.ends_with("# EOF\n"));
+
+    let r = http(addr, &get("/")).await;
+    assert!(r.starts_with("HTTP/1.1 200 OK\r\n") && r.contains("/metrics"), "{r}");
+    let r = http(addr, &get("/nope")).await;
+    assert!(r.starts_with("HTTP/1.1 404 Not Found\r\n"), "{r}");
+    let r = http(
+        addr,
+        "POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(r.starts_with("HTTP/1.1 405 Method Not Allowed\r\n"), "{r}");
+
+    // A garbage request is that connection's problem only.
+    let r = http(addr, "NOT HTTP AT ALL\r\n\r\n").await;
+    assert!(r.is_empty() || r.starts_with("HTTP/1.1 400"), "{r}");
+    let r = http(addr, &get("/metrics")).await;
+    assert!(r.starts_with("HTTP/1.1 200 OK\r\n"), "{r}");
+
+    assert!(!server.is_finished());
+    server.abort();
+}

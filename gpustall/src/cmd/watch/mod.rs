@@ -1,0 +1,549 @@
+//! `gpustall watch`: the always-on daemon. It finds jobs by itself (`--match` rules, NVML's
+//! compute processes), follows them as they come and go, keeps the last minutes in a bounded
+//! flight recorder, writes an incident bundle when something goes wrong (an OOM kill or
+//! SIGKILL in a watched tree, a GPU stall, a reclaim storm) and serves Prometheus metrics.
+
+pub mod bundle;
+pub mod jobs;
+pub mod metrics;
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::SocketAddr,
+    path::PathBuf,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use anyhow::Context as _;
+use serde_json::Value;
+
+use crate::{
+    cmd::{
+        event_loop::{self, Beat, GpuTicks, Rings, Stop},
+        gpu::{GpuOptions, GpuWatch},
+        session::{Incident, IncidentKind, Session},
+    },
+    kernel::{
+        loader::{self, KernelMaps, Probes},
+        preflight,
+    },
+    model::{samples::Sample, Model},
+    recording::{
+        flight::{FlightRecorder, FlightSink},
+        header::{Header, IncidentHeader},
+    },
+    sources::{agent, clock::monotonic_ns, context::ContextReader, host, procfs},
+};
+use jobs::{Candidate, MatchRule};
+use metrics::{GpuLabel, JobRole, Metrics, ProcDelta};
+
+/// `gpustall watch`'s flags.
+#[derive(clap::Args)]
+pub struct WatchArgs {
+    /// Also watch processes matching RULE: `comm:REGEX` (process name) or `cgroup:SUBSTRING`
+    /// (cgroup path). Repeatable. GPU users are always watched.
+    #[arg(long = "match", value_name = "RULE")]
+    rules: Vec<MatchRule>,
+    /// Where incident bundles go.
+    #[arg(long, value_name = "DIR", default_value = "/var/lib/gpustall/incidents")]
+    bundle_dir: PathBuf,
+    /// Address of the Prometheus endpoint.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9464")]
+    listen: std::net::SocketAddr,
+    /// How long the flight recorder keeps events and samples.
+    #[arg(long, value_name = "D", default_value = "5m", value_parser = crate::cmd::units::parse_duration)]
+    window: Duration,
+    /// How much of the time before an incident goes into its bundle.
+    #[arg(long, value_name = "D", default_value = "2m", value_parser = crate::cmd::units::parse_duration)]
+    before: Duration,
+    /// How long after an incident its bundle waits (later incidents join it).
+    #[arg(long, value_name = "D", default_value = "10s", value_parser = crate::cmd::units::parse_duration)]
+    after: Duration,
+    /// Keep at most this many bundles (oldest removed first).
+    #[arg(long, value_name = "N", default_value_t = 20)]
+    max_bundles: usize,
+    /// Keep bundles within this many bytes in all (oldest removed first).
+    #[arg(long, value_name = "BYTES", default_value_t = 512 << 20)]
+    max_bundle_bytes: u64,
+    /// Memory for the flight recorder, in bytes.
+    #[arg(long, value_name = "BYTES", default_value_t = 64 << 20)]
+    memory_budget: usize,
+    /// How often /proc is scanned for new jobs.
+    #[arg(long, value_name = "D", default_value = "2s", value_parser = crate::cmd::units::parse_duration)]
+    scan_every: Duration,
+    #[command(flatten)]
+    gpu: crate::cmd::gpu::GpuArgs,
+}
+
+impl WatchArgs {
+    pub fn into_options(self) -> WatchOptions {
+        WatchOptions {
+            rules: self.rules,
+            bundle_dir: self.bundle_dir,
+            listen: self.listen,
+            window: self.window,
+            before: self.before,
+            after: self.after,
+            max_bundles: self.max_bundles,
+            max_bundle_bytes: self.max_bundle_bytes,
+            memory_budget: self.memory_budget,
+            scan_every: self.scan_every,
+            // A daemon samples less often and calls only long idle periods stalls (evaluation,
+            // checkpointing and epoch ends idle a GPU for seconds).
+            gpu: self.gpu.options(Duration::from_secs(1), Duration::from_secs(30)),
+        }
+    }
+}
+
+pub struct WatchOptions {
+    pub rules: Vec<MatchRule>,
+    pub bundle_dir: PathBuf,
+    pub listen: SocketAddr,
+    /// How long the flight recorder keeps, and how long exited processes stay in the model.
+    pub window: Duration,
+    /// The bundle covers this much before the incident ...
+    pub before: Duration,
+    /// ... and this much after it (later incidents in that time join the same bundle).
+    pub after: Duration,
+    pub max_bundles: usize,
+    pub max_bundle_bytes: u64,
+    pub memory_budget: usize,
+    pub gpu: Option<GpuOptions>,
+    pub scan_every: Duration,
+}
+
+/// A storm: the watched processes together stalled at least this long in reclaim per second...
+const STORM_STALL_PER_S: f64 = 0.5;
+/// ... for this many consecutive seconds.
+const STORM_SECONDS: u32 = 3;
+
+struct Job {
+    name: String,
+}
+
+/// Per (job, role) cumulative figures, to turn into metric increments.
+#[derive(Clone, Copy, Default, PartialEq)]
+struct Totals {
+    stall_ns: u64,
+    stalls: u64,
+    swapout: u64,
+    read: u64,
+    write: u64,
+    reclaim_io: u64,
+}
+
+struct Daemon {
+    opts: WatchOptions,
+    session: Session,
+    flight: Arc<Mutex<FlightRecorder>>,
+    header: Header,
+    jobs: BTreeMap<u32, Job>,
+    metrics: Arc<Metrics>,
+    last_totals: BTreeMap<(String, String), Totals>,
+    storm_ticks: u32,
+    storm_on: bool,
+    last_reclaim_ns: u64,
+    pending: Option<(Incident, Instant)>,
+    ctx: ContextReader,
+    last_scan: Instant,
+}
+
+impl Daemon {
+    fn job_of(&self, pid: u32) -> Option<&Job> {
+        let mut cur = pid;
+        for _ in 0..64 {
+            if let Some(j) = self.jobs.get(&cur) {
+                return Some(j);
+            }
+            cur = self.session.model.tree.get(cur)?.ppid;
+        }
+        None
+    }
+
+    fn labels(&self, pid: u32) -> Option<JobRole> {
+        let job = self.job_of(pid)?.name.clone();
+        let role =
+            serde_json::to_value(self.session.model.tree.role(pid)).ok()?.as_str()?.to_string();
+        Some(JobRole { training_job: job, role })
+    }
+
+    /// New jobs: roots matched by the rules or by the GPU, with their existing descendants.
+    fn discover(&mut self, maps: &mut loader::KernelMaps, now: u64) {
+        let need_cgroup = self.opts.rules.iter().any(MatchRule::needs_cgroup);
+        let me = std::process::id();
+        let all = procfs::all_processes();
+        let candidates: Vec<Candidate> = all
+            .iter()
+            .filter(|p| p.pid != me)
+            .map(|p| Candidate {
+                pid: p.pid,
+                ppid: p.ppid,
+                comm: p.comm.clone(),
+                cgroup: need_cgroup.then(|| {
+                    std::fs::read_to_string(format!("/proc/{}/cgroup", p.pid)).unwrap_or_default()
+                }),
+            })
+            .collect();
+        let gpu_pids: BTreeSet<u32> = self
+            .session
+            .model
+            .gpu
+            .latest
+            .iter()
+            .flat_map(|g| g.processes.iter().map(|p| p.pid))
+            .collect();
+        let tracked: BTreeSet<u32> = self.session.model.tree.alive_pids().into_iter().collect();
+        for root in jobs::new_roots(&candidates, &self.opts.rules, &gpu_pids, &tracked) {
+            let members = procfs::descendants_of(root, &all);
+            let Some(top) = members.first() else { continue };
+            let name = format!("{}-{root}", top.comm);
+            for p in &members {
+                if let Err(e) = maps.track(p.pid) {
+                    log::warn!("cannot track pid {}: {e}", p.pid);
+                    continue;
+                }
+                self.session.observe(Sample::Seed {
+                    t_ns: now,
+                    pid: p.pid,
+                    ppid: p.ppid,
+                    comm: p.comm.clone(),
+                    is_target: p.pid == root,
+                });
+                if let Some(c) = host::cmdline(p.pid) {
+                    self.session.observe(Sample::Cmdline {
+                        t_ns: now,
+                        pid: p.pid,
+                        cmdline: c.join(" "),
+                    });
+                }
+            }
+            eprintln!("gpustall: watching job {name} ({} processes)", members.len());
+            if self.jobs.is_empty() {
+                // The first job's cgroup and cwd stand for the node's context.
+                self.ctx = ContextReader::new(root);
+            }
+            self.jobs.insert(root, Job { name });
+        }
+    }
+
+    fn update_metrics(&mut self) {
+        let m = &self.session.model;
+        let mut totals: BTreeMap<(String, String), Totals> = BTreeMap::new();
+        let mut memory: BTreeMap<(String, String), (u64, u64)> = BTreeMap::new();
+        for n in m.tree.iter() {
+            let Some(l) = self.labels(n.pid) else { continue };
+            let key = (l.training_job, l.role);
+            if let Some(p) = m.procs.get(&n.pid) {
+                let c = &p.counters;
+                let t = totals.entry(key.clone()).or_default();
+                t.stall_ns += c.direct_reclaim_ns + c.memcg_reclaim_ns;
+                t.stalls += c.direct_reclaim_count + c.memcg_reclaim_count;
+                t.swapout += c.swapout_anon_folios;
+                t.read += p.io_bytes(gpustall_common::counters::IoOp::Read, None);
+                t.write += p.io_bytes(gpustall_common::counters::IoOp::Write, None);
+                t.reclaim_io +=
+                    p.io.iter().filter(|(k, _)| k.in_reclaim).map(|(_, v)| v.bytes).sum::<u64>();
+                if n.alive() {
+                    let mem = memory.entry(key).or_default();
+                    mem.0 += p.mem.rss_kb * 1024;
+                    mem.1 += p.mem.swap_kb * 1024;
+                }
+            }
+        }
+        for (key, t) in &totals {
+            let prev = self.last_totals.get(key).copied().unwrap_or_default();
+            let d = ProcDelta {
+                reclaim_stall_seconds: t.stall_ns.saturating_sub(prev.stall_ns) as f64 / 1e9,
+                reclaim_stalls: t.stalls.saturating_sub(prev.stalls),
+                swapout_pages: t.swapout.saturating_sub(prev.swapout),
+                block_read_bytes: t.read.saturating_sub(prev.read),
+                block_write_bytes: t.write.saturating_sub(prev.write),
+                reclaim_io_bytes: t.reclaim_io.saturating_sub(prev.reclaim_io),
+            };
+            if d != ProcDelta::default() {
+                self.metrics.add(&JobRole { training_job: key.0.clone(), role: key.1.clone() }, d);
+            }
+        }
+        for ((job, role), (res, swap)) in &memory {
+            self.metrics.set_memory(
+                &JobRole { training_job: job.clone(), role: role.clone() },
+                *res,
+                *swap,
+            );
+        }
+        // Totals of pruned processes drop out of `totals`: keep the old value as the baseline so
+        // the counter does not jump when they come back with a pid of a new job.
+        for (k, v) in totals {
+            self.last_totals.insert(k, v);
+        }
+        for g in &m.gpu.latest {
+            if let Some(u) = g.util_gpu_pct {
+                self.metrics.set_gpu(
+                    &GpuLabel { gpu: g.index.to_string() },
+                    u as f64 / 100.0,
+                    g.temperature_c.map(f64::from),
+                );
+            }
+        }
+        self.metrics.set_lost_events(m.host.lost.iter().sum::<u64>() + self.session.undecodable);
+        self.metrics.set_watched(self.jobs.len() as u64, m.tree.alive_pids().len() as u64);
+        let (cpu, rss_kb) = agent::agent_usage();
+        self.metrics.set_agent(cpu, rss_kb * 1024);
+    }
+
+    /// Reclaim storms: the watched processes stall in reclaim most of the time, for seconds.
+    fn storm(&mut self, now: u64) {
+        let total: u64 = self
+            .session
+            .model
+            .procs
+            .values()
+            .map(|p| p.counters.direct_reclaim_ns + p.counters.memcg_reclaim_ns)
+            .sum();
+        let rate = total.saturating_sub(self.last_reclaim_ns) as f64 / 1e9;
+        self.last_reclaim_ns = total;
+        self.storm_ticks = if rate >= STORM_STALL_PER_S { self.storm_ticks + 1 } else { 0 };
+        if self.storm_ticks >= STORM_SECONDS && !self.storm_on {
+            self.storm_on = true;
+            let pid = self
+                .session
+                .model
+                .procs
+                .iter()
+                .max_by_key(|(_, p)| p.counters.memcg_reclaim_ns + p.counters.direct_reclaim_ns)
+                .map_or(0, |(pid, _)| *pid);
+            self.session.incidents.push(Incident {
+                kind: IncidentKind::ReclaimStorm,
+                t_ns: now,
+                pid,
+            });
+        }
+        if self.storm_ticks == 0 {
+            self.storm_on = false;
+        }
+    }
+
+    fn take_incidents(&mut self) {
+        for inc in std::mem::take(&mut self.session.incidents) {
+            self.metrics.incident(inc.kind.as_str());
+            match inc.kind {
+                IncidentKind::OomKill => {
+                    if let Some(l) = self.labels(inc.pid) {
+                        self.metrics.oom_kill(&l);
+                    }
+                }
+                IncidentKind::GpuStall => {
+                    for s in self.session.model.gpu.stalls.iter().filter(|s| s.start_ns == inc.t_ns)
+                    {
+                        self.metrics.gpu_stall(&GpuLabel { gpu: s.gpu_index.to_string() });
+                    }
+                }
+                _ => {}
+            }
+            eprintln!("gpustall: incident: {} (pid {})", inc.kind, inc.pid);
+            match &mut self.pending {
+                None => self.pending = Some((inc, Instant::now() + self.opts.after)),
+                // One bundle for incidents close together, named after the gravest (the OOM
+                // killer's SIGKILL comes just before its mark_victim).
+                Some((first, _)) if inc.kind > first.kind => {
+                    first.kind = inc.kind;
+                    first.pid = inc.pid;
+                }
+                Some(_) => {}
+            }
+        }
+    }
+
+    /// The bundle of the pending incident, once its after-window has passed (or now, at exit).
+    fn write_bundle(&mut self, force: bool) {
+        let Some((inc, due)) = self.pending.clone() else { return };
+        if !force && Instant::now() < due {
+            return;
+        }
+        self.pending = None;
+        let from = inc
+            .t_ns
+            .saturating_sub(self.opts.before.as_nanos() as u64)
+            .max(self.session.model.start_ns);
+        let lines = self.flight.lock().map(|f| f.since(from)).unwrap_or_default();
+        let mut out = Vec::with_capacity(lines.len() + 64);
+        let header = Header {
+            start_ns: from,
+            incident: Some(IncidentHeader { kind: inc.kind, t_ns: inc.t_ns, pid: inc.pid }),
+            ..self.header.clone()
+        };
+        out.push(header.to_json());
+        // The tree as it stood: every process alive at the window's start or seen in it.
+        for n in self.session.model.tree.iter() {
+            if n.exit_ns.is_some_and(|e| e < from) {
+                continue;
+            }
+            out.push(
+                Sample::Seed {
+                    t_ns: from,
+                    pid: n.pid,
+                    ppid: n.ppid,
+                    comm: n.comm.clone(),
+                    is_target: self.jobs.contains_key(&n.pid),
+                }
+                .to_json(),
+            );
+            if let Some(c) = &n.cmdline {
+                out.push(Sample::Cmdline { t_ns: from, pid: n.pid, cmdline: c.clone() }.to_json());
+            }
+        }
+        let parsed: Vec<Value> =
+            lines.iter().filter_map(|l| serde_json::from_str(l).ok()).collect();
+        out.extend(crate::cmd::watch::bundle::rebase_counters(&parsed));
+        let secs = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let name = format!("incident-{secs:012}-{}-{}", inc.kind, inc.pid);
+        match crate::cmd::watch::bundle::write(&self.opts.bundle_dir, &name, &out) {
+            Ok((dir, summary)) => {
+                eprintln!(
+                    "gpustall: wrote incident bundle {} ({}: {})",
+                    dir.display(),
+                    summary.verdict.cause,
+                    summary.verdict.text
+                );
+                for old in crate::cmd::watch::bundle::rotate(
+                    &self.opts.bundle_dir,
+                    self.opts.max_bundles,
+                    self.opts.max_bundle_bytes,
+                ) {
+                    eprintln!("gpustall: removed old bundle {}", old.display());
+                }
+            }
+            Err(e) => eprintln!("gpustall: cannot write the incident bundle: {e:#}"),
+        }
+    }
+
+    /// Processes gone longer than the window leave the model and the kernel maps; jobs with no
+    /// process left leave the metrics. This is what keeps the daemon's memory bounded.
+    fn prune(&mut self, maps: &mut loader::KernelMaps, now: u64) {
+        let horizon = now.saturating_sub(self.opts.window.as_nanos() as u64);
+        let gone: Vec<u32> = self
+            .session
+            .model
+            .tree
+            .iter()
+            .filter(|n| n.exit_ns.is_some_and(|e| e < horizon))
+            .map(|n| n.pid)
+            .collect();
+        let ended_jobs: Vec<u32> =
+            self.jobs.keys().copied().filter(|root| gone.contains(root)).collect();
+        for root in ended_jobs {
+            // Only once no process of the job is alive.
+            let alive = self.session.model.tree.alive_pids().iter().any(|&p| {
+                self.job_of(p)
+                    .is_some_and(|j| self.jobs.get(&root).is_some_and(|r| r.name == j.name))
+            });
+            if !alive {
+                if let Some(job) = self.jobs.remove(&root) {
+                    self.metrics.forget_job(&job.name);
+                    self.last_totals.retain(|k, _| k.0 != job.name);
+                    eprintln!("gpustall: job {} ended", job.name);
+                }
+            }
+        }
+        for pid in gone {
+            if self.jobs.contains_key(&pid) {
+                continue; // a root stays while its job lives (it names the job)
+            }
+            self.session.model.tree.remove(pid);
+            self.session.model.procs.remove(&pid);
+            maps.forget(pid);
+        }
+    }
+}
+
+pub async fn run(opts: WatchOptions) -> anyhow::Result<()> {
+    let (mut d, mut probes, mut rings, gpu) = setup(opts).await?;
+    let every = d.opts.gpu.as_ref().map_or(Duration::MAX, |g| g.interval);
+    let stop =
+        event_loop::run(&mut d, &mut rings, &mut probes.maps, GpuTicks { watch: gpu, every }, None)
+            .await?;
+    log::debug!("watch ended: {stop:?}");
+    d.take_incidents();
+    d.write_bundle(true);
+    eprintln!("gpustall: watch stopped");
+    Ok(())
+}
+
+/// Checks, the metrics endpoint, loading and attaching, the flight recorder, the first scan.
+async fn setup(opts: WatchOptions) -> anyhow::Result<(Daemon, Probes, Rings, Option<GpuWatch>)> {
+    preflight::check_privileges()?;
+    preflight::protect_self_from_oom_killer();
+    preflight::raise_memlock();
+    std::fs::create_dir_all(&opts.bundle_dir)
+        .with_context(|| format!("creating the bundle directory {}", opts.bundle_dir.display()))?;
+    let listener = tokio::net::TcpListener::bind(opts.listen).await.with_context(|| {
+        format!("cannot listen on {} for metrics (choose another with --listen)", opts.listen)
+    })?;
+    let listen_addr = listener.local_addr()?;
+    let metrics = Arc::new(Metrics::new());
+    tokio::spawn(metrics::serve(listener, metrics.clone()));
+
+    let mut probes = loader::load_and_warn()?;
+    let start = monotonic_ns();
+    let flight = Arc::new(Mutex::new(FlightRecorder::new(
+        opts.window.as_nanos() as u64,
+        opts.memory_budget,
+    )));
+    let mut session = Session::new(Model { start_ns: start, last_ns: start, ..Default::default() });
+    session.recorder = Some(Box::new(FlightSink::new(flight.clone())));
+    session.full_counters = true;
+    let (gpu, gpu_header) = crate::cmd::gpu::open(opts.gpu.as_ref(), &mut session.model.gpu);
+    let header = Header {
+        mode: Some("watch".into()),
+        ..Header::new(start, &probes.attached, &probes.skipped, gpu_header)
+    };
+    let mut d = Daemon {
+        ctx: ContextReader::new(std::process::id()),
+        opts,
+        session,
+        flight,
+        header,
+        jobs: BTreeMap::new(),
+        metrics,
+        last_totals: BTreeMap::new(),
+        storm_ticks: 0,
+        storm_on: false,
+        last_reclaim_ns: 0,
+        pending: None,
+        last_scan: Instant::now(),
+    };
+    d.discover(&mut probes.maps, start);
+    eprintln!(
+        "gpustall: watching ({} jobs now, {} tracepoints); metrics on http://{listen_addr}/metrics; bundles in {}",
+        d.jobs.len(),
+        probes.attached.len(),
+        d.opts.bundle_dir.display()
+    );
+    let (critical, bulk) = probes.take_rings()?;
+    let rings = Rings::register(critical, bulk)?;
+    Ok((d, probes, rings, gpu))
+}
+
+impl Beat for Daemon {
+    fn session(&mut self) -> &mut Session {
+        &mut self.session
+    }
+
+    /// Discovery, counters and context, storms, incidents, metrics, bundles, pruning.
+    fn beat(&mut self, maps: &mut KernelMaps, now: u64) -> Option<Stop> {
+        if self.last_scan.elapsed() >= self.opts.scan_every {
+            self.discover(maps, now);
+            self.last_scan = Instant::now();
+        }
+        self.session.tick(maps, &self.ctx, None, now);
+        self.storm(now);
+        self.take_incidents();
+        self.update_metrics();
+        self.write_bundle(false);
+        self.prune(maps, now);
+        None
+    }
+}

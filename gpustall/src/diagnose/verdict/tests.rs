@@ -1,0 +1,183 @@
+//! Each cause on hand-built facts, and the advice arithmetic.
+
+use super::*;
+use crate::model::gpu::stall::Attribution;
+use crate::model::gpu::StallEpisode;
+
+const S: u64 = 1_000_000_000;
+
+fn worker(pid: u32, i: usize, first_kb: u64, peak_kb: u64) -> ProcFacts {
+    ProcFacts {
+        pid,
+        comm: "pt_data_worker".into(),
+        is_worker: true,
+        worker_index: Some(i),
+        first_mem_kb: first_kb,
+        first_mem_ns: S,
+        peak_mem_kb: peak_kb,
+        peak_mem_ns: 50 * S,
+        last_mem_ns: 50 * S,
+        alive: true,
+        ..Default::default()
+    }
+}
+
+fn trainer(pid: u32) -> ProcFacts {
+    ProcFacts {
+        pid,
+        comm: "python".into(),
+        is_trainer: true,
+        first_mem_kb: 100_000,
+        peak_mem_kb: 102_400,
+        alive: true,
+        ..Default::default()
+    }
+}
+
+fn base() -> Facts {
+    Facts { start_ns: 0, end_ns: 60 * S, ..Default::default() }
+}
+
+fn stall(start: u64, secs: u64, throttle: &[&str]) -> StallEpisode {
+    StallEpisode {
+        gpu_index: 0,
+        gpu_uuid: "GPU-0".into(),
+        start_ns: start,
+        end_ns: start + secs * S,
+        duration_ns: secs * S,
+        pids: vec![10],
+        max_util_gpu_pct: 0,
+        max_temperature_c: Some(60),
+        throttle_reasons: throttle.iter().map(|s| s.to_string()).collect(),
+        attribution: Attribution::ProcessList,
+    }
+}
+
+fn memory_facts() -> Facts {
+    let mut f = base();
+    let mut w1 = worker(11, 0, 40_960, 307_200);
+    w1.reclaim_count = 500;
+    w1.reclaim_ns = 3 * S;
+    w1.first_reclaim_ns = Some(30 * S);
+    w1.swapout_pages = 40_000;
+    w1.reclaim_io_bytes = 160 << 20;
+    let mut w2 = worker(12, 1, 40_960, 204_800);
+    w2.reclaim_count = 100;
+    w2.reclaim_ns = S;
+    w2.first_reclaim_ns = Some(31 * S);
+    f.procs = vec![trainer(10), w1, w2];
+    f.cgroup = Some(("/job".into(), Some(512 << 20), 512 << 20, Some(1)));
+    f.pswpout = 41_000;
+    f.gpu_stalls = vec![stall(35 * S, 20, &[])];
+    f
+}
+
+#[test]
+fn oom_kill_is_the_memory_cause_with_the_victim_first_and_evidence_in_time_order() {
+    let mut f = memory_facts();
+    f.oom_kills = vec![OomFacts {
+        t_ns: 55 * S,
+        victim_pid: 12,
+        victim_comm: "pt_data_worker".into(),
+        anon_rss_kb: Some(200_000),
+        trigger_pid: 11,
+        trigger_comm: "pt_data_worker".into(),
+        killer: Some((11, "pt_data_worker".into(), 0x80)),
+    }];
+    let v = decide(&f);
+    assert_eq!(v.cause, "host_memory_oom");
+    assert_eq!(v.culprit_pids[0], 12, "the victim first");
+    assert_eq!(v.culprit_pids[1], 11, "then the largest grower");
+    let joined = v.evidence.join("\n");
+    assert!(joined.contains("grew from 40 MiB to 300 MiB held"), "{joined}");
+    assert!(joined.contains("swapped out 40000 pages"), "{joined}");
+    assert!(joined.contains("memory cgroup /job OOM killer chose pid 12"), "{joined}");
+    assert!(joined.contains("GPU 0 idle"), "{joined}");
+    let pos =
+        |needle: &str| v.evidence.iter().position(|e| e.contains(needle)).unwrap_or(usize::MAX);
+    assert!(
+        pos("reclaim began") < pos("GPU 0 idle") && pos("GPU 0 idle") < pos("OOM killer"),
+        "{joined}"
+    );
+    assert!(v.text.contains("GPU 0 sat idle 20.0 s"), "{}", v.text);
+}
+
+#[test]
+fn advice_computes_the_worker_count_that_fits() {
+    let v = decide(&memory_facts());
+    assert_eq!(v.cause, "host_memory_pressure");
+    // 512 MiB x 0.9 = 460.8 MiB budget; trainer 100 MiB; 300 MiB per worker: 1 fits.
+    let a = v.advice.join("\n");
+    assert!(a.contains("num_workers=2"), "{a}");
+    assert!(a.contains("num_workers <= 1 fits"), "{a}");
+    // A helper with a little memory and no reclaim is not a culprit.
+    let mut f = memory_facts();
+    f.procs.push(ProcFacts {
+        pid: 99,
+        comm: "python3".into(),
+        first_mem_kb: 10_000,
+        peak_mem_kb: 12_000,
+        alive: true,
+        ..Default::default()
+    });
+    assert!(!decide(&f).culprit_pids.contains(&99));
+    assert!(a.contains("kept growing"), "{a}");
+}
+
+#[test]
+fn full_filesystem_is_disk_full() {
+    let mut f = base();
+    f.procs = vec![trainer(10)];
+    f.filesystems = vec![("/dev/shm".into(), 99.5, 1 << 20)];
+    assert_eq!(decide(&f).cause, "disk_full");
+}
+
+#[test]
+fn stopped_trainer_is_hung() {
+    let mut f = base();
+    let mut t = trainer(10);
+    t.stuck = Some(('T', "do_signal_stop".into(), 40 * S));
+    f.procs = vec![t];
+    let v = decide(&f);
+    assert_eq!(v.cause, "process_hung");
+    assert!(v.evidence[0].contains("stopped (T) in do_signal_stop for 20.0 s"), "{:?}", v.evidence);
+    // A short stop is not a hang.
+    f.procs[0].stuck = Some(('T', String::new(), 59 * S));
+    assert_eq!(decide(&f).cause, "none_detected");
+}
+
+#[test]
+fn throttled_gpu_without_host_cause() {
+    let mut f = base();
+    f.procs = vec![trainer(10)];
+    f.gpu_stalls = vec![stall(5 * S, 10, &["hw_thermal_slowdown"])];
+    f.gpu_throttle_reasons = vec!["hw_thermal_slowdown".into()];
+    f.gpu_throttled_samples = 50;
+    f.gpu_samples = 120;
+    assert_eq!(decide(&f).cause, "gpu_throttling");
+}
+
+#[test]
+fn waiting_on_own_reads_is_disk_bound_not_memory() {
+    let mut f = base();
+    let mut t = trainer(10);
+    t.read_bytes = 2 << 30;
+    t.io_wait_ns = 45 * S;
+    t.lifetime_ns = 60 * S;
+    f.procs = vec![t];
+    f.disks = vec![("vda".into(), 95.0, 100.0)];
+    let v = decide(&f);
+    assert_eq!(v.cause, "disk_io_bound");
+    assert!(v.evidence.iter().any(|e| e.contains("no memory pressure")), "{:?}", v.evidence);
+}
+
+#[test]
+fn idle_job_during_a_gpu_stall_is_a_deadlock_but_idle_without_a_stall_is_nothing() {
+    let mut f = base();
+    let mut t = trainer(10);
+    t.idle_since_ns = Some(20 * S);
+    f.procs = vec![t];
+    assert_eq!(decide(&f).cause, "none_detected");
+    f.gpu_stalls = vec![stall(21 * S, 30, &[])];
+    assert_eq!(decide(&f).cause, "deadlock");
+}

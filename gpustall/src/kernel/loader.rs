@@ -1,0 +1,273 @@
+//! The thin layer that touches aya: load the eBPF object with this kernel's field offsets,
+//! attach what the kernel has, and read the kernel's counter maps into the model.
+
+use aya::{
+    maps::{HashMap, MapData, PerCpuArray, PerCpuHashMap, RingBuf},
+    programs::TracePoint,
+    Ebpf, EbpfLoader,
+};
+use gpustall_common::counters::{
+    IoCounters, IoKey, ProcCounters, HOST_COUNTERS, LATENCY_BUCKETS, LOST_COUNTERS,
+};
+use gpustall_common::names::{self, maps, programs};
+
+use crate::kernel::tracefs::Tracefs;
+use crate::model::samples::CountersSample;
+use crate::model::samples::IoRec;
+use crate::model::samples::ProcCountersRec;
+use crate::model::stats::sum_counters;
+use crate::model::stats::sum_io;
+
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("loading the eBPF programs failed: {0} (is BPF enabled in this kernel, and are you root or holding CAP_BPF + CAP_PERFMON?)")]
+    Load(#[source] aya::EbpfError),
+    #[error("the kernel has no tracepoint {0}, which gpustall needs to follow the process tree")]
+    MissingRequired(String),
+    #[error("attaching {tracepoint} failed: {source}")]
+    Attach {
+        tracepoint: String,
+        #[source]
+        source: aya::programs::ProgramError,
+    },
+    #[error("eBPF map {name}: {source}")]
+    Map {
+        name: &'static str,
+        #[source]
+        source: aya::maps::MapError,
+    },
+    #[error("eBPF map {0} is missing from the object (a build mismatch: rebuild gpustall)")]
+    MissingMap(&'static str),
+}
+
+/// One program and where it attaches.
+#[derive(Clone, Copy, Debug)]
+struct Probe {
+    /// Its name in the object.
+    program: &'static str,
+    /// Tracepoint category (tracefs events/ subdirectory).
+    category: &'static str,
+    /// Candidate events, newest name first: the first the kernel has wins.
+    events: &'static [&'static str],
+    /// Tracing is meaningless without it: its absence is an error, not a warning.
+    required: bool,
+}
+
+const fn probe(
+    program: &'static str,
+    category: &'static str,
+    events: &'static [&'static str],
+    required: bool,
+) -> Probe {
+    Probe { program, category, events, required }
+}
+
+const PROBES: &[Probe] = &[
+    probe(programs::TASK_NEWTASK, "task", &["task_newtask"], true),
+    probe(programs::SCHED_PROCESS_EXIT, "sched", &["sched_process_exit"], true),
+    probe(programs::TASK_RENAME, "task", &["task_rename"], false),
+    probe(programs::SCHED_PROCESS_EXEC, "sched", &["sched_process_exec"], false),
+    probe(programs::MARK_VICTIM, "oom", &["mark_victim"], false),
+    probe(programs::SIGNAL_GENERATE, "signal", &["signal_generate"], false),
+    probe(programs::DIRECT_RECLAIM_BEGIN, "vmscan", &["mm_vmscan_direct_reclaim_begin"], false),
+    probe(programs::DIRECT_RECLAIM_END, "vmscan", &["mm_vmscan_direct_reclaim_end"], false),
+    probe(programs::MEMCG_RECLAIM_BEGIN, "vmscan", &["mm_vmscan_memcg_reclaim_begin"], false),
+    probe(programs::MEMCG_RECLAIM_END, "vmscan", &["mm_vmscan_memcg_reclaim_end"], false),
+    probe(programs::KSWAPD_WAKE, "vmscan", &["mm_vmscan_kswapd_wake"], false),
+    probe(programs::KSWAPD_SLEEP, "vmscan", &["mm_vmscan_kswapd_sleep"], false),
+    // mm_vmscan_writepage before 5.18.
+    probe(
+        programs::WRITE_FOLIO,
+        "vmscan",
+        &["mm_vmscan_write_folio", "mm_vmscan_writepage"],
+        false,
+    ),
+    probe(programs::WAKEUP_KSWAPD, "vmscan", &["mm_vmscan_wakeup_kswapd"], false),
+    probe(programs::THROTTLED, "vmscan", &["mm_vmscan_throttled"], false),
+    probe(programs::BLOCK_BIO_QUEUE, "block", &["block_bio_queue"], false),
+    // 6.5+; without them there is no request latency, bytes still come from bio_queue.
+    probe(programs::BLOCK_IO_START, "block", &["block_io_start"], false),
+    probe(programs::BLOCK_IO_DONE, "block", &["block_io_done"], false),
+];
+
+/// The loaded programs and the maps the agent reads.
+pub struct Probes {
+    /// Kept alive: dropping it detaches every program.
+    pub ebpf: Ebpf,
+    pub attached: Vec<String>,
+    pub skipped: Vec<String>,
+    pub maps: KernelMaps,
+    /// The two rings, until the event loop takes them ([`Probes::take_rings`]).
+    rings: Option<(RingBuf<MapData>, RingBuf<MapData>)>,
+}
+
+impl Probes {
+    /// The critical and the bulk ring, for the event loop (once).
+    pub fn take_rings(&mut self) -> anyhow::Result<(RingBuf<MapData>, RingBuf<MapData>)> {
+        self.rings.take().ok_or_else(|| anyhow::anyhow!("the rings were already taken"))
+    }
+}
+
+/// Loads with this kernel's layouts and attaches; one warning per tracepoint the kernel lacks.
+pub fn load_and_warn() -> anyhow::Result<Probes> {
+    let tracefs = Tracefs::open()?;
+    let probes = load(&tracefs, crate::kernel::btf::task_exit_code_offset())?;
+    for s in &probes.skipped {
+        eprintln!("gpustall: warning: tracepoint {s} is not available on this kernel; its data is missing");
+    }
+    Ok(probes)
+}
+
+pub struct KernelMaps {
+    pub tracked: HashMap<MapData, u32, u32>,
+    proc_counters: PerCpuHashMap<MapData, u32, ProcCounters>,
+    io_counters: PerCpuHashMap<MapData, IoKey, IoCounters>,
+    host: PerCpuArray<MapData, u64>,
+    lost: PerCpuArray<MapData, u64>,
+    io_latency: PerCpuArray<MapData, u64>,
+}
+
+fn take<T>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, LoadError>
+where
+    T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>,
+{
+    let map = ebpf.take_map(name).ok_or(LoadError::MissingMap(name))?;
+    T::try_from(map).map_err(|source| LoadError::Map { name, source })
+}
+
+pub fn load(tracefs: &Tracefs, task_exit_code: Option<u32>) -> Result<Probes, LoadError> {
+    let write_folio = if tracefs.exists("vmscan", "mm_vmscan_write_folio") {
+        "mm_vmscan_write_folio"
+    } else {
+        "mm_vmscan_writepage"
+    };
+    let mut offsets = tracefs.offsets(write_folio);
+    offsets.task_exit_code = task_exit_code.unwrap_or(u32::MAX);
+
+    let mut ebpf = EbpfLoader::new()
+        .override_global(names::OFFSETS, &offsets, true)
+        .load(aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/gpustall")))
+        .map_err(LoadError::Load)?;
+
+    let mut attached = Vec::new();
+    let mut skipped = Vec::new();
+    let only = std::env::var("GPUSTALL_ONLY_PROBES").ok();
+    for &Probe { program: prog, category, events, required } in PROBES {
+        if only.as_deref().is_some_and(|o| !o.split(',').any(|p| p == prog)) {
+            continue;
+        }
+        let Some(event) = events.iter().find(|e| tracefs.exists(category, e)) else {
+            let name = format!("{category}:{}", events[0]);
+            if required {
+                return Err(LoadError::MissingRequired(name));
+            }
+            log::debug!("this kernel has no tracepoint {name}: skipping it");
+            skipped.push(name);
+            continue;
+        };
+        let name = format!("{category}:{event}");
+        let program: &mut TracePoint = ebpf
+            .program_mut(prog)
+            .ok_or_else(|| LoadError::MissingRequired(format!("program {prog}")))?
+            .try_into()
+            .map_err(|source| LoadError::Attach { tracepoint: name.clone(), source })?;
+        let result = program.load().and_then(|()| program.attach(category, event).map(|_| ()));
+        match result {
+            Ok(()) => attached.push(name),
+            Err(source) if required => return Err(LoadError::Attach { tracepoint: name, source }),
+            Err(e) => {
+                log::warn!("cannot attach {name}: {e}; going on without it");
+                skipped.push(name);
+            }
+        }
+    }
+    let maps = KernelMaps {
+        tracked: take(&mut ebpf, maps::TRACKED)?,
+        proc_counters: take(&mut ebpf, maps::PROC_COUNTERS)?,
+        io_counters: take(&mut ebpf, maps::IO_COUNTERS)?,
+        host: take(&mut ebpf, maps::HOST)?,
+        lost: take(&mut ebpf, maps::LOST)?,
+        io_latency: take(&mut ebpf, maps::IO_LATENCY)?,
+    };
+    let critical = take(&mut ebpf, maps::CRITICAL)?;
+    let bulk = take(&mut ebpf, maps::BULK)?;
+    Ok(Probes { ebpf, attached, skipped, maps, rings: Some((critical, bulk)) })
+}
+
+/// Run count and run time of each attached program (run time needs kernel.bpf_stats_enabled),
+/// sorted by name.
+pub fn program_stats(ebpf: &Ebpf, attached: &[String]) -> Vec<crate::model::overhead::ProgramStat> {
+    let mut stats: Vec<_> = ebpf
+        .programs()
+        .filter(|(name, _)| {
+            attached.iter().any(|a| a.ends_with(&format!(":{name}")) || a.contains(name))
+        })
+        .filter_map(|(name, p)| {
+            let info = p.info().ok()?;
+            Some(crate::model::overhead::ProgramStat::new(
+                name,
+                info.run_count(),
+                info.run_time().as_nanos() as u64,
+            ))
+        })
+        .collect();
+    stats.sort_by(|a, b| a.name.cmp(&b.name));
+    stats
+}
+
+impl KernelMaps {
+    /// Drops a process's kernel counters (the daemon prunes processes long gone).
+    pub fn forget(&mut self, pid: u32) {
+        let _ = self.tracked.remove(&pid);
+        let _ = self.proc_counters.remove(&pid);
+        let keys: Vec<IoKey> =
+            self.io_counters.keys().filter_map(Result::ok).filter(|k| k.tgid == pid).collect();
+        for k in keys {
+            let _ = self.io_counters.remove(&k);
+        }
+    }
+
+    /// Adds a process to the tree the kernel follows.
+    pub fn track(&mut self, pid: u32) -> Result<(), aya::maps::MapError> {
+        self.tracked.insert(pid, 1, 0)
+    }
+
+    /// Reads the kernel's cumulative counters. A map read that fails is logged and retried at
+    /// the next read: never fatal while tracing.
+    pub fn read(&self, t_ns: u64, undecodable: u64) -> CountersSample {
+        let mut out = CountersSample { t_ns, undecodable: Some(undecodable), ..Default::default() };
+        for item in self.proc_counters.iter() {
+            match item {
+                Ok((pid, per_cpu)) => {
+                    out.procs.push(ProcCountersRec { pid, counters: sum_counters(per_cpu.iter()) })
+                }
+                Err(e) => log::debug!("reading PROC_COUNTERS: {e}"),
+            }
+        }
+        for item in self.io_counters.iter() {
+            match item {
+                Ok((k, per_cpu)) => {
+                    out.io.push(IoRec {
+                        pid: k.tgid,
+                        dev: k.dev,
+                        op: k.op,
+                        in_reclaim: k.in_reclaim != 0,
+                        counters: sum_io(per_cpu.iter()),
+                    });
+                }
+                Err(e) => log::debug!("reading IO_COUNTERS: {e}"),
+            }
+        }
+        // Map iteration order is the kernel's: sort so that "what changed" compares like with like.
+        out.procs.sort_by_key(|p| p.pid);
+        out.io.sort_by_key(|r| (r.pid, r.dev, r.op, r.in_reclaim));
+        let read_array = |arr: &PerCpuArray<MapData, u64>, n: u32| -> Vec<u64> {
+            (0..n).map(|i| arr.get(&i, 0).map(|v| v.iter().sum()).unwrap_or(0)).collect()
+        };
+        out.host = read_array(&self.host, HOST_COUNTERS);
+        out.lost = read_array(&self.lost, LOST_COUNTERS);
+        let lat = read_array(&self.io_latency, 3 * LATENCY_BUCKETS);
+        out.io_latency = lat.chunks(LATENCY_BUCKETS as usize).map(<[u64]>::to_vec).collect();
+        out
+    }
+}

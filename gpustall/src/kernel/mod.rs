@@ -1,0 +1,10 @@
+//! Stage 1, the kernel: privileges and limits checked, the eBPF object loaded with this kernel's
+//! tracepoint layouts (tracefs) and struct offsets (BTF), programs attached, ring records
+//! decoded into [`crate::model::event::Event`]s and counter maps read. The only code that
+//! touches aya.
+
+pub mod btf;
+pub mod decode;
+pub mod loader;
+pub mod preflight;
+pub mod tracefs;

@@ -1,0 +1,322 @@
+//! The job's surroundings as the model holds them: memory cgroup, host memory, vmstat, disks,
+//! filesystems, scheduler state of each traced process. [`HostContext::apply`] folds a
+//! [`ContextSample`] in, the same way live and on replay; reading them is `sources::host`'s job.
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde::Serialize;
+
+use crate::model::samples::ContextSample;
+
+/// /proc/diskstats counts sectors of 512 bytes whatever the device's sector size.
+pub const SECTOR_BYTES: u64 = 512;
+
+/// The memory cgroup of a process: the limit that makes reclaim and the OOM killer act on the
+/// job long before the host runs out.
+#[derive(Serialize, serde::Deserialize, Clone, Debug, PartialEq)]
+pub struct CgroupMem {
+    /// The cgroup path as /proc/PID/cgroup shows it, e.g. "/gpustall-test-x".
+    pub path: String,
+    /// 1 or 2.
+    pub version: u8,
+    /// `None` = unlimited ("max" in v2, or >= 2^60 in v1).
+    pub limit_bytes: Option<u64>,
+    pub usage_bytes: u64,
+    /// v1 memory.max_usage_in_bytes; v2 memory.peak (kernel 5.19+).
+    pub peak_bytes: Option<u64>,
+    /// v1 memsw.usage - usage; v2 memory.swap.current.
+    pub swap_usage_bytes: Option<u64>,
+    /// v1 memory.oom_control `oom_kill`; v2 memory.events `oom_kill`.
+    pub oom_kills: Option<u64>,
+    /// How often usage hit the limit: v1 memory.failcnt; v2 memory.events `max`.
+    pub failcnt: Option<u64>,
+}
+
+/// Host-wide memory: a job without a cgroup limit is squeezed by the host's MemAvailable.
+#[derive(Serialize, serde::Deserialize, Clone, Debug, PartialEq)]
+pub struct HostMem {
+    pub mem_total_kb: u64,
+    pub mem_available_kb: u64,
+    pub swap_total_kb: u64,
+    pub swap_free_kb: u64,
+}
+
+/// Host-wide reclaim, swap and OOM activity between two /proc/vmstat readings: the evidence
+/// of memory pressure even for the events the eBPF side could not attribute.
+#[derive(Serialize, serde::Deserialize, Clone, Debug, PartialEq, Default)]
+pub struct VmDelta {
+    pub pswpin: u64,
+    pub pswpout: u64,
+    pub pgmajfault: u64,
+    pub oom_kill: u64,
+    pub pgscan_direct: u64,
+    pub pgsteal_direct: u64,
+    pub pgscan_kswapd: u64,
+    /// The sum of allocstall_* (one counter per zone: dma, dma32, normal, movable, device).
+    pub allocstall: u64,
+}
+
+pub fn vm_delta(before: &BTreeMap<String, u64>, after: &BTreeMap<String, u64>) -> VmDelta {
+    let d = |key: &str| {
+        let a = after.get(key).copied().unwrap_or(0);
+        a.saturating_sub(before.get(key).copied().unwrap_or(0))
+    };
+    // Zones differ between machines, so sum whichever allocstall_* this kernel has.
+    let allocstall =
+        after.keys().filter(|k| k.starts_with("allocstall")).map(|k| d(k)).sum::<u64>();
+    VmDelta {
+        pswpin: d("pswpin"),
+        pswpout: d("pswpout"),
+        pgmajfault: d("pgmajfault"),
+        oom_kill: d("oom_kill"),
+        pgscan_direct: d("pgscan_direct"),
+        pgsteal_direct: d("pgsteal_direct"),
+        pgscan_kswapd: d("pgscan_kswapd"),
+        allocstall,
+    }
+}
+
+/// One line of /proc/diskstats, cumulative since boot.
+#[derive(Serialize, serde::Deserialize, Clone, Debug, PartialEq)]
+pub struct DiskStat {
+    pub name: String,
+    pub major: u32,
+    pub minor: u32,
+    pub read_bytes: u64,
+    pub write_bytes: u64,
+    /// Milliseconds the device had I/O in flight (field 10 of the documented layout).
+    pub io_ticks_ms: u64,
+}
+
+/// A disk's activity over an interval: 100% busy with reclaim I/O is the "disk is the problem"
+/// symptom that memory pressure often causes.
+#[derive(Serialize, serde::Deserialize, Clone, Debug, PartialEq)]
+pub struct DiskBusy {
+    pub name: String,
+    /// "maj:min", to match the device numbers of block tracepoints.
+    pub dev: String,
+    pub busy_pct: f64,
+    pub read_bytes: u64,
+    pub write_bytes: u64,
+}
+
+/// Busy share and bytes per disk between two readings `elapsed_ms` apart. Disks that appear
+/// only in `after` (hot-plugged) have no baseline and are left out.
+pub fn disk_busy(before: &[DiskStat], after: &[DiskStat], elapsed_ms: u64) -> Vec<DiskBusy> {
+    after
+        .iter()
+        .filter_map(|a| {
+            let b = before.iter().find(|b| b.major == a.major && b.minor == a.minor)?;
+            let ticks = a.io_ticks_ms.saturating_sub(b.io_ticks_ms);
+            // io_ticks advance in jiffies and are sampled at slightly different moments than
+            // our clock, so the raw ratio can exceed 100%.
+            let busy_pct = if elapsed_ms == 0 {
+                0.0
+            } else {
+                (ticks as f64 * 100.0 / elapsed_ms as f64).min(100.0)
+            };
+            Some(DiskBusy {
+                name: a.name.clone(),
+                dev: format!("{}:{}", a.major, a.minor),
+                busy_pct,
+                read_bytes: a.read_bytes.saturating_sub(b.read_bytes),
+                write_bytes: a.write_bytes.saturating_sub(b.write_bytes),
+            })
+        })
+        .collect()
+}
+
+/// Space on the filesystem holding a path (the dataset, the checkpoint directory): a full disk
+/// stalls a job in a way that looks like slow I/O.
+#[derive(Serialize, serde::Deserialize, Clone, Debug, PartialEq)]
+pub struct FsUsage {
+    pub path: String,
+    pub total_bytes: u64,
+    /// Available to unprivileged users (root's reserved blocks excluded), as df shows.
+    pub avail_bytes: u64,
+    /// As df's Use%: used / (used + available), so it reaches 100 when users can write no more.
+    pub used_pct: f64,
+}
+
+/// What a task is doing: a job whose processes sit in D state with a wchan in the block layer
+/// is hung on I/O; at 0 CPU in S state it is waiting or deadlocked.
+#[derive(Serialize, serde::Deserialize, Clone, Debug, PartialEq)]
+pub struct TaskState {
+    pub pid: u32,
+    /// R S D T t Z I X, as in /proc/PID/stat.
+    pub state: char,
+    /// The kernel function the task sleeps in; "" when running or hidden.
+    pub wchan: String,
+    /// utime + stime, in clock ticks.
+    pub cpu_ticks: u64,
+    pub majflt: u64,
+    /// /proc/PID/io, readable only by the owner or with CAP_SYS_PTRACE.
+    pub read_bytes: Option<u64>,
+    pub write_bytes: Option<u64>,
+}
+
+/// A process that has not made progress: stopped (T), in uninterruptible sleep (D), or using
+/// no CPU at all, since the times below.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TaskWatch {
+    pub last: TaskState,
+    /// When the current state (T/D) began, as far as the samples tell.
+    pub stuck_since_ns: Option<u64>,
+    /// When CPU time and I/O last stood still (None while they move).
+    pub idle_since_ns: Option<u64>,
+}
+
+#[derive(Default)]
+pub struct HostContext {
+    pub samples: u64,
+    pub cgroup_last: Option<CgroupMem>,
+    pub cgroup_peak_usage: u64,
+    pub host_last: Option<HostMem>,
+    pub host_min_available_kb: Option<u64>,
+    pub vm_before: BTreeMap<String, u64>,
+    pub vm_last: BTreeMap<String, u64>,
+    pub disks_before: Vec<DiskStat>,
+    pub disks_last: Vec<DiskStat>,
+    /// Highest busy % per disk between two consecutive samples.
+    pub disk_peak_busy: BTreeMap<String, f64>,
+    pub start_ns: u64,
+    pub last_ns: u64,
+    /// Per path, the fullest it was seen.
+    pub filesystems: Vec<FsUsage>,
+    pub tasks: HashMap<u32, TaskWatch>,
+}
+
+impl HostContext {
+    pub fn apply(&mut self, s: &ContextSample) {
+        if self.samples == 0 {
+            self.vm_before = s.vmstat.clone();
+            self.disks_before = s.disks.clone();
+            self.disks_last = s.disks.clone();
+            self.start_ns = s.t_ns;
+            self.last_ns = s.t_ns;
+        }
+        self.samples += 1;
+        if let Some(m) = &s.cgroup {
+            self.cgroup_peak_usage =
+                self.cgroup_peak_usage.max(m.peak_bytes.unwrap_or(0)).max(m.usage_bytes);
+            self.cgroup_last = Some(m.clone());
+        }
+        if let Some(h) = &s.host {
+            self.host_min_available_kb = Some(
+                self.host_min_available_kb
+                    .map_or(h.mem_available_kb, |m| m.min(h.mem_available_kb)),
+            );
+            self.host_last = Some(h.clone());
+        }
+        if !s.vmstat.is_empty() {
+            self.vm_last = s.vmstat.clone();
+        }
+        let dt_ms = s.t_ns.saturating_sub(self.last_ns) / 1_000_000;
+        if dt_ms > 0 {
+            for b in disk_busy(&self.disks_last, &s.disks, dt_ms) {
+                let e = self.disk_peak_busy.entry(b.name).or_insert(0.0);
+                *e = e.max(b.busy_pct);
+            }
+        }
+        self.disks_last = s.disks.clone();
+        self.last_ns = s.t_ns;
+        for t in &s.tasks {
+            self.watch(t.clone(), s.t_ns);
+        }
+        for fs in &s.filesystems {
+            match self.filesystems.iter_mut().find(|f| f.path == fs.path) {
+                Some(f) if fs.used_pct > f.used_pct => *f = fs.clone(),
+                Some(_) => {}
+                None => self.filesystems.push(fs.clone()),
+            }
+        }
+    }
+
+    fn watch(&mut self, s: TaskState, now_ns: u64) {
+        let Some(w) = self.tasks.get_mut(&s.pid) else {
+            let stuck = matches!(s.state, 'T' | 't' | 'D').then_some(now_ns);
+            self.tasks
+                .insert(s.pid, TaskWatch { last: s, stuck_since_ns: stuck, idle_since_ns: None });
+            return;
+        };
+        let stuck = matches!(s.state, 'T' | 't' | 'D');
+        w.stuck_since_ns = match (stuck, w.stuck_since_ns) {
+            (true, Some(since)) if w.last.state == s.state => Some(since),
+            (true, _) => Some(now_ns),
+            (false, _) => None,
+        };
+        let moved = s.cpu_ticks != w.last.cpu_ticks
+            || s.read_bytes != w.last.read_bytes
+            || s.write_bytes != w.last.write_bytes;
+        w.idle_since_ns = match (moved, w.idle_since_ns) {
+            (true, _) => None,
+            (false, Some(since)) => Some(since),
+            (false, None) => Some(now_ns),
+        };
+        w.last = s;
+    }
+
+    /// Busy % of each disk over the whole trace.
+    pub fn disk_busy_overall(&self) -> Vec<DiskBusy> {
+        let ms = self.last_ns.saturating_sub(self.start_ns) / 1_000_000;
+        if ms == 0 {
+            return Vec::new();
+        }
+        disk_busy(&self.disks_before, &self.disks_last, ms)
+    }
+
+    pub fn vm_delta(&self) -> VmDelta {
+        vm_delta(&self.vm_before, &self.vm_last)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn task(state: char, cpu: u64) -> TaskState {
+        TaskState {
+            pid: 5,
+            state,
+            wchan: String::new(),
+            cpu_ticks: cpu,
+            majflt: 0,
+            read_bytes: Some(0),
+            write_bytes: Some(0),
+        }
+    }
+
+    fn at(t_s: u64, tasks: Vec<TaskState>) -> ContextSample {
+        ContextSample { t_ns: t_s * 1_000_000_000, tasks, ..Default::default() }
+    }
+
+    #[test]
+    fn stopped_and_idle_times_start_when_the_state_begins() {
+        let mut c = HostContext::default();
+        c.apply(&at(0, vec![task('R', 10)]));
+        c.apply(&at(1, vec![task('T', 11)]));
+        c.apply(&at(2, vec![task('T', 11)]));
+        c.apply(&at(3, vec![task('T', 11)]));
+        let w = &c.tasks[&5];
+        assert_eq!(w.stuck_since_ns, Some(1_000_000_000));
+        assert_eq!(w.idle_since_ns, Some(2_000_000_000));
+        c.apply(&at(4, vec![task('S', 12)]));
+        assert_eq!((c.tasks[&5].stuck_since_ns, c.tasks[&5].idle_since_ns), (None, None));
+    }
+
+    #[test]
+    fn fullest_filesystem_reading_is_kept() {
+        let fs = |pct: f64| FsUsage {
+            path: "/tmp".into(),
+            total_bytes: 100,
+            avail_bytes: 1,
+            used_pct: pct,
+        };
+        let mut c = HostContext::default();
+        c.apply(&ContextSample { filesystems: vec![fs(50.0)], ..Default::default() });
+        c.apply(&ContextSample { filesystems: vec![fs(99.0)], ..Default::default() });
+        c.apply(&ContextSample { filesystems: vec![fs(60.0)], ..Default::default() });
+        assert_eq!(c.filesystems.len(), 1);
+        assert_eq!(c.filesystems[0].used_pct, 99.0);
+    }
+}

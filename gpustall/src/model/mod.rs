@@ -1,0 +1,268 @@
+//! Stage 3, the model: everything the agent knows about a trace (the process tree,
+//! per-process and host measurements, OOM kills and fatal signals, GPU state, training steps).
+//! Fed by [`event::Event`]s and [`samples::Sample`]s only, the same way live and on replay; it
+//! reads nothing from the machine and knows no aya or tokio, so it is tested on hand-built input.
+
+pub mod event;
+pub mod gpu;
+pub mod host;
+pub mod overhead;
+pub mod proctree;
+pub mod samples;
+pub mod stats;
+pub mod steps;
+
+use std::collections::{BTreeMap, HashSet};
+
+use gpustall_common::reclaim::ReclaimKind;
+
+use crate::model::event::Event;
+use crate::model::event::OomRss;
+use crate::model::proctree::Killer;
+use crate::model::proctree::ProcessTree;
+use crate::model::samples::CountersSample;
+use crate::model::samples::Sample;
+use crate::model::stats::HostStats;
+use crate::model::stats::IoSlot;
+use crate::model::stats::ProcStats;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OomKill {
+    pub t_ns: u64,
+    pub victim_pid: u32,
+    pub victim_comm: String,
+    pub rss: Option<OomRss>,
+    pub oom_score_adj: i32,
+    /// The task whose allocation invoked the OOM killer.
+    pub trigger_pid: u32,
+    pub trigger_comm: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SignalRecord {
+    pub t_ns: u64,
+    pub sig: i32,
+    pub si_code: i32,
+    pub sender_pid: u32,
+    pub sender_comm: String,
+    pub target_pid: u32,
+    pub target_comm: String,
+}
+
+#[derive(Default)]
+pub struct Model {
+    pub tree: ProcessTree,
+    pub procs: BTreeMap<u32, ProcStats>,
+    pub host: HostStats,
+    pub oom_kills: Vec<OomKill>,
+    pub signals: Vec<SignalRecord>,
+    /// Records received from the kernel, by ring.
+    pub events: u64,
+    pub start_ns: u64,
+    pub last_ns: u64,
+    pub overhead: crate::model::overhead::Overhead,
+    pub gpu: crate::model::gpu::GpuState,
+    pub ctx: crate::model::host::HostContext,
+    /// Per-step times from the training log (`--log`), with the time the line was read.
+    pub steps: Vec<(u64, crate::model::steps::StepTimes)>,
+}
+
+impl Model {
+    /// Folds in one observation (see `observe`): the same path live and on replay.
+    /// Returns GPU stall episodes that ended with it.
+    pub fn observe(&mut self, s: &Sample) -> Vec<crate::model::gpu::StallEpisode> {
+        self.last_ns = self.last_ns.max(s.t_ns());
+        match s {
+            Sample::Seed { t_ns, pid, ppid, comm, is_target } => {
+                self.tree.seed(*pid, *ppid, comm, *is_target, *t_ns)
+            }
+            Sample::ProcMem { t_ns, pid, mem } => self.proc_mut(*pid).record_mem(*mem, *t_ns),
+            Sample::Vanished { t_ns, pid } => self.tree.mark_vanished(*pid, *t_ns),
+            Sample::Cmdline { pid, cmdline, .. } => self.tree.set_cmdline(*pid, cmdline.clone()),
+            Sample::Counters(c) => self.apply_counters(c),
+            Sample::Context(c) => self.ctx.apply(c),
+            Sample::Gpu { gpus, .. } => {
+                let pids: HashSet<u32> = self.tree.iter().map(|n| n.pid).collect();
+                let alive = !self.tree.alive_pids().is_empty();
+                return self.gpu.apply(gpus, &pids, alive);
+            }
+            Sample::TrainStep { t_ns, data_time_s, iter_time_s } => self.steps.push((
+                *t_ns,
+                crate::model::steps::StepTimes {
+                    data_time_s: *data_time_s,
+                    iter_time_s: *iter_time_s,
+                },
+            )),
+            Sample::Overhead { overhead, .. } => self.overhead = overhead.clone(),
+        }
+        Vec::new()
+    }
+
+    fn apply_counters(&mut self, c: &CountersSample) {
+        for p in &c.procs {
+            self.proc_mut(p.pid).counters = p.counters;
+        }
+        for r in &c.io {
+            let slot = IoSlot { dev: r.dev, op: r.op, in_reclaim: r.in_reclaim };
+            self.proc_mut(r.pid).io.insert(slot, r.counters);
+        }
+        if !c.host.is_empty() {
+            for (dst, src) in self.host.counters.iter_mut().zip(&c.host) {
+                *dst = *src;
+            }
+        }
+        if !c.lost.is_empty() {
+            for (dst, src) in self.host.lost.iter_mut().zip(&c.lost) {
+                *dst = *src;
+            }
+        }
+        if let Some(u) = c.undecodable {
+            self.host.undecodable = u;
+        }
+        for (dst, src) in self.host.io_latency.iter_mut().zip(&c.io_latency) {
+            for (d, s) in dst.iter_mut().zip(src) {
+                *d = *s;
+            }
+        }
+    }
+
+    /// The end of the trace (live or replayed): GPU stalls still open are closed.
+    pub fn finish(&mut self, now_ns: u64) -> Vec<crate::model::gpu::StallEpisode> {
+        self.gpu.finish(now_ns)
+    }
+
+    pub fn proc_mut(&mut self, pid: u32) -> &mut ProcStats {
+        self.procs.entry(pid).or_default()
+    }
+
+    pub fn apply(&mut self, e: &Event) {
+        self.events += 1;
+        let h = e.header();
+        self.last_ns = self.last_ns.max(h.t_ns);
+        match e {
+            Event::Fork { h, child_pid, .. } => {
+                self.tree.on_fork(h.tgid, *child_pid, &h.comm, h.t_ns)
+            }
+            Event::Exit { h, exit_code } => self.tree.on_exit(h.tgid, *exit_code, h.t_ns),
+            Event::Rename { h, pid, new_comm } => self.tree.on_rename(h.tgid, *pid, new_comm),
+            Event::Exec { h, filename, .. } => self.tree.on_exec(h.tgid, &h.comm, filename),
+            Event::OomVictim { h, victim_pid, victim_comm, rss, oom_score_adj, .. } => {
+                self.tree.on_oom_victim(*victim_pid);
+                self.oom_kills.push(OomKill {
+                    t_ns: h.t_ns,
+                    victim_pid: *victim_pid,
+                    victim_comm: victim_comm.clone(),
+                    rss: *rss,
+                    oom_score_adj: *oom_score_adj,
+                    trigger_pid: h.tgid,
+                    trigger_comm: h.comm.clone(),
+                });
+            }
+            Event::Signal { h, sig, code, target_pid, target_comm, .. } => {
+                self.tree.on_signal(
+                    *target_pid,
+                    Killer {
+                        sig: *sig,
+                        sender_pid: h.tgid,
+                        sender_comm: h.comm.clone(),
+                        si_code: *code,
+                        t_ns: h.t_ns,
+                    },
+                );
+                self.signals.push(SignalRecord {
+                    t_ns: h.t_ns,
+                    sig: *sig,
+                    si_code: *code,
+                    sender_pid: h.tgid,
+                    sender_comm: h.comm.clone(),
+                    target_pid: *target_pid,
+                    target_comm: target_comm.clone(),
+                });
+            }
+            Event::Reclaim { h, kind: ReclaimKind::Kswapd, duration_ns, .. } => {
+                let _ = h;
+                self.host.kswapd_episodes += 1;
+                self.host.kswapd_ns += duration_ns;
+            }
+            Event::Reclaim { h, duration_ns, start_ns, .. } => {
+                let p = self.proc_mut(h.tgid);
+                let _ = p.reclaim_stalls.record((*duration_ns).max(1));
+                p.first_reclaim_ns =
+                    Some(p.first_reclaim_ns.map_or(*start_ns, |f| f.min(*start_ns)));
+            }
+            Event::Throttled { .. } => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::event::Header;
+
+    fn h(tgid: u32, comm: &str, t_ns: u64) -> Header {
+        Header { t_ns, tgid, tid: tgid, comm: comm.into() }
+    }
+
+    #[test]
+    fn oom_kill_chain_marks_victim_and_killer() {
+        let mut m = Model::default();
+        m.tree.seed(10, 1, "trainer", true, 0);
+        m.apply(&Event::Fork { h: h(10, "trainer", 1), child_pid: 11, clone_flags: 0x11 });
+        m.apply(&Event::Rename {
+            h: h(11, "trainer", 2),
+            pid: 11,
+            new_comm: "pt_data_worker".into(),
+        });
+        m.apply(&Event::Reclaim {
+            h: h(11, "pt_data_worker", 3),
+            kind: ReclaimKind::Memcg,
+            start_ns: 2,
+            duration_ns: 1_000_000,
+            nr_reclaimed: 32,
+        });
+        m.apply(&Event::OomVictim {
+            h: h(10, "trainer", 4),
+            victim_pid: 11,
+            victim_comm: "pt_data_worker".into(),
+            rss: Some(OomRss {
+                total_vm_kb: 1,
+                anon_rss_kb: 900_000,
+                file_rss_kb: 0,
+                shmem_rss_kb: 0,
+            }),
+            oom_score_adj: 0,
+            uid: 0,
+        });
+        m.apply(&Event::Signal {
+            h: h(10, "trainer", 5),
+            sig: 9,
+            code: 0x80,
+            target_pid: 11,
+            result: 0,
+            target_comm: "pt_data_worker".into(),
+        });
+        m.apply(&Event::Exit { h: h(11, "pt_data_worker", 6), exit_code: Some(9) });
+        let n = m.tree.get(11).expect("worker");
+        assert!(n.oom_killed);
+        assert_eq!(n.exit_signal(), Some(9));
+        assert_eq!(n.killed_by.as_ref().map(|k| k.sender_pid), Some(10));
+        assert_eq!(m.oom_kills[0].trigger_pid, 10);
+        assert_eq!(m.procs[&11].reclaim_stalls.len(), 1);
+        assert_eq!(m.events, 6);
+    }
+
+    #[test]
+    fn kswapd_episodes_are_host_level() {
+        let mut m = Model::default();
+        m.apply(&Event::Reclaim {
+            h: h(77, "kswapd0", 1),
+            kind: ReclaimKind::Kswapd,
+            start_ns: 0,
+            duration_ns: 500,
+            nr_reclaimed: 0,
+        });
+        assert_eq!((m.host.kswapd_episodes, m.host.kswapd_ns), (1, 500));
+        assert!(m.procs.is_empty());
+    }
+}

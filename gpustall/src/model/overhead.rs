@@ -1,0 +1,46 @@
+//! What tracing costs: each eBPF program's run count and run time (from the kernel's BPF stats,
+//! when `kernel.bpf_stats_enabled` is 1) and the agent's own CPU time and peak memory.
+
+use serde::Serialize;
+
+#[derive(Serialize, serde::Deserialize, Debug, Clone, Default, PartialEq)]
+pub struct ProgramStat {
+    pub name: String,
+    pub run_count: u64,
+    pub run_time_ns: u64,
+    pub avg_ns: Option<f64>,
+}
+
+#[derive(Serialize, serde::Deserialize, Debug, Clone, Default, PartialEq)]
+pub struct Overhead {
+    /// False when the kernel does not collect run times (sysctl kernel.bpf_stats_enabled=0).
+    pub bpf_stats_enabled: bool,
+    pub programs: Vec<ProgramStat>,
+    /// CPU the agent spent loading and attaching (verifier included), before tracing began.
+    pub agent_startup_cpu_s: f64,
+    /// All CPU the agent spent, start-up included.
+    pub agent_cpu_s: f64,
+    pub agent_peak_rss_kb: u64,
+}
+
+impl ProgramStat {
+    pub fn new(name: &str, run_count: u64, run_time_ns: u64) -> Self {
+        Self {
+            name: name.to_string(),
+            run_count,
+            run_time_ns,
+            avg_ns: (run_count > 0 && run_time_ns > 0)
+                .then(|| run_time_ns as f64 / run_count as f64),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn average_only_when_measured() {
+        assert_eq!(super::ProgramStat::new("p", 10, 500).avg_ns, Some(50.0));
+        assert_eq!(super::ProgramStat::new("p", 10, 0).avg_ns, None);
+        assert_eq!(super::ProgramStat::new("p", 0, 0).avg_ns, None);
+    }
+}

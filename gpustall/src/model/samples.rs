@@ -1,0 +1,337 @@
+//! Observations: everything the model learns besides kernel events, in the form it is recorded
+//! (`{"type":"sample","kind":..}` lines). The live agent and `gpustall report` feed the model
+//! through the same [`Sample`]s, so a replayed recording gives the summary the live run gave.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use gpustall_common::counters::{IoCounters, ProcCounters};
+
+use crate::model::gpu::GpuSample;
+use crate::model::host::CgroupMem;
+use crate::model::host::DiskStat;
+use crate::model::host::FsUsage;
+use crate::model::host::HostMem;
+use crate::model::host::TaskState;
+use crate::model::overhead::Overhead;
+use crate::model::stats::MemSample;
+
+/// The kernel's counters for one process.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProcCountersRec {
+    pub pid: u32,
+    #[serde(flatten)]
+    pub counters: ProcCounters,
+}
+
+/// Block I/O totals of one (process, device, direction, in-reclaim) slot.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IoRec {
+    pub pid: u32,
+    pub dev: u32,
+    pub op: u32,
+    pub in_reclaim: bool,
+    #[serde(flatten)]
+    pub counters: IoCounters,
+}
+
+/// A read of the kernel's counter maps. Entries are cumulative and replace earlier ones; the
+/// live agent writes only entries that changed since its last write.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+pub struct CountersSample {
+    pub t_ns: u64,
+    pub procs: Vec<ProcCountersRec>,
+    pub io: Vec<IoRec>,
+    /// Host-level counters (`HostCounter` order), lost-event counters (`LostCounter` order) and
+    /// undecodable records; empty when unchanged.
+    pub host: Vec<u64>,
+    pub lost: Vec<u64>,
+    pub undecodable: Option<u64>,
+    /// Completed-request latency histograms (log2 buckets) per direction; empty when unchanged.
+    pub io_latency: Vec<Vec<u64>>,
+}
+
+impl CountersSample {
+    /// What changed from `prev` to `self` (both full reads), for the recording.
+    pub fn changes_since(&self, prev: &CountersSample) -> CountersSample {
+        let procs = self.procs.iter().filter(|p| !prev.procs.contains(p)).copied().collect();
+        let io = self.io.iter().filter(|r| !prev.io.contains(r)).copied().collect();
+        CountersSample {
+            t_ns: self.t_ns,
+            procs,
+            io,
+            host: if self.host == prev.host { Vec::new() } else { self.host.clone() },
+            lost: if self.lost == prev.lost { Vec::new() } else { self.lost.clone() },
+            undecodable: (self.undecodable != prev.undecodable)
+                .then_some(self.undecodable)
+                .flatten(),
+            io_latency: if self.io_latency == prev.io_latency {
+                Vec::new()
+            } else {
+                self.io_latency.clone()
+            },
+        }
+    }
+
+    /// These totals counted from `base` (a full read taken earlier) instead of from the
+    /// start: what an incident bundle needs, whose window begins mid-run.
+    pub fn minus(&self, base: &CountersSample) -> CountersSample {
+        let procs = self
+            .procs
+            .iter()
+            .map(|p| {
+                let b = base
+                    .procs
+                    .iter()
+                    .find(|b| b.pid == p.pid)
+                    .map(|b| b.counters)
+                    .unwrap_or_default();
+                let (c, d) = (&p.counters, &b);
+                ProcCountersRec {
+                    pid: p.pid,
+                    counters: ProcCounters {
+                        swapout_anon_folios: c
+                            .swapout_anon_folios
+                            .saturating_sub(d.swapout_anon_folios),
+                        writeback_file_folios: c
+                            .writeback_file_folios
+                            .saturating_sub(d.writeback_file_folios),
+                        kswapd_wakeups: c.kswapd_wakeups.saturating_sub(d.kswapd_wakeups),
+                        direct_reclaim_count: c
+                            .direct_reclaim_count
+                            .saturating_sub(d.direct_reclaim_count),
+                        direct_reclaim_ns: c.direct_reclaim_ns.saturating_sub(d.direct_reclaim_ns),
+                        memcg_reclaim_count: c
+                            .memcg_reclaim_count
+                            .saturating_sub(d.memcg_reclaim_count),
+                        memcg_reclaim_ns: c.memcg_reclaim_ns.saturating_sub(d.memcg_reclaim_ns),
+                        reclaimed_pages: c.reclaimed_pages.saturating_sub(d.reclaimed_pages),
+                        throttled_count: c.throttled_count.saturating_sub(d.throttled_count),
+                        throttled_us: c.throttled_us.saturating_sub(d.throttled_us),
+                    },
+                }
+            })
+            .collect();
+        let io = self
+            .io
+            .iter()
+            .map(|r| {
+                let b = base
+                    .io
+                    .iter()
+                    .find(|b| {
+                        (b.pid, b.dev, b.op, b.in_reclaim) == (r.pid, r.dev, r.op, r.in_reclaim)
+                    })
+                    .map(|b| b.counters)
+                    .unwrap_or_default();
+                let c = &r.counters;
+                IoRec {
+                    counters: IoCounters {
+                        bytes: c.bytes.saturating_sub(b.bytes),
+                        bios: c.bios.saturating_sub(b.bios),
+                        completed: c.completed.saturating_sub(b.completed),
+                        latency_ns_sum: c.latency_ns_sum.saturating_sub(b.latency_ns_sum),
+                        // A maximum cannot be rebased: the window's own is unknown; keep the run's.
+                        latency_ns_max: c.latency_ns_max,
+                    },
+                    ..*r
+                }
+            })
+            .collect();
+        let sub = |a: &[u64], b: &[u64]| -> Vec<u64> {
+            a.iter()
+                .enumerate()
+                .map(|(i, v)| v.saturating_sub(b.get(i).copied().unwrap_or(0)))
+                .collect()
+        };
+        CountersSample {
+            t_ns: self.t_ns,
+            procs,
+            io,
+            host: sub(&self.host, &base.host),
+            lost: sub(&self.lost, &base.lost),
+            undecodable: self.undecodable.map(|u| u.saturating_sub(base.undecodable.unwrap_or(0))),
+            io_latency: self
+                .io_latency
+                .iter()
+                .enumerate()
+                .map(|(i, h)| sub(h, base.io_latency.get(i).map_or(&[][..], |v| v.as_slice())))
+                .collect(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.procs.is_empty()
+            && self.io.is_empty()
+            && self.host.is_empty()
+            && self.lost.is_empty()
+            && self.undecodable.is_none()
+            && self.io_latency.is_empty()
+    }
+}
+
+/// The job's surroundings at one moment.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+pub struct ContextSample {
+    pub t_ns: u64,
+    pub cgroup: Option<CgroupMem>,
+    pub host: Option<HostMem>,
+    /// The /proc/vmstat counters the verdict uses.
+    pub vmstat: BTreeMap<String, u64>,
+    pub disks: Vec<DiskStat>,
+    pub tasks: Vec<TaskState>,
+    pub filesystems: Vec<FsUsage>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Sample {
+    /// A process of the tree that existed when tracing began.
+    Seed {
+        t_ns: u64,
+        pid: u32,
+        ppid: u32,
+        comm: String,
+        is_target: bool,
+    },
+    ProcMem {
+        t_ns: u64,
+        pid: u32,
+        #[serde(flatten)]
+        mem: MemSample,
+    },
+    /// Gone from /proc without an exit event (one was lost).
+    Vanished {
+        t_ns: u64,
+        pid: u32,
+    },
+    Cmdline {
+        t_ns: u64,
+        pid: u32,
+        cmdline: String,
+    },
+    Counters(CountersSample),
+    Context(ContextSample),
+    /// One NVML read of every GPU.
+    Gpu {
+        t_ns: u64,
+        gpus: Vec<GpuSample>,
+    },
+    /// A training-log step, stamped when the line was read.
+    TrainStep {
+        t_ns: u64,
+        data_time_s: Option<f64>,
+        iter_time_s: Option<f64>,
+    },
+    /// What tracing cost, written once at the end.
+    Overhead {
+        t_ns: u64,
+        overhead: Overhead,
+    },
+}
+
+impl Sample {
+    pub fn t_ns(&self) -> u64 {
+        match self {
+            Sample::Seed { t_ns, .. }
+            | Sample::ProcMem { t_ns, .. }
+            | Sample::Vanished { t_ns, .. }
+            | Sample::Cmdline { t_ns, .. }
+            | Sample::Gpu { t_ns, .. }
+            | Sample::TrainStep { t_ns, .. }
+            | Sample::Overhead { t_ns, .. } => *t_ns,
+            Sample::Counters(c) => c.t_ns,
+            Sample::Context(c) => c.t_ns,
+        }
+    }
+
+    /// The record line: `{"type":"sample","kind":..,..}`.
+    pub fn to_json(&self) -> serde_json::Value {
+        let mut v = serde_json::to_value(self).unwrap_or_default();
+        if let Some(o) = v.as_object_mut() {
+            o.insert("type".into(), "sample".into());
+        }
+        v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn samples_round_trip_through_their_record_lines() {
+        let s = Sample::ProcMem {
+            t_ns: 5,
+            pid: 7,
+            mem: MemSample { rss_kb: 1, swap_kb: 2, ..Default::default() },
+        };
+        let line = s.to_json();
+        assert_eq!(
+            (line["type"].as_str(), line["kind"].as_str(), line["rss_kb"].as_u64()),
+            (Some("sample"), Some("proc_mem"), Some(1))
+        );
+        let back: Sample = serde_json::from_value(line).expect("parses back");
+        assert!(matches!(back, Sample::ProcMem { t_ns: 5, pid: 7, mem } if mem.swap_kb == 2));
+        let step = Sample::TrainStep { t_ns: 1, data_time_s: Some(0.7384), iter_time_s: None };
+        let back: Sample = serde_json::from_str(&step.to_json().to_string()).expect("parses");
+        assert!(matches!(back, Sample::TrainStep { data_time_s: Some(v), .. } if v == 0.7384));
+    }
+
+    #[test]
+    fn rebasing_counts_from_the_window_start() {
+        let base = CountersSample {
+            procs: vec![ProcCountersRec {
+                pid: 1,
+                counters: ProcCounters { memcg_reclaim_ns: 100, ..Default::default() },
+            }],
+            host: vec![5, 5],
+            ..Default::default()
+        };
+        let later = CountersSample {
+            procs: vec![
+                ProcCountersRec {
+                    pid: 1,
+                    counters: ProcCounters { memcg_reclaim_ns: 250, ..Default::default() },
+                },
+                ProcCountersRec {
+                    pid: 2,
+                    counters: ProcCounters { memcg_reclaim_ns: 7, ..Default::default() },
+                },
+            ],
+            host: vec![9, 5],
+            ..Default::default()
+        };
+        let r = later.minus(&base);
+        assert_eq!(
+            (r.procs[0].counters.memcg_reclaim_ns, r.procs[1].counters.memcg_reclaim_ns),
+            (150, 7)
+        );
+        assert_eq!(r.host, vec![4, 0]);
+    }
+
+    #[test]
+    fn counter_changes_keep_only_what_moved() {
+        let a = CountersSample {
+            t_ns: 1,
+            procs: vec![
+                ProcCountersRec {
+                    pid: 1,
+                    counters: ProcCounters { swapout_anon_folios: 5, ..Default::default() },
+                },
+                ProcCountersRec { pid: 2, ..Default::default() },
+            ],
+            host: vec![0, 1],
+            ..Default::default()
+        };
+        let mut b = a.clone();
+        b.t_ns = 2;
+        b.procs[0].counters.swapout_anon_folios = 9;
+        let d = b.changes_since(&a);
+        assert_eq!(d.procs.len(), 1);
+        assert_eq!(d.procs[0].pid, 1);
+        assert!(d.host.is_empty());
+        assert!(b.changes_since(&b).is_empty());
+    }
+}

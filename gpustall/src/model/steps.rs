@@ -1,0 +1,107 @@
+//! Training steps from the log (`data_time` per step) and their trend over the trace.
+
+use serde::Serialize;
+
+/// The times one log line reports, in seconds.
+#[derive(Serialize, serde::Deserialize, Clone, Debug, PartialEq)]
+pub struct StepTimes {
+    pub data_time_s: Option<f64>,
+    pub iter_time_s: Option<f64>,
+}
+
+/// How `data_time` moved over a run: the figure behind "the input pipeline slowed 12x from
+/// step N on".
+#[derive(Serialize, serde::Deserialize, Clone, Debug, PartialEq)]
+pub struct DataTimeTrend {
+    pub steps: usize,
+    /// Mean data_time of the first min(20, n/3) steps.
+    pub baseline_s: f64,
+    /// Mean data_time of the last min(20, n/3) steps.
+    pub recent_s: f64,
+    pub max_s: f64,
+    /// recent / baseline.
+    pub ratio: f64,
+    /// The step (after the baseline window) at which the mean data_time of the last 10 steps
+    /// first reaches 3x the baseline.
+    pub first_rise_index: Option<usize>,
+}
+
+/// The trend of `values` (one data_time per step, in order); `None` with fewer than 4.
+pub fn data_time_trend(values: &[f64]) -> Option<DataTimeTrend> {
+    let n = values.len();
+    if n < 4 {
+        return None;
+    }
+    // Means, not medians: with prefetching, data_time is bursty (most steps find a batch ready,
+    // every few steps one waits for seconds), and the waiting is the point. mmengine logs a
+    // window mean for the same reason.
+    let window = (n / 3).clamp(1, 20);
+    let baseline_s = mean(&values[..window]);
+    let recent_s = mean(&values[n - window..]);
+    let floor = baseline_s.max(MIN_BASELINE_S);
+    // The baseline window is excluded: its first step often carries the workers' start-up.
+    let roll = window.min(10);
+    let first_rise_index = (window.max(roll)..=n)
+        .find(|&end| mean(&values[end - roll..end]) >= 3.0 * floor)
+        .map(|end| end - 1);
+    Some(DataTimeTrend {
+        steps: n,
+        baseline_s,
+        recent_s,
+        max_s: values.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+        ratio: recent_s / floor,
+        first_rise_index,
+    })
+}
+
+/// A baseline under 1 ms (mmengine prints 0.0000 for a warm pipeline) counts as 1 ms, so the
+/// ratio stays finite (JSON has no infinity) and "3x baseline" is not "any value at all".
+const MIN_BASELINE_S: f64 = 1e-3;
+
+fn mean(values: &[f64]) -> f64 {
+    values.iter().sum::<f64>() / values.len().max(1) as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn trend_of_a_starving_pipeline() {
+        let mut v = vec![0.06; 30];
+        v.extend([0.2, 0.5]);
+        v.extend(vec![0.74; 20]);
+        let t = data_time_trend(&v).unwrap();
+        assert_eq!(t.steps, 52);
+        assert!((t.baseline_s - 0.06).abs() < 1e-12);
+        assert!((t.recent_s - 0.74).abs() < 1e-12);
+        assert!((t.ratio - 12.33).abs() < 0.01, "{t:?}");
+        assert_eq!(t.max_s, 0.74);
+        // The 10-step mean first reaches 3 x 0.06 = 0.18 at index 32 (0.186).
+        assert_eq!(t.first_rise_index, Some(32));
+    }
+
+    #[test]
+    fn bursty_prefetching_pipeline_rises_in_the_mean() {
+        // With prefetching most steps find a batch ready; every sixth waits: the median stays ~0.
+        let mut v = vec![0.001; 60];
+        for i in 0..60 {
+            v.push(if i % 6 == 5 { 1.8 } else { 0.0002 });
+        }
+        let t = data_time_trend(&v).unwrap();
+        assert!(t.recent_s > 0.25, "{t:?}");
+        assert!(t.ratio > 100.0, "{t:?}");
+        assert!(t.first_rise_index.is_some_and(|i| i >= 60), "{t:?}");
+    }
+
+    #[test]
+    fn trend_edge_cases() {
+        assert_eq!(data_time_trend(&[0.1, 0.1, 0.1]), None);
+        let flat = data_time_trend(&[0.1, 0.1, 0.1, 0.1]).unwrap();
+        assert_eq!((flat.ratio, flat.first_rise_index), (1.0, None));
+        // A slow first step (worker start-up) is no rise; a zero baseline keeps ratio finite.
+        let t = data_time_trend(&[5.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]).unwrap();
+        assert_eq!(t.first_rise_index, None);
+        assert!(t.ratio.is_finite());
+    }
+}

@@ -1,0 +1,311 @@
+//! `gpustall report FILE --html OUT`: one self-contained page (no scripts, no network): the
+//! verdict, evidence and advice, then a timeline drawn as inline SVG (GPU utilisation, memory
+//! held per process, reclaim stalls, swap and disk rates, data_time) with the OOM kill marked.
+
+use std::fmt::Write as _;
+
+use crate::output::summary::Summary;
+use crate::output::timeline::Timeline;
+use crate::output::timeline::Track;
+
+const W: f64 = 1000.0;
+const H: f64 = 160.0;
+const LEFT: f64 = 70.0;
+const COLORS: [&str; 8] =
+    ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#7f7f7f"];
+
+fn esc(s: &str) -> String {
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
+}
+
+struct Axis {
+    t0: u64,
+    t1: u64,
+}
+
+impl Axis {
+    fn x(&self, t: u64) -> f64 {
+        LEFT + (t.saturating_sub(self.t0) as f64 / self.t1.saturating_sub(self.t0).max(1) as f64)
+            * (W - LEFT - 10.0)
+    }
+}
+
+/// A line chart of several series, with vertical markers (OOM kills) and shaded spans (stalls).
+fn chart(
+    title: &str,
+    unit: &str,
+    series: &[(String, &[(u64, f64)])],
+    axis: &Axis,
+    marks: &[(u64, String)],
+    spans: &[(u64, u64)],
+) -> String {
+    let max =
+        series.iter().flat_map(|(_, p)| p.iter().map(|v| v.1)).fold(0.0f64, f64::max).max(1e-9);
+    // Legend: four entries to a row above the plot.
+    let top = 8.0 + 13.0 * series.len().div_ceil(4).max(1) as f64;
+    let height = H + top - 20.0;
+    let bottom = height - 20.0;
+    let y = |v: f64| bottom - (v / max) * (bottom - top);
+    let mut s = String::new();
+    let _ = write!(
+        s,
+        r##"<h3>{}</h3><svg viewBox="0 0 {W} {height}" width="100%" role="img" aria-label="{}">"##,
+        esc(title),
+        esc(title)
+    );
+    let _ = write!(
+        s,
+        r##"<rect x="{LEFT}" y="{top}" width="{}" height="{}" fill="#fafafa" stroke="#ccc"/>"##,
+        W - LEFT - 10.0,
+        bottom - top
+    );
+    for (a, b) in spans {
+        let _ = write!(
+            s,
+            r##"<rect x="{:.1}" y="{top}" width="{:.1}" height="{}" fill="#f4cccc" opacity="0.7"><title>GPU stall</title></rect>"##,
+            axis.x(*a),
+            (axis.x(*b) - axis.x(*a)).max(1.0),
+            bottom - top
+        );
+    }
+    let _ = write!(
+        s,
+        r##"<text x="{}" y="{:.1}" font-size="11" text-anchor="end">{}</text><text x="{}" y="{:.1}" font-size="11" text-anchor="end">{}</text><text x="{}" y="{}" font-size="11" text-anchor="end">0</text>"##,
+        LEFT - 4.0,
+        top + 10.0,
+        compact(max),
+        LEFT - 4.0,
+        top + 22.0,
+        esc(unit),
+        LEFT - 4.0,
+        bottom + 4.0
+    );
+    // Time ticks at a round step giving at most 10 of them.
+    let secs = axis.t1.saturating_sub(axis.t0) as f64 / 1e9;
+    let step = [1.0, 2.0, 5.0, 10.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0]
+        .into_iter()
+        .find(|s| secs / s <= 10.0)
+        .unwrap_or(7200.0);
+    let mut tick = 0.0;
+    while tick <= secs + 1e-9 {
+        let x = axis.x(axis.t0 + (tick * 1e9) as u64);
+        let _ = write!(
+            s,
+            r##"<line x1="{x:.1}" x2="{x:.1}" y1="{bottom}" y2="{}" stroke="#999"/><text x="{x:.1}" y="{}" font-size="10" text-anchor="middle">{tick:.0}s</text>"##,
+            bottom + 4.0,
+            height - 4.0
+        );
+        tick += step;
+    }
+    for (i, (label, points)) in series.iter().enumerate() {
+        let color = COLORS[i % COLORS.len()];
+        let d: Vec<String> =
+            points.iter().map(|(t, v)| format!("{:.1},{:.1}", axis.x(*t), y(*v))).collect();
+        if d.len() == 1 {
+            let _ = write!(
+                s,
+                r##"<circle cx="{}" r="2" fill="{color}"/>"##,
+                d[0].replace(',', "\" cy=\"")
+            );
+        } else if !d.is_empty() {
+            let _ = write!(
+                s,
+                r##"<polyline fill="none" stroke="{color}" stroke-width="1.5" points="{}"><title>{}</title></polyline>"##,
+                d.join(" "),
+                esc(label)
+            );
+        }
+        let _ = write!(
+            s,
+            r##"<text x="{:.1}" y="{:.1}" font-size="11" fill="{color}">{}</text>"##,
+            LEFT + 230.0 * (i % 4) as f64,
+            12.0 + 13.0 * (i / 4) as f64,
+            esc(label)
+        );
+    }
+    for (t, label) in marks {
+        let x = axis.x(*t);
+        let _ = write!(
+            s,
+            r##"<line x1="{x:.1}" x2="{x:.1}" y1="{top}" y2="{bottom}" stroke="#d62728" stroke-width="2"/><text x="{:.1}" y="{:.1}" font-size="11" fill="#d62728">{}</text>"##,
+            x + 3.0,
+            top + 12.0,
+            esc(label)
+        );
+    }
+    s.push_str("</svg>");
+    s
+}
+
+/// 1234567 -> "1.2M": axis labels that fit.
+fn compact(v: f64) -> String {
+    match v {
+        v if v >= 1e6 => format!("{:.1}M", v / 1e6),
+        v if v >= 1e4 => format!("{:.0}k", v / 1e3),
+        v if v >= 10.0 => format!("{v:.0}"),
+        v => format!("{v:.2}"),
+    }
+}
+
+pub fn render(summary: &Summary, t: &Timeline) -> String {
+    let axis = Axis { t0: t.start_ns, t1: t.end_ns.max(t.start_ns + 1) };
+    let marks: Vec<(u64, String)> = t
+        .instants
+        .iter()
+        .filter(|i| i.name == "OOM kill")
+        .map(|i| (i.t_ns, format!("OOM kill {}", i.pid)))
+        .collect();
+    let spans: Vec<(u64, u64)> = t
+        .slices
+        .iter()
+        .filter(|s| s.name == "GPU stall")
+        .map(|s| (s.start_ns, s.start_ns + s.dur_ns))
+        .collect();
+    let series_of =
+        |want: &dyn Fn(&Track, &str) -> Option<String>| -> Vec<(String, &[(u64, f64)])> {
+            t.counters
+                .iter()
+                .filter_map(|((tr, name), s)| want(tr, name).map(|l| (l, s.points.as_slice())))
+                .collect()
+        };
+    let v = &summary.verdict;
+    let mut o = String::new();
+    let _ = write!(
+        o,
+        r##"<!doctype html><html><head><meta charset="utf-8"><title>gpustall: {}</title><style>
+body{{font-family:system-ui,sans-serif;max-width:1050px;margin:2em auto;color:#222}} h1{{font-size:1.4em}} .cause{{color:#b00}}
+li{{margin:.2em 0}} table{{border-collapse:collapse;font-size:12px}} td,th{{border:1px solid #ddd;padding:2px 6px;text-align:right}} th{{background:#f3f3f3}}
+</style></head><body>"##,
+        esc(v.cause)
+    );
+    let _ = write!(
+        o,
+        r#"<h1>gpustall: <span class="cause">{}</span></h1><p>{}</p>"#,
+        esc(v.cause),
+        esc(&v.text)
+    );
+    for (title, items) in [("Evidence (in time order)", &v.evidence), ("Advice", &v.advice)] {
+        if !items.is_empty() {
+            let _ = write!(o, "<h2>{title}</h2><ul>");
+            for e in items {
+                let _ = write!(o, "<li>{}</li>", esc(e));
+            }
+            o.push_str("</ul>");
+        }
+    }
+    o.push_str("<h2>Timeline</h2>");
+    let gpu = series_of(&|tr, n| match tr {
+        Track::Gpu(i) if n == "util_pct" => {
+            Some(format!("GPU {i} {} util %", t.gpus.get(i).map_or("", String::as_str)))
+        }
+        _ => None,
+    });
+    if !gpu.is_empty() {
+        o.push_str(&chart("GPU utilisation", "%", &gpu, &axis, &marks, &spans));
+    }
+    let mem = series_of(&|tr, n| match tr {
+        Track::Process(p) if n == "held_mib" => {
+            Some(format!("{} {p}", t.processes.get(p).map_or("?", String::as_str)))
+        }
+        _ => None,
+    });
+    o.push_str(&chart(
+        "Memory held per process (resident + swapped out)",
+        "MiB",
+        &mem,
+        &axis,
+        &marks,
+        &spans,
+    ));
+    // Reclaim stalls: ms stalled per second, per process, from the slices.
+    let mut stall_rate: std::collections::BTreeMap<u32, Vec<(u64, f64)>> = Default::default();
+    for s in t.slices.iter().filter(|s| s.name.ends_with("reclaim")) {
+        let bucket = s.start_ns - (s.start_ns.saturating_sub(t.start_ns)) % 1_000_000_000;
+        let v = stall_rate.entry(s.pid).or_default();
+        match v.last_mut() {
+            Some(last) if last.0 == bucket => last.1 += s.dur_ns as f64 / 1e6,
+            _ => v.push((bucket, s.dur_ns as f64 / 1e6)),
+        }
+    }
+    let stall_series: Vec<(String, &[(u64, f64)])> =
+        stall_rate.iter().map(|(p, v)| (format!("{p} reclaim"), v.as_slice())).collect();
+    if !stall_series.is_empty() {
+        o.push_str(&chart(
+            "Reclaim stalls (ms stalled per second)",
+            "ms/s",
+            &stall_series,
+            &axis,
+            &marks,
+            &spans,
+        ));
+    }
+    let swap = series_of(&|tr, n| {
+        (*tr == Track::Host && n == "job_swapout_pages_s").then(|| "swap-out pages/s".to_string())
+    });
+    if !swap.is_empty() {
+        o.push_str(&chart("Swap-out by the job", "pages/s", &swap, &axis, &marks, &spans));
+    }
+    let disk = series_of(&|tr, n| {
+        (*tr == Track::Host && (n == "job_disk_mib_s" || n == "job_reclaim_io_mib_s"))
+            .then(|| n.replace("job_", "").replace("_mib_s", " MiB/s"))
+    });
+    if !disk.is_empty() {
+        o.push_str(&chart(
+            "Disk I/O by the job (reclaim I/O = swap/writeback under pressure)",
+            "MiB/s",
+            &disk,
+            &axis,
+            &marks,
+            &spans,
+        ));
+    }
+    let dt = series_of(&|tr, n| {
+        (*tr == Track::Host && n == "data_time_s").then(|| "data_time s".to_string())
+    });
+    if !dt.is_empty() {
+        o.push_str(&chart("Training log data_time", "s", &dt, &axis, &marks, &spans));
+    }
+    o.push_str("<h2>Processes</h2><table><tr><th>pid</th><th>ppid</th><th>comm</th><th>role</th><th>peak held MiB</th><th>reclaim ms</th><th>swap-out pages</th><th>read MiB</th><th>write MiB</th><th>exit</th></tr>");
+    for p in &summary.processes {
+        let exit = match (p.alive, p.exit_signal, p.exit_code) {
+            (true, _, _) => "alive".to_string(),
+            (_, Some(s), _) => format!("signal {s}{}", if p.oom_killed { " (OOM)" } else { "" }),
+            (_, _, Some(c)) => c.to_string(),
+            _ => "?".into(),
+        };
+        let role = serde_json::to_value(p.role)
+            .ok()
+            .and_then(|v| v.as_str().map(String::from))
+            .unwrap_or_default();
+        let _ = write!(
+            o,
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.0}</td><td>{:.1}</td><td>{}</td><td>{:.1}</td><td>{:.1}</td><td>{}</td></tr>",
+            p.pid,
+            p.ppid,
+            esc(&p.comm),
+            esc(&role),
+            p.peak_mem_kb.max(p.peak_rss_kb) as f64 / 1024.0,
+            (p.direct_reclaim_ns + p.memcg_reclaim_ns) as f64 / 1e6,
+            p.swapout_pages,
+            p.block_read_bytes as f64 / 1048576.0,
+            p.block_write_bytes as f64 / 1048576.0,
+            exit
+        );
+    }
+    let _ = writeln!(
+        o,
+        "</table><p><small>gpustall {}; lost events: {}; GPU: {}</small></p></body></html>",
+        env!("CARGO_PKG_VERSION"),
+        summary.lost_events,
+        esc(&summary.gpu_status)
+    );
+    o
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn escapes_text() {
+        assert_eq!(super::esc("<a & \"b\">"), "&lt;a &amp; &quot;b&quot;&gt;");
+    }
+}

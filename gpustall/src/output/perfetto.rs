@@ -1,0 +1,96 @@
+//! Chrome trace-event JSON (the format ui.perfetto.dev and chrome://tracing open): a track per
+//! traced process with its reclaim stalls as slices and its fork/exit/OOM kill/signals as
+//! instants, counter tracks for RSS, GPU utilisation, swap, disk throughput and data_time.
+
+use serde_json::{json, Value};
+
+use crate::output::timeline::gpu_pid;
+use crate::output::timeline::Timeline;
+use crate::output::timeline::Track;
+
+/// Pseudo-process holding host-wide counters.
+const HOST_PID: u32 = 0x3fff_ffff;
+
+fn us(t: &Timeline, ns: u64) -> f64 {
+    ns.saturating_sub(t.start_ns) as f64 / 1e3
+}
+
+pub fn render(t: &Timeline) -> Value {
+    let mut ev = Vec::new();
+    for (pid, name) in &t.processes {
+        ev.push(json!({"ph": "M", "name": "process_name", "pid": pid, "tid": pid, "args": {"name": format!("{name} ({pid})")}}));
+    }
+    for (i, name) in &t.gpus {
+        ev.push(json!({"ph": "M", "name": "process_name", "pid": gpu_pid(*i), "args": {"name": format!("GPU {i} ({name})")}}));
+        ev.push(json!({"ph": "M", "name": "process_sort_index", "pid": gpu_pid(*i), "args": {"sort_index": -2}}));
+    }
+    ev.push(json!({"ph": "M", "name": "process_name", "pid": HOST_PID, "args": {"name": "host / job totals"}}));
+    ev.push(json!({"ph": "M", "name": "process_sort_index", "pid": HOST_PID, "args": {"sort_index": -1}}));
+    for s in &t.slices {
+        ev.push(json!({"ph": "X", "name": s.name, "cat": "stall", "pid": s.pid, "tid": s.tid,
+            "ts": us(t, s.start_ns), "dur": s.dur_ns as f64 / 1e3, "args": s.args}));
+    }
+    for i in &t.instants {
+        let scope = if i.name == "OOM kill" { "g" } else { "p" };
+        ev.push(json!({"ph": "i", "s": scope, "name": i.name, "cat": "process", "pid": i.pid, "tid": i.pid,
+            "ts": us(t, i.t_ns), "args": i.args}));
+    }
+    for ((track, name), series) in &t.counters {
+        let pid = match track {
+            Track::Process(p) => *p,
+            Track::Gpu(i) => gpu_pid(*i),
+            Track::Host => HOST_PID,
+        };
+        for (ts, v) in &series.points {
+            ev.push(json!({"ph": "C", "name": name, "pid": pid, "ts": us(t, *ts), "args": {name.as_str(): v}}));
+        }
+    }
+    json!({
+        "traceEvents": ev,
+        "displayTimeUnit": "ms",
+        "otherData": {"tool": concat!("gpustall ", env!("CARGO_PKG_VERSION")), "verdict": t.verdict},
+    })
+}
+
+/// Renders the recording lines and writes the trace to `out`.
+pub fn write_file(lines: &[Value], out: &std::path::Path) -> anyhow::Result<()> {
+    let trace = render(&crate::output::timeline::build(lines));
+    let text = serde_json::to_string(&trace)?;
+    std::fs::write(out, text).map_err(|e| anyhow::anyhow!("writing {}: {e}", out.display()))?;
+    eprintln!("gpustall: wrote {} (open it in https://ui.perfetto.dev)", out.display());
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::output::timeline::build;
+
+    #[test]
+    fn slices_instants_and_counters_land_on_their_tracks() {
+        let lines = vec![
+            json!({"type":"header","start_ns":1000}),
+            json!({"type":"sample","kind":"seed","t_ns":1000,"pid":10,"ppid":1,"comm":"python","is_target":true}),
+            json!({"type":"event","kind":"reclaim","t_ns":3000,"pid":10,"tid":12,"comm":"w","reclaim":"direct","start_ns":2000,"duration_ns":1000,"nr_reclaimed":8}),
+            json!({"type":"event","kind":"oom_kill","t_ns":4000,"pid":10,"tid":10,"comm":"python","victim_pid":10}),
+            json!({"type":"sample","kind":"proc_mem","t_ns":5000,"pid":10,"rss_kb":1024,"swap_kb":0}),
+        ];
+        let v = render(&build(&lines));
+        let ev = v["traceEvents"].as_array().expect("events");
+        let slice = ev.iter().find(|e| e["ph"] == "X").expect("a slice");
+        assert_eq!(
+            (
+                slice["pid"].as_u64(),
+                slice["tid"].as_u64(),
+                slice["ts"].as_f64(),
+                slice["dur"].as_f64()
+            ),
+            (Some(10), Some(12), Some(1.0), Some(1.0))
+        );
+        let oom = ev.iter().find(|e| e["name"] == "OOM kill").expect("oom");
+        assert_eq!((oom["ph"].as_str(), oom["pid"].as_u64()), (Some("i"), Some(10)));
+        let rss = ev.iter().find(|e| e["ph"] == "C" && e["name"] == "rss_mib").expect("counter");
+        assert_eq!(rss["args"]["rss_mib"], 1.0);
+        assert!(ev.iter().any(|e| e["ph"] == "M" && e["args"]["name"] == "python (10)"));
+    }
+}

@@ -1,0 +1,413 @@
+//! The summary: what `--summary-json` writes and the final `{"type":"summary"}` record holds.
+//! Field names follow DESIGN.md's interface section; others build on them.
+
+use serde::Serialize;
+
+use gpustall_common::counters::{HostCounter, IoOp, LostCounter};
+
+use crate::diagnose::verdict::Verdict;
+use crate::model::proctree::Role;
+use crate::model::stats::log2_percentile;
+use crate::model::stats::sum_io;
+use crate::model::Model;
+
+#[derive(Serialize, Debug, Clone)]
+pub struct Summary {
+    #[serde(rename = "type")]
+    pub record_type: &'static str,
+    /// False for the periodic summaries written while tracing.
+    #[serde(rename = "final")]
+    pub is_final: bool,
+    pub t_ns: u64,
+    pub duration_s: f64,
+    /// Everything that could not be recorded: ring reservations that failed, kernel maps that
+    /// were full, records that did not decode.
+    pub lost_events: u64,
+    pub lost: LostSummary,
+    pub events: u64,
+    pub processes: Vec<ProcessSummary>,
+    pub oom_kills: Vec<OomKillSummary>,
+    pub signals: Vec<SignalSummary>,
+    pub host: HostSummary,
+    pub block_latency_us: Vec<LatencySummary>,
+    pub overhead: crate::model::overhead::Overhead,
+    /// Why there is no GPU data, or which GPUs were sampled.
+    pub gpu_status: String,
+    /// Per GPU over the trace; `null` without GPU data.
+    pub gpu: Option<crate::model::gpu::GpuSummary>,
+    /// GPU stall episodes (utilisation at or under the threshold for the window).
+    pub stalls: Vec<crate::model::gpu::StallEpisode>,
+    pub context: ContextSummary,
+    pub verdict: Verdict,
+}
+
+/// The job's surroundings over the trace.
+#[derive(Serialize, Debug, Clone)]
+pub struct ContextSummary {
+    /// The trainer's memory cgroup at the end, with its peak usage over the trace.
+    pub cgroup: Option<crate::model::host::CgroupMem>,
+    pub cgroup_peak_usage_bytes: u64,
+    pub host_mem_total_kb: Option<u64>,
+    pub host_min_available_kb: Option<u64>,
+    pub swap_total_kb: Option<u64>,
+    pub swap_free_kb: Option<u64>,
+    /// /proc/vmstat deltas over the trace (whole host).
+    pub vmstat: crate::model::host::VmDelta,
+    /// Busy % of each disk over the trace, and at its busiest second.
+    pub disks: Vec<DiskSummary>,
+    pub filesystems: Vec<crate::model::host::FsUsage>,
+    /// From `--log`: the per-step data_time trend.
+    pub train_steps: usize,
+    pub data_time: Option<crate::model::steps::DataTimeTrend>,
+}
+
+#[derive(Serialize, Debug, Clone)]
+pub struct DiskSummary {
+    pub name: String,
+    pub dev: String,
+    pub busy_pct: f64,
+    pub peak_busy_pct: f64,
+    pub read_bytes: u64,
+    pub write_bytes: u64,
+}
+
+#[derive(Serialize, Debug, Clone, Default)]
+pub struct LostSummary {
+    pub critical_ring: u64,
+    pub bulk_ring: u64,
+    pub map_full: u64,
+    pub undecodable: u64,
+}
+
+#[derive(Serialize, Debug, Clone)]
+pub struct DeviceIo {
+    /// `major:minor`.
+    pub dev: String,
+    pub read_bytes: u64,
+    pub write_bytes: u64,
+    /// Submitted while the process was inside reclaim (swap-out, writeback under pressure).
+    pub reclaim_bytes: u64,
+    pub bios: u64,
+    pub avg_latency_us: Option<f64>,
+    pub max_latency_us: Option<f64>,
+}
+
+#[derive(Serialize, Debug, Clone)]
+pub struct ProcessSummary {
+    pub pid: u32,
+    pub ppid: u32,
+    pub comm: String,
+    pub role: Role,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub worker_index: Option<usize>,
+    pub thread_names: Vec<String>,
+    pub block_read_bytes: u64,
+    pub block_write_bytes: u64,
+    pub reclaim_io_bytes: u64,
+    pub io_by_device: Vec<DeviceIo>,
+    pub direct_reclaim_count: u64,
+    pub direct_reclaim_ns: u64,
+    pub memcg_reclaim_count: u64,
+    pub memcg_reclaim_ns: u64,
+    pub reclaimed_pages: u64,
+    pub reclaim_stall_p50_ns: Option<u64>,
+    pub reclaim_stall_p99_ns: Option<u64>,
+    pub reclaim_stall_max_ns: Option<u64>,
+    /// Anonymous folios this process's reclaim wrote to swap (4 KiB pages unless THP/mTHP).
+    pub swapout_pages: u64,
+    pub file_writeback_pages: u64,
+    pub kswapd_wakeups: u64,
+    pub throttled_count: u64,
+    pub throttled_us: u64,
+    pub peak_rss_kb: u64,
+    /// Resident + swapped-out memory at its peak (RSS alone shrinks under swap).
+    pub peak_mem_kb: u64,
+    /// RSS at the first sample, and growth from there to the peak.
+    pub first_rss_kb: Option<u64>,
+    pub rss_growth_kb: u64,
+    pub last_rss_kb: u64,
+    pub last_swap_kb: u64,
+    pub major_faults: u64,
+    pub oom_killed: bool,
+    pub exit_code: Option<i32>,
+    pub exit_signal: Option<i32>,
+    pub killed_by: Option<crate::model::proctree::Killer>,
+    pub alive: bool,
+}
+
+#[derive(Serialize, Debug, Clone)]
+pub struct OomKillSummary {
+    pub t_ns: u64,
+    pub victim_pid: u32,
+    pub victim_comm: String,
+    pub anon_rss_kb: Option<u64>,
+    pub file_rss_kb: Option<u64>,
+    pub shmem_rss_kb: Option<u64>,
+    pub total_vm_kb: Option<u64>,
+    pub oom_score_adj: i32,
+    pub trigger_pid: u32,
+    pub trigger_comm: String,
+}
+
+#[derive(Serialize, Debug, Clone)]
+pub struct SignalSummary {
+    pub t_ns: u64,
+    pub sig: i32,
+    pub si_code: i32,
+    pub sender_pid: u32,
+    pub sender_comm: String,
+    pub target_pid: u32,
+    pub target_comm: String,
+}
+
+#[derive(Serialize, Debug, Clone, Default)]
+pub struct HostSummary {
+    /// Swap-out done by kswapd (background reclaim), not blamed on any process.
+    pub kswapd_swapout_pages: u64,
+    pub kswapd_file_writeback_pages: u64,
+    pub kswapd_io_bytes: u64,
+    pub kswapd_episodes: u64,
+    pub kswapd_ns: u64,
+    pub kswapd_wakeups_by_others: u64,
+    /// Reclaim by processes outside the traced tree.
+    pub other_swapout_pages: u64,
+    pub other_file_writeback_pages: u64,
+    pub other_reclaim_io_bytes: u64,
+    pub other_direct_reclaim_count: u64,
+    pub other_direct_reclaim_ns: u64,
+    pub other_memcg_reclaim_count: u64,
+    pub other_memcg_reclaim_ns: u64,
+    pub other_throttled_count: u64,
+}
+
+#[derive(Serialize, Debug, Clone)]
+pub struct LatencySummary {
+    pub op: &'static str,
+    pub requests: u64,
+    /// Upper bounds of the kernel's power-of-two buckets.
+    pub p50_us: Option<f64>,
+    pub p99_us: Option<f64>,
+}
+
+/// Writes the summary as pretty JSON.
+pub fn write_json(s: &Summary, path: &std::path::Path) -> anyhow::Result<()> {
+    let text = serde_json::to_string_pretty(s)?;
+    std::fs::write(path, text + "\n")
+        .map_err(|e| anyhow::anyhow!("writing the summary to {}: {e}", path.display()))
+}
+
+fn context_summary(m: &Model) -> ContextSummary {
+    let c = &m.ctx;
+    let data_times: Vec<f64> = m.steps.iter().filter_map(|(_, s)| s.data_time_s).collect();
+    ContextSummary {
+        cgroup: c.cgroup_last.clone(),
+        cgroup_peak_usage_bytes: c.cgroup_peak_usage,
+        host_mem_total_kb: c.host_last.as_ref().map(|h| h.mem_total_kb),
+        host_min_available_kb: c.host_min_available_kb,
+        swap_total_kb: c.host_last.as_ref().map(|h| h.swap_total_kb),
+        swap_free_kb: c.host_last.as_ref().map(|h| h.swap_free_kb),
+        vmstat: c.vm_delta(),
+        disks: c
+            .disk_busy_overall()
+            .into_iter()
+            .filter(|d| d.read_bytes + d.write_bytes > 0)
+            .map(|d| DiskSummary {
+                peak_busy_pct: c.disk_peak_busy.get(&d.name).copied().unwrap_or(d.busy_pct),
+                name: d.name,
+                dev: d.dev,
+                busy_pct: d.busy_pct,
+                read_bytes: d.read_bytes,
+                write_bytes: d.write_bytes,
+            })
+            .collect(),
+        filesystems: c.filesystems.clone(),
+        train_steps: m.steps.len(),
+        data_time: crate::model::steps::data_time_trend(&data_times),
+    }
+}
+
+fn dev_name(dev: u32) -> String {
+    format!("{}:{}", dev >> 20, dev & 0xfffff)
+}
+
+fn device_io(p: &crate::model::stats::ProcStats) -> Vec<DeviceIo> {
+    let mut devs: Vec<u32> = p.io.keys().map(|k| k.dev).collect();
+    devs.dedup();
+    devs.into_iter()
+        .map(|dev| {
+            let of = |op: IoOp| -> u64 {
+                p.io.iter()
+                    .filter(|(k, _)| k.dev == dev && k.op == op as u32)
+                    .map(|(_, c)| c.bytes)
+                    .sum()
+            };
+            let all = sum_io(p.io.iter().filter(|(k, _)| k.dev == dev).map(|(_, c)| c));
+            DeviceIo {
+                dev: dev_name(dev),
+                read_bytes: of(IoOp::Read),
+                write_bytes: of(IoOp::Write),
+                reclaim_bytes: p
+                    .io
+                    .iter()
+                    .filter(|(k, _)| k.dev == dev && k.in_reclaim)
+                    .map(|(_, c)| c.bytes)
+                    .sum(),
+                bios: all.bios,
+                avg_latency_us: (all.completed > 0)
+                    .then(|| all.latency_ns_sum as f64 / all.completed as f64 / 1e3),
+                max_latency_us: (all.completed > 0).then(|| all.latency_ns_max as f64 / 1e3),
+            }
+        })
+        .collect()
+}
+
+impl Summary {
+    /// The summary of the model at `now_ns`, with the verdict decided from its facts.
+    pub fn of(m: &Model, now_ns: u64, is_final: bool) -> Self {
+        let verdict =
+            crate::diagnose::verdict::decide(&crate::diagnose::facts::from_model(m, now_ns));
+        Self::from_model(m, now_ns, is_final, verdict)
+    }
+
+    pub fn from_model(m: &Model, now_ns: u64, is_final: bool, verdict: Verdict) -> Self {
+        let host = &m.host;
+        let lost = LostSummary {
+            critical_ring: host.lost[LostCounter::CriticalRing as usize],
+            bulk_ring: host.lost[LostCounter::BulkRing as usize],
+            map_full: host.lost[LostCounter::MapFull as usize],
+            undecodable: host.undecodable,
+        };
+        let processes = m
+            .tree
+            .iter()
+            .map(|n| {
+                let empty = crate::model::stats::ProcStats::default();
+                let p = m.procs.get(&n.pid).unwrap_or(&empty);
+                let c = &p.counters;
+                let h = &p.reclaim_stalls;
+                let has = !h.is_empty();
+                ProcessSummary {
+                    pid: n.pid,
+                    ppid: n.ppid,
+                    comm: n.comm.clone(),
+                    role: m.tree.role(n.pid),
+                    worker_index: m.tree.worker_index(n.pid),
+                    thread_names: n.thread_names.values().cloned().collect(),
+                    block_read_bytes: p.io_bytes(IoOp::Read, None),
+                    block_write_bytes: p.io_bytes(IoOp::Write, None),
+                    reclaim_io_bytes: p
+                        .io
+                        .iter()
+                        .filter(|(k, _)| k.in_reclaim)
+                        .map(|(_, c)| c.bytes)
+                        .sum(),
+                    io_by_device: device_io(p),
+                    direct_reclaim_count: c.direct_reclaim_count,
+                    direct_reclaim_ns: c.direct_reclaim_ns,
+                    memcg_reclaim_count: c.memcg_reclaim_count,
+                    memcg_reclaim_ns: c.memcg_reclaim_ns,
+                    reclaimed_pages: c.reclaimed_pages,
+                    reclaim_stall_p50_ns: has.then(|| h.value_at_quantile(0.5)),
+                    reclaim_stall_p99_ns: has.then(|| h.value_at_quantile(0.99)),
+                    reclaim_stall_max_ns: has.then(|| h.max()),
+                    swapout_pages: c.swapout_anon_folios,
+                    file_writeback_pages: c.writeback_file_folios,
+                    kswapd_wakeups: c.kswapd_wakeups,
+                    throttled_count: c.throttled_count,
+                    throttled_us: c.throttled_us,
+                    peak_rss_kb: p.peak_rss_kb,
+                    peak_mem_kb: p.peak_mem_kb,
+                    first_rss_kb: p.first_rss_kb,
+                    rss_growth_kb: p
+                        .peak_rss_kb
+                        .saturating_sub(p.first_rss_kb.unwrap_or(p.peak_rss_kb)),
+                    last_rss_kb: p.mem.rss_kb,
+                    last_swap_kb: p.mem.swap_kb,
+                    major_faults: p.mem.majflt,
+                    oom_killed: n.oom_killed,
+                    exit_code: n.exit_status(),
+                    exit_signal: n.exit_signal(),
+                    killed_by: n.killed_by.clone(),
+                    alive: n.alive(),
+                }
+            })
+            .collect();
+        let hc = |c: HostCounter| host.counters[c as usize];
+        let latency = ["read", "write", "other"]
+            .iter()
+            .enumerate()
+            .map(|(i, op)| {
+                let b = &host.io_latency[i];
+                LatencySummary {
+                    op,
+                    requests: b.iter().sum(),
+                    p50_us: log2_percentile(b, 0.5).map(|v| v as f64 / 1e3),
+                    p99_us: log2_percentile(b, 0.99).map(|v| v as f64 / 1e3),
+                }
+            })
+            .filter(|l| l.requests > 0)
+            .collect();
+        Summary {
+            record_type: "summary",
+            is_final,
+            t_ns: now_ns,
+            duration_s: now_ns.saturating_sub(m.start_ns) as f64 / 1e9,
+            lost_events: lost.critical_ring + lost.bulk_ring + lost.map_full + lost.undecodable,
+            lost,
+            events: m.events,
+            processes,
+            oom_kills: m
+                .oom_kills
+                .iter()
+                .map(|o| OomKillSummary {
+                    t_ns: o.t_ns,
+                    victim_pid: o.victim_pid,
+                    victim_comm: o.victim_comm.clone(),
+                    anon_rss_kb: o.rss.map(|r| r.anon_rss_kb),
+                    file_rss_kb: o.rss.map(|r| r.file_rss_kb),
+                    shmem_rss_kb: o.rss.map(|r| r.shmem_rss_kb),
+                    total_vm_kb: o.rss.map(|r| r.total_vm_kb),
+                    oom_score_adj: o.oom_score_adj,
+                    trigger_pid: o.trigger_pid,
+                    trigger_comm: o.trigger_comm.clone(),
+                })
+                .collect(),
+            signals: m
+                .signals
+                .iter()
+                .map(|s| SignalSummary {
+                    t_ns: s.t_ns,
+                    sig: s.sig,
+                    si_code: s.si_code,
+                    sender_pid: s.sender_pid,
+                    sender_comm: s.sender_comm.clone(),
+                    target_pid: s.target_pid,
+                    target_comm: s.target_comm.clone(),
+                })
+                .collect(),
+            host: HostSummary {
+                kswapd_swapout_pages: hc(HostCounter::KswapdSwapoutAnon),
+                kswapd_file_writeback_pages: hc(HostCounter::KswapdWritebackFile),
+                kswapd_io_bytes: hc(HostCounter::KswapdIoBytes),
+                kswapd_episodes: host.kswapd_episodes,
+                kswapd_ns: host.kswapd_ns,
+                kswapd_wakeups_by_others: hc(HostCounter::KswapdWakeups),
+                other_swapout_pages: hc(HostCounter::OtherSwapoutAnon),
+                other_file_writeback_pages: hc(HostCounter::OtherWritebackFile),
+                other_reclaim_io_bytes: hc(HostCounter::OtherReclaimIoBytes),
+                other_direct_reclaim_count: hc(HostCounter::OtherDirectReclaimCount),
+                other_direct_reclaim_ns: hc(HostCounter::OtherDirectReclaimNs),
+                other_memcg_reclaim_count: hc(HostCounter::OtherMemcgReclaimCount),
+                other_memcg_reclaim_ns: hc(HostCounter::OtherMemcgReclaimNs),
+                other_throttled_count: hc(HostCounter::OtherThrottledCount),
+            },
+            block_latency_us: latency,
+            overhead: m.overhead.clone(),
+            gpu_status: m.gpu.status.clone(),
+            gpu: m.gpu.summary.clone(),
+            stalls: m.gpu.stalls.clone(),
+            context: context_summary(m),
+            verdict,
+        }
+    }
+}

@@ -1,0 +1,132 @@
+//! The final report on the terminal: the answer first, then the evidence, then the table.
+
+use std::fmt::Write as _;
+
+use crate::output::summary::Summary;
+
+fn mib(bytes: u64) -> f64 {
+    bytes as f64 / (1024.0 * 1024.0)
+}
+
+pub fn render(s: &Summary) -> String {
+    let mut o = String::new();
+    let v = &s.verdict;
+    let _ = writeln!(o, "\n== gpustall: {} ==", v.cause);
+    let _ = writeln!(o, "{}", v.text);
+    if !v.culprit_pids.is_empty() {
+        let _ = writeln!(o, "culprits (most responsible first): {:?}", v.culprit_pids);
+    }
+    if !v.evidence.is_empty() {
+        let _ = writeln!(o, "\nEvidence (in time order):");
+    }
+    for e in &v.evidence {
+        let _ = writeln!(o, "  - {e}");
+    }
+    if !v.advice.is_empty() {
+        let _ = writeln!(o, "\nAdvice:");
+    }
+    for a in &v.advice {
+        let _ = writeln!(o, "  - {a}");
+    }
+    if !s.gpu_status.is_empty() {
+        let _ = writeln!(o, "\nGPU: {}", s.gpu_status);
+    }
+    let _ = writeln!(
+        o,
+        "\n{:>7} {:>7} {:<16} {:<17} {:>9} {:>9} {:>9} {:>8} {:>10} {:>9} {:>9} {:>6}",
+        "PID",
+        "PPID",
+        "COMM",
+        "ROLE",
+        "READ_MiB",
+        "WRITE_MiB",
+        "RCLM_IO",
+        "RECLAIM",
+        "STALL_ms",
+        "SWAPOUT",
+        "HELD_MiB",
+        "EXIT"
+    );
+    for p in &s.processes {
+        let role = match p.worker_index {
+            Some(i) => format!(
+                "{}#{i}",
+                serde_json::to_value(p.role)
+                    .ok()
+                    .and_then(|v| v.as_str().map(String::from))
+                    .unwrap_or_default()
+            ),
+            None => serde_json::to_value(p.role)
+                .ok()
+                .and_then(|v| v.as_str().map(String::from))
+                .unwrap_or_default(),
+        };
+        let exit = match (p.alive, p.exit_signal, p.exit_code) {
+            (true, _, _) => "alive".to_string(),
+            (_, Some(sig), _) => format!("sig{sig}{}", if p.oom_killed { "/oom" } else { "" }),
+            (_, _, Some(code)) => format!("{code}"),
+            _ => "?".to_string(),
+        };
+        let _ = writeln!(
+            o,
+            "{:>7} {:>7} {:<16} {:<17} {:>9.1} {:>9.1} {:>9.1} {:>8} {:>10.1} {:>9} {:>9.1} {:>6}",
+            p.pid,
+            p.ppid,
+            p.comm,
+            role,
+            mib(p.block_read_bytes),
+            mib(p.block_write_bytes),
+            mib(p.reclaim_io_bytes),
+            p.direct_reclaim_count + p.memcg_reclaim_count,
+            (p.direct_reclaim_ns + p.memcg_reclaim_ns) as f64 / 1e6,
+            p.swapout_pages,
+            p.peak_mem_kb.max(p.peak_rss_kb) as f64 / 1024.0,
+            exit
+        );
+    }
+    for k in &s.oom_kills {
+        let _ = writeln!(
+            o,
+            "OOM kill: pid {} ({}) anon-rss {} kB, invoked by pid {} ({})",
+            k.victim_pid,
+            k.victim_comm,
+            k.anon_rss_kb.map_or("?".into(), |v| v.to_string()),
+            k.trigger_pid,
+            k.trigger_comm
+        );
+    }
+    let h = &s.host;
+    if h.kswapd_swapout_pages + h.other_swapout_pages + h.kswapd_episodes > 0 {
+        let _ = writeln!(
+            o,
+            "host: kswapd {} episodes ({:.1} ms), swapped out {} pages; other processes' reclaim swapped out {} pages",
+            h.kswapd_episodes,
+            h.kswapd_ns as f64 / 1e6,
+            h.kswapd_swapout_pages,
+            h.other_swapout_pages
+        );
+    }
+    for l in &s.block_latency_us {
+        let _ = writeln!(
+            o,
+            "block {} latency: {} requests, p50 <= {} us, p99 <= {} us",
+            l.op,
+            l.requests,
+            l.p50_us.map_or("?".into(), |v| format!("{v:.0}")),
+            l.p99_us.map_or("?".into(), |v| format!("{v:.0}"))
+        );
+    }
+    let _ = writeln!(o, "(HELD_MiB: peak of resident + swapped-out memory; RCLM_IO: disk I/O submitted inside reclaim)");
+    let _ = writeln!(
+        o,
+        "events {} | lost {} (critical ring {}, bulk ring {}, map full {}, undecodable {}) | {:.1} s",
+        s.events,
+        s.lost_events,
+        s.lost.critical_ring,
+        s.lost.bulk_ring,
+        s.lost.map_full,
+        s.lost.undecodable,
+        s.duration_s
+    );
+    o
+}

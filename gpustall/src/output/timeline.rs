@@ -1,0 +1,296 @@
+//! A recording turned into tracks for people to look at: per-process slices (reclaim stalls),
+//! instants (fork, exit, OOM kill, signals) and counter series (RSS, GPU utilisation, swap,
+//! disk throughput, data_time). Built from the JSON lines alone, so it works on any recording;
+//! the Perfetto and HTML renderers draw from it.
+
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Slice {
+    pub pid: u32,
+    pub tid: u32,
+    pub name: String,
+    pub start_ns: u64,
+    pub dur_ns: u64,
+    pub args: Value,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Instant {
+    pub pid: u32,
+    pub name: String,
+    pub t_ns: u64,
+    pub args: Value,
+}
+
+/// A named series of (time, value) on a track (`pid`, or a host/GPU pseudo-track).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Series {
+    pub points: Vec<(u64, f64)>,
+}
+
+/// Which track a counter belongs to.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Track {
+    Process(u32),
+    Gpu(u32),
+    Host,
+}
+
+#[derive(Debug, Default)]
+pub struct Timeline {
+    pub start_ns: u64,
+    pub end_ns: u64,
+    /// pid -> (name, role label).
+    pub processes: BTreeMap<u32, String>,
+    pub gpus: BTreeMap<u32, String>,
+    pub slices: Vec<Slice>,
+    pub instants: Vec<Instant>,
+    /// (track, counter name) -> series.
+    pub counters: BTreeMap<(Track, String), Series>,
+    pub verdict: Option<Value>,
+}
+
+impl Timeline {
+    fn point(&mut self, track: Track, name: &str, t: u64, v: f64) {
+        self.counters.entry((track, name.to_string())).or_default().points.push((t, v));
+    }
+}
+
+/// Job-wide cumulative counters, to turn into per-second rates.
+#[derive(Default)]
+struct Totals {
+    io: BTreeMap<(u64, u64, u64, bool), (u64, u64)>, // (pid, dev, op, reclaim) -> (bytes, _)
+    swapout: BTreeMap<u64, u64>,
+    last: Option<(u64, u64, u64, u64)>, // t, read+write bytes, reclaim bytes, swapout pages
+}
+
+pub fn build<'a>(lines: impl IntoIterator<Item = &'a Value>) -> Timeline {
+    let mut t = Timeline::default();
+    let mut totals = Totals::default();
+    for v in lines {
+        let ts = v["t_ns"].as_u64().unwrap_or(0);
+        t.end_ns = t.end_ns.max(ts);
+        let pid = v["pid"].as_u64().unwrap_or(0) as u32;
+        match (v["type"].as_str(), v["kind"].as_str()) {
+            (Some("header"), _) => {
+                t.start_ns = v["start_ns"].as_u64().unwrap_or(0);
+                t.end_ns = t.start_ns;
+            }
+            (Some("sample"), Some("seed")) => {
+                t.processes.insert(pid, v["comm"].as_str().unwrap_or("?").to_string());
+            }
+            (Some("event"), Some("fork")) => {
+                let child = v["child_pid"].as_u64().unwrap_or(0) as u32;
+                t.processes
+                    .entry(child)
+                    .or_insert_with(|| v["comm"].as_str().unwrap_or("?").to_string());
+                t.instants.push(Instant {
+                    pid,
+                    name: format!("fork {child}"),
+                    t_ns: ts,
+                    args: Value::Null,
+                });
+            }
+            (Some("event"), Some("rename")) if v["renamed_tid"] == v["pid"] => {
+                t.processes.insert(pid, v["new_comm"].as_str().unwrap_or("?").to_string());
+            }
+            (Some("event"), Some("exit")) => {
+                let what = match (v["exit_signal"].as_i64(), v["exit_code"].as_i64()) {
+                    (Some(s), _) => format!("killed by signal {s}"),
+                    (_, Some(c)) => format!("exit {c}"),
+                    _ => "exit".into(),
+                };
+                t.instants.push(Instant { pid, name: what, t_ns: ts, args: Value::Null });
+            }
+            (Some("event"), Some("oom_kill")) => {
+                let victim = v["victim_pid"].as_u64().unwrap_or(0) as u32;
+                t.instants.push(Instant {
+                    pid: victim,
+                    name: "OOM kill".into(),
+                    t_ns: ts,
+                    args: v.clone(),
+                });
+            }
+            (Some("event"), Some("signal")) => {
+                let target = v["target_pid"].as_u64().unwrap_or(0) as u32;
+                let name = format!(
+                    "signal {} from {} ({})",
+                    v["sig"],
+                    v["pid"],
+                    v["comm"].as_str().unwrap_or("?")
+                );
+                t.instants.push(Instant { pid: target, name, t_ns: ts, args: Value::Null });
+            }
+            (Some("event"), Some("reclaim")) => {
+                let start = v["start_ns"].as_u64().unwrap_or(ts);
+                t.slices.push(Slice {
+                    pid,
+                    tid: v["tid"].as_u64().unwrap_or(0) as u32,
+                    name: format!("{} reclaim", v["reclaim"].as_str().unwrap_or("?")),
+                    start_ns: start,
+                    dur_ns: v["duration_ns"].as_u64().unwrap_or(0),
+                    args: serde_json::json!({"nr_reclaimed": v["nr_reclaimed"]}),
+                });
+            }
+            (Some("event"), Some("gpu_stall")) => {
+                let gpu = v["gpu_index"].as_u64().unwrap_or(0) as u32;
+                t.slices.push(Slice {
+                    pid: gpu_pid(gpu),
+                    tid: 0,
+                    name: "GPU stall".into(),
+                    start_ns: v["start_ns"].as_u64().unwrap_or(ts),
+                    dur_ns: v["duration_ns"].as_u64().unwrap_or(0),
+                    args: serde_json::json!({"throttle_reasons": v["throttle_reasons"], "pids": v["pids"]}),
+                });
+            }
+            (Some("sample"), Some("proc_mem")) => {
+                t.point(
+                    Track::Process(pid),
+                    "rss_mib",
+                    ts,
+                    v["rss_kb"].as_f64().unwrap_or(0.0) / 1024.0,
+                );
+                t.point(
+                    Track::Process(pid),
+                    "swap_mib",
+                    ts,
+                    v["swap_kb"].as_f64().unwrap_or(0.0) / 1024.0,
+                );
+                let held =
+                    v["rss_kb"].as_f64().unwrap_or(0.0) + v["swap_kb"].as_f64().unwrap_or(0.0);
+                t.point(Track::Process(pid), "held_mib", ts, held / 1024.0);
+            }
+            (Some("sample"), Some("gpu")) => {
+                for g in v["gpus"].as_array().into_iter().flatten() {
+                    let i = g["index"].as_u64().unwrap_or(0) as u32;
+                    t.gpus
+                        .entry(i)
+                        .or_insert_with(|| g["name"].as_str().unwrap_or("GPU").to_string());
+                    if let Some(u) = g["util_gpu_pct"].as_f64() {
+                        t.point(Track::Gpu(i), "util_pct", g["t_ns"].as_u64().unwrap_or(ts), u);
+                    }
+                    if let Some(c) = g["temperature_c"].as_f64() {
+                        t.point(
+                            Track::Gpu(i),
+                            "temperature_c",
+                            g["t_ns"].as_u64().unwrap_or(ts),
+                            c,
+                        );
+                    }
+                }
+            }
+            (Some("sample"), Some("counters")) => totals.add(v, ts, &mut t),
+            (Some("sample"), Some("context")) => {
+                if let Some(h) = v["host"].as_object() {
+                    let used = h["swap_total_kb"].as_f64().unwrap_or(0.0)
+                        - h["swap_free_kb"].as_f64().unwrap_or(0.0);
+                    t.point(Track::Host, "swap_used_mib", ts, used / 1024.0);
+                    t.point(
+                        Track::Host,
+                        "mem_available_mib",
+                        ts,
+                        h["mem_available_kb"].as_f64().unwrap_or(0.0) / 1024.0,
+                    );
+                }
+                if let Some(u) = v["cgroup"]["usage_bytes"].as_f64() {
+                    t.point(Track::Host, "cgroup_usage_mib", ts, u / 1048576.0);
+                }
+            }
+            (Some("sample"), Some("train_step")) => {
+                if let Some(d) = v["data_time_s"].as_f64() {
+                    t.point(Track::Host, "data_time_s", ts, d);
+                }
+            }
+            (Some("summary"), _) if v["final"] == true => t.verdict = Some(v["verdict"].clone()),
+            _ => {}
+        }
+    }
+    t
+}
+
+/// GPUs get pseudo-pids far above real ones, so their tracks never collide with a process.
+pub fn gpu_pid(index: u32) -> u32 {
+    0x4000_0000 + index
+}
+
+impl Totals {
+    fn add(&mut self, v: &Value, ts: u64, t: &mut Timeline) {
+        for r in v["io"].as_array().into_iter().flatten() {
+            let key = (
+                r["pid"].as_u64().unwrap_or(0),
+                r["dev"].as_u64().unwrap_or(0),
+                r["op"].as_u64().unwrap_or(0),
+                r["in_reclaim"] == true,
+            );
+            self.io.insert(key, (r["bytes"].as_u64().unwrap_or(0), 0));
+        }
+        for p in v["procs"].as_array().into_iter().flatten() {
+            self.swapout.insert(
+                p["pid"].as_u64().unwrap_or(0),
+                p["swapout_anon_folios"].as_u64().unwrap_or(0),
+            );
+        }
+        let bytes: u64 = self.io.values().map(|v| v.0).sum();
+        let reclaim: u64 = self.io.iter().filter(|(k, _)| k.3).map(|(_, v)| v.0).sum();
+        let swap: u64 = self.swapout.values().sum();
+        if let Some((t0, b0, r0, s0)) = self.last {
+            let dt = ts.saturating_sub(t0).max(1) as f64 / 1e9;
+            t.point(
+                Track::Host,
+                "job_disk_mib_s",
+                ts,
+                bytes.saturating_sub(b0) as f64 / 1048576.0 / dt,
+            );
+            t.point(
+                Track::Host,
+                "job_reclaim_io_mib_s",
+                ts,
+                reclaim.saturating_sub(r0) as f64 / 1048576.0 / dt,
+            );
+            t.point(Track::Host, "job_swapout_pages_s", ts, swap.saturating_sub(s0) as f64 / dt);
+        }
+        self.last = Some((ts, bytes, reclaim, swap));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn events_and_samples_become_tracks() {
+        let lines = vec![
+            json!({"type":"header","start_ns":1000}),
+            json!({"type":"sample","kind":"seed","t_ns":1000,"pid":10,"ppid":1,"comm":"python","is_target":true}),
+            json!({"type":"event","kind":"fork","t_ns":1100,"pid":10,"tid":10,"comm":"python","child_pid":11}),
+            json!({"type":"event","kind":"rename","t_ns":1200,"pid":11,"tid":11,"comm":"python","renamed_tid":11,"new_comm":"pt_data_worker"}),
+            json!({"type":"event","kind":"reclaim","t_ns":1500,"pid":11,"tid":11,"comm":"w","reclaim":"memcg","start_ns":1300,"duration_ns":200,"nr_reclaimed":32}),
+            json!({"type":"sample","kind":"proc_mem","t_ns":2000,"pid":11,"rss_kb":2048,"swap_kb":1024}),
+            json!({"type":"sample","kind":"counters","t_ns":2000,"procs":[{"pid":11,"swapout_anon_folios":0}],"io":[]}),
+            json!({"type":"sample","kind":"counters","t_ns":3000,"procs":[{"pid":11,"swapout_anon_folios":500}],"io":[{"pid":11,"dev":1,"op":1,"in_reclaim":true,"bytes":2097152}]}),
+            json!({"type":"event","kind":"oom_kill","t_ns":4000,"pid":10,"tid":10,"comm":"python","victim_pid":11}),
+            json!({"type":"sample","kind":"gpu","t_ns":4000,"gpus":[{"index":0,"name":"H200","t_ns":4000,"util_gpu_pct":0}]}),
+        ];
+        let t = build(&lines);
+        assert_eq!(t.processes[&11], "pt_data_worker");
+        assert_eq!(t.slices[0].name, "memcg reclaim");
+        assert_eq!((t.slices[0].start_ns, t.slices[0].dur_ns), (1300, 200));
+        assert!(t.instants.iter().any(|i| i.pid == 11 && i.name == "OOM kill"));
+        assert_eq!(
+            t.counters[&(Track::Process(11), "rss_mib".to_string())].points,
+            vec![(2000, 2.0)]
+        );
+        let swap = &t.counters[&(Track::Host, "job_swapout_pages_s".to_string())].points;
+        assert_eq!(swap, &vec![(3000, 500.0 / 1e-6)]);
+        assert_eq!(
+            t.counters[&(Track::Host, "job_reclaim_io_mib_s".to_string())].points[0].1,
+            2.0 / 1e-6
+        );
+        assert_eq!(t.counters[&(Track::Gpu(0), "util_pct".to_string())].points, vec![(4000, 0.0)]);
+        assert_eq!(t.end_ns, 4000);
+    }
+}

@@ -1,0 +1,99 @@
+//! The flight recorder: the last N minutes of record lines in memory, within a fixed byte
+//! budget, so that when an incident happens the window before it can be written out.
+
+use std::collections::VecDeque;
+
+use serde_json::Value;
+
+use crate::recording::writer::Sink;
+
+pub struct FlightRecorder {
+    lines: VecDeque<(u64, String)>,
+    bytes: usize,
+    budget: usize,
+    window_ns: u64,
+    /// Lines dropped for the budget before they aged out: a window shorter than asked.
+    pub evicted_early: u64,
+}
+
+impl FlightRecorder {
+    pub fn new(window_ns: u64, budget: usize) -> Self {
+        Self { lines: VecDeque::new(), bytes: 0, budget, window_ns, evicted_early: 0 }
+    }
+
+    pub fn push(&mut self, t_ns: u64, line: String) {
+        self.bytes += line.len();
+        self.lines.push_back((t_ns, line));
+        let horizon = t_ns.saturating_sub(self.window_ns);
+        while let Some((t, l)) = self.lines.front() {
+            let over_budget = self.bytes > self.budget;
+            if *t >= horizon && !over_budget {
+                break;
+            }
+            if over_budget && *t >= horizon {
+                self.evicted_early += 1;
+            }
+            self.bytes -= l.len();
+            self.lines.pop_front();
+        }
+    }
+
+    /// Lines with a time at or after `from_ns`, in order.
+    pub fn since(&self, from_ns: u64) -> Vec<String> {
+        self.lines.iter().filter(|(t, _)| *t >= from_ns).map(|(_, l)| l.clone()).collect()
+    }
+
+    #[cfg(test)]
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    #[cfg(test)]
+    pub fn oldest_ns(&self) -> Option<u64> {
+        self.lines.front().map(|(t, _)| *t)
+    }
+}
+
+/// The session writes into it like into a file; lines without a time get the latest time.
+pub struct FlightSink {
+    pub recorder: std::sync::Arc<std::sync::Mutex<FlightRecorder>>,
+    last_t: u64,
+}
+
+impl FlightSink {
+    pub fn new(recorder: std::sync::Arc<std::sync::Mutex<FlightRecorder>>) -> Self {
+        Self { recorder, last_t: 0 }
+    }
+}
+
+impl Sink for FlightSink {
+    fn write(&mut self, v: &Value) {
+        let t = v["t_ns"].as_u64().unwrap_or(self.last_t);
+        self.last_t = self.last_t.max(t);
+        if let (Ok(line), Ok(mut r)) = (serde_json::to_string(v), self.recorder.lock()) {
+            r.push(t, line);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keeps_the_window_and_the_budget() {
+        let mut f = FlightRecorder::new(10, 1000);
+        for t in 0..30 {
+            f.push(t, format!("line {t}"));
+        }
+        assert_eq!(f.oldest_ns(), Some(19));
+        assert_eq!(f.since(25).len(), 5);
+        let mut f = FlightRecorder::new(1_000, 20);
+        for t in 0..10 {
+            f.push(t, "0123456789".into());
+        }
+        assert!(f.bytes() <= 20);
+        assert_eq!(f.since(0).len(), 2);
+        assert_eq!(f.evicted_early, 8);
+    }
+}

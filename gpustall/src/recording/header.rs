@@ -1,0 +1,111 @@
+//! The first line of every recording: what made it, on which host and kernel, and when. Typed
+//! both ways: written by `trace` and `watch`, read back by the replay.
+
+use serde::{Deserialize, Serialize};
+
+/// The only recording format so far.
+pub const VERSION: u32 = 1;
+
+/// `{"type":"header",...}`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Header {
+    /// Always `"header"`.
+    #[serde(rename = "type")]
+    pub line_type: String,
+    pub version: u32,
+    #[serde(default)]
+    pub tool: String,
+    /// `"watch"` for the daemon's bundles; absent for `trace`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<String>,
+    #[serde(default)]
+    pub host: String,
+    #[serde(default)]
+    pub kernel: String,
+    #[serde(default)]
+    pub clock: String,
+    pub start_ns: u64,
+    #[serde(default)]
+    pub wall_clock_at_start_ns: u64,
+    /// The pids `trace --pid` was given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub targets: Option<Vec<u32>>,
+    #[serde(default)]
+    pub attached: Vec<String>,
+    #[serde(default)]
+    pub skipped: Vec<String>,
+    pub gpu: GpuHeader,
+    /// The incident a watch bundle was written for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub incident: Option<IncidentHeader>,
+}
+
+/// Whether GPU data was on, and the stall settings the replay must use to find the same stalls.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct GpuHeader {
+    pub enabled: bool,
+    #[serde(default)]
+    pub status: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub threshold_pct: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window_ns: Option<u64>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct IncidentHeader {
+    pub kind: crate::cmd::session::IncidentKind,
+    pub t_ns: u64,
+    pub pid: u32,
+}
+
+impl Header {
+    /// A header for a recording made on this machine now.
+    pub fn new(start_ns: u64, attached: &[String], skipped: &[String], gpu: GpuHeader) -> Self {
+        Self {
+            line_type: "header".into(),
+            version: VERSION,
+            tool: concat!("gpustall ", env!("CARGO_PKG_VERSION")).into(),
+            mode: None,
+            host: crate::sources::host::hostname(),
+            kernel: crate::sources::host::kernel_release(),
+            clock: "CLOCK_MONOTONIC".into(),
+            start_ns,
+            wall_clock_at_start_ns: crate::sources::clock::wall_ns(),
+            targets: None,
+            attached: attached.to_vec(),
+            skipped: skipped.to_vec(),
+            gpu,
+            incident: None,
+        }
+    }
+
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::to_value(self).unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips_and_keeps_the_field_names() {
+        let h = Header::new(
+            5,
+            &["a".into()],
+            &[],
+            GpuHeader { enabled: false, status: "off".into(), ..Default::default() },
+        );
+        let v = h.to_json();
+        assert_eq!(v["type"], "header");
+        assert_eq!(v["version"], 1);
+        assert_eq!(v["clock"], "CLOCK_MONOTONIC");
+        assert!(
+            v.get("targets").is_none()
+                && v.get("mode").is_none()
+                && v["gpu"].get("window_ns").is_none()
+        );
+        assert_eq!(serde_json::from_value::<Header>(v).expect("parses"), h);
+    }
+}

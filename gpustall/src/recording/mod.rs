@@ -1,0 +1,7 @@
+//! Recordings: JSON Lines written as the trace goes ([`writer`]), or kept in memory for the
+//! last minutes ([`flight`]), and replayed offline into the same model ([`replay`]).
+
+pub mod flight;
+pub mod header;
+pub mod replay;
+pub mod writer;

@@ -1,0 +1,55 @@
+//! The job's surroundings, sampled once a second from /proc and /sys: the memory cgroup's limit
+//! and usage, host memory and swap, the kernel's vmstat counters, disk busy time, the
+//! filesystems the job writes to, and each traced process's scheduler state (to tell a hung or
+//! deadlocked job from a starved one).
+//!
+//! [`ContextReader`] reads the machine (live only); [`HostContext::apply`] folds a
+//! [`ContextSample`] into the model, the same way live and on replay.
+
+use std::path::PathBuf;
+
+use crate::model::samples::ContextSample;
+use crate::sources::host;
+
+/// The vmstat counters the verdict reads (allocstall_* are summed by `vm_delta`).
+fn wanted_vmstat(key: &str) -> bool {
+    matches!(
+        key,
+        "pswpin"
+            | "pswpout"
+            | "pgmajfault"
+            | "oom_kill"
+            | "pgscan_direct"
+            | "pgsteal_direct"
+            | "pgscan_kswapd"
+    ) || key.starts_with("allocstall")
+}
+
+/// Reads the machine for one [`ContextSample`].
+pub struct ContextReader {
+    cgroup_dir: Option<(PathBuf, String, u8)>,
+    fs_paths: Vec<PathBuf>,
+}
+
+impl ContextReader {
+    /// `target` is the traced process: its memory cgroup and working directory stand for the job's.
+    pub fn new(target: u32) -> Self {
+        let mut fs_paths: Vec<PathBuf> = vec!["/tmp".into(), "/dev/shm".into()];
+        if let Some(cwd) = host::cwd(target) {
+            fs_paths.insert(0, cwd);
+        }
+        Self { cgroup_dir: host::memory_cgroup_dir(target), fs_paths }
+    }
+
+    pub fn read(&self, alive: &[u32], t_ns: u64) -> ContextSample {
+        ContextSample {
+            t_ns,
+            cgroup: self.cgroup_dir.as_ref().and_then(|(d, p, v)| host::read_cgroup_mem(d, p, *v)),
+            host: host::read_host_mem(),
+            vmstat: host::read_vmstat().into_iter().filter(|(k, _)| wanted_vmstat(k)).collect(),
+            disks: host::read_disks(),
+            tasks: alive.iter().filter_map(|&p| host::task_state(p)).collect(),
+            filesystems: self.fs_paths.iter().filter_map(|p| host::fs_usage(p)).collect(),
+        }
+    }
+}

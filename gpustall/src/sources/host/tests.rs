@@ -1,0 +1,287 @@
+//! Unit tests of the parent module.
+use super::*;
+use crate::model::host::{disk_busy, vm_delta, VmDelta};
+
+/// A temp dir removed on drop, to fake /proc and /sys/fs/cgroup.
+struct FakeRoot(PathBuf);
+
+impl FakeRoot {
+    fn new(name: &str) -> Self {
+        let dir =
+            std::env::temp_dir().join(format!("gpustall-hostctx-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        FakeRoot(dir)
+    }
+
+    fn write(&self, rel: &str, text: &str) {
+        let p = self.0.join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, text).unwrap();
+    }
+
+    fn mkdir(&self, rel: &str) {
+        std::fs::create_dir_all(self.0.join(rel)).unwrap();
+    }
+}
+
+impl Drop for FakeRoot {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+const HYBRID: &str = "12:cpu,cpuacct:/job\n5:memory,hugetlb:/job/rank0\n0::/user.slice/x\n";
+
+#[test]
+fn v1_combined_controllers_line() {
+    let r = FakeRoot::new("cg-v1");
+    r.write("proc/42/cgroup", HYBRID);
+    r.mkdir("cg/memory/job/rank0");
+    let (dir, path, v) = memory_cgroup_dir_at(&r.0.join("proc"), &r.0.join("cg"), 42).unwrap();
+    assert_eq!((dir, path.as_str(), v), (r.0.join("cg/memory/job/rank0"), "/job/rank0", 1));
+}
+
+#[test]
+fn v2_line_plain_and_unified() {
+    let r = FakeRoot::new("cg-v2");
+    r.write("proc/7/cgroup", "0::/gpustall-test-x\n");
+    r.write("cg/gpustall-test-x/memory.max", "max\n");
+    let got = memory_cgroup_dir_at(&r.0.join("proc"), &r.0.join("cg"), 7).unwrap();
+    assert_eq!(got, (r.0.join("cg/gpustall-test-x"), "/gpustall-test-x".to_string(), 2));
+
+    // Hybrid mount: the unified tree lives under cgroup_root/unified.
+    r.write("proc/8/cgroup", "0::/svc\n");
+    r.write("cg/unified/svc/memory.current", "0\n");
+    let got = memory_cgroup_dir_at(&r.0.join("proc"), &r.0.join("cg"), 8).unwrap();
+    assert_eq!(got.0, r.0.join("cg/unified/svc"));
+    // A v2 directory without memory files is no memory cgroup.
+    r.write("proc/9/cgroup", "0::/nomem\n");
+    r.mkdir("cg/nomem");
+    assert_eq!(memory_cgroup_dir_at(&r.0.join("proc"), &r.0.join("cg"), 9), None);
+}
+
+#[test]
+fn both_present_prefers_v1_when_its_dir_exists() {
+    let r = FakeRoot::new("cg-both");
+    r.write("proc/42/cgroup", HYBRID);
+    r.write("cg/user.slice/x/memory.current", "1\n");
+    let (proc_root, cg_root) = (r.0.join("proc"), r.0.join("cg"));
+    // No v1 memory dir: fall back to v2.
+    assert_eq!(memory_cgroup_dir_at(&proc_root, &cg_root, 42).unwrap().2, 2);
+    r.mkdir("cg/memory/job/rank0");
+    assert_eq!(memory_cgroup_dir_at(&proc_root, &cg_root, 42).unwrap().2, 1);
+    assert_eq!(memory_cgroup_dir_at(&proc_root, &cg_root, 43), None);
+}
+
+#[test]
+fn root_cgroup_path_is_the_mount_itself() {
+    let r = FakeRoot::new("cg-ns");
+    // Inside a cgroup namespace the job's cgroup shows as "/".
+    r.write("proc/1/cgroup", "0::/\n");
+    r.write("cg/memory.max", "1048576\n");
+    let got = memory_cgroup_dir_at(&r.0.join("proc"), &r.0.join("cg"), 1).unwrap();
+    assert_eq!(got.0, r.0.join("cg"));
+}
+
+#[test]
+fn read_v1_memsw_and_oom_control() {
+    let r = FakeRoot::new("mem-v1");
+    r.write("m/memory.limit_in_bytes", "9223372036854771712\n");
+    r.write("m/memory.usage_in_bytes", "1000\n");
+    r.write("m/memory.max_usage_in_bytes", "4000\n");
+    r.write("m/memory.memsw.usage_in_bytes", "1500\n");
+    r.write("m/memory.oom_control", "oom_kill_disable 0\nunder_oom 0\noom_kill 3\n");
+    r.write("m/memory.failcnt", "17\n");
+    let m = read_cgroup_mem(&r.0.join("m"), "/job", 1).unwrap();
+    let want = CgroupMem {
+        path: "/job".into(),
+        version: 1,
+        limit_bytes: None,
+        usage_bytes: 1000,
+        peak_bytes: Some(4000),
+        swap_usage_bytes: Some(500),
+        oom_kills: Some(3),
+        failcnt: Some(17),
+    };
+    assert_eq!(m, want);
+    r.write("m/memory.limit_in_bytes", "2147483648\n");
+    let m = read_cgroup_mem(&r.0.join("m"), "/job", 1).unwrap();
+    assert_eq!(m.limit_bytes, Some(2 << 30));
+}
+
+#[test]
+fn read_v2_max_and_events() {
+    let r = FakeRoot::new("mem-v2");
+    r.write("m/memory.max", "max\n");
+    r.write("m/memory.current", "123456\n");
+    r.write("m/memory.events", "low 0\nhigh 0\nmax 42\noom 2\noom_kill 1\noom_group_kill 0\n");
+    let m = read_cgroup_mem(&r.0.join("m"), "/x", 2).unwrap();
+    let want = CgroupMem {
+        path: "/x".into(),
+        version: 2,
+        limit_bytes: None,
+        usage_bytes: 123456,
+        peak_bytes: None,
+        swap_usage_bytes: None,
+        oom_kills: Some(1),
+        failcnt: Some(42),
+    };
+    assert_eq!(m, want);
+    r.write("m/memory.max", "536870912\n");
+    r.write("m/memory.peak", "600000000\n");
+    r.write("m/memory.swap.current", "4096\n");
+    let m = read_cgroup_mem(&r.0.join("m"), "/x", 2).unwrap();
+    assert_eq!(
+        (m.limit_bytes, m.peak_bytes, m.swap_usage_bytes),
+        (Some(512 << 20), Some(600_000_000), Some(4096))
+    );
+    // A removed cgroup reads as None.
+    assert_eq!(read_cgroup_mem(&r.0.join("gone"), "/gone", 2), None);
+}
+
+#[test]
+fn vm_delta_sums_allocstall_and_saturates() {
+    let before = parse_vmstat(
+        "pswpin 10\npswpout 100\npgmajfault 5\noom_kill 0\npgscan_direct 1000\n\
+         pgsteal_direct 900\npgscan_kswapd 50\nallocstall_normal 2\nallocstall_movable 1\n",
+    );
+    let after = parse_vmstat(
+        "pswpin 15\npswpout 400\npgmajfault 4\noom_kill 1\npgscan_direct 3000\n\
+         pgsteal_direct 2500\npgscan_kswapd 80\nallocstall_normal 7\nallocstall_movable 3\n\
+         allocstall_dma32 1\n",
+    );
+    let d = vm_delta(&before, &after);
+    let want = VmDelta {
+        pswpin: 5,
+        pswpout: 300,
+        pgmajfault: 0, // went backwards: saturates, never wraps
+        oom_kill: 1,
+        pgscan_direct: 2000,
+        pgsteal_direct: 1600,
+        pgscan_kswapd: 30,
+        allocstall: 5 + 2 + 1,
+    };
+    assert_eq!(d, want);
+    assert!(!read_vmstat().is_empty(), "/proc/vmstat is readable on Linux");
+}
+
+const DISKSTATS_1: &str = "\
+ 259       0 nvme0n1 1000 0 2048 10 500 0 4096 20 0 1000 30 0 0 0 0 0 0
+ 259       1 nvme0n1p1 900 0 2000 9 400 0 4000 19 0 900 28 0 0 0 0 0 0
+   7       0 loop0 0 0 0 0 0 0 0 0 0 0 0
+   8       0 sda 10 0 8 1 1 0 8 1 0 100 2
+garbage line
+";
+
+const DISKSTATS_2: &str = "\
+ 259       0 nvme0n1 1100 0 4096 12 900 0 8192 40 3 1900 50 0 0 0 0 0 0
+ 259       1 nvme0n1p1 1000 0 4000 11 800 0 8000 38 3 1800 48 0 0 0 0 0 0
+   7       0 loop0 0 0 0 0 0 0 0 0 0 0 0
+   8       0 sda 10 0 8 1 1 0 8 1 0 3000 2
+   8      16 sdb 1 0 8 1 1 0 8 1 0 100 2
+";
+
+#[test]
+fn diskstats_parse_and_busy() {
+    let before = parse_diskstats(DISKSTATS_1);
+    assert_eq!(before.len(), 4);
+    assert_eq!(
+        before[0],
+        DiskStat {
+            name: "nvme0n1".into(),
+            major: 259,
+            minor: 0,
+            read_bytes: 2048 * 512,
+            write_bytes: 4096 * 512,
+            io_ticks_ms: 1000,
+        }
+    );
+    let after = parse_diskstats(DISKSTATS_2);
+    let busy = disk_busy(&before, &after, 1000);
+    // sdb has no baseline.
+    let names: Vec<&str> = busy.iter().map(|b| b.name.as_str()).collect();
+    assert_eq!(names, ["nvme0n1", "nvme0n1p1", "loop0", "sda"]);
+    assert_eq!(busy[0].dev, "259:0");
+    assert!((busy[0].busy_pct - 90.0).abs() < 1e-9);
+    assert_eq!((busy[0].read_bytes, busy[0].write_bytes), (2048 * 512, 4096 * 512));
+    assert_eq!(busy[3].busy_pct, 100.0, "clamped");
+    assert_eq!(disk_busy(&before, &after, 0)[0].busy_pct, 0.0);
+}
+
+#[test]
+fn whole_disks_drop_partitions_and_idle_loops() {
+    let r = FakeRoot::new("sysblock");
+    for d in ["nvme0n1", "loop0", "sda"] {
+        r.mkdir(&format!("block/{d}"));
+    }
+    let kept = whole_disks(parse_diskstats(DISKSTATS_2), &r.0.join("block"));
+    let names: Vec<&str> = kept.iter().map(|d| d.name.as_str()).collect();
+    assert_eq!(names, ["nvme0n1", "sda"]);
+}
+
+#[test]
+fn fs_usage_of_root_is_sane() {
+    let u = fs_usage(Path::new("/")).unwrap();
+    assert_eq!(u.path, "/");
+    assert!(u.total_bytes > 0);
+    assert!(u.avail_bytes <= u.total_bytes);
+    assert!((0.0..=100.0).contains(&u.used_pct), "{u:?}");
+    assert_eq!(fs_usage(Path::new("/no/such/dir/gpustall")), None);
+}
+
+#[test]
+fn task_state_of_this_process() {
+    let me = std::process::id();
+    // Burn a little CPU so utime is not 0 at tick granularity.
+    let mut x = 0u64;
+    let start = std::time::Instant::now();
+    while start.elapsed() < std::time::Duration::from_millis(30) {
+        x = x.wrapping_add(std::hint::black_box(1));
+    }
+    std::hint::black_box(x);
+    let t = task_state(me).unwrap();
+    assert_eq!(t.pid, me);
+    assert!(matches!(t.state, 'R' | 'S'), "{t:?}");
+    assert!(t.cpu_ticks > 0, "{t:?}");
+    assert!(t.read_bytes.is_some(), "own /proc/self/io is readable");
+    assert!(cmdline(me).is_some_and(|c| !c.is_empty()));
+    assert!(cwd(me).is_some());
+}
+
+#[test]
+fn task_state_from_fake_proc() {
+    let r = FakeRoot::new("task");
+    // A comm with a space and a ')' must not shift the fields.
+    r.write(
+        "9/stat",
+        "9 (pt_data (w) 0) D 1 9 9 0 -1 4194560 100 0 7 0 250 50 0 0 20 0 1 0 5 0 0\n",
+    );
+    r.write("9/wchan", "folio_wait_bit_common");
+    r.write("9/io", "rchar: 1\nwchar: 2\nsyscr: 3\nsyscw: 4\nread_bytes: 8192\nwrite_bytes: 0\n");
+    let t = task_state_at(&r.0, 9).unwrap();
+    let want = TaskState {
+        pid: 9,
+        state: 'D',
+        wchan: "folio_wait_bit_common".into(),
+        cpu_ticks: 300,
+        majflt: 7,
+        read_bytes: Some(8192),
+        write_bytes: Some(0),
+    };
+    assert_eq!(t, want);
+    r.write("9/wchan", "0");
+    std::fs::remove_file(r.0.join("9/io")).unwrap();
+    let t = task_state_at(&r.0, 9).unwrap();
+    assert_eq!((t.wchan.as_str(), t.read_bytes), ("", None));
+    assert_eq!(task_state_at(&r.0, 10), None);
+}
+
+#[test]
+fn cmdline_split() {
+    assert_eq!(
+        split_cmdline(b"python\0train.py\0--log\0x.log\0"),
+        ["python", "train.py", "--log", "x.log"]
+    );
+    assert!(split_cmdline(b"").is_empty());
+}

@@ -1,0 +1,11 @@
+//! Stage 2, everything else the agent reads from the machine: /proc (the tree at start,
+//! memory per process), the host and memory cgroup (`host`, `context`), NVML, the training log,
+//! the agent's own cost. Each reader returns the plain sample types of [`crate::model`].
+
+pub mod agent;
+pub mod clock;
+pub mod context;
+pub mod host;
+pub mod nvml;
+pub mod procfs;
+pub mod trainlog;

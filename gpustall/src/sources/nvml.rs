@@ -1,0 +1,311 @@
+//! Reading every GPU once per tick through NVML (nvml-wrapper), onto the eBPF clock.
+
+use nvml_wrapper::enum_wrappers::device::{Clock, TemperatureSensor};
+use nvml_wrapper::enums::device::UsedGpuMemory;
+use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::Nvml;
+
+use crate::{
+    model::gpu::sample::{throttle_names, GpuProcess, GpuSample},
+    sources::clock::monotonic_ns,
+};
+use std::ffi::OsString;
+use std::path::Path;
+
+/// Environment variable naming the NVML library when `--nvml-lib` is not given.
+pub const NVML_LIB_ENV: &str = "GPUSTALL_NVML_LIB";
+
+/// NVML's default library name (what nvml-wrapper loads when given no path).
+const DEFAULT_LIB: &str = "libnvidia-ml.so.1";
+
+/// Why there is no GPU data. Each Display is one line meant for the user as it stands.
+#[derive(Debug, thiserror::Error)]
+pub enum GpuUnavailable {
+    #[error("no NVIDIA driver ({lib} could not be loaded: {detail}): GPU data is off; pass --nvml-lib PATH if it is elsewhere")]
+    NoLibrary { lib: String, detail: String },
+    #[error("{lib} is not a usable NVML library ({detail}): GPU data is off; pass --nvml-lib PATH to the driver's libnvidia-ml.so.1")]
+    NotNvml { lib: String, detail: String },
+    #[error("the NVIDIA kernel driver is not loaded (NVML: {detail}): GPU data is off")]
+    DriverNotLoaded { detail: String },
+    #[error("NVML failed to start ({detail}): GPU data is off")]
+    InitFailed { detail: String },
+    #[error("NVML could not count the GPUs ({detail}): GPU data is off")]
+    CountFailed { detail: String },
+    #[error("NVML found no GPU: GPU data is off")]
+    NoGpu,
+}
+
+/// One line, whatever the library's message holds: the Display promise above depends on it.
+fn one_line(e: &dyn std::fmt::Display) -> String {
+    e.to_string().split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+impl GpuUnavailable {
+    fn from_init(lib: &str, e: NvmlError) -> Self {
+        let detail = one_line(&e);
+        match e {
+            NvmlError::LibloadingError(_) => Self::NoLibrary { lib: lib.to_string(), detail },
+            NvmlError::FailedToLoadSymbol(_) => Self::NotNvml { lib: lib.to_string(), detail },
+            NvmlError::DriverNotLoaded => Self::DriverNotLoaded { detail },
+            _ => Self::InitFailed { detail },
+        }
+    }
+}
+
+/// What does not change while a GPU is up: read once at open.
+struct GpuIdentity {
+    uuid: String,
+    name: String,
+}
+
+/// NVML, open, with the GPUs it saw at start.
+pub struct GpuSampler {
+    nvml: Nvml,
+    gpus: Vec<GpuIdentity>,
+}
+
+impl GpuSampler {
+    /// Loads NVML from `lib_path`, else from `$GPUSTALL_NVML_LIB`, else the driver's default,
+    /// and lists the GPUs. Errors say, in one line, that GPU data is off and why.
+    pub fn open(lib_path: Option<&Path>) -> Result<GpuSampler, GpuUnavailable> {
+        let lib: OsString = match lib_path {
+            Some(p) => p.as_os_str().to_owned(),
+            None => std::env::var_os(NVML_LIB_ENV)
+                .filter(|v| !v.is_empty())
+                .unwrap_or_else(|| DEFAULT_LIB.into()),
+        };
+        let shown = lib.to_string_lossy().into_owned();
+        let nvml = Nvml::builder()
+            .lib_path(&lib)
+            .init()
+            .map_err(|e| GpuUnavailable::from_init(&shown, e))?;
+        let count = nvml
+            .device_count()
+            .map_err(|e| GpuUnavailable::CountFailed { detail: one_line(&e) })?;
+        if count == 0 {
+            return Err(GpuUnavailable::NoGpu);
+        }
+        let gpus = (0..count)
+            .map(|i| {
+                let dev = nvml.device_by_index(i);
+                let field = |f: fn(&nvml_wrapper::Device) -> Result<String, NvmlError>| {
+                    // An unreadable name or UUID is left empty: the index still identifies it.
+                    dev.as_ref().ok().and_then(|d| f(d).ok()).unwrap_or_default()
+                };
+                GpuIdentity { uuid: field(|d| d.uuid()), name: field(|d| d.name()) }
+            })
+            .collect();
+        Ok(GpuSampler { nvml, gpus })
+    }
+
+    /// How many GPUs this sampler reads.
+    pub fn gpu_count(&self) -> usize {
+        self.gpus.len()
+    }
+
+    /// The driver's version string, if NVML gives one (for the recording's header).
+    pub fn driver_version(&self) -> Option<String> {
+        self.nvml.sys_driver_version().ok()
+    }
+
+    /// One sample per GPU, in index order. Never fails: what NVML cannot read is `None`.
+    pub fn sample(&mut self) -> Vec<GpuSample> {
+        (0..self.gpus.len()).map(|i| self.sample_one(i)).collect()
+    }
+
+    fn sample_one(&self, i: usize) -> GpuSample {
+        let id = &self.gpus[i];
+        let mut s = GpuSample {
+            t_ns: monotonic_ns(),
+            index: i as u32,
+            uuid: id.uuid.clone(),
+            name: id.name.clone(),
+            ..GpuSample::default()
+        };
+        // A GPU that fell off the bus still yields a sample, with nothing known.
+        let Ok(dev) = self.nvml.device_by_index(i as u32) else {
+            return s;
+        };
+        if let Ok(u) = dev.utilization_rates() {
+            s.util_gpu_pct = Some(u.gpu);
+            s.util_mem_pct = Some(u.memory);
+        }
+        if let Ok(m) = dev.memory_info() {
+            s.mem_used_bytes = Some(m.used);
+            s.mem_total_bytes = Some(m.total);
+        }
+        s.temperature_c = dev.temperature(TemperatureSensor::Gpu).ok();
+        s.sm_clock_mhz = dev.clock_info(Clock::SM).ok();
+        s.power_mw = dev.power_usage().ok();
+        if let Ok(r) = dev.current_throttle_reasons() {
+            s.throttle_mask = r.bits();
+            s.throttle_reasons = throttle_names(s.throttle_mask);
+        }
+        s.processes = dev
+            .running_compute_processes()
+            .map(|ps| {
+                ps.into_iter()
+                    .map(|p| GpuProcess {
+                        pid: p.pid,
+                        used_bytes: match p.used_gpu_memory {
+                            UsedGpuMemory::Used(b) => Some(b),
+                            UsedGpuMemory::Unavailable => None,
+                        },
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const STUB: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../target/debug/libnvidia_ml_stub.so");
+    const MIB: u64 = 1024 * 1024;
+
+    #[test]
+    fn throttle_names_leave_out_gpu_idle() {
+        assert_eq!(throttle_names(0x1 | 0x4 | 0x40), vec!["sw_power_cap", "hw_thermal_slowdown"]);
+        assert!(throttle_names(0x1).is_empty());
+    }
+
+    #[test]
+    fn monotonic_ns_is_the_monotonic_clock() {
+        let a = monotonic_ns();
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        let b = monotonic_ns();
+        assert!(a > 0 && b - a >= 5_000_000, "{a} {b}");
+    }
+
+    #[test]
+    fn missing_library_is_one_clear_line() {
+        let Err(e) = GpuSampler::open(Some(Path::new("/nonexistent/libnvidia-ml.so.1"))) else {
+            panic!("opened a library that does not exist");
+        };
+        let msg = e.to_string();
+        assert!(matches!(e, GpuUnavailable::NoLibrary { .. }), "{e:?}");
+        assert!(msg.starts_with("no NVIDIA driver (/nonexistent/libnvidia-ml.so.1"), "{msg}");
+        assert!(msg.contains("GPU data is off") && !msg.contains('\n'), "{msg}");
+    }
+
+    fn write_scenario(dir: &Path, name: &str, text: &str) -> std::path::PathBuf {
+        let path = dir.join(name);
+        std::fs::write(&path, text).expect("write scenario");
+        path
+    }
+
+    /// The real nvml-wrapper against the stand-in library. One test on purpose: the scenario
+    /// is named by a process-wide environment variable, and the stub's state is global.
+    #[test]
+    fn samples_the_stub_through_real_nvml_wrapper() {
+        let stub = Path::new(STUB);
+        assert!(stub.exists(), "{STUB} is missing: build it first: cargo build -p nvml-stub");
+        let dir = std::env::temp_dir().join(format!("gpustall-nvml-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let me = std::process::id();
+        std::env::set_var("GPUSTALL_TEST_TRAINER_PID", me.to_string());
+
+        let scenario = write_scenario(
+            &dir,
+            "two-gpus.json",
+            r#"{"gpus":[
+              {"name":"Stand-in H200","uuid":"GPU-stub-0","memory_total_mib":143771,"timeline":[
+                {"at_s":0,"util_gpu":95,"util_mem":40,"memory_used_mib":60000,"temperature_c":60,
+                 "sm_clock_mhz":1980,"power_w":600.5,"throttle":["gpu_idle","sw_power_cap"],
+                 "pids":[{"pid":"$GPUSTALL_TEST_TRAINER_PID","used_mib":50000},{"pid":77}]},
+                {"at_s":0.3,"util_gpu":0,"temperature_c":91,"throttle":["hw_thermal_slowdown"]}]},
+              {"name":"Stand-in H200","uuid":"GPU-stub-1","timeline":[{"at_s":0,"util_gpu":3}]}]}"#,
+        );
+        std::env::set_var("GPUSTALL_NVML_STUB_SCENARIO", &scenario);
+        let mut sampler = match GpuSampler::open(Some(stub)) {
+            Ok(s) => s,
+            Err(e) => panic!("open the stub: {e}"),
+        };
+        assert_eq!(sampler.gpu_count(), 2);
+        assert_eq!(sampler.driver_version().as_deref(), Some("nvml-stub"));
+
+        let before = monotonic_ns();
+        let first = sampler.sample();
+        let after = monotonic_ns();
+        assert_eq!(first.len(), 2);
+        let g0 = &first[0];
+        assert!(g0.t_ns >= before && g0.t_ns <= after, "sample time on CLOCK_MONOTONIC");
+        assert_eq!(
+            (g0.index, g0.uuid.as_str(), g0.name.as_str()),
+            (0, "GPU-stub-0", "Stand-in H200")
+        );
+        assert_eq!((g0.util_gpu_pct, g0.util_mem_pct), (Some(95), Some(40)));
+        assert_eq!(
+            (g0.mem_used_bytes, g0.mem_total_bytes),
+            (Some(60000 * MIB), Some(143771 * MIB))
+        );
+        assert_eq!(
+            (g0.temperature_c, g0.sm_clock_mhz, g0.power_mw),
+            (Some(60), Some(1980), Some(600_500))
+        );
+        assert_eq!(
+            (g0.throttle_mask, g0.throttle_reasons.clone()),
+            (0x5, vec!["sw_power_cap".to_string()])
+        );
+        assert_eq!(
+            g0.processes,
+            vec![
+                GpuProcess { pid: me, used_bytes: Some(50000 * MIB) },
+                GpuProcess { pid: 77, used_bytes: None }
+            ]
+        );
+        // GPU 1's scenario gives only utilisation: everything else is unknown, not zero.
+        let g1 = &first[1];
+        assert_eq!(
+            (g1.index, g1.uuid.as_str(), g1.util_gpu_pct, g1.util_mem_pct),
+            (1, "GPU-stub-1", Some(3), Some(0))
+        );
+        assert_eq!(
+            (g1.mem_used_bytes, g1.temperature_c, g1.sm_clock_mhz, g1.power_mw),
+            (None, None, None, None)
+        );
+        assert!(g1.processes.is_empty() && g1.throttle_mask == 0);
+
+        // The timeline is a step function of the time since nvmlInit.
+        std::thread::sleep(std::time::Duration::from_millis(400));
+        let later = sampler.sample();
+        let g0 = &later[0];
+        assert_eq!(
+            (g0.util_gpu_pct, g0.temperature_c, g0.power_mw),
+            (Some(0), Some(91), Some(600_500))
+        );
+        assert_eq!(g0.throttle_reasons, vec!["hw_thermal_slowdown".to_string()]);
+        assert_eq!(g0.processes.len(), 2);
+        drop(sampler);
+
+        // No GPU, no scenario, a broken scenario: each a clear refusal.
+        std::env::set_var(
+            "GPUSTALL_NVML_STUB_SCENARIO",
+            write_scenario(&dir, "none.json", r#"{"gpus":[]}"#),
+        );
+        let e = GpuSampler::open(Some(stub)).err().map(|e| e.to_string());
+        assert_eq!(e.as_deref(), Some("NVML found no GPU: GPU data is off"));
+        std::env::set_var("GPUSTALL_NVML_STUB_SCENARIO", dir.join("absent.json"));
+        let e = GpuSampler::open(Some(stub)).err();
+        assert!(matches!(e, Some(GpuUnavailable::DriverNotLoaded { .. })), "{e:?}");
+        let bad = write_scenario(
+            &dir,
+            "bad.json",
+            r#"{"gpus":[{"name":"x","uuid":"u","timeline":[{"at_s":0,"throttle":["hot"]}]}]}"#,
+        );
+        std::env::set_var("GPUSTALL_NVML_STUB_SCENARIO", bad);
+        let e = GpuSampler::open(Some(stub)).err();
+        assert!(matches!(e, Some(GpuUnavailable::InitFailed { .. })), "{e:?}");
+
+        // The library path may also come from the environment.
+        std::env::set_var("GPUSTALL_NVML_STUB_SCENARIO", &scenario);
+        std::env::set_var(NVML_LIB_ENV, stub);
+        let from_env = GpuSampler::open(None).map(|s| s.gpu_count());
+        std::env::remove_var(NVML_LIB_ENV);
+        assert_eq!(from_env.ok(), Some(2));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -1,0 +1,87 @@
+//! /proc: the descendants that exist when tracing starts (the kernel only sees later forks),
+//! and per-process memory samples (RSS split, swap, the kernel's own peak VmHWM, major faults).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::model::stats::MemSample;
+
+/// A process as /proc shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProcEntry {
+    pub pid: u32,
+    pub ppid: u32,
+    pub comm: String,
+}
+
+/// `root` and all its descendants among `all`, parents before children.
+pub fn descendants_of(root: u32, all: &[ProcEntry]) -> Vec<ProcEntry> {
+    let mut children: BTreeMap<u32, Vec<&ProcEntry>> = BTreeMap::new();
+    for p in all {
+        children.entry(p.ppid).or_default().push(p);
+    }
+    let mut out: Vec<ProcEntry> = all.iter().filter(|p| p.pid == root).cloned().collect();
+    let mut seen: BTreeSet<u32> = out.iter().map(|p| p.pid).collect();
+    let mut i = 0;
+    while i < out.len() {
+        let pid = out[i].pid;
+        for c in children.get(&pid).into_iter().flatten() {
+            if seen.insert(c.pid) {
+                out.push((*c).clone());
+            }
+        }
+        i += 1;
+    }
+    out
+}
+
+/// Every process in /proc (ones that vanish while reading are skipped).
+pub fn all_processes() -> Vec<ProcEntry> {
+    let Ok(iter) = procfs::process::all_processes() else {
+        return Vec::new();
+    };
+    iter.filter_map(|p| p.ok())
+        .filter_map(|p| p.stat().ok())
+        .map(|s| ProcEntry { pid: s.pid as u32, ppid: s.ppid as u32, comm: s.comm })
+        .collect()
+}
+
+pub fn exists(pid: u32) -> bool {
+    std::path::Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// Memory of one process, or `None` once it is gone (or a zombie without an mm).
+pub fn sample_mem(pid: u32) -> Option<MemSample> {
+    let p = procfs::process::Process::new(pid as i32).ok()?;
+    let st = p.status().ok()?;
+    let majflt = p.stat().map(|s| s.majflt).unwrap_or(0);
+    Some(MemSample {
+        rss_kb: st.vmrss?,
+        anon_kb: st.rssanon.unwrap_or(0),
+        file_kb: st.rssfile.unwrap_or(0),
+        shmem_kb: st.rssshmem.unwrap_or(0),
+        swap_kb: st.vmswap.unwrap_or(0),
+        hwm_kb: st.vmhwm.unwrap_or(0),
+        majflt,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn e(pid: u32, ppid: u32) -> ProcEntry {
+        ProcEntry { pid, ppid, comm: format!("p{pid}") }
+    }
+
+    #[test]
+    fn finds_children_and_grandchildren_only() {
+        let all = vec![e(1, 0), e(10, 1), e(11, 10), e(12, 11), e(13, 10), e(20, 1), e(21, 20)];
+        let pids: Vec<u32> = descendants_of(10, &all).iter().map(|p| p.pid).collect();
+        assert_eq!(pids, vec![10, 11, 13, 12]);
+    }
+
+    #[test]
+    fn missing_root_gives_nothing() {
+        assert!(descendants_of(99, &[e(1, 0)]).is_empty());
+    }
+}
