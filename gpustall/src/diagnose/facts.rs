@@ -3,11 +3,131 @@
 
 use gpustall_common::counters::IoOp;
 
-use crate::diagnose::verdict::Facts;
-use crate::diagnose::verdict::OomFacts;
-use crate::diagnose::verdict::ProcFacts;
+use crate::model::gpu::StallEpisode;
 use crate::model::proctree::Role;
+use crate::model::steps::DataTimeTrend;
 use crate::model::Model;
+
+/// One traced process, as the verdict needs it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ProcFacts {
+    pub pid: u32,
+    pub comm: String,
+    pub is_worker: bool,
+    pub is_trainer: bool,
+    pub worker_index: Option<usize>,
+    /// Memory held (resident + swapped out, from /proc) at the first sample and at the peak.
+    pub first_mem_kb: u64,
+    pub first_mem_ns: u64,
+    pub peak_mem_kb: u64,
+    pub peak_mem_ns: u64,
+    /// The last moment it was sampled (its exit, or the end of the trace).
+    pub last_mem_ns: u64,
+    pub reclaim_count: u64,
+    pub reclaim_ns: u64,
+    pub first_reclaim_ns: Option<u64>,
+    pub swapout_pages: u64,
+    pub reclaim_io_bytes: u64,
+    pub read_bytes: u64,
+    pub write_bytes: u64,
+    /// Sum of the latency of this process's completed block requests.
+    pub io_wait_ns: u64,
+    /// How long it lived within the trace (fork or start of tracing, to exit or end).
+    pub lifetime_ns: u64,
+    pub oom_killed: bool,
+    pub exit_signal: Option<i32>,
+    /// Stopped (T) or in D state, and since when.
+    pub stuck: Option<Stuck>,
+    /// No CPU time and no I/O since.
+    pub idle_since_ns: Option<u64>,
+    pub alive: bool,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct OomFacts {
+    pub t_ns: u64,
+    pub victim_pid: u32,
+    pub victim_comm: String,
+    pub anon_rss_kb: Option<u64>,
+    pub trigger_pid: u32,
+    pub trigger_comm: String,
+    /// Who sent the SIGKILL.
+    pub killer: Option<KillerFacts>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Facts {
+    pub start_ns: u64,
+    pub end_ns: u64,
+    pub procs: Vec<ProcFacts>,
+    pub oom_kills: Vec<OomFacts>,
+    /// The job's memory cgroup.
+    pub cgroup: Option<CgroupFacts>,
+    pub host_mem_total_kb: Option<u64>,
+    pub host_min_available_kb: Option<u64>,
+    pub swap_total_kb: Option<u64>,
+    /// pswpout / pswpin over the trace (whole host).
+    pub pswpout: u64,
+    pub pswpin: u64,
+    pub disks: Vec<DiskFacts>,
+    pub filesystems: Vec<FsFacts>,
+    pub gpu_stalls: Vec<StallEpisode>,
+    /// GPU samples that showed thermal/power slowdown, and all GPU samples.
+    pub gpu_throttled_samples: u64,
+    pub gpu_samples: u64,
+    pub gpu_throttle_reasons: Vec<String>,
+    pub data_time: Option<DataTimeTrend>,
+    /// When data_time first rose (3x baseline), from the training log.
+    pub data_time_rise_ns: Option<u64>,
+}
+
+/// Who sent a fatal signal.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KillerFacts {
+    pub pid: u32,
+    pub comm: String,
+    /// 0x80 (SI_KERNEL): the kernel sent it.
+    pub si_code: i32,
+}
+
+/// A process that stopped making progress.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Stuck {
+    /// 'T' (stopped) or 'D' (uninterruptible sleep).
+    pub state: char,
+    /// Where in the kernel it waits (may be empty).
+    pub wchan: String,
+    pub since_ns: u64,
+}
+
+/// The job's memory cgroup.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CgroupFacts {
+    pub path: String,
+    /// `None`: no limit.
+    pub limit_bytes: Option<u64>,
+    pub peak_usage_bytes: u64,
+    /// Its own OOM-kill count, where the kernel keeps one.
+    pub oom_kills: Option<u64>,
+}
+
+/// One disk over the trace.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DiskFacts {
+    pub name: String,
+    /// Busy % over the whole trace.
+    pub busy_pct: f64,
+    /// Busy % of its busiest second.
+    pub peak_busy_pct: f64,
+}
+
+/// A filesystem the job writes to, at its fullest.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FsFacts {
+    pub path: String,
+    pub used_pct: f64,
+    pub avail_bytes: u64,
+}
 
 pub fn from_model(m: &Model, now_ns: u64) -> Facts {
     let empty = crate::model::stats::ProcStats::default();
@@ -54,7 +174,11 @@ pub fn from_model(m: &Model, now_ns: u64) -> Facts {
                 oom_killed: n.oom_killed,
                 exit_signal: n.exit_signal(),
                 stuck: watch.and_then(|w| {
-                    w.stuck_since_ns.map(|s| (w.last.state, w.last.wchan.clone(), s))
+                    w.stuck_since_ns.map(|since_ns| Stuck {
+                        state: w.last.state,
+                        wchan: w.last.wchan.clone(),
+                        since_ns,
+                    })
                 }),
                 idle_since_ns: watch.and_then(|w| w.idle_since_ns),
                 alive: n.alive(),
@@ -71,11 +195,9 @@ pub fn from_model(m: &Model, now_ns: u64) -> Facts {
             anon_rss_kb: o.rss.map(|r| r.anon_rss_kb),
             trigger_pid: o.trigger_pid,
             trigger_comm: o.trigger_comm.clone(),
-            killer: m
-                .tree
-                .get(o.victim_pid)
-                .and_then(|n| n.killed_by.as_ref())
-                .map(|k| (k.sender_pid, k.sender_comm.clone(), k.si_code)),
+            killer: m.tree.get(o.victim_pid).and_then(|n| n.killed_by.as_ref()).map(|k| {
+                KillerFacts { pid: k.sender_pid, comm: k.sender_comm.clone(), si_code: k.si_code }
+            }),
         })
         .collect();
     let ctx = &m.ctx;
@@ -86,7 +208,7 @@ pub fn from_model(m: &Model, now_ns: u64) -> Facts {
         .into_iter()
         .map(|d| {
             let peak = peaks.get(&d.name).copied().unwrap_or(d.busy_pct);
-            (d.name, d.busy_pct, peak)
+            DiskFacts { name: d.name, busy_pct: d.busy_pct, peak_busy_pct: peak }
         })
         .collect();
     let data_times: Vec<f64> = m.steps.iter().filter_map(|(_, s)| s.data_time_s).collect();
@@ -99,10 +221,12 @@ pub fn from_model(m: &Model, now_ns: u64) -> Facts {
         end_ns: now_ns,
         procs,
         oom_kills,
-        cgroup: ctx
-            .cgroup_last
-            .as_ref()
-            .map(|c| (c.path.clone(), c.limit_bytes, ctx.cgroup_peak_usage, c.oom_kills)),
+        cgroup: ctx.cgroup_last.as_ref().map(|c| CgroupFacts {
+            path: c.path.clone(),
+            limit_bytes: c.limit_bytes,
+            peak_usage_bytes: ctx.cgroup_peak_usage,
+            oom_kills: c.oom_kills,
+        }),
         host_mem_total_kb: ctx.host_last.as_ref().map(|h| h.mem_total_kb),
         host_min_available_kb: ctx.host_min_available_kb,
         swap_total_kb: ctx.host_last.as_ref().map(|h| h.swap_total_kb),
@@ -112,7 +236,11 @@ pub fn from_model(m: &Model, now_ns: u64) -> Facts {
         filesystems: ctx
             .filesystems
             .iter()
-            .map(|f| (f.path.clone(), f.used_pct, f.avail_bytes))
+            .map(|f| FsFacts {
+                path: f.path.clone(),
+                used_pct: f.used_pct,
+                avail_bytes: f.avail_bytes,
+            })
             .collect(),
         gpu_stalls: m.gpu.stalls.clone(),
         gpu_throttled_samples: m.gpu.throttled_samples,

@@ -176,12 +176,12 @@ pub fn render(summary: &Summary, t: &Timeline) -> String {
 body{{font-family:system-ui,sans-serif;max-width:1050px;margin:2em auto;color:#222}} h1{{font-size:1.4em}} .cause{{color:#b00}}
 li{{margin:.2em 0}} table{{border-collapse:collapse;font-size:12px}} td,th{{border:1px solid #ddd;padding:2px 6px;text-align:right}} th{{background:#f3f3f3}}
 </style></head><body>"##,
-        esc(v.cause)
+        esc(v.cause.as_str())
     );
     let _ = write!(
         o,
         r#"<h1>gpustall: <span class="cause">{}</span></h1><p>{}</p>"#,
-        esc(v.cause),
+        esc(v.cause.as_str()),
         esc(&v.text)
     );
     for (title, items) in [("Evidence (in time order)", &v.evidence), ("Advice", &v.advice)] {

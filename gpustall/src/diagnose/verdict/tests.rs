@@ -1,6 +1,9 @@
 //! Each cause on hand-built facts, and the advice arithmetic.
 
 use super::*;
+use crate::diagnose::facts::{
+    CgroupFacts, DiskFacts, FsFacts, KillerFacts, OomFacts, ProcFacts, Stuck,
+};
 use crate::model::gpu::stall::Attribution;
 use crate::model::gpu::StallEpisode;
 
@@ -66,7 +69,12 @@ fn memory_facts() -> Facts {
     w2.reclaim_ns = S;
     w2.first_reclaim_ns = Some(31 * S);
     f.procs = vec![trainer(10), w1, w2];
-    f.cgroup = Some(("/job".into(), Some(512 << 20), 512 << 20, Some(1)));
+    f.cgroup = Some(CgroupFacts {
+        path: "/job".into(),
+        limit_bytes: Some(512 << 20),
+        peak_usage_bytes: 512 << 20,
+        oom_kills: Some(1),
+    });
     f.pswpout = 41_000;
     f.gpu_stalls = vec![stall(35 * S, 20, &[])];
     f
@@ -82,10 +90,10 @@ fn oom_kill_is_the_memory_cause_with_the_victim_first_and_evidence_in_time_order
         anon_rss_kb: Some(200_000),
         trigger_pid: 11,
         trigger_comm: "pt_data_worker".into(),
-        killer: Some((11, "pt_data_worker".into(), 0x80)),
+        killer: Some(KillerFacts { pid: 11, comm: "pt_data_worker".into(), si_code: 0x80 }),
     }];
     let v = decide(&f);
-    assert_eq!(v.cause, "host_memory_oom");
+    assert_eq!(v.cause.as_str(), "host_memory_oom");
     assert_eq!(v.culprit_pids[0], 12, "the victim first");
     assert_eq!(v.culprit_pids[1], 11, "then the largest grower");
     let joined = v.evidence.join("\n");
@@ -105,7 +113,7 @@ fn oom_kill_is_the_memory_cause_with_the_victim_first_and_evidence_in_time_order
 #[test]
 fn advice_computes_the_worker_count_that_fits() {
     let v = decide(&memory_facts());
-    assert_eq!(v.cause, "host_memory_pressure");
+    assert_eq!(v.cause.as_str(), "host_memory_pressure");
     // 512 MiB x 0.9 = 460.8 MiB budget; trainer 100 MiB; 300 MiB per worker: 1 fits.
     let a = v.advice.join("\n");
     assert!(a.contains("num_workers=2"), "{a}");
@@ -128,22 +136,22 @@ fn advice_computes_the_worker_count_that_fits() {
 fn full_filesystem_is_disk_full() {
     let mut f = base();
     f.procs = vec![trainer(10)];
-    f.filesystems = vec![("/dev/shm".into(), 99.5, 1 << 20)];
-    assert_eq!(decide(&f).cause, "disk_full");
+    f.filesystems = vec![FsFacts { path: "/dev/shm".into(), used_pct: 99.5, avail_bytes: 1 << 20 }];
+    assert_eq!(decide(&f).cause.as_str(), "disk_full");
 }
 
 #[test]
 fn stopped_trainer_is_hung() {
     let mut f = base();
     let mut t = trainer(10);
-    t.stuck = Some(('T', "do_signal_stop".into(), 40 * S));
+    t.stuck = Some(Stuck { state: 'T', wchan: "do_signal_stop".into(), since_ns: 40 * S });
     f.procs = vec![t];
     let v = decide(&f);
-    assert_eq!(v.cause, "process_hung");
+    assert_eq!(v.cause.as_str(), "process_hung");
     assert!(v.evidence[0].contains("stopped (T) in do_signal_stop for 20.0 s"), "{:?}", v.evidence);
     // A short stop is not a hang.
-    f.procs[0].stuck = Some(('T', String::new(), 59 * S));
-    assert_eq!(decide(&f).cause, "none_detected");
+    f.procs[0].stuck = Some(Stuck { state: 'T', wchan: String::new(), since_ns: 59 * S });
+    assert_eq!(decide(&f).cause.as_str(), "none_detected");
 }
 
 #[test]
@@ -154,7 +162,7 @@ fn throttled_gpu_without_host_cause() {
     f.gpu_throttle_reasons = vec!["hw_thermal_slowdown".into()];
     f.gpu_throttled_samples = 50;
     f.gpu_samples = 120;
-    assert_eq!(decide(&f).cause, "gpu_throttling");
+    assert_eq!(decide(&f).cause.as_str(), "gpu_throttling");
 }
 
 #[test]
@@ -165,9 +173,9 @@ fn waiting_on_own_reads_is_disk_bound_not_memory() {
     t.io_wait_ns = 45 * S;
     t.lifetime_ns = 60 * S;
     f.procs = vec![t];
-    f.disks = vec![("vda".into(), 95.0, 100.0)];
+    f.disks = vec![DiskFacts { name: "vda".into(), busy_pct: 95.0, peak_busy_pct: 100.0 }];
     let v = decide(&f);
-    assert_eq!(v.cause, "disk_io_bound");
+    assert_eq!(v.cause.as_str(), "disk_io_bound");
     assert!(v.evidence.iter().any(|e| e.contains("no memory pressure")), "{:?}", v.evidence);
 }
 
@@ -177,7 +185,7 @@ fn idle_job_during_a_gpu_stall_is_a_deadlock_but_idle_without_a_stall_is_nothing
     let mut t = trainer(10);
     t.idle_since_ns = Some(20 * S);
     f.procs = vec![t];
-    assert_eq!(decide(&f).cause, "none_detected");
+    assert_eq!(decide(&f).cause.as_str(), "none_detected");
     f.gpu_stalls = vec![stall(21 * S, 30, &[])];
-    assert_eq!(decide(&f).cause, "deadlock");
+    assert_eq!(decide(&f).cause.as_str(), "deadlock");
 }

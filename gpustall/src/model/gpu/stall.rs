@@ -94,11 +94,6 @@ impl StallDetector {
         StallDetector { threshold_pct, window_ns, open: BTreeMap::new(), job_gpus: BTreeMap::new() }
     }
 
-    #[cfg(test)]
-    pub fn window_ns(&self) -> u64 {
-        self.window_ns
-    }
-
     /// Feeds one GPU's sample; returns the episode it ends, if that lasted the window.
     /// `job_pids`: the traced tree's pids; `job_alive`: whether any of them still runs.
     pub fn observe(

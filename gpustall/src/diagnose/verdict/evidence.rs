@@ -1,0 +1,197 @@
+//! Evidence: the links of a chain, each a measured figure, put in time order; and the few
+//! formatting helpers every rule uses.
+
+use crate::diagnose::facts::{CgroupFacts, Facts, ProcFacts};
+
+pub const MIB_KB: f64 = 1024.0;
+
+pub fn at(f: &Facts, t: u64) -> String {
+    format!("+{:.1}s", t.saturating_sub(f.start_ns) as f64 / 1e9)
+}
+
+pub fn mib_kb(kb: u64) -> String {
+    format!("{:.0} MiB", kb as f64 / MIB_KB)
+}
+
+pub fn mib_b(b: u64) -> String {
+    format!("{:.0} MiB", b as f64 / 1048576.0)
+}
+
+pub fn name(p: &ProcFacts) -> String {
+    match p.worker_index {
+        Some(i) => format!("DataLoader worker {i} (pid {})", p.pid),
+        None if p.is_trainer => format!("the trainer (pid {})", p.pid),
+        None => format!("{} (pid {})", p.comm, p.pid),
+    }
+}
+
+/// Time-ordered evidence.
+pub struct Chain(pub Vec<(u64, String)>);
+
+impl Chain {
+    pub fn push(&mut self, t: u64, s: String) {
+        self.0.push((t, s));
+    }
+    pub fn done(mut self) -> Vec<String> {
+        self.0.sort_by_key(|(t, _)| *t);
+        self.0.into_iter().map(|(_, s)| s).collect()
+    }
+}
+
+pub fn memory_chain(f: &Facts, chain: &mut Chain) {
+    // Those that grew at least a tenth as much as the largest grower: the rest is noise.
+    let max_growth =
+        f.procs.iter().map(|p| p.peak_mem_kb.saturating_sub(p.first_mem_kb)).max().unwrap_or(0);
+    let mut growers: Vec<&ProcFacts> = f
+        .procs
+        .iter()
+        .filter(|p| {
+            p.peak_mem_kb > p.first_mem_kb && (p.peak_mem_kb - p.first_mem_kb) * 10 >= max_growth
+        })
+        .collect();
+    growers.sort_by_key(|p| std::cmp::Reverse(p.peak_mem_kb - p.first_mem_kb));
+    for p in growers.iter().take(4) {
+        chain.push(
+            p.first_mem_ns,
+            format!(
+                "{at}: {} grew from {} to {} held (resident + swapped; peak at {})",
+                name(p),
+                mib_kb(p.first_mem_kb),
+                mib_kb(p.peak_mem_kb),
+                at(f, p.peak_mem_ns),
+                at = at(f, p.first_mem_ns)
+            ),
+        );
+    }
+    if let Some(CgroupFacts { path, limit_bytes: Some(limit), peak_usage_bytes: peak, .. }) =
+        &f.cgroup
+    {
+        chain.push(
+            f.procs.iter().filter_map(|p| p.first_reclaim_ns).min().unwrap_or(f.end_ns),
+            format!(
+                "memory cgroup {path}: usage peaked at {} of its {} limit",
+                mib_b(*peak),
+                mib_b(*limit)
+            ),
+        );
+    }
+    let stalled: Vec<&ProcFacts> = f.procs.iter().filter(|p| p.reclaim_count > 0).collect();
+    if let Some(first) = stalled.iter().filter_map(|p| p.first_reclaim_ns).min() {
+        let total_ns: u64 = stalled.iter().map(|p| p.reclaim_ns).sum();
+        let count: u64 = stalled.iter().map(|p| p.reclaim_count).sum();
+        chain.push(
+            first,
+            format!(
+                "{}: reclaim began; {} traced processes stalled a combined {:.2} s in {} reclaim episodes ({:.0}% of their time over the trace)",
+                at(f, first),
+                stalled.len(),
+                total_ns as f64 / 1e9,
+                count,
+                100.0 * total_ns as f64 / (f.end_ns.saturating_sub(f.start_ns).max(1) as f64 * stalled.len() as f64)
+            ),
+        );
+    }
+    let swap: u64 = f.procs.iter().map(|p| p.swapout_pages).sum();
+    let rio: u64 = f.procs.iter().map(|p| p.reclaim_io_bytes).sum();
+    if swap > 0 || rio > 0 {
+        chain.push(
+            f.procs.iter().filter_map(|p| p.first_reclaim_ns).min().unwrap_or(f.end_ns) + 1,
+            format!(
+                "their reclaim swapped out {} pages ({}) and submitted {} of disk I/O (host pswpout {}, pswpin {})",
+                swap,
+                mib_b(swap * 4096),
+                mib_b(rio),
+                f.pswpout,
+                f.pswpin
+            ),
+        );
+    }
+    for d in f.disks.iter().filter(|d| d.peak_busy_pct >= 50.0) {
+        chain.push(
+            f.end_ns.saturating_sub(2),
+            format!(
+                "disk {} was {:.0}% busy over the trace, {:.0}% at its busiest second",
+                d.name, d.busy_pct, d.peak_busy_pct
+            ),
+        );
+    }
+}
+
+pub fn stall_links(f: &Facts, chain: &mut Chain) {
+    for s in &f.gpu_stalls {
+        let thr = if s.throttle_reasons.is_empty() {
+            String::new()
+        } else {
+            format!(", throttled: {}", s.throttle_reasons.join(", "))
+        };
+        chain.push(
+            s.start_ns,
+            format!(
+                "{}: GPU {} idle (<= threshold) for {:.1} s{}{}",
+                at(f, s.start_ns),
+                s.gpu_index,
+                s.duration_ns as f64 / 1e9,
+                if s.pids.is_empty() {
+                    String::new()
+                } else {
+                    format!(" while pids {:?} held it", s.pids)
+                },
+                thr
+            ),
+        );
+    }
+    if let (Some(tr), Some(t)) = (&f.data_time, f.data_time_rise_ns) {
+        chain.push(
+            t,
+            format!(
+                "{}: data_time rose from {:.3} s to {:.3} s per step (x{:.1}, max {:.3} s over {} steps)",
+                at(f, t),
+                tr.baseline_s,
+                tr.recent_s,
+                tr.ratio,
+                tr.max_s,
+                tr.steps
+            ),
+        );
+    }
+}
+
+pub fn gpu_clause(f: &Facts) -> String {
+    let mut parts = Vec::new();
+    if let Some(s) = f.gpu_stalls.first() {
+        parts.push(format!(
+            "; GPU {} sat idle {:.1} s from {}",
+            s.gpu_index,
+            s.duration_ns as f64 / 1e9,
+            at(f, s.start_ns)
+        ));
+    }
+    if let (Some(tr), Some(_)) = (&f.data_time, f.data_time_rise_ns) {
+        parts.push(format!(
+            "; data_time rose {:.3} -> {:.3} s per step",
+            tr.baseline_s, tr.recent_s
+        ));
+    }
+    parts.concat()
+}
+
+/// Processes that matter to the memory chain: at least a tenth of the largest growth, or of
+/// the largest reclaim stall (helpers such as Python's resource tracker drop out).
+pub fn significant(ranked: &[&ProcFacts]) -> Vec<u32> {
+    let growth = |p: &ProcFacts| p.peak_mem_kb.saturating_sub(p.first_mem_kb);
+    let max_growth = ranked.iter().map(|p| growth(p)).max().unwrap_or(0);
+    let max_stall = ranked.iter().map(|p| p.reclaim_ns).max().unwrap_or(0);
+    ranked
+        .iter()
+        .filter(|p| {
+            (max_growth > 0 && growth(p) * 10 >= max_growth)
+                || (max_stall > 0 && p.reclaim_ns * 10 >= max_stall)
+        })
+        .map(|p| p.pid)
+        .collect()
+}
+
+pub fn dedup(v: &mut Vec<u32>) {
+    let mut seen = std::collections::HashSet::new();
+    v.retain(|p| seen.insert(*p));
+}

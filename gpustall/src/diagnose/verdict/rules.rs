@@ -1,0 +1,298 @@
+//! One rule per cause. Each looks at the facts and either gives the verdict for its cause or
+//! passes; [`super::RULES`] orders them, so precedence reads in one place.
+
+use super::{
+    advice::memory_advice,
+    evidence::{at, dedup, gpu_clause, memory_chain, mib_b, mib_kb, name, significant, Chain},
+    Cause, Verdict,
+};
+use crate::diagnose::facts::{CgroupFacts, Facts, KillerFacts, OomFacts, ProcFacts};
+
+/// Reclaim stall time at or above this fraction of the trace is memory pressure.
+const PRESSURE_STALL_FRACTION: f64 = 0.01;
+/// Swap-out at or above this many pages (64 MiB) is memory pressure.
+const PRESSURE_SWAP_PAGES: u64 = 16_384;
+const DISK_FULL_PCT: f64 = 98.0;
+/// A process stopped or in D state this long is hung.
+const HUNG_NS: u64 = 3_000_000_000;
+/// A process waited on its disk I/O this share of its life: disk-bound.
+const IO_WAIT_FRACTION: f64 = 0.5;
+const DISK_BUSY_PCT: f64 = 80.0;
+/// SI_KERNEL: the kernel itself sent the signal.
+const SI_KERNEL: i32 = 0x80;
+
+/// What every rule starts from: the facts, the figures several rules share, and the GPU and
+/// training-log links that belong in every chain.
+pub struct Ctx<'a> {
+    pub f: &'a Facts,
+    /// The trace's length (at least 1 ns).
+    pub duration_ns: u64,
+    /// Combined reclaim stall and swap-out of the traced processes.
+    pub stall_ns: u64,
+    pub swap_pages: u64,
+    /// Most grown first, then most stalled.
+    pub by_memory: Vec<&'a ProcFacts>,
+}
+
+impl<'a> Ctx<'a> {
+    pub fn new(f: &'a Facts) -> Self {
+        let mut by_memory: Vec<&ProcFacts> = f.procs.iter().collect();
+        by_memory.sort_by_key(|p| {
+            (
+                std::cmp::Reverse(p.peak_mem_kb.saturating_sub(p.first_mem_kb)),
+                std::cmp::Reverse(p.reclaim_ns),
+            )
+        });
+        Self {
+            f,
+            duration_ns: f.end_ns.saturating_sub(f.start_ns).max(1),
+            stall_ns: f.procs.iter().map(|p| p.reclaim_ns).sum(),
+            swap_pages: f.procs.iter().map(|p| p.swapout_pages).sum(),
+            by_memory,
+        }
+    }
+
+    /// A chain that starts with the GPU stalls and the data_time rise.
+    fn chain(&self) -> Chain {
+        let mut chain = Chain(Vec::new());
+        super::evidence::stall_links(self.f, &mut chain);
+        chain
+    }
+
+    fn verdict(
+        &self,
+        cause: Cause,
+        text: String,
+        culprits: Vec<u32>,
+        chain: Chain,
+        advice: Vec<String>,
+    ) -> Verdict {
+        Verdict { cause, culprit_pids: culprits, text, evidence: chain.done(), advice }
+    }
+}
+
+/// Memory ran out and the OOM killer killed a traced process.
+pub fn host_memory_oom(c: &Ctx) -> Option<Verdict> {
+    let f = c.f;
+    let kills: Vec<&OomFacts> =
+        f.oom_kills.iter().filter(|o| f.procs.iter().any(|p| p.pid == o.victim_pid)).collect();
+    let first = kills.first()?;
+    let mut chain = c.chain();
+    memory_chain(f, &mut chain);
+    for o in &kills {
+        chain.push(o.t_ns, oom_link(f, o));
+    }
+    let mut culprits: Vec<u32> = kills.iter().map(|o| o.victim_pid).collect();
+    culprits.extend(significant(&c.by_memory));
+    dedup(&mut culprits);
+    let victim = f.procs.iter().find(|p| p.pid == first.victim_pid);
+    let text = format!(
+        "Host memory ran out, not the disk: {} was OOM-killed at {} after the job's processes stalled a combined {:.2} s in reclaim and swapped out {} pages{}. {}",
+        victim.map_or(format!("pid {}", first.victim_pid), name),
+        at(f, first.t_ns),
+        c.stall_ns as f64 / 1e9,
+        c.swap_pages,
+        gpu_clause(f),
+        "A DataLoader that sees this raises \"DataLoader worker (pid N) is killed by signal: Killed\"; other ranks then time out."
+    );
+    Some(c.verdict(Cause::HostMemoryOom, text, culprits, chain, memory_advice(f)))
+}
+
+/// "+55.0s: memory cgroup /job OOM killer chose pid N (comm) with anon-rss ..."
+fn oom_link(f: &Facts, o: &OomFacts) -> String {
+    let by = match &o.killer {
+        Some(KillerFacts { pid, comm, si_code: SI_KERNEL }) => {
+            format!(", SIGKILL sent by the kernel in pid {pid} ({comm})")
+        }
+        Some(KillerFacts { pid, comm, .. }) => format!(", SIGKILL sent by pid {pid} ({comm})"),
+        None => String::new(),
+    };
+    let scope = match &f.cgroup {
+        Some(CgroupFacts { path, limit_bytes: Some(_), oom_kills: Some(k), .. }) if *k > 0 => {
+            format!("memory cgroup {path} OOM")
+        }
+        _ => "OOM".to_string(),
+    };
+    format!(
+        "{}: {scope} killer chose pid {} ({}) with anon-rss {} (invoked by pid {} ({})){by}",
+        at(f, o.t_ns),
+        o.victim_pid,
+        o.victim_comm,
+        o.anon_rss_kb.map_or("unknown".into(), mib_kb),
+        o.trigger_pid,
+        o.trigger_comm
+    )
+}
+
+/// A filesystem the job writes to (its cwd, /tmp, /dev/shm) is full.
+pub fn disk_full(c: &Ctx) -> Option<Verdict> {
+    let f = c.f;
+    let fs = f.filesystems.iter().find(|fs| fs.used_pct >= DISK_FULL_PCT)?;
+    let (path, pct) = (&fs.path, fs.used_pct);
+    let mut chain = c.chain();
+    chain.push(
+        f.start_ns,
+        format!("{path} is {pct:.1}% full ({} available)", mib_b(fs.avail_bytes)),
+    );
+    let text = format!("The filesystem of {path} is full ({pct:.1}%): writes (checkpoints, logs, shared-memory batches) fail or block.");
+    let writers = f.procs.iter().filter(|p| p.write_bytes > 0).map(|p| p.pid).collect();
+    let advice = vec![format!("free space on {path} or point checkpoints/caches elsewhere; /dev/shm full breaks DataLoader shared-memory batches")];
+    Some(c.verdict(Cause::DiskFull, text, writers, chain, advice))
+}
+
+/// Traced processes stalled in reclaim and swapped, with no kill (yet).
+pub fn host_memory_pressure(c: &Ctx) -> Option<Verdict> {
+    let pressure = c.stall_ns as f64 / c.duration_ns as f64 >= PRESSURE_STALL_FRACTION
+        || c.swap_pages >= PRESSURE_SWAP_PAGES;
+    if !pressure {
+        return None;
+    }
+    let f = c.f;
+    let mut chain = c.chain();
+    memory_chain(f, &mut chain);
+    let mut culprits: Vec<u32> = significant(&c.by_memory);
+    dedup(&mut culprits);
+    let text = format!(
+        "Memory pressure, not the disk: the job's processes stalled a combined {:.2} s in reclaim over a {:.1} s trace and swapped out {} pages{}. No OOM kill yet.",
+        c.stall_ns as f64 / 1e9,
+        c.duration_ns as f64 / 1e9,
+        c.swap_pages,
+        gpu_clause(f)
+    );
+    Some(c.verdict(Cause::HostMemoryPressure, text, culprits, chain, memory_advice(f)))
+}
+
+/// A traced process sat stopped (T) or in uninterruptible sleep (D).
+pub fn process_hung(c: &Ctx) -> Option<Verdict> {
+    let f = c.f;
+    let stuck_for = |p: &ProcFacts| p.stuck.as_ref().map(|s| f.end_ns.saturating_sub(s.since_ns));
+    let hung: Vec<&ProcFacts> =
+        f.procs.iter().filter(|p| p.alive && stuck_for(p).is_some_and(|d| d >= HUNG_NS)).collect();
+    let first = hung.first()?;
+    let mut chain = c.chain();
+    for p in &hung {
+        if let Some(s) = &p.stuck {
+            let what = if s.state == 'D' { "in uninterruptible sleep (D)" } else { "stopped (T)" };
+            let w = if s.wchan.is_empty() { String::new() } else { format!(" in {}", s.wchan) };
+            let secs = f.end_ns.saturating_sub(s.since_ns) as f64 / 1e9;
+            chain.push(
+                s.since_ns,
+                format!("{}: {} {what}{w} for {secs:.1} s", at(f, s.since_ns), name(p)),
+            );
+        }
+    }
+    let secs = stuck_for(first).unwrap_or(0) as f64 / 1e9;
+    let text = format!("{} is hung: it has not run for {secs:.1} s{}.", name(first), gpu_clause(f));
+    let advice = vec!["a stopped process (SIGSTOP, a debugger, job control) must be continued (SIGCONT); one in D state waits in the kernel (wchan above): check the storage or network filesystem it waits on".into()];
+    Some(c.verdict(Cause::ProcessHung, text, hung.iter().map(|p| p.pid).collect(), chain, advice))
+}
+
+/// The GPU slowed itself (thermal or power) with no host-side cause.
+pub fn gpu_throttling(c: &Ctx) -> Option<Verdict> {
+    let f = c.f;
+    let throttled = f.gpu_stalls.iter().any(|s| !s.throttle_reasons.is_empty())
+        || (f.gpu_samples > 0 && f.gpu_throttled_samples * 2 >= f.gpu_samples);
+    if !throttled || f.gpu_throttle_reasons.is_empty() {
+        return None;
+    }
+    let reasons = f.gpu_throttle_reasons.join(", ");
+    let mut chain = c.chain();
+    chain.push(
+        f.start_ns,
+        format!("{} of {} GPU samples showed {reasons}", f.gpu_throttled_samples, f.gpu_samples),
+    );
+    let text = format!(
+        "The GPU slowed itself ({reasons}) with no memory pressure or disk wait on the host."
+    );
+    let advice = vec!["check cooling, power limits (nvidia-smi -q -d PERFORMANCE,POWER) and clocks; the host side is not the cause".into()];
+    Some(c.verdict(Cause::GpuThrottling, text, Vec::new(), chain, advice))
+}
+
+/// The job waited on its own disk reads and writes, with no memory pressure.
+pub fn disk_io_bound(c: &Ctx) -> Option<Verdict> {
+    let f = c.f;
+    // Waiting on the disk most of its life (a process that lived half a second of a long
+    // trace is judged on that half second).
+    let waited = |p: &ProcFacts| p.io_wait_ns as f64 / p.lifetime_ns.max(1) as f64;
+    let io_wait =
+        f.procs.iter().filter(|p| p.lifetime_ns >= 200_000_000).map(waited).fold(0.0, f64::max);
+    let io_bytes: u64 = f.procs.iter().map(|p| p.read_bytes + p.write_bytes).sum();
+    let busy = f.disks.iter().map(|d| d.busy_pct).fold(0.0, f64::max);
+    if io_bytes == 0 || (io_wait < IO_WAIT_FRACTION && busy < DISK_BUSY_PCT) {
+        return None;
+    }
+    let mut procs: Vec<&ProcFacts> =
+        f.procs.iter().filter(|p| p.read_bytes + p.write_bytes > 0).collect();
+    procs.sort_by_key(|p| std::cmp::Reverse(p.io_wait_ns));
+    let mut chain = c.chain();
+    for p in procs.iter().take(4) {
+        chain.push(
+            f.start_ns,
+            format!(
+                "{} read {} and wrote {}, waiting {:.1} s on its block requests ({:.0}% of the {:.1} s it ran)",
+                name(p),
+                mib_b(p.read_bytes),
+                mib_b(p.write_bytes),
+                p.io_wait_ns as f64 / 1e9,
+                100.0 * waited(p),
+                p.lifetime_ns as f64 / 1e9
+            ),
+        );
+    }
+    for d in f.disks.iter().filter(|d| d.busy_pct >= 10.0) {
+        chain.push(
+            f.start_ns + 1,
+            format!(
+                "disk {} was {:.0}% busy ({:.0}% at its busiest second)",
+                d.name, d.busy_pct, d.peak_busy_pct
+            ),
+        );
+    }
+    chain.push(
+        f.start_ns + 2,
+        format!(
+            "no memory pressure: {:.3} s in reclaim, {} pages swapped out",
+            c.stall_ns as f64 / 1e9,
+            c.swap_pages
+        ),
+    );
+    let rate = io_bytes as f64 / (c.duration_ns as f64 / 1e9) / 1048576.0;
+    let text = format!("The data pipeline is disk-bound: the job's processes waited on their own block I/O ({rate:.0} MiB/s) with no memory pressure{}.", gpu_clause(f));
+    let advice = vec![format!("the pipeline reads at {rate:.0} MiB/s: more DataLoader workers or readahead only help if the disk has headroom; cache the dataset in page cache/local SSD, use larger sequential reads, or a faster store")];
+    Some(c.verdict(Cause::DiskIoBound, text, procs.iter().map(|p| p.pid).collect(), chain, advice))
+}
+
+/// The GPU (or the training log) stalled while every traced process sat idle (no CPU, no
+/// I/O), none stopped or in D state.
+pub fn deadlock(c: &Ctx) -> Option<Verdict> {
+    let f = c.f;
+    let stall_signal = !f.gpu_stalls.is_empty() || f.data_time_rise_ns.is_some();
+    let alive: Vec<&ProcFacts> = f.procs.iter().filter(|p| p.alive).collect();
+    let idle =
+        |p: &&ProcFacts| p.idle_since_ns.is_some_and(|s| f.end_ns.saturating_sub(s) >= HUNG_NS);
+    if !stall_signal || alive.is_empty() || !alive.iter().all(idle) {
+        return None;
+    }
+    let mut chain = c.chain();
+    for p in &alive {
+        if let Some(s) = p.idle_since_ns {
+            let secs = f.end_ns.saturating_sub(s) as f64 / 1e9;
+            chain.push(
+                s,
+                format!("{}: {} used no CPU and did no I/O for {secs:.1} s", at(f, s), name(p)),
+            );
+        }
+    }
+    let text = "The job stalled while every traced process sat idle (no CPU, no I/O, none stopped or in D state): a deadlock or a wait on something outside the job (a collective waiting for another rank, a lock).".into();
+    let advice = vec!["take Python stacks of the idle processes (py-spy dump --pid PID) and check the other ranks: one rank dead or slow leaves the rest waiting in a collective".into()];
+    Some(c.verdict(Cause::Deadlock, text, alive.iter().map(|p| p.pid).collect(), chain, advice))
+}
+
+/// Nothing measured explains a stall.
+pub fn none_detected(c: &Ctx) -> Verdict {
+    let text = format!(
+        "No memory pressure, OOM kill, hung process, disk wait or GPU throttling in the traced tree{}.",
+        gpu_clause(c.f)
+    );
+    c.verdict(Cause::NoneDetected, text, Vec::new(), c.chain(), Vec::new())
+}
