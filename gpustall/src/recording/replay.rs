@@ -186,4 +186,43 @@ mod tests {
         let r = replay(format!("{HEADER}\n{{\"type\":\"event\",\"kind\":\"exit\"}}\n").as_bytes());
         assert_eq!(r.error.map(|e| e.line), Some(2));
     }
+
+    /// A recording made by gpustall before events were serialised by serde derive
+    /// (testdata/trace-v1.jsonl: fork, exec, rename, memcg reclaim, a throttled reclaim, an OOM
+    /// kill and its signals, exits, GPU samples and a stall, from the stand-in NVML). It must
+    /// still replay into the very summary it recorded, and every event must serialise back to
+    /// the line it was read from: the format did not change.
+    #[test]
+    fn a_recording_from_before_replays_to_its_own_summary_and_lines() {
+        let text = include_str!("testdata/trace-v1.jsonl");
+        let r = replay(text.as_bytes());
+        assert!(r.error.is_none(), "{:?}", r.error);
+        let recorded = r.recorded_summary.clone().expect("the recording's final summary");
+        let replayed =
+            serde_json::to_value(crate::output::summary::Summary::of(&r.model, r.end_ns, true))
+                .expect("summary json");
+        assert_eq!(replayed, recorded);
+        assert_eq!(recorded["verdict"]["cause"], "host_memory_oom");
+        let mut kinds = std::collections::BTreeSet::new();
+        for line in text.lines() {
+            let v: Value = serde_json::from_str(line).expect("json line");
+            if v["type"] != "event" || v["kind"] == "gpu_stall" {
+                continue;
+            }
+            let e = event_from_json(&v).expect("reads").expect("an event");
+            assert_eq!(crate::recording::writer::event_json(&e), v, "{line}");
+            kinds.insert(v["kind"].as_str().unwrap_or_default().to_string());
+        }
+        let all = [
+            "exec",
+            "exit",
+            "fork",
+            "oom_kill",
+            "reclaim",
+            "reclaim_throttled",
+            "rename",
+            "signal",
+        ];
+        assert_eq!(kinds, all.iter().map(|k| k.to_string()).collect());
+    }
 }
