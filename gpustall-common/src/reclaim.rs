@@ -5,6 +5,8 @@
 /// Which reclaim a stall was in.
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "user", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "user", serde(rename_all = "snake_case"))]
 pub enum ReclaimKind {
     /// Global direct reclaim: the allocating task reclaims for the whole machine.
     Direct = 1,

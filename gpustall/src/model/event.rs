@@ -1,64 +1,91 @@
 //! A kernel event as the model takes it in: decoded from a ring record (`kernel::decode`) live,
 //! or read back from a recording.
+//!
+//! The recording's event line is this type's serde form: `{"type":"event","kind":..}` with the
+//! header's fields (`t_ns`, `pid` = tgid, `tid`, `comm`) beside the event's own. The few
+//! fields whose recorded form differs from the Rust one (the exit status split into code and
+//! signal, the OOM victim's RSS as four nullable numbers) have their own small serde modules.
 
 use gpustall_common::reclaim::ReclaimKind;
+use serde::{Deserialize, Serialize};
 
 /// Who was running when the event fired.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Header {
     pub t_ns: u64,
+    /// The process (thread group) the event ran in.
+    #[serde(rename = "pid")]
     pub tgid: u32,
     pub tid: u32,
     pub comm: String,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Event {
     Fork {
+        #[serde(flatten)]
         h: Header,
         child_pid: u32,
         clone_flags: u64,
     },
     /// `exit_code` is the raw wait status; `None` when the kernel's BTF did not give its offset.
     Exit {
+        #[serde(flatten)]
         h: Header,
+        #[serde(flatten, with = "wait_status")]
         exit_code: Option<u32>,
     },
     Rename {
+        #[serde(flatten)]
         h: Header,
+        /// The thread that was renamed.
+        #[serde(rename = "renamed_tid")]
         pid: u32,
         new_comm: String,
     },
     Exec {
+        #[serde(flatten)]
         h: Header,
         old_pid: u32,
         filename: String,
     },
+    #[serde(rename = "oom_kill")]
     OomVictim {
+        /// The task that invoked the OOM killer.
+        #[serde(flatten)]
         h: Header,
         victim_pid: u32,
         victim_comm: String,
         /// `None` on kernels whose mark_victim has only `pid`.
+        #[serde(flatten, with = "oom_rss")]
         rss: Option<OomRss>,
         oom_score_adj: i32,
         uid: u32,
     },
     Signal {
+        /// The sender.
+        #[serde(flatten)]
         h: Header,
         sig: i32,
+        #[serde(rename = "si_code")]
         code: i32,
         target_pid: u32,
         result: i32,
         target_comm: String,
     },
     Reclaim {
+        #[serde(flatten)]
         h: Header,
+        #[serde(rename = "reclaim")]
         kind: ReclaimKind,
         start_ns: u64,
         duration_ns: u64,
         nr_reclaimed: u64,
     },
+    #[serde(rename = "reclaim_throttled")]
     Throttled {
+        #[serde(flatten)]
         h: Header,
         usec_timeout: i32,
         usec_delayed: i32,
@@ -67,7 +94,7 @@ pub enum Event {
     },
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OomRss {
     pub total_vm_kb: u64,
     pub anon_rss_kb: u64,
@@ -88,18 +115,78 @@ impl Event {
             | Event::Throttled { h, .. } => h,
         }
     }
+}
 
-    /// The name used in records (`"kind"`).
-    pub fn kind_name(&self) -> &'static str {
-        match self {
-            Event::Fork { .. } => "fork",
-            Event::Exit { .. } => "exit",
-            Event::Rename { .. } => "rename",
-            Event::Exec { .. } => "exec",
-            Event::OomVictim { .. } => "oom_kill",
-            Event::Signal { .. } => "signal",
-            Event::Reclaim { .. } => "reclaim",
-            Event::Throttled { .. } => "reclaim_throttled",
+/// `Exit.exit_code` (the raw wait status) as recorded: `wait_status` itself, and for people
+/// `exit_code` (when it exited) and `exit_signal` (when a signal ended it). Read back from
+/// `wait_status` alone.
+mod wait_status {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    #[derive(Serialize)]
+    struct Out {
+        exit_code: Option<u32>,
+        exit_signal: Option<u32>,
+        wait_status: Option<u32>,
+    }
+
+    #[derive(Deserialize)]
+    struct In {
+        #[serde(default)]
+        wait_status: Option<u32>,
+    }
+
+    pub fn serialize<S: Serializer>(status: &Option<u32>, s: S) -> Result<S::Ok, S::Error> {
+        Out {
+            exit_code: status.filter(|c| c & 0x7f == 0).map(|c| (c >> 8) & 0xff),
+            exit_signal: status.map(|c| c & 0x7f).filter(|&sig| sig != 0),
+            wait_status: *status,
         }
+        .serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u32>, D::Error> {
+        Ok(In::deserialize(d)?.wait_status)
+    }
+}
+
+/// `OomVictim.rss` as recorded: four numbers, all null on kernels that do not give them.
+mod oom_rss {
+    use serde::{de::Error as _, Deserialize, Deserializer, Serialize, Serializer};
+
+    use super::OomRss;
+
+    #[derive(Serialize, Deserialize)]
+    struct Fields {
+        #[serde(default)]
+        anon_rss_kb: Option<u64>,
+        #[serde(default)]
+        file_rss_kb: Option<u64>,
+        #[serde(default)]
+        shmem_rss_kb: Option<u64>,
+        #[serde(default)]
+        total_vm_kb: Option<u64>,
+    }
+
+    pub fn serialize<S: Serializer>(rss: &Option<OomRss>, s: S) -> Result<S::Ok, S::Error> {
+        Fields {
+            anon_rss_kb: rss.map(|r| r.anon_rss_kb),
+            file_rss_kb: rss.map(|r| r.file_rss_kb),
+            shmem_rss_kb: rss.map(|r| r.shmem_rss_kb),
+            total_vm_kb: rss.map(|r| r.total_vm_kb),
+        }
+        .serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<OomRss>, D::Error> {
+        let f = Fields::deserialize(d)?;
+        let Some(anon_rss_kb) = f.anon_rss_kb else { return Ok(None) };
+        let need = |v: Option<u64>, name| v.ok_or_else(|| D::Error::missing_field(name));
+        Ok(Some(OomRss {
+            anon_rss_kb,
+            file_rss_kb: need(f.file_rss_kb, "file_rss_kb")?,
+            shmem_rss_kb: need(f.shmem_rss_kb, "shmem_rss_kb")?,
+            total_vm_kb: need(f.total_vm_kb, "total_vm_kb")?,
+        }))
     }
 }
