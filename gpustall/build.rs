@@ -4,7 +4,7 @@
 
 use anyhow::{anyhow, Context as _};
 
-/// The nightly verified with the pinned aya crates (../shared/TOOLCHAIN.md). Keep in step with
+/// The nightly verified with the pinned aya crates (docs/TOOLCHAIN.md). Keep in step with
 /// xtask's `NIGHTLY`.
 const NIGHTLY: &str = "nightly-2026-05-20";
 

@@ -57,7 +57,7 @@ fn with_io_counters(key: &IoKey, update: impl FnOnce(&mut IoCounters)) {
         None => {
             let mut v = IoCounters::default();
             update(&mut v);
-            if IO_COUNTERS.insert(key, &v, 0).is_err() {
+            if IO_COUNTERS.insert(key, v, 0).is_err() {
                 add_lost(LostCounter::MapFull);
             }
         }
@@ -69,7 +69,7 @@ fn with_io_counters(key: &IoKey, update: impl FnOnce(&mut IoCounters)) {
 fn current_key(dev: u32, rwbs: &[u8; 8], bytes: u64) -> Option<IoKey> {
     let (tgid, tid) = pid_tgid();
     // SAFETY: presence test.
-    let in_reclaim = unsafe { RECLAIM_START.get(&tid) }.is_some();
+    let in_reclaim = unsafe { RECLAIM_START.get(tid) }.is_some();
     if !is_tracked(tgid) {
         if in_reclaim && bytes > 0 {
             let idx = if in_kswapd(tid) {
@@ -105,7 +105,7 @@ pub fn block_io_start(ctx: TracePointContext) -> u32 {
     if let Some(key) = current_key(dev, &rwbs, 0) {
         let sector: u64 = field(&ctx, offset!(rq_sector)).unwrap_or(0);
         let inflight = InflightIo { start_ns: unsafe { bpf_ktime_get_ns() }, key };
-        if IO_INFLIGHT.insert(&InflightKey { dev, _pad: 0, sector }, &inflight, 0).is_err() {
+        if IO_INFLIGHT.insert(InflightKey { dev, _pad: 0, sector }, inflight, 0).is_err() {
             add_lost(LostCounter::MapFull);
         }
     }
@@ -118,10 +118,10 @@ pub fn block_io_done(ctx: TracePointContext) -> u32 {
     let sector: u64 = field(&ctx, offset!(rq_sector)).unwrap_or(0);
     let k = InflightKey { dev, _pad: 0, sector };
     // SAFETY: copied out at once.
-    let Some(io) = (unsafe { IO_INFLIGHT.get(&k) }).copied() else {
+    let Some(io) = (unsafe { IO_INFLIGHT.get(k) }).copied() else {
         return 0;
     };
-    let _ = IO_INFLIGHT.remove(&k);
+    let _ = IO_INFLIGHT.remove(k);
     let lat = unsafe { bpf_ktime_get_ns() }.saturating_sub(io.start_ns);
     with_io_counters(&io.key, |c| {
         c.completed += 1;

@@ -61,7 +61,7 @@ pub fn pid_tgid() -> (u32, u32) {
 #[inline(always)]
 pub fn is_tracked(tgid: u32) -> bool {
     // SAFETY: the value is only tested for presence.
-    unsafe { TRACKED.get(&tgid).is_some() }
+    unsafe { TRACKED.get(tgid).is_some() }
 }
 
 #[inline(always)]
@@ -148,13 +148,13 @@ pub fn emit_bulk<T: 'static>(value: T) {
 /// Applies `update` to this CPU's counters of `tgid`, creating them on first use.
 #[inline(always)]
 pub fn update_proc_counters(tgid: u32, update: impl FnOnce(&mut ProcCounters)) {
-    match PROC_COUNTERS.get_ptr_mut(&tgid) {
+    match PROC_COUNTERS.get_ptr_mut(tgid) {
         // SAFETY: per-CPU value of this CPU.
         Some(p) => update(unsafe { &mut *p }),
         None => {
             let mut v = ProcCounters::default();
             update(&mut v);
-            if PROC_COUNTERS.insert(&tgid, &v, 0).is_err() {
+            if PROC_COUNTERS.insert(tgid, v, 0).is_err() {
                 add_lost(LostCounter::MapFull);
             }
         }

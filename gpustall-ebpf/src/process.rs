@@ -31,7 +31,7 @@ pub fn task_newtask(ctx: TracePointContext) -> u32 {
         return 0;
     };
     let child = child as u32;
-    if TRACKED.insert(&child, &1, 0).is_err() {
+    if TRACKED.insert(child, 1, 0).is_err() {
         crate::common::add_lost(LostCounter::MapFull);
     }
     emit(
@@ -50,7 +50,7 @@ pub fn task_newtask(ctx: TracePointContext) -> u32 {
 pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
     let (tgid, tid) = pid_tgid();
     // A thread can die inside reclaim (SIGKILL during an allocation): drop its pairing state.
-    let _ = RECLAIM_START.remove(&tid);
+    let _ = RECLAIM_START.remove(tid);
     if !is_tracked(tgid) {
         return 0;
     }
@@ -80,7 +80,7 @@ pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
         ExitEvent { header: header(EventKind::Exit, tgid, tid), exit_code, exit_code_known: known },
         Wake::Later,
     );
-    let _ = TRACKED.remove(&tgid);
+    let _ = TRACKED.remove(tgid);
     0
 }
 

@@ -17,9 +17,9 @@ use crate::common::{
 fn begin(kind: ReclaimKind) -> u32 {
     let (_, tid) = pid_tgid();
     // SAFETY: the value is copied out at once.
-    let existing = unsafe { RECLAIM_START.get(&tid) }.copied();
+    let existing = unsafe { RECLAIM_START.get(tid) }.copied();
     let next = on_begin(existing.as_ref(), kind, unsafe { bpf_ktime_get_ns() });
-    if RECLAIM_START.insert(&tid, &next, 0).is_err() {
+    if RECLAIM_START.insert(tid, next, 0).is_err() {
         crate::common::add_lost(LostCounter::MapFull);
     }
     0
@@ -29,17 +29,17 @@ fn begin(kind: ReclaimKind) -> u32 {
 fn end(ctx: &TracePointContext) -> u32 {
     let (tgid, tid) = pid_tgid();
     // SAFETY: the value is copied out at once.
-    let existing = unsafe { RECLAIM_START.get(&tid) }.copied();
+    let existing = unsafe { RECLAIM_START.get(tid) }.copied();
     let now = unsafe { bpf_ktime_get_ns() };
     let (kind, start_ns, duration_ns) = match on_end(existing.as_ref(), now) {
         EndOutcome::Unmatched => return 0,
         EndOutcome::Inner(s) => {
-            let _ = RECLAIM_START.insert(&tid, &s, 0);
+            let _ = RECLAIM_START.insert(tid, s, 0);
             return 0;
         }
         EndOutcome::Complete { kind, start_ns, duration_ns } => (kind, start_ns, duration_ns),
     };
-    let _ = RECLAIM_START.remove(&tid);
+    let _ = RECLAIM_START.remove(tid);
     let nr_reclaimed: u64 = field(ctx, offset!(reclaim_end_nr_reclaimed)).unwrap_or(0);
     if kind == ReclaimKind::Kswapd as u32 {
         // Only kswapd_sleep ends a kswapd episode (see kswapd_sleep).
@@ -99,7 +99,7 @@ pub fn mm_vmscan_memcg_reclaim_end(ctx: TracePointContext) -> u32 {
 pub fn mm_vmscan_kswapd_wake(_ctx: TracePointContext) -> u32 {
     let (_, tid) = pid_tgid();
     let start = on_begin(None, ReclaimKind::Kswapd, unsafe { bpf_ktime_get_ns() });
-    let _ = RECLAIM_START.insert(&tid, &start, 0);
+    let _ = RECLAIM_START.insert(tid, start, 0);
     0
 }
 
@@ -107,11 +107,11 @@ pub fn mm_vmscan_kswapd_wake(_ctx: TracePointContext) -> u32 {
 pub fn mm_vmscan_kswapd_sleep(_ctx: TracePointContext) -> u32 {
     let (tgid, tid) = pid_tgid();
     // SAFETY: the value is copied out at once.
-    let existing = unsafe { RECLAIM_START.get(&tid) }.copied();
+    let existing = unsafe { RECLAIM_START.get(tid) }.copied();
     if let EndOutcome::Complete { kind, start_ns, duration_ns } =
         on_end(existing.as_ref(), unsafe { bpf_ktime_get_ns() })
     {
-        let _ = RECLAIM_START.remove(&tid);
+        let _ = RECLAIM_START.remove(tid);
         emit_bulk(ReclaimEvent {
             header: header(EventKind::Reclaim, tgid, tid),
             kind,
@@ -128,7 +128,7 @@ pub fn mm_vmscan_kswapd_sleep(_ctx: TracePointContext) -> u32 {
 #[inline(always)]
 pub fn in_kswapd(tid: u32) -> bool {
     // SAFETY: read-only peek.
-    matches!(unsafe { RECLAIM_START.get(&tid) }, Some(s) if s.kind == ReclaimKind::Kswapd as u32)
+    matches!(unsafe { RECLAIM_START.get(tid) }, Some(s) if s.kind == ReclaimKind::Kswapd as u32)
 }
 
 const RECLAIM_WB_ANON: i32 = 0x1;

@@ -1,10 +1,11 @@
-//! Developer commands: `cargo xtask setup | test | demo | bench`.
+//! Developer commands: `cargo xtask setup | test | lint | demo | bench | screenshot`.
 //!
 //! `setup` installs what a fresh machine lacks (the pinned nightly, bpf-linker, tracefs); the
 //! others call it first, so each is one command on a fresh clone.
 
 mod bench;
 mod demo;
+mod lint;
 mod screenshot;
 mod setup;
 mod test;
@@ -33,6 +34,8 @@ enum Cmd {
     Demo,
     /// Measure the tracer's overhead side by side with an untraced run.
     Bench,
+    /// The gates CI runs first: cargo fmt --check, clippy -D warnings on every crate.
+    Lint,
     /// Render a recording's HTML report in headless Chromium and save a PNG to look at.
     Screenshot { recording: std::path::PathBuf, png: std::path::PathBuf },
 }
@@ -44,6 +47,7 @@ fn main() {
         Cmd::Test { args } => test::run(&args),
         Cmd::Demo => demo::run(),
         Cmd::Bench => bench::run(),
+        Cmd::Lint => lint::run(),
         Cmd::Screenshot { recording, png } => screenshot::run(&recording, &png),
     };
     if let Err(e) = r {

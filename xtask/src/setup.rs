@@ -6,7 +6,7 @@ use anyhow::Context as _;
 
 use crate::util::{is_root, output, run_cmd};
 
-/// The nightly that builds the eBPF crate with the pinned aya set (../shared/TOOLCHAIN.md).
+/// The nightly that builds the eBPF crate with the pinned aya set (docs/TOOLCHAIN.md).
 /// Keep in step with gpustall/build.rs.
 pub const NIGHTLY: &str = "nightly-2026-05-20";
 const BPF_LINKER_VERSION: &str = "0.13.0";

@@ -10,5 +10,13 @@ pub fn run(extra: &[String]) -> anyhow::Result<()> {
     crate::setup::run_setup(true)?;
     run_cmd(cargo().args(["build", "-p", "gpustall", "-p", "tests", "-p", "nvml-stub"]))?;
     let bin = workspace_root().join("target/debug/gpustall");
-    run_cmd(cargo().args(["test", "--no-fail-fast"]).env("GPUSTALL_BIN", bin).arg("--").args(extra))
+    // The whole workspace: `tests` is not a default member, so that a plain `cargo test` (no
+    // root) runs the unit tests only.
+    run_cmd(
+        cargo()
+            .args(["test", "--workspace", "--exclude", "gpustall-ebpf", "--no-fail-fast"])
+            .env("GPUSTALL_BIN", bin)
+            .arg("--")
+            .args(extra),
+    )
 }

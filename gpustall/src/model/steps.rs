@@ -71,7 +71,7 @@ mod tests {
         let mut v = vec![0.06; 30];
         v.extend([0.2, 0.5]);
         v.extend(vec![0.74; 20]);
-        let t = data_time_trend(&v).unwrap();
+        let t = data_time_trend(&v).expect("test setup");
         assert_eq!(t.steps, 52);
         assert!((t.baseline_s - 0.06).abs() < 1e-12);
         assert!((t.recent_s - 0.74).abs() < 1e-12);
@@ -88,7 +88,7 @@ mod tests {
         for i in 0..60 {
             v.push(if i % 6 == 5 { 1.8 } else { 0.0002 });
         }
-        let t = data_time_trend(&v).unwrap();
+        let t = data_time_trend(&v).expect("test setup");
         assert!(t.recent_s > 0.25, "{t:?}");
         assert!(t.ratio > 100.0, "{t:?}");
         assert!(t.first_rise_index.is_some_and(|i| i >= 60), "{t:?}");
@@ -97,10 +97,10 @@ mod tests {
     #[test]
     fn trend_edge_cases() {
         assert_eq!(data_time_trend(&[0.1, 0.1, 0.1]), None);
-        let flat = data_time_trend(&[0.1, 0.1, 0.1, 0.1]).unwrap();
+        let flat = data_time_trend(&[0.1, 0.1, 0.1, 0.1]).expect("test setup");
         assert_eq!((flat.ratio, flat.first_rise_index), (1.0, None));
         // A slow first step (worker start-up) is no rise; a zero baseline keeps ratio finite.
-        let t = data_time_trend(&[5.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]).unwrap();
+        let t = data_time_trend(&[5.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]).expect("test setup");
         assert_eq!(t.first_rise_index, None);
         assert!(t.ratio.is_finite());
     }

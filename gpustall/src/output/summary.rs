@@ -1,5 +1,5 @@
 //! The summary: what `--summary-json` writes and the final `{"type":"summary"}` record holds.
-//! Field names follow DESIGN.md's interface section; others build on them.
+//! Field names are the interface in docs/ARCHITECTURE.md and the README: others build on them.
 
 use serde::Serialize;
 

@@ -252,23 +252,23 @@ mod tests {
 
     #[test]
     fn mmengine_line() {
-        let p = LogPatterns::new(None).unwrap();
-        let t = p.parse(MMENGINE).unwrap();
+        let p = LogPatterns::new(None).expect("test setup");
+        let t = p.parse(MMENGINE).expect("test setup");
         assert_eq!(t, StepTimes { data_time_s: Some(0.0612), iter_time_s: Some(0.2154) });
     }
 
     #[test]
     fn data_time_alone_is_not_iter_time() {
-        let p = LogPatterns::new(None).unwrap();
-        let t = p.parse("step 3 data_time: 0.7").unwrap();
+        let p = LogPatterns::new(None).expect("test setup");
+        let t = p.parse("step 3 data_time: 0.7").expect("test setup");
         assert_eq!(t, StepTimes { data_time_s: Some(0.7), iter_time_s: None });
-        let t = p.parse("iter 3, time=.5 (data_time=1)").unwrap();
+        let t = p.parse("iter 3, time=.5 (data_time=1)").expect("test setup");
         assert_eq!(t, StepTimes { data_time_s: Some(1.0), iter_time_s: Some(0.5) });
     }
 
     #[test]
     fn lines_without_times() {
-        let p = LogPatterns::new(None).unwrap();
+        let p = LogPatterns::new(None).expect("test setup");
         for line in ["", "loading annotations", "eta: 0:10:00  memory: 9000", "runtime: 3", "time:"]
         {
             assert_eq!(p.parse(line), None, "{line:?}");
@@ -277,11 +277,11 @@ mod tests {
 
     #[test]
     fn custom_pattern() {
-        let p = LogPatterns::new(Some(r"load=([0-9.]+)s")).unwrap();
-        let t = p.parse("it 7 load=0.31s time: 1.0").unwrap();
+        let p = LogPatterns::new(Some(r"load=([0-9.]+)s")).expect("test setup");
+        let t = p.parse("it 7 load=0.31s time: 1.0").expect("test setup");
         assert_eq!(t, StepTimes { data_time_s: Some(0.31), iter_time_s: Some(1.0) });
-        assert_eq!(p.parse(MMENGINE).unwrap().data_time_s, None);
-        let err = LogPatterns::new(Some(r"load=[0-9.]+s")).unwrap_err();
+        assert_eq!(p.parse(MMENGINE).expect("test setup").data_time_s, None);
+        let err = LogPatterns::new(Some(r"load=[0-9.]+s")).expect_err("must fail");
         assert!(err.to_string().contains("one capture group"), "{err}");
         assert!(LogPatterns::new(Some(r"(a)(b)")).is_err());
         assert!(LogPatterns::new(Some(r"(")).is_err());
@@ -294,13 +294,13 @@ mod tests {
         fn new(name: &str) -> Self {
             let p = std::env::temp_dir()
                 .join(format!("gpustall-trainlog-{}-{name}.log", std::process::id()));
-            std::fs::write(&p, "").unwrap();
+            std::fs::write(&p, "").expect("test setup");
             TempLog(p)
         }
 
         fn append(&self, text: &str) {
-            let mut f = std::fs::OpenOptions::new().append(true).open(&self.0).unwrap();
-            f.write_all(text.as_bytes()).unwrap();
+            let mut f = std::fs::OpenOptions::new().append(true).open(&self.0).expect("test setup");
+            f.write_all(text.as_bytes()).expect("test setup");
         }
     }
 
@@ -314,7 +314,7 @@ mod tests {
     fn tail_keeps_partial_lines() {
         let log = TempLog::new("partial");
         log.append("old line\n");
-        let mut t = LogTail::open(&log.0, false).unwrap();
+        let mut t = LogTail::open(&log.0, false).expect("test setup");
         assert!(t.poll().is_empty(), "from the end: old lines do not count");
         log.append("first\nsec");
         assert_eq!(t.poll(), ["first"]);
@@ -322,7 +322,7 @@ mod tests {
         log.append("ond\r\nthird\n");
         assert_eq!(t.poll(), ["second", "third"]);
 
-        let mut from_start = LogTail::open(&log.0, true).unwrap();
+        let mut from_start = LogTail::open(&log.0, true).expect("test setup");
         assert_eq!(from_start.poll(), ["old line", "first", "second", "third"]);
     }
 
@@ -330,7 +330,7 @@ mod tests {
     fn tail_from_end_mid_line_skips_its_rest() {
         let log = TempLog::new("midline");
         log.append("complete\nhalf-writ");
-        let mut t = LogTail::open(&log.0, false).unwrap();
+        let mut t = LogTail::open(&log.0, false).expect("test setup");
         log.append("ten\nnew\n");
         assert_eq!(t.poll(), ["new"]);
     }
@@ -338,10 +338,10 @@ mod tests {
     #[test]
     fn tail_survives_truncation_and_rotation() {
         let log = TempLog::new("trunc");
-        let mut t = LogTail::open(&log.0, true).unwrap();
+        let mut t = LogTail::open(&log.0, true).expect("test setup");
         log.append("a long first line\nb\n");
         assert_eq!(t.poll(), ["a long first line", "b"]);
-        std::fs::write(&log.0, "").unwrap();
+        std::fs::write(&log.0, "").expect("test setup");
         assert!(t.poll().is_empty());
         log.append("c\n");
         assert_eq!(t.poll(), ["c"]);
@@ -349,8 +349,8 @@ mod tests {
         // Rotation: the old file is renamed away after a last write, a new one takes the path.
         let rotated = log.0.with_extension("1");
         log.append("d (last of old)");
-        std::fs::rename(&log.0, &rotated).unwrap();
-        std::fs::write(&log.0, "e\n").unwrap();
+        std::fs::rename(&log.0, &rotated).expect("test setup");
+        std::fs::write(&log.0, "e\n").expect("test setup");
         assert_eq!(t.poll(), ["d (last of old)", "e"]);
         log.append("f\n");
         assert_eq!(t.poll(), ["f"]);
@@ -360,15 +360,15 @@ mod tests {
     #[test]
     fn tail_path_vanishing_does_not_panic() {
         let log = TempLog::new("vanish");
-        let mut t = LogTail::open(&log.0, true).unwrap();
-        std::fs::remove_file(&log.0).unwrap();
+        let mut t = LogTail::open(&log.0, true).expect("test setup");
+        std::fs::remove_file(&log.0).expect("test setup");
         assert!(t.poll().is_empty());
     }
 
     #[test]
     fn open_missing_names_the_path() {
         let p = Path::new("/no/such/dir/train.log");
-        let err = LogTail::open(p, false).unwrap_err().to_string();
+        let err = LogTail::open(p, false).expect_err("must fail").to_string();
         assert!(err.contains("/no/such/dir/train.log"), "{err}");
         assert!(!err.contains('\n'), "one line: {err}");
     }

@@ -62,7 +62,10 @@ impl std::fmt::Display for Cause {
 /// kill explains everything after it; a full disk or memory pressure explain a hang or a
 /// disk wait better than those explain themselves; throttling, disk-bound and deadlock are
 /// what remains when the host side is clean.
-const RULES: &[(Cause, fn(&Ctx) -> Option<Verdict>)] = &[
+/// A rule gives the verdict for its cause, or passes.
+type Rule = fn(&Ctx) -> Option<Verdict>;
+
+const RULES: &[(Cause, Rule)] = &[
     (Cause::HostMemoryOom, rules::host_memory_oom),
     (Cause::DiskFull, rules::disk_full),
     (Cause::HostMemoryPressure, rules::host_memory_pressure),

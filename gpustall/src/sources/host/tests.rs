@@ -10,18 +10,18 @@ impl FakeRoot {
         let dir =
             std::env::temp_dir().join(format!("gpustall-hostctx-{}-{name}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::create_dir_all(&dir).expect("test setup");
         FakeRoot(dir)
     }
 
     fn write(&self, rel: &str, text: &str) {
         let p = self.0.join(rel);
-        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-        std::fs::write(p, text).unwrap();
+        std::fs::create_dir_all(p.parent().expect("test setup")).expect("test setup");
+        std::fs::write(p, text).expect("test setup");
     }
 
     fn mkdir(&self, rel: &str) {
-        std::fs::create_dir_all(self.0.join(rel)).unwrap();
+        std::fs::create_dir_all(self.0.join(rel)).expect("test setup");
     }
 }
 
@@ -38,7 +38,8 @@ fn v1_combined_controllers_line() {
     let r = FakeRoot::new("cg-v1");
     r.write("proc/42/cgroup", HYBRID);
     r.mkdir("cg/memory/job/rank0");
-    let (dir, path, v) = memory_cgroup_dir_at(&r.0.join("proc"), &r.0.join("cg"), 42).unwrap();
+    let (dir, path, v) =
+        memory_cgroup_dir_at(&r.0.join("proc"), &r.0.join("cg"), 42).expect("test setup");
     assert_eq!((dir, path.as_str(), v), (r.0.join("cg/memory/job/rank0"), "/job/rank0", 1));
 }
 
@@ -47,13 +48,13 @@ fn v2_line_plain_and_unified() {
     let r = FakeRoot::new("cg-v2");
     r.write("proc/7/cgroup", "0::/gpustall-test-x\n");
     r.write("cg/gpustall-test-x/memory.max", "max\n");
-    let got = memory_cgroup_dir_at(&r.0.join("proc"), &r.0.join("cg"), 7).unwrap();
+    let got = memory_cgroup_dir_at(&r.0.join("proc"), &r.0.join("cg"), 7).expect("test setup");
     assert_eq!(got, (r.0.join("cg/gpustall-test-x"), "/gpustall-test-x".to_string(), 2));
 
     // Hybrid mount: the unified tree lives under cgroup_root/unified.
     r.write("proc/8/cgroup", "0::/svc\n");
     r.write("cg/unified/svc/memory.current", "0\n");
-    let got = memory_cgroup_dir_at(&r.0.join("proc"), &r.0.join("cg"), 8).unwrap();
+    let got = memory_cgroup_dir_at(&r.0.join("proc"), &r.0.join("cg"), 8).expect("test setup");
     assert_eq!(got.0, r.0.join("cg/unified/svc"));
     // A v2 directory without memory files is no memory cgroup.
     r.write("proc/9/cgroup", "0::/nomem\n");
@@ -68,9 +69,9 @@ fn both_present_prefers_v1_when_its_dir_exists() {
     r.write("cg/user.slice/x/memory.current", "1\n");
     let (proc_root, cg_root) = (r.0.join("proc"), r.0.join("cg"));
     // No v1 memory dir: fall back to v2.
-    assert_eq!(memory_cgroup_dir_at(&proc_root, &cg_root, 42).unwrap().2, 2);
+    assert_eq!(memory_cgroup_dir_at(&proc_root, &cg_root, 42).expect("test setup").2, 2);
     r.mkdir("cg/memory/job/rank0");
-    assert_eq!(memory_cgroup_dir_at(&proc_root, &cg_root, 42).unwrap().2, 1);
+    assert_eq!(memory_cgroup_dir_at(&proc_root, &cg_root, 42).expect("test setup").2, 1);
     assert_eq!(memory_cgroup_dir_at(&proc_root, &cg_root, 43), None);
 }
 
@@ -80,7 +81,7 @@ fn root_cgroup_path_is_the_mount_itself() {
     // Inside a cgroup namespace the job's cgroup shows as "/".
     r.write("proc/1/cgroup", "0::/\n");
     r.write("cg/memory.max", "1048576\n");
-    let got = memory_cgroup_dir_at(&r.0.join("proc"), &r.0.join("cg"), 1).unwrap();
+    let got = memory_cgroup_dir_at(&r.0.join("proc"), &r.0.join("cg"), 1).expect("test setup");
     assert_eq!(got.0, r.0.join("cg"));
 }
 
@@ -93,7 +94,7 @@ fn read_v1_memsw_and_oom_control() {
     r.write("m/memory.memsw.usage_in_bytes", "1500\n");
     r.write("m/memory.oom_control", "oom_kill_disable 0\nunder_oom 0\noom_kill 3\n");
     r.write("m/memory.failcnt", "17\n");
-    let m = read_cgroup_mem(&r.0.join("m"), "/job", 1).unwrap();
+    let m = read_cgroup_mem(&r.0.join("m"), "/job", 1).expect("test setup");
     let want = CgroupMem {
         path: "/job".into(),
         version: 1,
@@ -106,7 +107,7 @@ fn read_v1_memsw_and_oom_control() {
     };
     assert_eq!(m, want);
     r.write("m/memory.limit_in_bytes", "2147483648\n");
-    let m = read_cgroup_mem(&r.0.join("m"), "/job", 1).unwrap();
+    let m = read_cgroup_mem(&r.0.join("m"), "/job", 1).expect("test setup");
     assert_eq!(m.limit_bytes, Some(2 << 30));
 }
 
@@ -116,7 +117,7 @@ fn read_v2_max_and_events() {
     r.write("m/memory.max", "max\n");
     r.write("m/memory.current", "123456\n");
     r.write("m/memory.events", "low 0\nhigh 0\nmax 42\noom 2\noom_kill 1\noom_group_kill 0\n");
-    let m = read_cgroup_mem(&r.0.join("m"), "/x", 2).unwrap();
+    let m = read_cgroup_mem(&r.0.join("m"), "/x", 2).expect("test setup");
     let want = CgroupMem {
         path: "/x".into(),
         version: 2,
@@ -131,7 +132,7 @@ fn read_v2_max_and_events() {
     r.write("m/memory.max", "536870912\n");
     r.write("m/memory.peak", "600000000\n");
     r.write("m/memory.swap.current", "4096\n");
-    let m = read_cgroup_mem(&r.0.join("m"), "/x", 2).unwrap();
+    let m = read_cgroup_mem(&r.0.join("m"), "/x", 2).expect("test setup");
     assert_eq!(
         (m.limit_bytes, m.peak_bytes, m.swap_usage_bytes),
         (Some(512 << 20), Some(600_000_000), Some(4096))
@@ -222,7 +223,7 @@ fn whole_disks_drop_partitions_and_idle_loops() {
 
 #[test]
 fn fs_usage_of_root_is_sane() {
-    let u = fs_usage(Path::new("/")).unwrap();
+    let u = fs_usage(Path::new("/")).expect("test setup");
     assert_eq!(u.path, "/");
     assert!(u.total_bytes > 0);
     assert!(u.avail_bytes <= u.total_bytes);
@@ -240,7 +241,7 @@ fn task_state_of_this_process() {
         x = x.wrapping_add(std::hint::black_box(1));
     }
     std::hint::black_box(x);
-    let t = task_state(me).unwrap();
+    let t = task_state(me).expect("test setup");
     assert_eq!(t.pid, me);
     assert!(matches!(t.state, 'R' | 'S'), "{t:?}");
     assert!(t.cpu_ticks > 0, "{t:?}");
@@ -259,7 +260,7 @@ fn task_state_from_fake_proc() {
     );
     r.write("9/wchan", "folio_wait_bit_common");
     r.write("9/io", "rchar: 1\nwchar: 2\nsyscr: 3\nsyscw: 4\nread_bytes: 8192\nwrite_bytes: 0\n");
-    let t = task_state_at(&r.0, 9).unwrap();
+    let t = task_state_at(&r.0, 9).expect("test setup");
     let want = TaskState {
         pid: 9,
         state: 'D',
@@ -271,8 +272,8 @@ fn task_state_from_fake_proc() {
     };
     assert_eq!(t, want);
     r.write("9/wchan", "0");
-    std::fs::remove_file(r.0.join("9/io")).unwrap();
-    let t = task_state_at(&r.0, 9).unwrap();
+    std::fs::remove_file(r.0.join("9/io")).expect("test setup");
+    let t = task_state_at(&r.0, 9).expect("test setup");
     assert_eq!((t.wchan.as_str(), t.read_bytes), ("", None));
     assert_eq!(task_state_at(&r.0, 10), None);
 }
