@@ -12,6 +12,9 @@ mod output;
 mod recording;
 mod sources;
 
+#[cfg(test)]
+mod layering;
+
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]

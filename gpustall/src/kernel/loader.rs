@@ -271,3 +271,47 @@ impl KernelMaps {
         out
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use gpustall_common::names::maps;
+
+    use super::PROBES;
+
+    /// The object the agent embeds, parsed without the kernel.
+    fn object() -> aya_obj::Object {
+        let bytes = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/gpustall"));
+        aya_obj::Object::parse(bytes).expect("the built eBPF object parses")
+    }
+
+    #[test]
+    fn every_shared_name_is_in_the_built_object() {
+        let obj = object();
+        let map_names = [
+            maps::TRACKED,
+            maps::CRITICAL,
+            maps::BULK,
+            maps::LOST,
+            maps::PROC_COUNTERS,
+            maps::HOST,
+            maps::IO_COUNTERS,
+            maps::IO_LATENCY,
+        ];
+        for m in map_names {
+            assert!(
+                obj.maps.contains_key(m),
+                "map {m} is not in the object: {:?}",
+                obj.maps.keys()
+            );
+        }
+        for p in PROBES {
+            assert!(
+                obj.programs.contains_key(p.program),
+                "program {} is not in the object",
+                p.program
+            );
+        }
+        // Every program of the object is attached by the table (none forgotten).
+        assert_eq!(obj.programs.len(), PROBES.len(), "{:?}", obj.programs.keys());
+    }
+}

@@ -1,6 +1,7 @@
 //! The summary: what `--summary-json` writes and the final `{"type":"summary"}` record holds.
 //! Field names are the interface in docs/ARCHITECTURE.md and the README: others build on them.
 
+use anyhow::Context as _;
 use serde::Serialize;
 
 use gpustall_common::counters::{HostCounter, IoOp, LostCounter};
@@ -193,7 +194,7 @@ pub struct LatencySummary {
 pub fn write_json(s: &Summary, path: &std::path::Path) -> anyhow::Result<()> {
     let text = serde_json::to_string_pretty(s)?;
     std::fs::write(path, text + "\n")
-        .map_err(|e| anyhow::anyhow!("writing the summary to {}: {e}", path.display()))
+        .with_context(|| format!("writing the summary to {}", path.display()))
 }
 
 fn context_summary(m: &Model) -> ContextSummary {

@@ -2,6 +2,7 @@
 //! `Model::apply` / `Model::observe` the live agent used, so the summary is the live one.
 //! A corrupt or truncated file stops the replay at the bad line; what came before still counts.
 
+use anyhow::Context as _;
 use std::{
     io::{BufRead, BufReader},
     path::Path,
@@ -132,7 +133,7 @@ pub fn replay(input: impl BufRead) -> Replay {
 /// replay leaves it out).
 pub fn read_lines(file: &Path, max_lines: usize) -> anyhow::Result<Vec<Value>> {
     let f = std::fs::File::open(file)
-        .map_err(|e| anyhow::anyhow!("cannot open the recording {}: {e}", file.display()))?;
+        .with_context(|| format!("cannot open the recording {}", file.display()))?;
     Ok(BufReader::new(f)
         .lines()
         .take(max_lines)

@@ -2,6 +2,7 @@
 //! periodic and final summaries. Each line is written whole and flushed at every tick, so a
 //! crash of the agent leaves every earlier line parseable.
 
+use anyhow::Context as _;
 use std::{
     fs::{File, OpenOptions},
     io::{BufWriter, Write},
@@ -57,7 +58,7 @@ impl Recorder {
             .truncate(true)
             .mode(0o600)
             .open(path)
-            .map_err(|e| anyhow::anyhow!("cannot create the recording {}: {e}", path.display()))?;
+            .with_context(|| format!("cannot create the recording {}", path.display()))?;
         Ok(Self {
             out: BufWriter::with_capacity(64 * 1024, file),
             line: BytesMut::with_capacity(512),

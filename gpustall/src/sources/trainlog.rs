@@ -8,6 +8,7 @@
 //! The tail is polled from the agent's loop, so it never panics and never blocks on a writer:
 //! it hands out complete lines only, and reopens the file when it is truncated or rotated.
 
+use anyhow::Context as _;
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 use std::os::unix::fs::MetadataExt;
@@ -223,7 +224,7 @@ pub struct LogSource {
 impl LogSource {
     pub fn new(path: &std::path::Path, regex: Option<&str>) -> anyhow::Result<Self> {
         let patterns = crate::sources::trainlog::LogPatterns::new(regex)
-            .map_err(|e| anyhow::anyhow!("--log-regex is not a valid regular expression: {e}"))?;
+            .context("--log-regex is not a valid regular expression")?;
         let tail = if path.exists() {
             Some(crate::sources::trainlog::LogTail::open(path, false)?)
         } else {

@@ -2,6 +2,7 @@
 //! of the window around it (replayable with `gpustall report`), the summary and verdict, the
 //! text report and a Perfetto trace. Bundles are rotated by count and total size.
 
+use anyhow::Context as _;
 use std::{
     io::Write,
     os::unix::fs::{DirBuilderExt, OpenOptionsExt},
@@ -39,7 +40,7 @@ fn private_file(path: &Path) -> anyhow::Result<std::fs::File> {
         .truncate(true)
         .mode(0o600)
         .open(path)
-        .map_err(|e| anyhow::anyhow!("creating {}: {e}", path.display()))
+        .with_context(|| format!("creating {}", path.display()))
 }
 
 /// Writes one bundle; returns its directory and the summary.
@@ -53,7 +54,7 @@ pub fn write(
         .recursive(true)
         .mode(0o700)
         .create(&dir)
-        .map_err(|e| anyhow::anyhow!("creating {}: {e}", dir.display()))?;
+        .with_context(|| format!("creating {}", dir.display()))?;
     let mut rec = std::io::BufWriter::new(private_file(&dir.join("record.jsonl"))?);
     for v in lines {
         serde_json::to_writer(&mut rec, v)?;
