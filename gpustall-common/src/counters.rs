@@ -24,6 +24,29 @@ pub struct ProcCounters {
 }
 const _: () = assert!(core::mem::size_of::<ProcCounters>() == 80);
 
+#[cfg(feature = "user")]
+impl ProcCounters {
+    /// These totals counted from `base` (an earlier read) instead of from the start.
+    pub fn since(&self, base: &Self) -> Self {
+        Self {
+            swapout_anon_folios: self.swapout_anon_folios.saturating_sub(base.swapout_anon_folios),
+            writeback_file_folios: self
+                .writeback_file_folios
+                .saturating_sub(base.writeback_file_folios),
+            kswapd_wakeups: self.kswapd_wakeups.saturating_sub(base.kswapd_wakeups),
+            direct_reclaim_count: self
+                .direct_reclaim_count
+                .saturating_sub(base.direct_reclaim_count),
+            direct_reclaim_ns: self.direct_reclaim_ns.saturating_sub(base.direct_reclaim_ns),
+            memcg_reclaim_count: self.memcg_reclaim_count.saturating_sub(base.memcg_reclaim_count),
+            memcg_reclaim_ns: self.memcg_reclaim_ns.saturating_sub(base.memcg_reclaim_ns),
+            reclaimed_pages: self.reclaimed_pages.saturating_sub(base.reclaimed_pages),
+            throttled_count: self.throttled_count.saturating_sub(base.throttled_count),
+            throttled_us: self.throttled_us.saturating_sub(base.throttled_us),
+        }
+    }
+}
+
 /// Block I/O direction, from the first letters of `rwbs`.
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -74,6 +97,21 @@ pub struct IoCounters {
     pub latency_ns_max: u64,
 }
 const _: () = assert!(core::mem::size_of::<IoCounters>() == 40);
+
+#[cfg(feature = "user")]
+impl IoCounters {
+    /// These totals counted from `base` (an earlier read). A maximum cannot be rebased (the
+    /// window's own is unknown): the run's is kept.
+    pub fn since(&self, base: &Self) -> Self {
+        Self {
+            bytes: self.bytes.saturating_sub(base.bytes),
+            bios: self.bios.saturating_sub(base.bios),
+            completed: self.completed.saturating_sub(base.completed),
+            latency_ns_sum: self.latency_ns_sum.saturating_sub(base.latency_ns_sum),
+            latency_ns_max: self.latency_ns_max,
+        }
+    }
+}
 
 /// A block request in flight, keyed by (dev, sector) between io_start and io_done.
 #[repr(C)]

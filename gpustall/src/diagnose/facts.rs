@@ -129,77 +129,66 @@ pub struct FsFacts {
     pub avail_bytes: u64,
 }
 
-pub fn from_model(m: &Model, now_ns: u64) -> Facts {
+/// One process as the verdict sees it.
+fn proc_facts(m: &Model, n: &crate::model::proctree::ProcNode, now_ns: u64) -> ProcFacts {
     let empty = crate::model::stats::ProcStats::default();
-    let procs = m
-        .tree
-        .iter()
-        .map(|n| {
-            let p = m.procs.get(&n.pid).unwrap_or(&empty);
-            let c = &p.counters;
-            let role = m.tree.role(n.pid);
-            let watch = m.ctx.tasks.get(&n.pid);
-            ProcFacts {
-                pid: n.pid,
-                comm: n.comm.clone(),
-                is_worker: role == Role::DataloaderWorker,
-                is_trainer: role == Role::Trainer,
-                worker_index: m.tree.worker_index(n.pid),
-                first_mem_kb: p.first_mem_kb.unwrap_or(0),
-                first_mem_ns: p.first_rss_ns,
-                peak_mem_kb: p.peak_mem_kb.max(p.peak_rss_kb),
-                peak_mem_ns: if p.peak_mem_kb >= p.peak_rss_kb {
-                    p.peak_mem_ns
-                } else {
-                    p.peak_rss_ns
-                },
-                last_mem_ns: m.ctx.last_ns.min(n.exit_ns.unwrap_or(u64::MAX)),
-                reclaim_count: c.direct_reclaim_count + c.memcg_reclaim_count,
-                reclaim_ns: c.direct_reclaim_ns + c.memcg_reclaim_ns,
-                first_reclaim_ns: p.first_reclaim_ns,
-                swapout_pages: c.swapout_anon_folios,
-                reclaim_io_bytes: p
-                    .io
-                    .iter()
-                    .filter(|(k, _)| k.in_reclaim)
-                    .map(|(_, v)| v.bytes)
-                    .sum(),
-                read_bytes: p.io_bytes(IoOp::Read, None),
-                write_bytes: p.io_bytes(IoOp::Write, None),
-                io_wait_ns: p.io.values().map(|v| v.latency_ns_sum).sum(),
-                lifetime_ns: n
-                    .exit_ns
-                    .unwrap_or(now_ns)
-                    .saturating_sub(n.started_ns.max(m.start_ns)),
-                oom_killed: n.oom_killed,
-                exit_signal: n.exit_signal(),
-                stuck: watch.and_then(|w| {
-                    w.stuck_since_ns.map(|since_ns| Stuck {
-                        state: w.last.state,
-                        wchan: w.last.wchan.clone(),
-                        since_ns,
-                    })
-                }),
-                idle_since_ns: watch.and_then(|w| w.idle_since_ns),
-                alive: n.alive(),
-            }
-        })
-        .collect();
-    let oom_kills = m
-        .oom_kills
-        .iter()
-        .map(|o| OomFacts {
-            t_ns: o.t_ns,
-            victim_pid: o.victim_pid,
-            victim_comm: o.victim_comm.clone(),
-            anon_rss_kb: o.rss.map(|r| r.anon_rss_kb),
-            trigger_pid: o.trigger_pid,
-            trigger_comm: o.trigger_comm.clone(),
-            killer: m.tree.get(o.victim_pid).and_then(|n| n.killed_by.as_ref()).map(|k| {
-                KillerFacts { pid: k.sender_pid, comm: k.sender_comm.clone(), si_code: k.si_code }
-            }),
-        })
-        .collect();
+    let p = m.procs.get(&n.pid).unwrap_or(&empty);
+    let c = &p.counters;
+    let role = m.tree.role(n.pid);
+    let watch = m.ctx.tasks.get(&n.pid);
+    ProcFacts {
+        pid: n.pid,
+        comm: n.comm.clone(),
+        is_worker: role == Role::DataloaderWorker,
+        is_trainer: role == Role::Trainer,
+        worker_index: m.tree.worker_index(n.pid),
+        first_mem_kb: p.first_mem_kb.unwrap_or(0),
+        first_mem_ns: p.first_rss_ns,
+        peak_mem_kb: p.peak_mem_kb.max(p.peak_rss_kb),
+        peak_mem_ns: if p.peak_mem_kb >= p.peak_rss_kb { p.peak_mem_ns } else { p.peak_rss_ns },
+        last_mem_ns: m.ctx.last_ns.min(n.exit_ns.unwrap_or(u64::MAX)),
+        reclaim_count: c.direct_reclaim_count + c.memcg_reclaim_count,
+        reclaim_ns: c.direct_reclaim_ns + c.memcg_reclaim_ns,
+        first_reclaim_ns: p.first_reclaim_ns,
+        swapout_pages: c.swapout_anon_folios,
+        reclaim_io_bytes: p.io.iter().filter(|(k, _)| k.in_reclaim).map(|(_, v)| v.bytes).sum(),
+        read_bytes: p.io_bytes(IoOp::Read, None),
+        write_bytes: p.io_bytes(IoOp::Write, None),
+        io_wait_ns: p.io.values().map(|v| v.latency_ns_sum).sum(),
+        lifetime_ns: n.exit_ns.unwrap_or(now_ns).saturating_sub(n.started_ns.max(m.start_ns)),
+        oom_killed: n.oom_killed,
+        exit_signal: n.exit_signal(),
+        stuck: watch.and_then(|w| {
+            w.stuck_since_ns.map(|since_ns| Stuck {
+                state: w.last.state,
+                wchan: w.last.wchan.clone(),
+                since_ns,
+            })
+        }),
+        idle_since_ns: watch.and_then(|w| w.idle_since_ns),
+        alive: n.alive(),
+    }
+}
+
+fn oom_facts(m: &Model, o: &crate::model::OomKill) -> OomFacts {
+    OomFacts {
+        t_ns: o.t_ns,
+        victim_pid: o.victim_pid,
+        victim_comm: o.victim_comm.clone(),
+        anon_rss_kb: o.rss.map(|r| r.anon_rss_kb),
+        trigger_pid: o.trigger_pid,
+        trigger_comm: o.trigger_comm.clone(),
+        killer: m.tree.get(o.victim_pid).and_then(|n| n.killed_by.as_ref()).map(|k| KillerFacts {
+            pid: k.sender_pid,
+            comm: k.sender_comm.clone(),
+            si_code: k.si_code,
+        }),
+    }
+}
+
+pub fn from_model(m: &Model, now_ns: u64) -> Facts {
+    let procs = m.tree.iter().map(|n| proc_facts(m, n, now_ns)).collect();
+    let oom_kills = m.oom_kills.iter().map(|o| oom_facts(m, o)).collect();
     let ctx = &m.ctx;
     let vm = ctx.vm_delta();
     let peaks = &ctx.disk_peak_busy;

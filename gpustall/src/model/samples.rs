@@ -2,7 +2,7 @@
 //! (`{"type":"sample","kind":..}` lines). The live agent and `gpustall report` feed the model
 //! through the same [`Sample`]s, so a replayed recording gives the summary the live run gave.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use serde::{Deserialize, Serialize};
 
@@ -77,66 +77,28 @@ impl CountersSample {
     /// These totals counted from `base` (a full read taken earlier) instead of from the
     /// start: what an incident bundle needs, whose window begins mid-run.
     pub fn minus(&self, base: &CountersSample) -> CountersSample {
+        // Keyed once: a bundle rebases thousands of processes, a scan per process would be
+        // quadratic.
+        let base_procs: HashMap<u32, &ProcCounters> =
+            base.procs.iter().map(|b| (b.pid, &b.counters)).collect();
+        let base_io: HashMap<(u32, u32, u32, bool), &IoCounters> =
+            base.io.iter().map(|b| ((b.pid, b.dev, b.op, b.in_reclaim), &b.counters)).collect();
+        let zero_p = ProcCounters::default();
+        let zero_io = IoCounters::default();
         let procs = self
             .procs
             .iter()
-            .map(|p| {
-                let b = base
-                    .procs
-                    .iter()
-                    .find(|b| b.pid == p.pid)
-                    .map(|b| b.counters)
-                    .unwrap_or_default();
-                let (c, d) = (&p.counters, &b);
-                ProcCountersRec {
-                    pid: p.pid,
-                    counters: ProcCounters {
-                        swapout_anon_folios: c
-                            .swapout_anon_folios
-                            .saturating_sub(d.swapout_anon_folios),
-                        writeback_file_folios: c
-                            .writeback_file_folios
-                            .saturating_sub(d.writeback_file_folios),
-                        kswapd_wakeups: c.kswapd_wakeups.saturating_sub(d.kswapd_wakeups),
-                        direct_reclaim_count: c
-                            .direct_reclaim_count
-                            .saturating_sub(d.direct_reclaim_count),
-                        direct_reclaim_ns: c.direct_reclaim_ns.saturating_sub(d.direct_reclaim_ns),
-                        memcg_reclaim_count: c
-                            .memcg_reclaim_count
-                            .saturating_sub(d.memcg_reclaim_count),
-                        memcg_reclaim_ns: c.memcg_reclaim_ns.saturating_sub(d.memcg_reclaim_ns),
-                        reclaimed_pages: c.reclaimed_pages.saturating_sub(d.reclaimed_pages),
-                        throttled_count: c.throttled_count.saturating_sub(d.throttled_count),
-                        throttled_us: c.throttled_us.saturating_sub(d.throttled_us),
-                    },
-                }
+            .map(|p| ProcCountersRec {
+                pid: p.pid,
+                counters: p.counters.since(base_procs.get(&p.pid).copied().unwrap_or(&zero_p)),
             })
             .collect();
         let io = self
             .io
             .iter()
             .map(|r| {
-                let b = base
-                    .io
-                    .iter()
-                    .find(|b| {
-                        (b.pid, b.dev, b.op, b.in_reclaim) == (r.pid, r.dev, r.op, r.in_reclaim)
-                    })
-                    .map(|b| b.counters)
-                    .unwrap_or_default();
-                let c = &r.counters;
-                IoRec {
-                    counters: IoCounters {
-                        bytes: c.bytes.saturating_sub(b.bytes),
-                        bios: c.bios.saturating_sub(b.bios),
-                        completed: c.completed.saturating_sub(b.completed),
-                        latency_ns_sum: c.latency_ns_sum.saturating_sub(b.latency_ns_sum),
-                        // A maximum cannot be rebased: the window's own is unknown; keep the run's.
-                        latency_ns_max: c.latency_ns_max,
-                    },
-                    ..*r
-                }
+                let b = base_io.get(&(r.pid, r.dev, r.op, r.in_reclaim)).copied();
+                IoRec { counters: r.counters.since(b.unwrap_or(&zero_io)), ..*r }
             })
             .collect();
         let sub = |a: &[u64], b: &[u64]| -> Vec<u64> {

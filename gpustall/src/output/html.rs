@@ -30,22 +30,28 @@ impl Axis {
     }
 }
 
+/// What every chart of a page shares: the time axis, the OOM-kill marks, the GPU-stall spans.
+struct Frame {
+    axis: Axis,
+    marks: Vec<(u64, String)>,
+    spans: Vec<(u64, u64)>,
+}
+
+/// A chart's vertical layout: legend rows on top, the plot, the time labels below.
+struct Layout {
+    top: f64,
+    bottom: f64,
+    height: f64,
+}
+
 /// A line chart of several series, with vertical markers (OOM kills) and shaded spans (stalls).
-fn chart(
-    title: &str,
-    unit: &str,
-    series: &[(String, &[(u64, f64)])],
-    axis: &Axis,
-    marks: &[(u64, String)],
-    spans: &[(u64, u64)],
-) -> String {
+fn chart(title: &str, unit: &str, series: &[(String, &[(u64, f64)])], f: &Frame) -> String {
     let max =
         series.iter().flat_map(|(_, p)| p.iter().map(|v| v.1)).fold(0.0f64, f64::max).max(1e-9);
     // Legend: four entries to a row above the plot.
     let top = 8.0 + 13.0 * series.len().div_ceil(4).max(1) as f64;
     let height = H + top - 20.0;
-    let bottom = height - 20.0;
-    let y = |v: f64| bottom - (v / max) * (bottom - top);
+    let l = Layout { top, bottom: height - 20.0, height };
     let mut s = String::new();
     let _ = write!(
         s,
@@ -53,18 +59,40 @@ fn chart(
         esc(title),
         esc(title)
     );
+    plot_area(&mut s, f, &l, max, unit);
+    time_ticks(&mut s, &f.axis, &l);
+    lines(&mut s, series, &f.axis, &l, max);
+    for (t, label) in &f.marks {
+        let x = f.axis.x(*t);
+        let _ = write!(
+            s,
+            r##"<line x1="{x:.1}" x2="{x:.1}" y1="{}" y2="{}" stroke="#d62728" stroke-width="2"/><text x="{:.1}" y="{:.1}" font-size="11" fill="#d62728">{}</text>"##,
+            l.top,
+            l.bottom,
+            x + 3.0,
+            l.top + 12.0,
+            esc(label)
+        );
+    }
+    s.push_str("</svg>");
+    s
+}
+
+/// The plot's background, the stall spans and the y labels.
+fn plot_area(s: &mut String, f: &Frame, l: &Layout, max: f64, unit: &str) {
+    let (top, bottom) = (l.top, l.bottom);
     let _ = write!(
         s,
         r##"<rect x="{LEFT}" y="{top}" width="{}" height="{}" fill="#fafafa" stroke="#ccc"/>"##,
         W - LEFT - 10.0,
         bottom - top
     );
-    for (a, b) in spans {
+    for (a, b) in &f.spans {
         let _ = write!(
             s,
             r##"<rect x="{:.1}" y="{top}" width="{:.1}" height="{}" fill="#f4cccc" opacity="0.7"><title>GPU stall</title></rect>"##,
-            axis.x(*a),
-            (axis.x(*b) - axis.x(*a)).max(1.0),
+            f.axis.x(*a),
+            (f.axis.x(*b) - f.axis.x(*a)).max(1.0),
             bottom - top
         );
     }
@@ -80,7 +108,10 @@ fn chart(
         LEFT - 4.0,
         bottom + 4.0
     );
-    // Time ticks at a round step giving at most 10 of them.
+}
+
+/// Time ticks at a round step giving at most 10 of them.
+fn time_ticks(s: &mut String, axis: &Axis, l: &Layout) {
     let secs = axis.t1.saturating_sub(axis.t0) as f64 / 1e9;
     let step = [1.0, 2.0, 5.0, 10.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0]
         .into_iter()
@@ -91,12 +122,18 @@ fn chart(
         let x = axis.x(axis.t0 + (tick * 1e9) as u64);
         let _ = write!(
             s,
-            r##"<line x1="{x:.1}" x2="{x:.1}" y1="{bottom}" y2="{}" stroke="#999"/><text x="{x:.1}" y="{}" font-size="10" text-anchor="middle">{tick:.0}s</text>"##,
-            bottom + 4.0,
-            height - 4.0
+            r##"<line x1="{x:.1}" x2="{x:.1}" y1="{}" y2="{}" stroke="#999"/><text x="{x:.1}" y="{}" font-size="10" text-anchor="middle">{tick:.0}s</text>"##,
+            l.bottom,
+            l.bottom + 4.0,
+            l.height - 4.0
         );
         tick += step;
     }
+}
+
+/// One polyline (or a dot) per series, and its legend entry.
+fn lines(s: &mut String, series: &[(String, &[(u64, f64)])], axis: &Axis, l: &Layout, max: f64) {
+    let y = |v: f64| l.bottom - (v / max) * (l.bottom - l.top);
     for (i, (label, points)) in series.iter().enumerate() {
         let color = COLORS[i % COLORS.len()];
         let d: Vec<String> =
@@ -123,18 +160,6 @@ fn chart(
             esc(label)
         );
     }
-    for (t, label) in marks {
-        let x = axis.x(*t);
-        let _ = write!(
-            s,
-            r##"<line x1="{x:.1}" x2="{x:.1}" y1="{top}" y2="{bottom}" stroke="#d62728" stroke-width="2"/><text x="{:.1}" y="{:.1}" font-size="11" fill="#d62728">{}</text>"##,
-            x + 3.0,
-            top + 12.0,
-            esc(label)
-        );
-    }
-    s.push_str("</svg>");
-    s
 }
 
 /// 1234567 -> "1.2M": axis labels that fit.
@@ -147,27 +172,8 @@ fn compact(v: f64) -> String {
     }
 }
 
+/// The page: verdict, evidence and advice, the timeline charts, the table of processes.
 pub fn render(summary: &Summary, t: &Timeline) -> String {
-    let axis = Axis { t0: t.start_ns, t1: t.end_ns.max(t.start_ns + 1) };
-    let marks: Vec<(u64, String)> = t
-        .instants
-        .iter()
-        .filter(|i| i.name == "OOM kill")
-        .map(|i| (i.t_ns, format!("OOM kill {}", i.pid)))
-        .collect();
-    let spans: Vec<(u64, u64)> = t
-        .slices
-        .iter()
-        .filter(|s| s.name == "GPU stall")
-        .map(|s| (s.start_ns, s.start_ns + s.dur_ns))
-        .collect();
-    let series_of =
-        |want: &dyn Fn(&Track, &str) -> Option<String>| -> Vec<(String, &[(u64, f64)])> {
-            t.counters
-                .iter()
-                .filter_map(|((tr, name), s)| want(tr, name).map(|l| (l, s.points.as_slice())))
-                .collect()
-        };
     let v = &summary.verdict;
     let mut o = String::new();
     let _ = write!(
@@ -194,30 +200,31 @@ li{{margin:.2em 0}} table{{border-collapse:collapse;font-size:12px}} td,th{{bord
         }
     }
     o.push_str("<h2>Timeline</h2>");
-    let gpu = series_of(&|tr, n| match tr {
-        Track::Gpu(i) if n == "util_pct" => {
-            Some(format!("GPU {i} {} util %", t.gpus.get(i).map_or("", String::as_str)))
-        }
-        _ => None,
-    });
-    if !gpu.is_empty() {
-        o.push_str(&chart("GPU utilisation", "%", &gpu, &axis, &marks, &spans));
-    }
-    let mem = series_of(&|tr, n| match tr {
-        Track::Process(p) if n == "held_mib" => {
-            Some(format!("{} {p}", t.processes.get(p).map_or("?", String::as_str)))
-        }
-        _ => None,
-    });
-    o.push_str(&chart(
-        "Memory held per process (resident + swapped out)",
-        "MiB",
-        &mem,
-        &axis,
-        &marks,
-        &spans,
-    ));
-    // Reclaim stalls: ms stalled per second, per process, from the slices.
+    timeline_charts(&mut o, t);
+    process_table(&mut o, summary);
+    let _ = writeln!(
+        o,
+        "</table><p><small>gpustall {}; lost events: {}; GPU: {}</small></p></body></html>",
+        env!("CARGO_PKG_VERSION"),
+        summary.lost_events,
+        esc(&summary.gpu_status)
+    );
+    o
+}
+
+/// The counter series of the timeline whose track and name `want` labels.
+fn series_of<'a>(
+    t: &'a Timeline,
+    want: &dyn Fn(&Track, &str) -> Option<String>,
+) -> Vec<(String, &'a [(u64, f64)])> {
+    t.counters
+        .iter()
+        .filter_map(|((tr, name), s)| want(tr, name).map(|l| (l, s.points.as_slice())))
+        .collect()
+}
+
+/// Reclaim stalls: ms stalled per second, per process, from the slices.
+fn stall_rates(t: &Timeline) -> std::collections::BTreeMap<u32, Vec<(u64, f64)>> {
     let mut stall_rate: std::collections::BTreeMap<u32, Vec<(u64, f64)>> = Default::default();
     for s in t.slices.iter().filter(|s| s.name.ends_with("reclaim")) {
         let bucket = s.start_ns - (s.start_ns.saturating_sub(t.start_ns)) % 1_000_000_000;
@@ -227,44 +234,65 @@ li{{margin:.2em 0}} table{{border-collapse:collapse;font-size:12px}} td,th{{bord
             _ => v.push((bucket, s.dur_ns as f64 / 1e6)),
         }
     }
-    let stall_series: Vec<(String, &[(u64, f64)])> =
-        stall_rate.iter().map(|(p, v)| (format!("{p} reclaim"), v.as_slice())).collect();
-    if !stall_series.is_empty() {
-        o.push_str(&chart(
-            "Reclaim stalls (ms stalled per second)",
-            "ms/s",
-            &stall_series,
-            &axis,
-            &marks,
-            &spans,
-        ));
-    }
-    let swap = series_of(&|tr, n| {
-        (*tr == Track::Host && n == "job_swapout_pages_s").then(|| "swap-out pages/s".to_string())
+    stall_rate
+}
+
+fn timeline_charts(o: &mut String, t: &Timeline) {
+    let f = Frame {
+        axis: Axis { t0: t.start_ns, t1: t.end_ns.max(t.start_ns + 1) },
+        marks: t
+            .instants
+            .iter()
+            .filter(|i| i.name == "OOM kill")
+            .map(|i| (i.t_ns, format!("OOM kill {}", i.pid)))
+            .collect(),
+        spans: t
+            .slices
+            .iter()
+            .filter(|s| s.name == "GPU stall")
+            .map(|s| (s.start_ns, s.start_ns + s.dur_ns))
+            .collect(),
+    };
+    let host = |want: &'static str, label: &'static str| {
+        series_of(t, &move |tr, n| (*tr == Track::Host && n == want).then(|| label.to_string()))
+    };
+    let gpu = series_of(t, &|tr, n| match tr {
+        Track::Gpu(i) if n == "util_pct" => {
+            Some(format!("GPU {i} {} util %", t.gpus.get(i).map_or("", String::as_str)))
+        }
+        _ => None,
     });
-    if !swap.is_empty() {
-        o.push_str(&chart("Swap-out by the job", "pages/s", &swap, &axis, &marks, &spans));
-    }
-    let disk = series_of(&|tr, n| {
+    let mem = series_of(t, &|tr, n| match tr {
+        Track::Process(p) if n == "held_mib" => {
+            Some(format!("{} {p}", t.processes.get(p).map_or("?", String::as_str)))
+        }
+        _ => None,
+    });
+    let rates = stall_rates(t);
+    let stalls: Vec<(String, &[(u64, f64)])> =
+        rates.iter().map(|(p, v)| (format!("{p} reclaim"), v.as_slice())).collect();
+    let disk = series_of(t, &|tr, n| {
         (*tr == Track::Host && (n == "job_disk_mib_s" || n == "job_reclaim_io_mib_s"))
             .then(|| n.replace("job_", "").replace("_mib_s", " MiB/s"))
     });
-    if !disk.is_empty() {
-        o.push_str(&chart(
-            "Disk I/O by the job (reclaim I/O = swap/writeback under pressure)",
-            "MiB/s",
-            &disk,
-            &axis,
-            &marks,
-            &spans,
-        ));
+    let charts: [(&str, &str, Vec<(String, &[(u64, f64)])>, bool); 6] = [
+        ("GPU utilisation", "%", gpu, false),
+        ("Memory held per process (resident + swapped out)", "MiB", mem, true),
+        ("Reclaim stalls (ms stalled per second)", "ms/s", stalls, false),
+        ("Swap-out by the job", "pages/s", host("job_swapout_pages_s", "swap-out pages/s"), false),
+        ("Disk I/O by the job (reclaim I/O = swap/writeback under pressure)", "MiB/s", disk, false),
+        ("Training log data_time", "s", host("data_time_s", "data_time s"), false),
+    ];
+    // Memory is drawn even when empty (an empty chart says "no /proc samples"); the rest only
+    // when there is something to draw.
+    for (title, unit, series, always) in charts {
+        if always || !series.is_empty() {
+            o.push_str(&chart(title, unit, &series, &f));
+        }
     }
-    let dt = series_of(&|tr, n| {
-        (*tr == Track::Host && n == "data_time_s").then(|| "data_time s".to_string())
-    });
-    if !dt.is_empty() {
-        o.push_str(&chart("Training log data_time", "s", &dt, &axis, &marks, &spans));
-    }
+}
+
+fn process_table(o: &mut String, summary: &Summary) {
     o.push_str("<h2>Processes</h2><table><tr><th>pid</th><th>ppid</th><th>comm</th><th>role</th><th>peak held MiB</th><th>reclaim ms</th><th>swap-out pages</th><th>read MiB</th><th>write MiB</th><th>exit</th></tr>");
     for p in &summary.processes {
         let exit = match (p.alive, p.exit_signal, p.exit_code) {
@@ -292,14 +320,6 @@ li{{margin:.2em 0}} table{{border-collapse:collapse;font-size:12px}} td,th{{bord
             exit
         );
     }
-    let _ = writeln!(
-        o,
-        "</table><p><small>gpustall {}; lost events: {}; GPU: {}</small></p></body></html>",
-        env!("CARGO_PKG_VERSION"),
-        summary.lost_events,
-        esc(&summary.gpu_status)
-    );
-    o
 }
 
 #[cfg(test)]

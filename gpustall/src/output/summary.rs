@@ -262,6 +262,115 @@ fn device_io(p: &crate::model::stats::ProcStats) -> Vec<DeviceIo> {
         .collect()
 }
 
+fn process_summary(m: &Model, n: &crate::model::proctree::ProcNode) -> ProcessSummary {
+    let empty = crate::model::stats::ProcStats::default();
+    let p = m.procs.get(&n.pid).unwrap_or(&empty);
+    let c = &p.counters;
+    let h = &p.reclaim_stalls;
+    let has = !h.is_empty();
+    ProcessSummary {
+        pid: n.pid,
+        ppid: n.ppid,
+        comm: n.comm.clone(),
+        role: m.tree.role(n.pid),
+        worker_index: m.tree.worker_index(n.pid),
+        thread_names: n.thread_names.values().cloned().collect(),
+        block_read_bytes: p.io_bytes(IoOp::Read, None),
+        block_write_bytes: p.io_bytes(IoOp::Write, None),
+        reclaim_io_bytes: p.io.iter().filter(|(k, _)| k.in_reclaim).map(|(_, c)| c.bytes).sum(),
+        io_by_device: device_io(p),
+        direct_reclaim_count: c.direct_reclaim_count,
+        direct_reclaim_ns: c.direct_reclaim_ns,
+        memcg_reclaim_count: c.memcg_reclaim_count,
+        memcg_reclaim_ns: c.memcg_reclaim_ns,
+        reclaimed_pages: c.reclaimed_pages,
+        reclaim_stall_p50_ns: has.then(|| h.value_at_quantile(0.5)),
+        reclaim_stall_p99_ns: has.then(|| h.value_at_quantile(0.99)),
+        reclaim_stall_max_ns: has.then(|| h.max()),
+        swapout_pages: c.swapout_anon_folios,
+        file_writeback_pages: c.writeback_file_folios,
+        kswapd_wakeups: c.kswapd_wakeups,
+        throttled_count: c.throttled_count,
+        throttled_us: c.throttled_us,
+        peak_rss_kb: p.peak_rss_kb,
+        peak_mem_kb: p.peak_mem_kb,
+        first_rss_kb: p.first_rss_kb,
+        rss_growth_kb: p.peak_rss_kb.saturating_sub(p.first_rss_kb.unwrap_or(p.peak_rss_kb)),
+        last_rss_kb: p.mem.rss_kb,
+        last_swap_kb: p.mem.swap_kb,
+        major_faults: p.mem.majflt,
+        oom_killed: n.oom_killed,
+        exit_code: n.exit_status(),
+        exit_signal: n.exit_signal(),
+        killed_by: n.killed_by.clone(),
+        alive: n.alive(),
+    }
+}
+
+fn latency_summary(host: &crate::model::stats::HostStats) -> Vec<LatencySummary> {
+    ["read", "write", "other"]
+        .iter()
+        .enumerate()
+        .map(|(i, op)| {
+            let b = &host.io_latency[i];
+            LatencySummary {
+                op,
+                requests: b.iter().sum(),
+                p50_us: log2_percentile(b, 0.5).map(|v| v as f64 / 1e3),
+                p99_us: log2_percentile(b, 0.99).map(|v| v as f64 / 1e3),
+            }
+        })
+        .filter(|l| l.requests > 0)
+        .collect()
+}
+
+fn host_summary(host: &crate::model::stats::HostStats) -> HostSummary {
+    let hc = |c: HostCounter| host.counters[c as usize];
+    HostSummary {
+        kswapd_swapout_pages: hc(HostCounter::KswapdSwapoutAnon),
+        kswapd_file_writeback_pages: hc(HostCounter::KswapdWritebackFile),
+        kswapd_io_bytes: hc(HostCounter::KswapdIoBytes),
+        kswapd_episodes: host.kswapd_episodes,
+        kswapd_ns: host.kswapd_ns,
+        kswapd_wakeups_by_others: hc(HostCounter::KswapdWakeups),
+        other_swapout_pages: hc(HostCounter::OtherSwapoutAnon),
+        other_file_writeback_pages: hc(HostCounter::OtherWritebackFile),
+        other_reclaim_io_bytes: hc(HostCounter::OtherReclaimIoBytes),
+        other_direct_reclaim_count: hc(HostCounter::OtherDirectReclaimCount),
+        other_direct_reclaim_ns: hc(HostCounter::OtherDirectReclaimNs),
+        other_memcg_reclaim_count: hc(HostCounter::OtherMemcgReclaimCount),
+        other_memcg_reclaim_ns: hc(HostCounter::OtherMemcgReclaimNs),
+        other_throttled_count: hc(HostCounter::OtherThrottledCount),
+    }
+}
+
+fn oom_kill_summary(o: &crate::model::OomKill) -> OomKillSummary {
+    OomKillSummary {
+        t_ns: o.t_ns,
+        victim_pid: o.victim_pid,
+        victim_comm: o.victim_comm.clone(),
+        anon_rss_kb: o.rss.map(|r| r.anon_rss_kb),
+        file_rss_kb: o.rss.map(|r| r.file_rss_kb),
+        shmem_rss_kb: o.rss.map(|r| r.shmem_rss_kb),
+        total_vm_kb: o.rss.map(|r| r.total_vm_kb),
+        oom_score_adj: o.oom_score_adj,
+        trigger_pid: o.trigger_pid,
+        trigger_comm: o.trigger_comm.clone(),
+    }
+}
+
+fn signal_summary(s: &crate::model::SignalRecord) -> SignalSummary {
+    SignalSummary {
+        t_ns: s.t_ns,
+        sig: s.sig,
+        si_code: s.si_code,
+        sender_pid: s.sender_pid,
+        sender_comm: s.sender_comm.clone(),
+        target_pid: s.target_pid,
+        target_comm: s.target_comm.clone(),
+    }
+}
+
 impl Summary {
     /// The summary of the model at `now_ns`, with the verdict decided from its facts.
     pub fn of(m: &Model, now_ns: u64, is_final: bool) -> Self {
@@ -278,76 +387,7 @@ impl Summary {
             map_full: host.lost[LostCounter::MapFull as usize],
             undecodable: host.undecodable,
         };
-        let processes = m
-            .tree
-            .iter()
-            .map(|n| {
-                let empty = crate::model::stats::ProcStats::default();
-                let p = m.procs.get(&n.pid).unwrap_or(&empty);
-                let c = &p.counters;
-                let h = &p.reclaim_stalls;
-                let has = !h.is_empty();
-                ProcessSummary {
-                    pid: n.pid,
-                    ppid: n.ppid,
-                    comm: n.comm.clone(),
-                    role: m.tree.role(n.pid),
-                    worker_index: m.tree.worker_index(n.pid),
-                    thread_names: n.thread_names.values().cloned().collect(),
-                    block_read_bytes: p.io_bytes(IoOp::Read, None),
-                    block_write_bytes: p.io_bytes(IoOp::Write, None),
-                    reclaim_io_bytes: p
-                        .io
-                        .iter()
-                        .filter(|(k, _)| k.in_reclaim)
-                        .map(|(_, c)| c.bytes)
-                        .sum(),
-                    io_by_device: device_io(p),
-                    direct_reclaim_count: c.direct_reclaim_count,
-                    direct_reclaim_ns: c.direct_reclaim_ns,
-                    memcg_reclaim_count: c.memcg_reclaim_count,
-                    memcg_reclaim_ns: c.memcg_reclaim_ns,
-                    reclaimed_pages: c.reclaimed_pages,
-                    reclaim_stall_p50_ns: has.then(|| h.value_at_quantile(0.5)),
-                    reclaim_stall_p99_ns: has.then(|| h.value_at_quantile(0.99)),
-                    reclaim_stall_max_ns: has.then(|| h.max()),
-                    swapout_pages: c.swapout_anon_folios,
-                    file_writeback_pages: c.writeback_file_folios,
-                    kswapd_wakeups: c.kswapd_wakeups,
-                    throttled_count: c.throttled_count,
-                    throttled_us: c.throttled_us,
-                    peak_rss_kb: p.peak_rss_kb,
-                    peak_mem_kb: p.peak_mem_kb,
-                    first_rss_kb: p.first_rss_kb,
-                    rss_growth_kb: p
-                        .peak_rss_kb
-                        .saturating_sub(p.first_rss_kb.unwrap_or(p.peak_rss_kb)),
-                    last_rss_kb: p.mem.rss_kb,
-                    last_swap_kb: p.mem.swap_kb,
-                    major_faults: p.mem.majflt,
-                    oom_killed: n.oom_killed,
-                    exit_code: n.exit_status(),
-                    exit_signal: n.exit_signal(),
-                    killed_by: n.killed_by.clone(),
-                    alive: n.alive(),
-                }
-            })
-            .collect();
-        let hc = |c: HostCounter| host.counters[c as usize];
-        let latency = ["read", "write", "other"]
-            .iter()
-            .enumerate()
-            .map(|(i, op)| {
-                let b = &host.io_latency[i];
-                LatencySummary {
-                    op,
-                    requests: b.iter().sum(),
-                    p50_us: log2_percentile(b, 0.5).map(|v| v as f64 / 1e3),
-                    p99_us: log2_percentile(b, 0.99).map(|v| v as f64 / 1e3),
-                }
-            })
-            .filter(|l| l.requests > 0)
-            .collect();
+        let processes = m.tree.iter().map(|n| process_summary(m, n)).collect();
         Summary {
             record_type: "summary",
             is_final,
@@ -357,52 +397,10 @@ impl Summary {
             lost,
             events: m.events,
             processes,
-            oom_kills: m
-                .oom_kills
-                .iter()
-                .map(|o| OomKillSummary {
-                    t_ns: o.t_ns,
-                    victim_pid: o.victim_pid,
-                    victim_comm: o.victim_comm.clone(),
-                    anon_rss_kb: o.rss.map(|r| r.anon_rss_kb),
-                    file_rss_kb: o.rss.map(|r| r.file_rss_kb),
-                    shmem_rss_kb: o.rss.map(|r| r.shmem_rss_kb),
-                    total_vm_kb: o.rss.map(|r| r.total_vm_kb),
-                    oom_score_adj: o.oom_score_adj,
-                    trigger_pid: o.trigger_pid,
-                    trigger_comm: o.trigger_comm.clone(),
-                })
-                .collect(),
-            signals: m
-                .signals
-                .iter()
-                .map(|s| SignalSummary {
-                    t_ns: s.t_ns,
-                    sig: s.sig,
-                    si_code: s.si_code,
-                    sender_pid: s.sender_pid,
-                    sender_comm: s.sender_comm.clone(),
-                    target_pid: s.target_pid,
-                    target_comm: s.target_comm.clone(),
-                })
-                .collect(),
-            host: HostSummary {
-                kswapd_swapout_pages: hc(HostCounter::KswapdSwapoutAnon),
-                kswapd_file_writeback_pages: hc(HostCounter::KswapdWritebackFile),
-                kswapd_io_bytes: hc(HostCounter::KswapdIoBytes),
-                kswapd_episodes: host.kswapd_episodes,
-                kswapd_ns: host.kswapd_ns,
-                kswapd_wakeups_by_others: hc(HostCounter::KswapdWakeups),
-                other_swapout_pages: hc(HostCounter::OtherSwapoutAnon),
-                other_file_writeback_pages: hc(HostCounter::OtherWritebackFile),
-                other_reclaim_io_bytes: hc(HostCounter::OtherReclaimIoBytes),
-                other_direct_reclaim_count: hc(HostCounter::OtherDirectReclaimCount),
-                other_direct_reclaim_ns: hc(HostCounter::OtherDirectReclaimNs),
-                other_memcg_reclaim_count: hc(HostCounter::OtherMemcgReclaimCount),
-                other_memcg_reclaim_ns: hc(HostCounter::OtherMemcgReclaimNs),
-                other_throttled_count: hc(HostCounter::OtherThrottledCount),
-            },
-            block_latency_us: latency,
+            oom_kills: m.oom_kills.iter().map(oom_kill_summary).collect(),
+            signals: m.signals.iter().map(signal_summary).collect(),
+            host: host_summary(host),
+            block_latency_us: latency_summary(host),
             overhead: m.overhead.clone(),
             gpu_status: m.gpu.status.clone(),
             gpu: m.gpu.summary.clone(),

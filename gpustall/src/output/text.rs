@@ -8,8 +8,16 @@ fn mib(bytes: u64) -> f64 {
     bytes as f64 / (1024.0 * 1024.0)
 }
 
+/// The report: verdict, evidence and advice; the table of processes; OOM kills and host lines.
 pub fn render(s: &Summary) -> String {
     let mut o = String::new();
+    verdict(&mut o, s);
+    process_table(&mut o, s);
+    footer(&mut o, s);
+    o
+}
+
+fn verdict(o: &mut String, s: &Summary) {
     let v = &s.verdict;
     let _ = writeln!(o, "\n== gpustall: {} ==", v.cause);
     let _ = writeln!(o, "{}", v.text);
@@ -31,6 +39,20 @@ pub fn render(s: &Summary) -> String {
     if !s.gpu_status.is_empty() {
         let _ = writeln!(o, "\nGPU: {}", s.gpu_status);
     }
+}
+
+fn role_name(p: &crate::output::summary::ProcessSummary) -> String {
+    let role = serde_json::to_value(p.role)
+        .ok()
+        .and_then(|v| v.as_str().map(String::from))
+        .unwrap_or_default();
+    match p.worker_index {
+        Some(i) => format!("{role}#{i}"),
+        None => role,
+    }
+}
+
+fn process_table(o: &mut String, s: &Summary) {
     let _ = writeln!(
         o,
         "\n{:>7} {:>7} {:<16} {:<17} {:>9} {:>9} {:>9} {:>8} {:>10} {:>9} {:>9} {:>6}",
@@ -48,19 +70,7 @@ pub fn render(s: &Summary) -> String {
         "EXIT"
     );
     for p in &s.processes {
-        let role = match p.worker_index {
-            Some(i) => format!(
-                "{}#{i}",
-                serde_json::to_value(p.role)
-                    .ok()
-                    .and_then(|v| v.as_str().map(String::from))
-                    .unwrap_or_default()
-            ),
-            None => serde_json::to_value(p.role)
-                .ok()
-                .and_then(|v| v.as_str().map(String::from))
-                .unwrap_or_default(),
-        };
+        let role = role_name(p);
         let exit = match (p.alive, p.exit_signal, p.exit_code) {
             (true, _, _) => "alive".to_string(),
             (_, Some(sig), _) => format!("sig{sig}{}", if p.oom_killed { "/oom" } else { "" }),
@@ -84,6 +94,10 @@ pub fn render(s: &Summary) -> String {
             exit
         );
     }
+}
+
+/// OOM kills, host reclaim, block latency, events and losses.
+fn footer(o: &mut String, s: &Summary) {
     for k in &s.oom_kills {
         let _ = writeln!(
             o,
@@ -128,5 +142,4 @@ pub fn render(s: &Summary) -> String {
         s.lost.undecodable,
         s.duration_s
     );
-    o
 }

@@ -67,6 +67,7 @@ struct Totals {
     last: Option<(u64, u64, u64, u64)>, // t, read+write bytes, reclaim bytes, swapout pages
 }
 
+/// The timeline of a recording's lines (any recording: only the JSON is read).
 pub fn build<'a>(lines: impl IntoIterator<Item = &'a Value>) -> Timeline {
     let mut t = Timeline::default();
     let mut totals = Totals::default();
@@ -74,47 +75,57 @@ pub fn build<'a>(lines: impl IntoIterator<Item = &'a Value>) -> Timeline {
         let ts = v["t_ns"].as_u64().unwrap_or(0);
         t.end_ns = t.end_ns.max(ts);
         let pid = v["pid"].as_u64().unwrap_or(0) as u32;
-        match (v["type"].as_str(), v["kind"].as_str()) {
-            (Some("header"), _) => {
+        match v["type"].as_str() {
+            Some("header") => {
                 t.start_ns = v["start_ns"].as_u64().unwrap_or(0);
                 t.end_ns = t.start_ns;
             }
-            (Some("sample"), Some("seed")) => {
-                t.processes.insert(pid, v["comm"].as_str().unwrap_or("?").to_string());
-            }
-            (Some("event"), Some("fork")) => {
+            Some("event") => t.event(v, ts, pid),
+            Some("sample") => t.sample(v, ts, pid, &mut totals),
+            Some("summary") if v["final"] == true => t.verdict = Some(v["verdict"].clone()),
+            _ => {}
+        }
+    }
+    t
+}
+
+impl Timeline {
+    /// An event line: instants (fork, exit, OOM kill, signals) and slices (reclaim, GPU stall).
+    fn event(&mut self, v: &Value, ts: u64, pid: u32) {
+        match v["kind"].as_str() {
+            Some("fork") => {
                 let child = v["child_pid"].as_u64().unwrap_or(0) as u32;
-                t.processes
+                self.processes
                     .entry(child)
                     .or_insert_with(|| v["comm"].as_str().unwrap_or("?").to_string());
-                t.instants.push(Instant {
+                self.instants.push(Instant {
                     pid,
                     name: format!("fork {child}"),
                     t_ns: ts,
                     args: Value::Null,
                 });
             }
-            (Some("event"), Some("rename")) if v["renamed_tid"] == v["pid"] => {
-                t.processes.insert(pid, v["new_comm"].as_str().unwrap_or("?").to_string());
+            Some("rename") if v["renamed_tid"] == v["pid"] => {
+                self.processes.insert(pid, v["new_comm"].as_str().unwrap_or("?").to_string());
             }
-            (Some("event"), Some("exit")) => {
+            Some("exit") => {
                 let what = match (v["exit_signal"].as_i64(), v["exit_code"].as_i64()) {
                     (Some(s), _) => format!("killed by signal {s}"),
                     (_, Some(c)) => format!("exit {c}"),
                     _ => "exit".into(),
                 };
-                t.instants.push(Instant { pid, name: what, t_ns: ts, args: Value::Null });
+                self.instants.push(Instant { pid, name: what, t_ns: ts, args: Value::Null });
             }
-            (Some("event"), Some("oom_kill")) => {
+            Some("oom_kill") => {
                 let victim = v["victim_pid"].as_u64().unwrap_or(0) as u32;
-                t.instants.push(Instant {
+                self.instants.push(Instant {
                     pid: victim,
                     name: "OOM kill".into(),
                     t_ns: ts,
                     args: v.clone(),
                 });
             }
-            (Some("event"), Some("signal")) => {
+            Some("signal") => {
                 let target = v["target_pid"].as_u64().unwrap_or(0) as u32;
                 let name = format!(
                     "signal {} from {} ({})",
@@ -122,11 +133,11 @@ pub fn build<'a>(lines: impl IntoIterator<Item = &'a Value>) -> Timeline {
                     v["pid"],
                     v["comm"].as_str().unwrap_or("?")
                 );
-                t.instants.push(Instant { pid: target, name, t_ns: ts, args: Value::Null });
+                self.instants.push(Instant { pid: target, name, t_ns: ts, args: Value::Null });
             }
-            (Some("event"), Some("reclaim")) => {
+            Some("reclaim") => {
                 let start = v["start_ns"].as_u64().unwrap_or(ts);
-                t.slices.push(Slice {
+                self.slices.push(Slice {
                     pid,
                     tid: v["tid"].as_u64().unwrap_or(0) as u32,
                     name: format!("{} reclaim", v["reclaim"].as_str().unwrap_or("?")),
@@ -135,25 +146,35 @@ pub fn build<'a>(lines: impl IntoIterator<Item = &'a Value>) -> Timeline {
                     args: serde_json::json!({"nr_reclaimed": v["nr_reclaimed"]}),
                 });
             }
-            (Some("event"), Some("gpu_stall")) => {
+            Some("gpu_stall") => {
                 let gpu = v["gpu_index"].as_u64().unwrap_or(0) as u32;
-                t.slices.push(Slice {
-                    pid: gpu_pid(gpu),
-                    tid: 0,
-                    name: "GPU stall".into(),
-                    start_ns: v["start_ns"].as_u64().unwrap_or(ts),
-                    dur_ns: v["duration_ns"].as_u64().unwrap_or(0),
-                    args: serde_json::json!({"throttle_reasons": v["throttle_reasons"], "pids": v["pids"]}),
-                });
+                self.slices.push(Slice {
+                pid: gpu_pid(gpu),
+                tid: 0,
+                name: "GPU stall".into(),
+                start_ns: v["start_ns"].as_u64().unwrap_or(ts),
+                dur_ns: v["duration_ns"].as_u64().unwrap_or(0),
+                args: serde_json::json!({"throttle_reasons": v["throttle_reasons"], "pids": v["pids"]}),
+            });
             }
-            (Some("sample"), Some("proc_mem")) => {
-                t.point(
+            _ => {}
+        }
+    }
+
+    /// A sample line: names (seeds) and counter series.
+    fn sample(&mut self, v: &Value, ts: u64, pid: u32, totals: &mut Totals) {
+        match v["kind"].as_str() {
+            Some("seed") => {
+                self.processes.insert(pid, v["comm"].as_str().unwrap_or("?").to_string());
+            }
+            Some("proc_mem") => {
+                self.point(
                     Track::Process(pid),
                     "rss_mib",
                     ts,
                     v["rss_kb"].as_f64().unwrap_or(0.0) / 1024.0,
                 );
-                t.point(
+                self.point(
                     Track::Process(pid),
                     "swap_mib",
                     ts,
@@ -161,19 +182,19 @@ pub fn build<'a>(lines: impl IntoIterator<Item = &'a Value>) -> Timeline {
                 );
                 let held =
                     v["rss_kb"].as_f64().unwrap_or(0.0) + v["swap_kb"].as_f64().unwrap_or(0.0);
-                t.point(Track::Process(pid), "held_mib", ts, held / 1024.0);
+                self.point(Track::Process(pid), "held_mib", ts, held / 1024.0);
             }
-            (Some("sample"), Some("gpu")) => {
+            Some("gpu") => {
                 for g in v["gpus"].as_array().into_iter().flatten() {
                     let i = g["index"].as_u64().unwrap_or(0) as u32;
-                    t.gpus
+                    self.gpus
                         .entry(i)
                         .or_insert_with(|| g["name"].as_str().unwrap_or("GPU").to_string());
                     if let Some(u) = g["util_gpu_pct"].as_f64() {
-                        t.point(Track::Gpu(i), "util_pct", g["t_ns"].as_u64().unwrap_or(ts), u);
+                        self.point(Track::Gpu(i), "util_pct", g["t_ns"].as_u64().unwrap_or(ts), u);
                     }
                     if let Some(c) = g["temperature_c"].as_f64() {
-                        t.point(
+                        self.point(
                             Track::Gpu(i),
                             "temperature_c",
                             g["t_ns"].as_u64().unwrap_or(ts),
@@ -182,13 +203,13 @@ pub fn build<'a>(lines: impl IntoIterator<Item = &'a Value>) -> Timeline {
                     }
                 }
             }
-            (Some("sample"), Some("counters")) => totals.add(v, ts, &mut t),
-            (Some("sample"), Some("context")) => {
+            Some("counters") => totals.add(v, ts, self),
+            Some("context") => {
                 if let Some(h) = v["host"].as_object() {
                     let used = h["swap_total_kb"].as_f64().unwrap_or(0.0)
                         - h["swap_free_kb"].as_f64().unwrap_or(0.0);
-                    t.point(Track::Host, "swap_used_mib", ts, used / 1024.0);
-                    t.point(
+                    self.point(Track::Host, "swap_used_mib", ts, used / 1024.0);
+                    self.point(
                         Track::Host,
                         "mem_available_mib",
                         ts,
@@ -196,19 +217,17 @@ pub fn build<'a>(lines: impl IntoIterator<Item = &'a Value>) -> Timeline {
                     );
                 }
                 if let Some(u) = v["cgroup"]["usage_bytes"].as_f64() {
-                    t.point(Track::Host, "cgroup_usage_mib", ts, u / 1048576.0);
+                    self.point(Track::Host, "cgroup_usage_mib", ts, u / 1048576.0);
                 }
             }
-            (Some("sample"), Some("train_step")) => {
+            Some("train_step") => {
                 if let Some(d) = v["data_time_s"].as_f64() {
-                    t.point(Track::Host, "data_time_s", ts, d);
+                    self.point(Track::Host, "data_time_s", ts, d);
                 }
             }
-            (Some("summary"), _) if v["final"] == true => t.verdict = Some(v["verdict"].clone()),
             _ => {}
         }
     }
-    t
 }
 
 /// GPUs get pseudo-pids far above real ones, so their tracks never collide with a process.

@@ -145,6 +145,63 @@ fn nonneg(v: f64) -> Option<f64> {
     (v.is_finite() && v > 0.0).then_some(v)
 }
 
+impl JobFamilies {
+    /// The per-(job, role) series.
+    fn register(&self, r: &mut Registry) {
+        r.register_with_unit(
+            "reclaim_stall",
+            "Time processes of the job spent stalled in direct or memcg reclaim",
+            Unit::Seconds,
+            self.reclaim_stall_seconds.clone(),
+        );
+        r.register(
+            "reclaim_stalls",
+            "Direct or memcg reclaim episodes that stalled processes of the job",
+            self.reclaim_stalls.clone(),
+        );
+        r.register(
+            "swapout_pages",
+            "Anonymous pages of the job's processes written out to swap by reclaim",
+            self.swapout_pages.clone(),
+        );
+        r.register_with_unit(
+            "block_read",
+            "Block I/O read bytes submitted by processes of the job",
+            Unit::Bytes,
+            self.block_read_bytes.clone(),
+        );
+        r.register_with_unit(
+            "block_write",
+            "Block I/O write bytes submitted by processes of the job",
+            Unit::Bytes,
+            self.block_write_bytes.clone(),
+        );
+        r.register_with_unit(
+            "reclaim_io",
+            "Block I/O bytes the job's processes submitted inside reclaim (swap and writeback under memory pressure)",
+            Unit::Bytes,
+            self.reclaim_io_bytes.clone(),
+        );
+        r.register(
+            "oom_kills",
+            "Processes of the job killed by the OOM killer",
+            self.oom_kills.clone(),
+        );
+        r.register_with_unit(
+            "process_resident",
+            "Resident memory summed over the job's processes of this role",
+            Unit::Bytes,
+            self.resident_bytes.clone(),
+        );
+        r.register_with_unit(
+            "process_swap",
+            "Swapped-out memory summed over the job's processes of this role",
+            Unit::Bytes,
+            self.swap_bytes.clone(),
+        );
+    }
+}
+
 impl Metrics {
     pub fn new() -> Self {
         let jobs = JobFamilies::default();
@@ -162,57 +219,7 @@ impl Metrics {
         // the names below are the stems. Families are `Arc`s inside, so the clones registered
         // here and the fields kept in `Metrics` are the same series.
         let mut r = Registry::with_prefix("gpustall");
-        r.register_with_unit(
-            "reclaim_stall",
-            "Time processes of the job spent stalled in direct or memcg reclaim",
-            Unit::Seconds,
-            jobs.reclaim_stall_seconds.clone(),
-        );
-        r.register(
-            "reclaim_stalls",
-            "Direct or memcg reclaim episodes that stalled processes of the job",
-            jobs.reclaim_stalls.clone(),
-        );
-        r.register(
-            "swapout_pages",
-            "Anonymous pages of the job's processes written out to swap by reclaim",
-            jobs.swapout_pages.clone(),
-        );
-        r.register_with_unit(
-            "block_read",
-            "Block I/O read bytes submitted by processes of the job",
-            Unit::Bytes,
-            jobs.block_read_bytes.clone(),
-        );
-        r.register_with_unit(
-            "block_write",
-            "Block I/O write bytes submitted by processes of the job",
-            Unit::Bytes,
-            jobs.block_write_bytes.clone(),
-        );
-        r.register_with_unit(
-            "reclaim_io",
-            "Block I/O bytes the job's processes submitted inside reclaim (swap and writeback under memory pressure)",
-            Unit::Bytes,
-            jobs.reclaim_io_bytes.clone(),
-        );
-        r.register(
-            "oom_kills",
-            "Processes of the job killed by the OOM killer",
-            jobs.oom_kills.clone(),
-        );
-        r.register_with_unit(
-            "process_resident",
-            "Resident memory summed over the job's processes of this role",
-            Unit::Bytes,
-            jobs.resident_bytes.clone(),
-        );
-        r.register_with_unit(
-            "process_swap",
-            "Swapped-out memory summed over the job's processes of this role",
-            Unit::Bytes,
-            jobs.swap_bytes.clone(),
-        );
+        jobs.register(&mut r);
         r.register_with_unit(
             "gpu_utilization",
             "GPU utilisation reported by NVML over its last sample period, 0 to 1",
