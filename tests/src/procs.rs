@@ -219,9 +219,14 @@ impl Tracer {
     }
 
     /// Stops the trace with SIGINT (as Ctrl-C) and collects it.
-    pub fn stop(mut self) -> TraceResult {
+    pub fn stop(self) -> TraceResult {
+        self.stop_with(libc::SIGINT)
+    }
+
+    /// Stops the trace with `sig` and collects it.
+    pub fn stop_with(mut self, sig: i32) -> TraceResult {
         // SAFETY: plain kill of our child.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
+        unsafe { libc::kill(self.child.id() as i32, sig) };
         let s = self.child.wait().expect("wait");
         self.finish(s.code())
     }

@@ -236,3 +236,31 @@ fn after_kill_9_of_the_agent_every_line_but_the_last_parses() {
     let forks = text.lines().filter(|l| l.contains("\"kind\":\"fork\"")).count();
     assert!(forks >= 5, "fork events were on disk before the kill: {forks}");
 }
+
+/// However the trace is ended (an SSH session that drops sends SIGHUP), it writes everything:
+/// the final summary in the recording and the summary file, and exits 0.
+#[test]
+fn sigint_sigterm_and_sighup_each_end_the_trace_with_everything_written() {
+    tests::require_privileged_env();
+    for (sig, name) in
+        [(libc::SIGINT, "SIGINT"), (libc::SIGTERM, "SIGTERM"), (libc::SIGHUP, "SIGHUP")]
+    {
+        let mut w = Workload::start(workload(), &["spawn", "sleep", "30"], None);
+        let tracer = Tracer::start(w.pid(), &["--quiet", "--no-gpu"]);
+        w.go();
+        std::thread::sleep(Duration::from_millis(1500));
+        let asked = std::time::Instant::now();
+        let t = tracer.stop_with(sig);
+        let took = asked.elapsed();
+        assert_eq!(t.code, Some(0), "{name}: exit status; stderr:\n{}", t.stderr);
+        assert_eq!(t.summary["final"], true, "{name}: the final summary file");
+        let last = t.record.last().expect("a recording");
+        assert_eq!(
+            (last["type"].as_str(), last["final"].as_bool()),
+            (Some("summary"), Some(true)),
+            "{name}"
+        );
+        assert!(took < Duration::from_secs(5), "{name}: took {took:?} to end");
+        assert!(t.process(w.pid())["alive"] == true, "{name}: the job is still running");
+    }
+}
