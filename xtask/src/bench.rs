@@ -68,16 +68,9 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-pub fn run() -> anyhow::Result<()> {
-    anyhow::ensure!(is_root(), "the benchmark loads eBPF programs and makes cgroups: run as root");
-    crate::setup::run_setup(true)?;
-    run_cmd(cargo().args(["build", "--release", "-p", "gpustall", "-p", "tests"]))?;
-    std::env::set_var("GPUSTALL_BIN", workspace_root().join("target/release/gpustall"));
-    tests::require_privileged_env();
-    let _lock = tests::pressure_lock();
-    let _swap = SwapFile::ensure(1024);
-    let _stats = BpfStats::enable();
-
+/// ROUNDS of the swap-heavy workload, untraced then traced: the wall times and the traced
+/// runs' summaries.
+fn rounds() -> anyhow::Result<(Vec<f64>, Vec<f64>, Vec<serde_json::Value>)> {
     let mut plain = Vec::new();
     let mut traced = Vec::new();
     let mut summaries = Vec::new();
@@ -93,6 +86,50 @@ pub fn run() -> anyhow::Result<()> {
         traced.push(t.as_secs_f64());
         summaries.push(s.context("no summary")?);
     }
+    Ok((plain, traced, summaries))
+}
+
+/// The swap-heavy case on the terminal: slowdown, records vs hits, agent cost, per program.
+fn print_swap_heavy(
+    report: &serde_json::Value,
+    programs: &[serde_json::Value],
+    (p, t): (f64, f64),
+    cpu: f64,
+) {
+    println!("\n== gpustall overhead: swap-heavy case ({ROUNDS} rounds, medians) ==");
+    println!("workload: untraced {p:.2} s, traced {t:.2} s: slowdown x{:.3}", t / p);
+    println!(
+        "ring records {:.0}/s reaching userspace vs write_folio hits {:.0}/s (block_bio_queue {:.0}/s)",
+        report["ring_records_per_s"].as_f64().unwrap_or(0.0),
+        report["write_folio_hits_per_s"].as_f64().unwrap_or(0.0),
+        report["block_bio_queue_hits_per_s"].as_f64().unwrap_or(0.0)
+    );
+    println!("agent: {cpu:.2} s CPU while tracing ({:.1}% of one core; start-up not counted), peak RSS {} kB, lost events {}",
+        report["agent_cpu_pct_of_one_core"].as_f64().unwrap_or(0.0), report["agent_peak_rss_kb"], report["lost_events"]);
+    println!("{:<34} {:>10} {:>10}", "program", "runs", "avg ns");
+    for p in programs {
+        if p["run_count"].as_u64().unwrap_or(0) > 0 {
+            println!(
+                "{:<34} {:>10} {:>10.0}",
+                p["name"].as_str().unwrap_or("?"),
+                p["run_count"],
+                p["avg_ns"].as_f64().unwrap_or(0.0)
+            );
+        }
+    }
+}
+
+pub fn run() -> anyhow::Result<()> {
+    anyhow::ensure!(is_root(), "the benchmark loads eBPF programs and makes cgroups: run as root");
+    crate::setup::run_setup(true)?;
+    run_cmd(cargo().args(["build", "--release", "-p", "gpustall", "-p", "tests"]))?;
+    std::env::set_var("GPUSTALL_BIN", workspace_root().join("target/release/gpustall"));
+    tests::require_privileged_env();
+    let _lock = tests::pressure_lock();
+    let _swap = SwapFile::ensure(1024);
+    let _stats = BpfStats::enable();
+
+    let (plain, traced, summaries) = rounds()?;
     let (p, t) = (median(plain.clone()), median(traced.clone()));
     // The traced run whose time is the median describes the overhead.
     let s = &summaries[traced.iter().position(|&x| x == t).unwrap_or(0)];
@@ -128,27 +165,7 @@ pub fn run() -> anyhow::Result<()> {
         "agent_peak_rss_kb": s["overhead"]["agent_peak_rss_kb"],
         "lost_events": s["lost_events"],
     });
-    println!("\n== gpustall overhead: swap-heavy case ({ROUNDS} rounds, medians) ==");
-    println!("workload: untraced {p:.2} s, traced {t:.2} s: slowdown x{:.3}", t / p);
-    println!(
-        "ring records {:.0}/s reaching userspace vs write_folio hits {:.0}/s (block_bio_queue {:.0}/s)",
-        report["ring_records_per_s"].as_f64().unwrap_or(0.0),
-        report["write_folio_hits_per_s"].as_f64().unwrap_or(0.0),
-        report["block_bio_queue_hits_per_s"].as_f64().unwrap_or(0.0)
-    );
-    println!("agent: {cpu:.2} s CPU while tracing ({:.1}% of one core; start-up not counted), peak RSS {} kB, lost events {}",
-        report["agent_cpu_pct_of_one_core"].as_f64().unwrap_or(0.0), report["agent_peak_rss_kb"], report["lost_events"]);
-    println!("{:<34} {:>10} {:>10}", "program", "runs", "avg ns");
-    for p in &programs {
-        if p["run_count"].as_u64().unwrap_or(0) > 0 {
-            println!(
-                "{:<34} {:>10} {:>10.0}",
-                p["name"].as_str().unwrap_or("?"),
-                p["run_count"],
-                p["avg_ns"].as_f64().unwrap_or(0.0)
-            );
-        }
-    }
+    print_swap_heavy(&report, &programs, (p, t), cpu);
     let daemon = watch_cases()?;
     let out = workspace_root().join("target/bench");
     std::fs::create_dir_all(&out)?;

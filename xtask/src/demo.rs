@@ -184,31 +184,28 @@ fn progress(cg: &Path, log: &Path, stderr: &Path, t0: Instant, done: &AtomicBool
     }
 }
 
-pub fn run() -> anyhow::Result<()> {
-    anyhow::ensure!(
-        is_root(),
-        "the demo loads eBPF programs and makes a memory cgroup and a swap file: run it as root (sudo -E cargo xtask demo)"
-    );
-    crate::setup::run_setup(true)?;
-    run_cmd(cargo().args(["build", "-p", "gpustall"]))?;
-    let root = workspace_root().canonicalize().context("the workspace root")?;
-    std::env::set_var("GPUSTALL_BIN", root.join("target/debug/gpustall"));
-    ensure_python()?;
-    tests::require_privileged_env();
+/// The scratch files of one demo run.
+struct Paths {
+    root: PathBuf,
+    script: PathBuf,
+    data: PathBuf,
+    log: PathBuf,
+    stderr: PathBuf,
+}
 
-    let scratch = Scratch::new()?;
-    let data = scratch.0.join("data");
-    let log = scratch.0.join("train.log");
-    let stderr_path = scratch.0.join("workload.stderr");
-    let script = root.join("demo/dataloader_blowup.py");
-    let s = |p: &Path| p.to_str().map(str::to_owned).context("a non-UTF-8 path");
-    let args = [
-        s(&script)?,
+fn utf8(p: &Path) -> anyhow::Result<String> {
+    p.to_str().map(str::to_owned).context("a non-UTF-8 path")
+}
+
+/// The demo workload's command line.
+fn workload_args(p: &Paths) -> anyhow::Result<Vec<String>> {
+    Ok(vec![
+        utf8(&p.script)?,
         "--wait-go".into(),
         "--data-dir".into(),
-        s(&data)?,
+        utf8(&p.data)?,
         "--log".into(),
-        s(&log)?,
+        utf8(&p.log)?,
         "--workers".into(),
         WORKERS.to_string(),
         "--cache-mib-per-batch".into(),
@@ -219,54 +216,40 @@ pub fn run() -> anyhow::Result<()> {
         STEPS.to_string(),
         "--step-ms".into(),
         STEP_MS.to_string(),
-    ];
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    ])
+}
 
-    // One memory-pressure scenario at a time on this machine (tests and bench take it too).
-    let _lock = tests::pressure_lock();
-    let _swap = SwapFile::ensure(SWAP_MIB);
-    let swap_total_mib: u64 = std::fs::read_to_string("/proc/swaps")
+fn swap_total_mib() -> u64 {
+    std::fs::read_to_string("/proc/swaps")
         .unwrap_or_default()
         .lines()
         .skip(1)
         .filter_map(|l| l.split_whitespace().nth(2)?.parse::<u64>().ok())
         .sum::<u64>()
-        .div_ceil(1024);
-    let cg = MemCgroup::new("demo", LIMIT_MIB, true);
+        .div_ceil(1024)
+}
 
+fn intro(p: &Paths, swap_mib: u64) {
     println!("\n== gpustall demo ==");
     println!(
         "A training job shaped like a PyTorch DataLoader memory blow-up ({}):",
-        script.strip_prefix(&root).unwrap_or(&script).display()
+        p.script.strip_prefix(&p.root).unwrap_or(&p.script).display()
     );
     println!("  a trainer and {WORKERS} forked workers named pt_data_worker; each worker reads its batch's files,");
     println!("  hands the batch over in shared memory and keeps {CACHE_MIB_PER_BATCH} MiB per batch in a cache it never frees,");
     println!("  re-reading {MOSAIC} earlier entries per batch (mosaic augmentation); {STEP_MS} ms per step stands in for the GPU.");
-    println!("It runs in a {LIMIT_MIB} MiB memory cgroup, swap allowed ({swap_total_mib} MiB of swap on the machine).");
+    println!("It runs in a {LIMIT_MIB} MiB memory cgroup, swap allowed ({swap_mib} MiB of swap on the machine).");
     println!("gpustall traces it from its first instruction and tails its training log.\n");
+}
 
-    // The tracer opens the training log at start, as with a job that is already running.
-    std::fs::write(&log, "").context("creating the training log")?;
-    let err_file =
-        std::fs::File::create(&stderr_path).context("creating the workload's stderr file")?;
-    let mut workload = {
-        let _redirect = StderrTo::file(&err_file)?;
-        Workload::start(Path::new("python3"), &args, Some(&cg))
-    };
-    let trainer_pid = workload.pid();
-    let tracer = Tracer::start(trainer_pid, &["--log", s(&log)?.as_str()]);
-    // The tracer's files go with it when it is done: keep a second name for the recording.
-    let out = root.join("target/demo");
-    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
-    let record_out = out.join("record.jsonl");
-    let _ = std::fs::remove_file(&record_out);
-    let record_linked = std::fs::hard_link(tracer.record_path(), &record_out).is_ok();
+/// Waits for the workload with a progress line, killing what is left in its cgroup after
+/// [`WORKLOAD_TIMEOUT`]. Returns how long it ran.
+fn drive(workload: &mut Workload, cg: &MemCgroup, p: &Paths) -> anyhow::Result<Duration> {
     let t0 = Instant::now();
     workload.go();
-
     let done = AtomicBool::new(false);
     let status = std::thread::scope(|sc| {
-        sc.spawn(|| progress(&cg.path, &log, &stderr_path, t0, &done));
+        sc.spawn(|| progress(&cg.path, &p.log, &p.stderr, t0, &done));
         let status = loop {
             match workload.child.try_wait() {
                 Ok(Some(st)) => break Ok(Some(st)),
@@ -281,7 +264,6 @@ pub fn run() -> anyhow::Result<()> {
         status
     })
     .context("waiting for the workload")?;
-    let wall = t0.elapsed();
     if status.is_none() {
         println!("  the workload did not end within {WORKLOAD_TIMEOUT:?}: stopping it");
         for pid in std::fs::read_to_string(cg.path.join("cgroup.procs")).unwrap_or_default().lines()
@@ -292,11 +274,20 @@ pub fn run() -> anyhow::Result<()> {
             }
         }
     }
-    let (code, lines) = workload.wait(Duration::from_secs(30));
-    let cgroup_ooms = cg.oom_kills();
-    let trace = tracer.wait(Duration::from_secs(120));
+    Ok(t0.elapsed())
+}
 
-    let stderr_text = std::fs::read_to_string(&stderr_path).unwrap_or_default();
+/// How the workload ended, by its own account: exit, error line, OOM count, training log.
+fn outcome(
+    p: &Paths,
+    trainer_pid: u32,
+    wall: Duration,
+    code: Option<i32>,
+    lines: &[serde_json::Value],
+    cgroup_ooms: u64,
+    swap_mib: u64,
+) {
+    let stderr_text = std::fs::read_to_string(&p.stderr).unwrap_or_default();
     let failure = stderr_text.lines().rfind(|l| l.starts_with("RuntimeError"));
     let mut workers: Vec<(u64, u64)> = lines
         .iter()
@@ -306,24 +297,19 @@ pub fn run() -> anyhow::Result<()> {
     workers.sort_unstable();
     let workers: Vec<String> =
         workers.iter().map(|(i, pid)| format!("{pid} (worker {i})")).collect();
-    let (steps, steps_done) = log_steps(&log);
+    let (steps, steps_done) = log_steps(&p.log);
     let window = steps.len().min(50);
     let (first, last) = (means(&steps[..window]), means(&steps[steps.len() - window..]));
 
     println!("\n== how the workload ended ==");
     println!("trainer pid {trainer_pid}, workers {}", workers.join(", "));
-    match code {
-        Some(c) => {
-            println!("exit status {c} after {:.1} s, at step {steps_done}", wall.as_secs_f64())
-        }
-        None => {
-            println!("killed by a signal after {:.1} s, at step {steps_done}", wall.as_secs_f64())
-        }
-    }
+    let how = if code.is_some() { "exit status" } else { "killed by a signal" };
+    let status = code.map_or(String::new(), |c| format!(" {c}"));
+    println!("{how}{status} after {:.1} s, at step {steps_done}", wall.as_secs_f64());
     match failure {
         Some(l) => println!("its error: {l}"),
         None if code == Some(0) => println!(
-            "it finished all {STEPS} steps without an OOM kill (the machine's swap, {swap_total_mib} MiB, held the caches)"
+            "it finished all {STEPS} steps without an OOM kill (the machine's swap, {swap_mib} MiB, held the caches)"
         ),
         None => {}
     }
@@ -333,20 +319,23 @@ pub fn run() -> anyhow::Result<()> {
          data_time {:.3} s -> {:.3} s (the stand-in GPU work is {STEP_MS} ms of each step)",
         first.1, last.1, first.0, last.0
     );
+}
 
-    println!("\n== gpustall's report ==");
-    print!("{}", trace.stdout);
-    if trace.code != Some(0) {
-        println!("(gpustall exited with {:?}; its stderr:)\n{}", trace.code, trace.stderr);
-    }
-
+/// The recording, summary, log and status lines, left in target/demo/.
+fn save(
+    out: &Path,
+    record_linked: bool,
+    trace: &tests::procs::TraceResult,
+    log: &Path,
+) -> anyhow::Result<()> {
+    let record_out = out.join("record.jsonl");
     if !record_linked {
         // Another file system: write the parsed lines back (same content, keys sorted).
         let lines: Vec<String> = trace.record.iter().map(|v| v.to_string()).collect();
         std::fs::write(&record_out, lines.join("\n") + "\n").context("writing the recording")?;
     }
     std::fs::write(out.join("summary.json"), serde_json::to_string_pretty(&trace.summary)? + "\n")?;
-    std::fs::copy(&log, out.join("train.log")).context("copying the training log")?;
+    std::fs::copy(log, out.join("train.log")).context("copying the training log")?;
     std::fs::write(out.join("gpustall.stderr"), trace.stderr.clone() + "\n")?;
     println!("\n== files ==");
     println!("recording:               target/demo/record.jsonl ({} lines)", trace.record.len());
@@ -354,4 +343,64 @@ pub fn run() -> anyhow::Result<()> {
     println!("training log:            target/demo/train.log");
     println!("gpustall's status lines: target/demo/gpustall.stderr");
     Ok(())
+}
+
+pub fn run() -> anyhow::Result<()> {
+    anyhow::ensure!(
+        is_root(),
+        "the demo loads eBPF programs and makes a memory cgroup and a swap file: run it as root (sudo -E cargo xtask demo)"
+    );
+    crate::setup::run_setup(true)?;
+    run_cmd(cargo().args(["build", "-p", "gpustall"]))?;
+    let root = workspace_root().canonicalize().context("the workspace root")?;
+    std::env::set_var("GPUSTALL_BIN", root.join("target/debug/gpustall"));
+    ensure_python()?;
+    tests::require_privileged_env();
+
+    let scratch = Scratch::new()?;
+    let p = Paths {
+        script: root.join("demo/dataloader_blowup.py"),
+        data: scratch.0.join("data"),
+        log: scratch.0.join("train.log"),
+        stderr: scratch.0.join("workload.stderr"),
+        root: root.clone(),
+    };
+    let args = workload_args(&p)?;
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+
+    // One memory-pressure scenario at a time on this machine (tests and bench take it too).
+    let _lock = tests::pressure_lock();
+    let _swap = SwapFile::ensure(SWAP_MIB);
+    let swap_mib = swap_total_mib();
+    let cg = MemCgroup::new("demo", LIMIT_MIB, true);
+    intro(&p, swap_mib);
+
+    // The tracer opens the training log at start, as with a job that is already running.
+    std::fs::write(&p.log, "").context("creating the training log")?;
+    let err_file =
+        std::fs::File::create(&p.stderr).context("creating the workload's stderr file")?;
+    let mut workload = {
+        let _redirect = StderrTo::file(&err_file)?;
+        Workload::start(Path::new("python3"), &args, Some(&cg))
+    };
+    let trainer_pid = workload.pid();
+    let tracer = Tracer::start(trainer_pid, &["--log", utf8(&p.log)?.as_str()]);
+    // The tracer's files go with it when it is done: keep a second name for the recording.
+    let out = root.join("target/demo");
+    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    let _ = std::fs::remove_file(out.join("record.jsonl"));
+    let record_linked = std::fs::hard_link(tracer.record_path(), out.join("record.jsonl")).is_ok();
+
+    let wall = drive(&mut workload, &cg, &p)?;
+    let (code, lines) = workload.wait(Duration::from_secs(30));
+    let cgroup_ooms = cg.oom_kills();
+    let trace = tracer.wait(Duration::from_secs(120));
+    outcome(&p, trainer_pid, wall, code, &lines, cgroup_ooms, swap_mib);
+
+    println!("\n== gpustall's report ==");
+    print!("{}", trace.stdout);
+    if trace.code != Some(0) {
+        println!("(gpustall exited with {:?}; its stderr:)\n{}", trace.code, trace.stderr);
+    }
+    save(&out, record_linked, &trace, &p.log)
 }

@@ -212,6 +212,9 @@ li{{margin:.2em 0}} table{{border-collapse:collapse;font-size:12px}} td,th{{bord
     o
 }
 
+/// A labelled series of (t_ns, value) points.
+type Series<'a> = (String, &'a [(u64, f64)]);
+
 /// The counter series of the timeline whose track and name `want` labels.
 fn series_of<'a>(
     t: &'a Timeline,
@@ -275,7 +278,7 @@ fn timeline_charts(o: &mut String, t: &Timeline) {
         (*tr == Track::Host && (n == "job_disk_mib_s" || n == "job_reclaim_io_mib_s"))
             .then(|| n.replace("job_", "").replace("_mib_s", " MiB/s"))
     });
-    let charts: [(&str, &str, Vec<(String, &[(u64, f64)])>, bool); 6] = [
+    let charts: [(&str, &str, Vec<Series>, bool); 6] = [
         ("GPU utilisation", "%", gpu, false),
         ("Memory held per process (resident + swapped out)", "MiB", mem, true),
         ("Reclaim stalls (ms stalled per second)", "ms/s", stalls, false),
