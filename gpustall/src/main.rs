@@ -4,6 +4,15 @@
 //! that usually starves a GPU: DataLoader workers grow host memory, the kernel reclaims and
 //! swaps, swap I/O saturates the disk, the OOM killer kills a worker.
 
+/// `eprintln!` that cannot panic: with stderr closed (`gpustall trace 2>&1 | head`) a trace
+/// must go on and still write its files.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 mod cmd;
 mod diagnose;
 mod kernel;
@@ -115,7 +124,7 @@ fn main() {
         for cause in e.chain().skip(1) {
             msg.push_str(&format!(": {cause}"));
         }
-        eprintln!("gpustall: error: {msg}");
+        say!("gpustall: error: {msg}");
         std::process::exit(1);
     }
 }

@@ -32,7 +32,7 @@ pub fn open(opts: Option<&GpuOptions>, state: &mut GpuState) -> (Option<GpuWatch
         Err(why) => (None, why),
     };
     state.status = status.clone();
-    eprintln!("gpustall: {status}");
+    say!("gpustall: {status}");
     let header = GpuHeader {
         enabled: watch.is_some(),
         status,

@@ -24,6 +24,12 @@ pub struct ReportArgs {
 
 pub fn run(args: &ReportArgs) -> anyhow::Result<()> {
     let file = &args.file;
+    let outputs: Vec<(&str, &std::path::Path)> =
+        [("--summary-json", &args.summary_json), ("--html", &args.html)]
+            .into_iter()
+            .filter_map(|(flag, p)| p.as_deref().map(|p| (flag, p)))
+            .collect();
+    crate::output::files::refuse_clashes(&[file], &outputs)?;
     let f = std::fs::File::open(file)
         .with_context(|| format!("cannot open the recording {}", file.display()))?;
     let r = replay(BufReader::new(f));
@@ -39,9 +45,9 @@ pub fn run(args: &ReportArgs) -> anyhow::Result<()> {
     if let Some(path) = &args.html {
         let lines = read_lines(file, r.lines)?;
         let page = html::render(&summary, &timeline::build(&lines));
-        std::fs::write(path, page).with_context(|| format!("writing {}", path.display()))?;
+        crate::output::files::write_private(path, page.as_bytes())?;
     }
-    print!("{}", text::render(&summary));
+    text::print(&text::render(&summary));
     if let Some(e) = r.error {
         anyhow::bail!(
             "{} line {}: {}; the report above covers lines 1-{}",

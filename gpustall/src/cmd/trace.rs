@@ -108,7 +108,7 @@ pub async fn run(opts: TraceOptions) -> anyhow::Result<()> {
         GpuTicks { watch: gpu, every: opts.gpu.as_ref().map_or(Duration::MAX, |g| g.interval) };
     let stop = event_loop::run(&mut t, &mut rings, &mut probes.maps, gpu, opts.duration).await?;
     if t.beat.tty && !opts.quiet {
-        eprintln!();
+        say!();
     }
     log::debug!("trace ended: {stop:?}");
     finish(&opts, t, &probes)
@@ -139,6 +139,7 @@ struct BeatState {
 
 /// Checks, loads and attaches, opens the outputs, seeds the tree from /proc.
 fn setup(opts: &TraceOptions) -> anyhow::Result<(Trace, Probes, Rings, Option<GpuWatch>)> {
+    refuse_clashing_outputs(opts)?;
     preflight::check_pid(opts.pid)?;
     preflight::check_privileges()?;
     preflight::protect_self_from_oom_killer();
@@ -167,7 +168,7 @@ fn setup(opts: &TraceOptions) -> anyhow::Result<(Trace, Probes, Rings, Option<Gp
         r.flush();
     }
     seed(&mut session, &mut probes.maps, opts.pid, start)?;
-    eprintln!(
+    say!(
         "gpustall: tracing pid {} and its descendants ({} processes now, {} tracepoints){}",
         opts.pid,
         session.model.tree.alive_pids().len(),
@@ -189,6 +190,20 @@ fn setup(opts: &TraceOptions) -> anyhow::Result<(Trace, Probes, Rings, Option<Gp
         last_summary: Instant::now(),
     };
     Ok((Trace { session, beat, record_path, scratch, startup_cpu_s }, probes, rings, gpu))
+}
+
+/// `--record x --summary-json x` or `--log f --record f` would destroy one file with the other.
+fn refuse_clashing_outputs(opts: &TraceOptions) -> anyhow::Result<()> {
+    let outputs: Vec<(&str, &Path)> = [
+        ("--record", &opts.record),
+        ("--summary-json", &opts.summary_json),
+        ("--perfetto", &opts.perfetto),
+    ]
+    .into_iter()
+    .filter_map(|(flag, p)| p.as_deref().map(|p| (flag, p)))
+    .collect();
+    let inputs: Vec<&Path> = opts.log.as_deref().into_iter().collect();
+    crate::output::files::refuse_clashes(&inputs, &outputs)
 }
 
 /// The target and its descendants into the kernel's tracked set and the model. Seeded after
@@ -249,11 +264,7 @@ impl Beat for Trace {
                 b.prev_at.elapsed().as_secs_f64(),
                 lost,
             ) + &status_line::live_part(&session.model.gpu, now);
-            if b.tty {
-                eprint!("\r{l}\x1b[K")
-            } else {
-                eprintln!("{l}")
-            }
+            status_line::show(&l, b.tty);
         }
         b.prev = cur;
         b.prev_at = Instant::now();
@@ -287,19 +298,22 @@ fn finish(opts: &TraceOptions, mut t: Trace, probes: &Probes) -> anyhow::Result<
     };
     t.session.observe(Sample::Overhead { t_ns: end, overhead });
     let summary = Summary::of(&t.session.model, end, true);
+    let mut recording_failure = None;
     if let Some(r) = t.session.recorder.as_mut() {
         write_serialize(r.as_mut(), &summary);
         r.sync();
+        recording_failure = r.failure();
     }
     if let Some(path) = &opts.summary_json {
         crate::output::summary::write_json(&summary, path)?;
     }
-    print!("{}", crate::output::text::render(&summary));
+    crate::output::text::print(&crate::output::text::render(&summary));
     if let (Some(out), Some(record)) = (&opts.perfetto, &t.record_path) {
         drop(t.session.recorder.take());
         write_perfetto_from(record, t.scratch.as_deref(), out)?;
     }
-    Ok(())
+    // Everything else is written: now say the recording has holes, and fail.
+    recording_failure.map_or(Ok(()), |f| Err(anyhow::anyhow!(f)))
 }
 
 fn write_perfetto_from(record: &Path, scratch: Option<&Path>, out: &Path) -> anyhow::Result<()> {

@@ -113,7 +113,7 @@ pub fn load_and_warn() -> anyhow::Result<Probes> {
     let tracefs = Tracefs::open()?;
     let probes = load(&tracefs, crate::kernel::btf::task_exit_code_offset())?;
     for s in &probes.skipped {
-        eprintln!("gpustall: warning: tracepoint {s} is not available on this kernel; its data is missing");
+        say!("gpustall: warning: tracepoint {s} is not available on this kernel; its data is missing");
     }
     Ok(probes)
 }

@@ -2,7 +2,6 @@
 //! traced process with its reclaim stalls as slices and its fork/exit/OOM kill/signals as
 //! instants, counter tracks for RSS, GPU utilisation, swap, disk throughput and data_time.
 
-use anyhow::Context as _;
 use serde_json::{json, Value};
 
 use crate::output::timeline::gpu_pid;
@@ -57,8 +56,8 @@ pub fn render(t: &Timeline) -> Value {
 pub fn write_file(lines: &[Value], out: &std::path::Path) -> anyhow::Result<()> {
     let trace = render(&crate::output::timeline::build(lines));
     let text = serde_json::to_string(&trace)?;
-    std::fs::write(out, text).with_context(|| format!("writing {}", out.display()))?;
-    eprintln!("gpustall: wrote {} (open it in https://ui.perfetto.dev)", out.display());
+    crate::output::files::write_private(out, text.as_bytes())?;
+    say!("gpustall: wrote {} (open it in https://ui.perfetto.dev)", out.display());
     Ok(())
 }
 

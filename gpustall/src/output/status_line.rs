@@ -69,6 +69,14 @@ pub fn live_part(state: &GpuState, now_ns: u64) -> String {
     format!(" | gpu {}{stall} | stalls {}", utils.join(","), state.stalls.len())
 }
 
+/// Shows the status line on stderr: redrawn in place on a terminal, a line each otherwise.
+/// A closed stderr is ignored (the trace goes on).
+pub fn show(line: &str, tty: bool) {
+    use std::io::Write as _;
+    let mut err = std::io::stderr().lock();
+    let _ = if tty { write!(err, "\r{line}\x1b[K") } else { writeln!(err, "{line}") };
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -8,6 +8,18 @@ fn mib(bytes: u64) -> f64 {
     bytes as f64 / (1024.0 * 1024.0)
 }
 
+/// Prints the report on stdout. A reader that went away (`gpustall report f | head`) is not an
+/// error: the files the command writes matter more than the lines nobody reads.
+pub fn print(text: &str) {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    if let Err(e) = out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        if e.kind() != std::io::ErrorKind::BrokenPipe {
+            say!("gpustall: cannot print the report: {e}");
+        }
+    }
+}
+
 /// The report: verdict, evidence and advice; the table of processes; OOM kills and host lines.
 pub fn render(s: &Summary) -> String {
     let mut o = String::new();

@@ -4,9 +4,8 @@
 
 use anyhow::Context as _;
 use std::{
-    fs::{File, OpenOptions},
+    fs::File,
     io::{BufWriter, Write},
-    os::unix::fs::OpenOptionsExt,
     path::{Path, PathBuf},
 };
 
@@ -21,6 +20,10 @@ pub trait Sink {
     fn write(&mut self, v: &Value);
     fn flush(&mut self) {}
     fn sync(&mut self) {}
+    /// Why what was written is incomplete, if it is.
+    fn failure(&self) -> Option<String> {
+        None
+    }
 }
 
 /// Writes any serializable value as one line.
@@ -41,28 +44,32 @@ impl Sink for Recorder {
     fn sync(&mut self) {
         Recorder::sync(self)
     }
+    fn failure(&self) -> Option<String> {
+        Recorder::failure(self)
+    }
 }
 
 pub struct Recorder {
     out: BufWriter<File>,
     line: BytesMut,
     path: PathBuf,
+    /// Writes, flushes and syncs that failed, and the first error: reported once as it
+    /// happens and again when the trace ends (a recording with holes is not a success).
+    failures: u64,
+    first_failure: Option<String>,
 }
 
 impl Recorder {
     /// Creates (truncates) the file, readable by its owner only: it names processes and pids.
     pub fn create(path: &Path) -> anyhow::Result<Self> {
-        let file = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(path)
+        let file = crate::output::files::create_private(path)
             .with_context(|| format!("cannot create the recording {}", path.display()))?;
         Ok(Self {
             out: BufWriter::with_capacity(64 * 1024, file),
             line: BytesMut::with_capacity(512),
             path: path.to_path_buf(),
+            failures: 0,
+            first_failure: None,
         })
     }
 
@@ -76,13 +83,35 @@ impl Recorder {
         }
         self.line.put_u8(b'\n');
         if let Err(e) = self.out.write_all(&self.line) {
-            log::error!("writing {}: {e}", self.path.display());
+            self.failed(e);
         }
+    }
+
+    fn failed(&mut self, e: std::io::Error) {
+        self.failures += 1;
+        if self.first_failure.is_none() {
+            say!(
+                "gpustall: error: writing the recording {}: {e}; tracing goes on",
+                self.path.display()
+            );
+            self.first_failure = Some(e.to_string());
+        }
+    }
+
+    /// Why the recording is incomplete, if it is.
+    pub fn failure(&self) -> Option<String> {
+        self.first_failure.as_ref().map(|e| {
+            format!(
+                "the recording {} is incomplete: {} writes failed ({e})",
+                self.path.display(),
+                self.failures
+            )
+        })
     }
 
     pub fn flush(&mut self) {
         if let Err(e) = self.out.flush() {
-            log::error!("flushing {}: {e}", self.path.display());
+            self.failed(e);
         }
     }
 
@@ -90,8 +119,11 @@ impl Recorder {
     /// after an incident, so a crash (of the agent or the machine) loses little.
     pub fn sync(&mut self) {
         self.flush();
+        // A stream (/dev/stdout, a pipe) cannot be synced: that is no failure.
         if let Err(e) = self.out.get_ref().sync_data() {
-            log::error!("syncing {}: {e}", self.path.display());
+            if e.raw_os_error() != Some(libc::EINVAL) {
+                self.failed(e);
+            }
         }
     }
 }

@@ -228,7 +228,7 @@ impl LogSource {
         let tail = if path.exists() {
             Some(crate::sources::trainlog::LogTail::open(path, false)?)
         } else {
-            eprintln!("gpustall: waiting for the training log {} to appear", path.display());
+            say!("gpustall: waiting for the training log {} to appear", path.display());
             None
         };
         Ok(Self { path: path.to_path_buf(), patterns, tail })

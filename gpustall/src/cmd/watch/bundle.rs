@@ -5,7 +5,7 @@
 use anyhow::Context as _;
 use std::{
     io::Write,
-    os::unix::fs::{DirBuilderExt, OpenOptionsExt},
+    os::unix::fs::DirBuilderExt,
     path::{Path, PathBuf},
 };
 
@@ -33,16 +33,6 @@ pub fn rebase_counters(lines: &[Value]) -> Vec<Value> {
         .collect()
 }
 
-fn private_file(path: &Path) -> anyhow::Result<std::fs::File> {
-    std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(path)
-        .with_context(|| format!("creating {}", path.display()))
-}
-
 /// Writes one bundle; returns its directory and the summary.
 pub fn write(
     root: &Path,
@@ -55,7 +45,8 @@ pub fn write(
         .mode(0o700)
         .create(&dir)
         .with_context(|| format!("creating {}", dir.display()))?;
-    let mut rec = std::io::BufWriter::new(private_file(&dir.join("record.jsonl"))?);
+    let mut rec =
+        std::io::BufWriter::new(crate::output::files::create_private(&dir.join("record.jsonl"))?);
     for v in lines {
         serde_json::to_writer(&mut rec, v)?;
         rec.write_all(b"\n")?;
@@ -73,9 +64,10 @@ pub fn write(
     let r = crate::recording::replay::replay(text.as_slice());
     let summary = crate::output::summary::Summary::of(&r.model, r.end_ns, true);
     crate::output::summary::write_json(&summary, &dir.join("summary.json"))?;
-    std::fs::write(dir.join("report.txt"), crate::output::text::render(&summary))?;
+    let report = crate::output::text::render(&summary);
+    crate::output::files::write_private(&dir.join("report.txt"), report.as_bytes())?;
     let trace = crate::output::perfetto::render(&crate::output::timeline::build(lines));
-    std::fs::write(dir.join("trace.json"), serde_json::to_string(&trace)?)?;
+    crate::output::files::write_private(&dir.join("trace.json"), &serde_json::to_vec(&trace)?)?;
     Ok((dir, summary))
 }
 

@@ -218,7 +218,7 @@ impl Daemon {
                     });
                 }
             }
-            eprintln!("gpustall: watching job {name} ({} processes)", members.len());
+            say!("gpustall: watching job {name} ({} processes)", members.len());
             if self.jobs.is_empty() {
                 // The first job's cgroup and cwd stand for the node's context.
                 self.ctx = ContextReader::new(root);
@@ -341,7 +341,7 @@ impl Daemon {
                 }
                 _ => {}
             }
-            eprintln!("gpustall: incident: {} (pid {})", inc.kind, inc.pid);
+            say!("gpustall: incident: {} (pid {})", inc.kind, inc.pid);
             match &mut self.pending {
                 None => self.pending = Some((inc, Instant::now() + self.opts.after)),
                 // One bundle for incidents close together, named after the gravest (the OOM
@@ -402,7 +402,7 @@ impl Daemon {
         let name = format!("incident-{secs:012}-{}-{}", inc.kind, inc.pid);
         match crate::cmd::watch::bundle::write(&self.opts.bundle_dir, &name, &out) {
             Ok((dir, summary)) => {
-                eprintln!(
+                say!(
                     "gpustall: wrote incident bundle {} ({}: {})",
                     dir.display(),
                     summary.verdict.cause,
@@ -413,10 +413,10 @@ impl Daemon {
                     self.opts.max_bundles,
                     self.opts.max_bundle_bytes,
                 ) {
-                    eprintln!("gpustall: removed old bundle {}", old.display());
+                    say!("gpustall: removed old bundle {}", old.display());
                 }
             }
-            Err(e) => eprintln!("gpustall: cannot write the incident bundle: {e:#}"),
+            Err(e) => say!("gpustall: cannot write the incident bundle: {e:#}"),
         }
     }
 
@@ -444,7 +444,7 @@ impl Daemon {
                 if let Some(job) = self.jobs.remove(&root) {
                     self.metrics.forget_job(&job.name);
                     self.last_totals.retain(|k, _| k.0 != job.name);
-                    eprintln!("gpustall: job {} ended", job.name);
+                    say!("gpustall: job {} ended", job.name);
                 }
             }
         }
@@ -468,7 +468,7 @@ pub async fn run(opts: WatchOptions) -> anyhow::Result<()> {
     log::debug!("watch ended: {stop:?}");
     d.take_incidents();
     d.write_bundle(true);
-    eprintln!("gpustall: watch stopped");
+    say!("gpustall: watch stopped");
     Ok(())
 }
 
@@ -516,7 +516,7 @@ async fn setup(opts: WatchOptions) -> anyhow::Result<(Daemon, Probes, Rings, Opt
         last_scan: Instant::now(),
     };
     d.discover(&mut probes.maps, start);
-    eprintln!(
+    say!(
         "gpustall: watching ({} jobs now, {} tracepoints); metrics on http://{listen_addr}/metrics; bundles in {}",
         d.jobs.len(),
         probes.attached.len(),

@@ -1,0 +1,167 @@
+//! Hostile but fair input: symlinks planted by an unprivileged user, an output that is the
+//! input, a reader that goes away, a recording that cannot be written. Nothing may be
+//! destroyed, nothing may panic, and a loss must reach the exit status.
+
+use std::{
+    os::unix::fs::{MetadataExt, PermissionsExt},
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    time::Duration,
+};
+
+use tests::procs::Workload;
+
+fn fixture() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../gpustall/src/recording/testdata/trace-v1.jsonl")
+}
+
+fn gpustall(args: &[&str]) -> (Option<i32>, String) {
+    let o = Command::new(tests::gpustall_bin()).args(args).output().expect("gpustall");
+    (o.status.code(), String::from_utf8_lossy(&o.stderr).into_owned())
+}
+
+/// A directory owned by `nobody`, where `nobody` plants `name -> target`.
+fn planted_link(dir: &Path, name: &str, target: &Path) -> PathBuf {
+    std::os::unix::fs::chown(dir, Some(65534), Some(65534)).expect("chown");
+    let link = dir.join(name);
+    let ok = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "ln", "-s"])
+        .arg(target)
+        .arg(&link)
+        .status()
+        .expect("setpriv ln")
+        .success();
+    assert!(ok, "nobody plants {}", link.display());
+    assert!(std::fs::symlink_metadata(&link).expect("link").file_type().is_symlink());
+    link
+}
+
+#[test]
+fn a_symlink_planted_by_another_user_is_never_followed() {
+    tests::require_privileged_env();
+    let dir = tests::TempDir::new("symlink");
+    // Root's own private file, which the link points at.
+    let victim = dir.path("victim");
+    std::fs::write(&victim, "root's secret").expect("victim");
+    std::fs::set_permissions(&victim, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let shared = dir.path("shared");
+    std::fs::create_dir(&shared).expect("shared dir");
+    let fx = fixture();
+    let fx = fx.to_str().expect("utf-8");
+    for flag in ["--summary-json", "--html"] {
+        let link = planted_link(&shared, &format!("out{flag}"), &victim);
+        let (code, err) = gpustall(&["report", fx, flag, link.to_str().expect("utf-8")]);
+        assert_eq!(code, Some(0), "{flag}: {err}");
+        assert_eq!(
+            std::fs::read_to_string(&victim).expect("victim"),
+            "root's secret",
+            "{flag} wrote through the link"
+        );
+        let meta = std::fs::symlink_metadata(&link).expect("out");
+        assert!(meta.file_type().is_file(), "{flag}: the link was replaced by the output");
+        assert_eq!(meta.mode() & 0o777, 0o600, "{flag}: the output is private");
+        assert_eq!(meta.uid(), 0);
+    }
+    // The recording is written as the trace goes: a link there is refused outright.
+    let link = planted_link(&shared, "record.jsonl", &victim);
+    let mut w = Workload::start(
+        Path::new(env!("CARGO_BIN_EXE_gpustall-workload")),
+        &["spawn", "true"],
+        None,
+    );
+    let (code, err) = gpustall(&[
+        "trace",
+        "--pid",
+        &w.pid().to_string(),
+        "--no-gpu",
+        "--record",
+        link.to_str().expect("utf-8"),
+    ]);
+    w.go();
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("symbolic link"), "{err}");
+    assert_eq!(std::fs::read_to_string(&victim).expect("victim"), "root's secret");
+}
+
+#[test]
+fn an_output_that_is_the_input_is_refused_and_the_recording_kept() {
+    let dir = tests::TempDir::new("clash");
+    let rec = dir.path("rec.jsonl");
+    std::fs::copy(fixture(), &rec).expect("copy");
+    let before = std::fs::read(&rec).expect("read");
+    let r = rec.to_str().expect("utf-8");
+    for args in [
+        vec!["report", r, "--summary-json", r],
+        vec!["report", r, "--html", r],
+        vec!["export", "--perfetto", r, r],
+    ] {
+        let (code, err) = gpustall(&args);
+        assert_eq!(code, Some(1), "{args:?}: {err}");
+        assert!(err.contains("is the recording being read"), "{args:?}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+    }
+    assert_eq!(std::fs::read(&rec).expect("read"), before, "the recording is intact");
+    let (code, err) = gpustall(&["trace", "--pid", "1", "--record", r, "--summary-json", r]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("name the same file"), "{err}");
+    assert_eq!(std::fs::read(&rec).expect("read"), before);
+}
+
+#[test]
+fn a_reader_that_goes_away_is_no_panic() {
+    let mut child = Command::new(tests::gpustall_bin())
+        .arg("report")
+        .arg(fixture())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("report");
+    // Close the pipe before gpustall writes: `gpustall report f | head -0`.
+    drop(child.stdout.take());
+    let out = child.wait_with_output().expect("wait");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(out.status.code(), Some(0), "{err}");
+}
+
+#[test]
+fn a_recording_that_cannot_be_written_fails_the_trace_after_writing_the_rest() {
+    tests::require_privileged_env();
+    let mut w = Workload::start(
+        Path::new(env!("CARGO_BIN_EXE_gpustall-workload")),
+        &["spawn", "sleep", "1"],
+        None,
+    );
+    let dir = tests::TempDir::new("devfull");
+    let summary = dir.path("summary.json");
+    let mut t = Command::new(tests::gpustall_bin())
+        .args([
+            "trace",
+            "--quiet",
+            "--no-gpu",
+            "--record",
+            "/dev/full",
+            "--pid",
+            &w.pid().to_string(),
+        ])
+        .arg("--summary-json")
+        .arg(&summary)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("trace");
+    std::thread::sleep(Duration::from_secs(3));
+    w.go();
+    let (code, _) = w.wait(Duration::from_secs(30));
+    assert_eq!(code, Some(0));
+    let out = t.wait_with_output().expect("trace ends with the job");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("/dev/full is incomplete"), "{err}");
+    assert!(err.contains("No space left on device"), "{err}");
+    let s: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(&summary).expect("the summary is still written"),
+    )
+    .expect("json");
+    assert_eq!(s["final"], true);
+}
