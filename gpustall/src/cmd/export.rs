@@ -4,7 +4,7 @@ use std::{io::BufReader, path::PathBuf};
 
 use anyhow::Context as _;
 
-use crate::recording::replay::{read_lines, replay};
+use crate::recording::replay::replay;
 
 #[derive(clap::Args)]
 pub struct ExportArgs {
@@ -22,11 +22,14 @@ pub fn run(args: &ExportArgs) -> anyhow::Result<()> {
     let f = std::fs::File::open(file)
         .with_context(|| format!("cannot open the recording {}", file.display()))?;
     let r = replay(BufReader::new(f));
+    for w in &r.warnings {
+        say!("gpustall: warning: {}: {w}", file.display());
+    }
     if r.lines == 0 {
         anyhow::bail!("{} is not a gpustall recording", file.display());
     }
-    let lines = read_lines(file, r.lines)?;
-    crate::output::perfetto::write_file(&lines, out)?;
+    let timeline = crate::output::timeline::from_file(file, r.lines)?;
+    crate::output::perfetto::write_file(&timeline, out)?;
     if let Some(e) = r.error {
         anyhow::bail!(
             "{} line {}: {}; the trace covers lines 1-{}",

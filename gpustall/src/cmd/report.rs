@@ -6,7 +6,7 @@ use anyhow::Context as _;
 
 use crate::{
     output::{html, summary::Summary, text, timeline},
-    recording::replay::{read_lines, replay},
+    recording::replay::replay,
 };
 
 #[derive(clap::Args)]
@@ -33,6 +33,9 @@ pub fn run(args: &ReportArgs) -> anyhow::Result<()> {
     let f = std::fs::File::open(file)
         .with_context(|| format!("cannot open the recording {}", file.display()))?;
     let r = replay(BufReader::new(f));
+    for w in &r.warnings {
+        say!("gpustall: warning: {}: {w}", file.display());
+    }
     if r.lines == 0 {
         let why =
             r.error.map_or("it is empty".to_string(), |e| format!("line {}: {}", e.line, e.why));
@@ -43,8 +46,7 @@ pub fn run(args: &ReportArgs) -> anyhow::Result<()> {
         crate::output::summary::write_json(&summary, path)?;
     }
     if let Some(path) = &args.html {
-        let lines = read_lines(file, r.lines)?;
-        let page = html::render(&summary, &timeline::build(&lines));
+        let page = html::render(&summary, &timeline::from_file(file, r.lines)?);
         crate::output::files::write_private(path, page.as_bytes())?;
     }
     text::print(&text::render(&summary));

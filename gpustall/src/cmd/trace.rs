@@ -317,9 +317,9 @@ fn finish(opts: &TraceOptions, mut t: Trace, probes: &Probes) -> anyhow::Result<
 }
 
 fn write_perfetto_from(record: &Path, scratch: Option<&Path>, out: &Path) -> anyhow::Result<()> {
-    let lines = crate::recording::replay::read_lines(record, usize::MAX);
+    let timeline = crate::output::timeline::from_file(record, usize::MAX);
     if let Some(s) = scratch {
         let _ = std::fs::remove_file(s);
     }
-    crate::output::perfetto::write_file(&lines?, out)
+    crate::output::perfetto::write_file(&timeline?, out)
 }

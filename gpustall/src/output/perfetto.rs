@@ -52,9 +52,9 @@ pub fn render(t: &Timeline) -> Value {
     })
 }
 
-/// Renders the recording lines and writes the trace to `out`.
-pub fn write_file(lines: &[Value], out: &std::path::Path) -> anyhow::Result<()> {
-    let trace = render(&crate::output::timeline::build(lines));
+/// Renders the timeline and writes the trace to `out`.
+pub fn write_file(timeline: &Timeline, out: &std::path::Path) -> anyhow::Result<()> {
+    let trace = render(timeline);
     let text = serde_json::to_string(&trace)?;
     crate::output::files::write_private(out, text.as_bytes())?;
     say!("gpustall: wrote {} (open it in https://ui.perfetto.dev)", out.display());

@@ -69,9 +69,23 @@ struct Totals {
 
 /// The timeline of a recording's lines (any recording: only the JSON is read).
 pub fn build<'a>(lines: impl IntoIterator<Item = &'a Value>) -> Timeline {
-    let mut t = Timeline::default();
-    let mut totals = Totals::default();
+    let mut b = Builder::default();
     for v in lines {
+        b.add(v);
+    }
+    b.t
+}
+
+/// A timeline built one line at a time (a recording streamed from its file).
+#[derive(Default)]
+pub struct Builder {
+    pub t: Timeline,
+    totals: Totals,
+}
+
+impl Builder {
+    pub fn add(&mut self, v: &Value) {
+        let t = &mut self.t;
         let ts = v["t_ns"].as_u64().unwrap_or(0);
         t.end_ns = t.end_ns.max(ts);
         let pid = v["pid"].as_u64().unwrap_or(0) as u32;
@@ -81,12 +95,18 @@ pub fn build<'a>(lines: impl IntoIterator<Item = &'a Value>) -> Timeline {
                 t.end_ns = t.start_ns;
             }
             Some("event") => t.event(v, ts, pid),
-            Some("sample") => t.sample(v, ts, pid, &mut totals),
+            Some("sample") => t.sample(v, ts, pid, &mut self.totals),
             Some("summary") if v["final"] == true => t.verdict = Some(v["verdict"].clone()),
             _ => {}
         }
     }
-    t
+}
+
+/// The timeline of a recording file's first `max_lines` lines, streamed.
+pub fn from_file(file: &std::path::Path, max_lines: usize) -> anyhow::Result<Timeline> {
+    let mut b = Builder::default();
+    crate::recording::replay::for_each_line(file, max_lines, |v| b.add(v))?;
+    Ok(b.t)
 }
 
 impl Timeline {

@@ -14,6 +14,51 @@ use crate::model::samples::Sample;
 use crate::model::Model;
 use crate::recording::writer::event_from_json;
 
+/// A line longer than this is not a record (a recording's lines are a few KB; a summary of
+/// thousands of processes a few MB): it is an error naming the line, never a reason to hold
+/// gigabytes (`report /dev/zero`, a NUL-filled tail after a crash).
+pub const MAX_LINE_BYTES: usize = 64 << 20;
+
+/// How far back in time (ns) a line may be before it counts as out of order: the two rings
+/// are drained every 100 ms and samples stamped once a second, so a few seconds is normal.
+const OUT_OF_ORDER_NS: u64 = 5_000_000_000;
+
+/// How many recent lines are remembered to tell a duplicated line (a retried copy, `cat f f`).
+const DUPLICATE_WINDOW: usize = 65_536;
+
+/// Reads `\n`-terminated lines of at most [`MAX_LINE_BYTES`].
+pub struct Lines<R> {
+    input: R,
+    line: usize,
+}
+
+impl<R: BufRead> Lines<R> {
+    pub fn new(input: R) -> Self {
+        Self { input, line: 0 }
+    }
+
+    /// The next line (without its newline), `None` at the end; `Err` names the line.
+    pub fn next_line(&mut self, buf: &mut Vec<u8>) -> Option<Result<usize, ReplayError>> {
+        buf.clear();
+        self.line += 1;
+        let limit = MAX_LINE_BYTES as u64 + 1;
+        match std::io::Read::take(&mut self.input, limit).read_until(b'\n', buf) {
+            Ok(0) => None,
+            Ok(_) if buf.len() > MAX_LINE_BYTES => Some(Err(ReplayError {
+                line: self.line,
+                why: format!("longer than {} MiB: not a record", MAX_LINE_BYTES >> 20),
+            })),
+            Ok(_) => {
+                if buf.last() == Some(&b'\n') {
+                    buf.pop();
+                }
+                Some(Ok(self.line))
+            }
+            Err(e) => Some(Err(ReplayError { line: self.line, why: format!("cannot read: {e}") })),
+        }
+    }
+}
+
 /// Where and why a replay stopped early.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReplayError {
@@ -32,9 +77,86 @@ pub struct Replay {
     pub error: Option<ReplayError>,
     /// The recording's own final summary, when it has one.
     pub recorded_summary: Option<Value>,
+    /// What was odd but not fatal (duplicates skipped, lines out of time order), one line each.
+    pub warnings: Vec<String>,
+}
+
+/// Duplicated and out-of-order lines, counted as the replay goes.
+#[derive(Default)]
+struct Oddities {
+    recent: std::collections::VecDeque<u64>,
+    seen: std::collections::HashSet<u64>,
+    duplicates: usize,
+    first_duplicate: usize,
+    max_t_ns: u64,
+    out_of_order: usize,
+    first_out_of_order: usize,
+    worst_back_ns: u64,
+}
+
+impl Oddities {
+    /// True when this exact line was among the recent ones: skip it.
+    fn duplicate(&mut self, n: usize, line: &[u8]) -> bool {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        line.hash(&mut h);
+        let h = h.finish();
+        if !self.seen.insert(h) {
+            self.duplicates += 1;
+            if self.first_duplicate == 0 {
+                self.first_duplicate = n;
+            }
+            return true;
+        }
+        self.recent.push_back(h);
+        if self.recent.len() > DUPLICATE_WINDOW {
+            if let Some(old) = self.recent.pop_front() {
+                self.seen.remove(&old);
+            }
+        }
+        false
+    }
+
+    fn time(&mut self, n: usize, t_ns: Option<u64>) {
+        let Some(t) = t_ns else { return };
+        if t + OUT_OF_ORDER_NS < self.max_t_ns {
+            self.out_of_order += 1;
+            if self.first_out_of_order == 0 {
+                self.first_out_of_order = n;
+            }
+            self.worst_back_ns = self.worst_back_ns.max(self.max_t_ns - t);
+        }
+        self.max_t_ns = self.max_t_ns.max(t);
+    }
+
+    fn warnings(&self) -> Vec<String> {
+        let mut w = Vec::new();
+        if self.duplicates > 0 {
+            w.push(format!(
+                "{} duplicated lines skipped (the first at line {})",
+                self.duplicates, self.first_duplicate
+            ));
+        }
+        if self.out_of_order > 0 {
+            w.push(format!(
+                "{} lines out of time order (the first at line {}, up to {:.1} s back): replayed in file order",
+                self.out_of_order,
+                self.first_out_of_order,
+                self.worst_back_ns as f64 / 1e9
+            ));
+        }
+        w
+    }
 }
 
 fn apply_header(model: &mut Model, h: &Value) -> Result<(), String> {
+    let version = h["version"].as_u64().unwrap_or(1);
+    if version > u64::from(crate::recording::header::VERSION) {
+        return Err(format!(
+            "recording format version {version} is newer than this gpustall reads ({}): use a newer gpustall",
+            crate::recording::header::VERSION
+        ));
+    }
     let start = h["start_ns"].as_u64().ok_or("the header has no start_ns")?;
     model.start_ns = start;
     model.last_ns = start;
@@ -80,42 +202,27 @@ pub fn replay(input: impl BufRead) -> Replay {
         lines: 0,
         error: None,
         recorded_summary: None,
+        warnings: Vec::new(),
     };
-    for (i, line) in input.split(b'\n').enumerate() {
-        let n = i + 1;
-        let line = match line {
-            Ok(l) => l,
+    let mut odd = Oddities::default();
+    let mut lines = Lines::new(input);
+    let mut line = Vec::new();
+    while let Some(n) = lines.next_line(&mut line) {
+        let n = match n {
+            Ok(n) => n,
             Err(e) => {
-                r.error = Some(ReplayError { line: n, why: format!("cannot read: {e}") });
+                r.error = Some(e);
                 break;
             }
         };
         if line.iter().all(u8::is_ascii_whitespace) {
             continue;
         }
-        let v: Value = match serde_json::from_slice(&line) {
-            Ok(v) => v,
-            Err(e) => {
-                let why = if e.is_eof() {
-                    "truncated (the line ends mid-record)".to_string()
-                } else {
-                    format!("not JSON ({e})")
-                };
-                r.error = Some(ReplayError { line: n, why });
-                break;
-            }
-        };
-        let result = if n == 1 {
-            if v["type"] != "header" {
-                Err("not a gpustall recording: the first line is not a header".to_string())
-            } else {
-                r.header = v.clone();
-                apply_header(&mut r.model, &v)
-            }
-        } else {
-            apply_line(&mut r, v)
-        };
-        if let Err(why) = result {
+        if n > 1 && odd.duplicate(n, &line) {
+            r.lines = n;
+            continue;
+        }
+        if let Err(why) = replay_line(&mut r, &mut odd, n, &line) {
             r.error = Some(ReplayError { line: n, why });
             break;
         }
@@ -124,22 +231,55 @@ pub fn replay(input: impl BufRead) -> Replay {
     if r.recorded_summary.is_none() {
         r.end_ns = r.model.last_ns;
     }
+    r.warnings = odd.warnings();
     let end = r.end_ns;
     r.model.finish(end);
     r
 }
 
-/// The first `max_lines` lines of a recording that parse (a corrupt tail is left out, as the
-/// replay leaves it out).
-pub fn read_lines(file: &Path, max_lines: usize) -> anyhow::Result<Vec<Value>> {
-    let f = std::fs::File::open(file)
+fn replay_line(r: &mut Replay, odd: &mut Oddities, n: usize, line: &[u8]) -> Result<(), String> {
+    let v: Value = serde_json::from_slice(line).map_err(|e| {
+        if e.is_eof() {
+            "truncated (the line ends mid-record)".to_string()
+        } else {
+            format!("not JSON ({e})")
+        }
+    })?;
+    if n == 1 {
+        if v["type"] != "header" {
+            return Err("not a gpustall recording: the first line is not a header".to_string());
+        }
+        r.header = v.clone();
+        return apply_header(&mut r.model, &v);
+    }
+    if v["type"] != "summary" {
+        odd.time(n, v["t_ns"].as_u64());
+    }
+    apply_line(r, v)
+}
+
+/// Calls `f` on each line of a recording that parses, up to `max_lines` (a corrupt tail is
+/// left out, as the replay leaves it out), one at a time: memory does not grow with the file.
+pub fn for_each_line(
+    file: &Path,
+    max_lines: usize,
+    mut f: impl FnMut(&Value),
+) -> anyhow::Result<()> {
+    let input = std::fs::File::open(file)
         .with_context(|| format!("cannot open the recording {}", file.display()))?;
-    Ok(BufReader::new(f)
-        .lines()
-        .take(max_lines)
-        .map_while(Result::ok)
-        .map_while(|l| serde_json::from_str(&l).ok())
-        .collect())
+    let mut lines = Lines::new(BufReader::new(input));
+    let mut line = Vec::new();
+    while let Some(Ok(n)) = lines.next_line(&mut line) {
+        if n > max_lines {
+            break;
+        }
+        match serde_json::from_slice::<Value>(&line) {
+            Ok(v) => f(&v),
+            Err(_) if line.iter().all(u8::is_ascii_whitespace) => {}
+            Err(_) => break,
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -198,6 +338,7 @@ mod tests {
         let text = include_str!("testdata/trace-v1.jsonl");
         let r = replay(text.as_bytes());
         assert!(r.error.is_none(), "{:?}", r.error);
+        assert!(r.warnings.is_empty(), "a clean recording: {:?}", r.warnings);
         let recorded = r.recorded_summary.clone().expect("the recording's final summary");
         let replayed =
             serde_json::to_value(crate::output::summary::Summary::of(&r.model, r.end_ns, true))
@@ -225,5 +366,45 @@ mod tests {
             "signal",
         ];
         assert_eq!(kinds, all.iter().map(|k| k.to_string()).collect());
+    }
+
+    #[test]
+    fn a_newer_format_is_refused_with_what_to_do() {
+        let text = r#"{"type":"header","version":99,"start_ns":1,"gpu":{"enabled":false}}"#;
+        let r = replay(text.as_bytes());
+        let e = r.error.expect("refused");
+        assert_eq!(e.line, 1);
+        assert!(e.why.contains("version 99 is newer"), "{}", e.why);
+    }
+
+    #[test]
+    fn duplicated_lines_are_skipped_and_time_travel_is_warned() {
+        let fork = r#"{"type":"event","kind":"fork","t_ns":9000000000,"pid":1,"tid":1,"comm":"a","child_pid":2,"clone_flags":0}"#;
+        let early = r#"{"type":"sample","kind":"vanished","t_ns":1000,"pid":2}"#;
+        let text = format!("{HEADER}\n{fork}\n{fork}\n{early}\n");
+        let r = replay(text.as_bytes());
+        assert!(r.error.is_none(), "{:?}", r.error);
+        assert_eq!(r.model.events, 1, "the copy is not applied twice");
+        assert_eq!(r.warnings.len(), 2, "{:?}", r.warnings);
+        assert!(
+            r.warnings[0].contains("1 duplicated lines skipped (the first at line 3)"),
+            "{:?}",
+            r.warnings
+        );
+        assert!(
+            r.warnings[1].contains("out of time order (the first at line 4"),
+            "{:?}",
+            r.warnings
+        );
+    }
+
+    #[test]
+    fn a_line_without_end_is_an_error_not_a_memory_hog() {
+        let mut input = format!("{HEADER}\n").into_bytes();
+        input.extend(std::iter::repeat_n(0u8, MAX_LINE_BYTES + 10));
+        let r = replay(input.as_slice());
+        let e = r.error.expect("refused");
+        assert_eq!((e.line, r.lines), (2, 1));
+        assert!(e.why.contains("longer than"), "{}", e.why);
     }
 }
