@@ -72,6 +72,8 @@ and keeps running when jobs die or the kernel lacks a tracepoint. See deploy/ fo
 and a Kubernetes DaemonSet.",
         after_help = "DURATIONS:\n    Every D takes a bare number as seconds (30, 1.5), as timeout(1) and sleep(1) \
 do, or a number with units: 500ms, 90s, 10m, 1h30m.\n\n\
+SIZES:\n    Bytes, or with a unit: 64MiB, 512M (K, M, G, T and KiB, MiB.. are 1024-based; KB, MB, GB \
+are 1000-based).\n\n\
 EXAMPLES:\n    sudo gpustall watch --match 'comm:^python' --bundle-dir /var/lib/gpustall/incidents\n    \
 sudo gpustall watch --match 'cgroup:kubepods' --listen 0.0.0.0:9464"
     )]

@@ -165,3 +165,101 @@ fn a_recording_that_cannot_be_written_fails_the_trace_after_writing_the_rest() {
     .expect("json");
     assert_eq!(s["final"], true);
 }
+
+/// `sleep 30` whose own child has exited unreaped: a zombie.
+fn zombie_parent() -> (std::process::Child, u32) {
+    let parent = Command::new("sh").args(["-c", "sleep 0 & exec sleep 30"]).spawn().expect("sh");
+    let end = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let children = std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", parent.id()))
+            .unwrap_or_default();
+        if let Some(z) =
+            children.split_whitespace().filter_map(|c| c.parse::<u32>().ok()).find(|c| {
+                std::fs::read_to_string(format!("/proc/{c}/stat")).is_ok_and(|s| {
+                    s.rsplit(')').next().is_some_and(|r| r.trim_start().starts_with('Z'))
+                })
+            })
+        {
+            return (parent, z);
+        }
+        assert!(std::time::Instant::now() < end, "no zombie child appeared");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_zombie_is_not_traced_as_alive() {
+    tests::require_privileged_env();
+    let (mut parent, zombie) = zombie_parent();
+    let (code, err) = gpustall(&["trace", "--pid", &zombie.to_string(), "--no-gpu"]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("has exited (a zombie"), "{err}");
+    // As a descendant it is left out: the trace holds the parent only.
+    let dir = tests::TempDir::new("zombie");
+    let summary = dir.path("s.json");
+    let o = Command::new(tests::gpustall_bin())
+        .args([
+            "trace",
+            "--quiet",
+            "--no-gpu",
+            "--duration",
+            "2",
+            "--pid",
+            &parent.id().to_string(),
+        ])
+        .arg("--summary-json")
+        .arg(&summary)
+        .output()
+        .expect("trace");
+    let _ = parent.kill();
+    let _ = parent.wait();
+    assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stderr));
+    let s: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&summary).expect("summary")).expect("json");
+    let pids: Vec<u64> = s["processes"]
+        .as_array()
+        .expect("processes")
+        .iter()
+        .filter_map(|p| p["pid"].as_u64())
+        .collect();
+    assert_eq!(
+        pids,
+        vec![u64::from(parent.id())],
+        "the zombie {zombie} is not a live process of the job"
+    );
+}
+
+#[test]
+fn a_fifo_as_the_training_log_is_refused_not_a_hang() {
+    tests::require_privileged_env();
+    let dir = tests::TempDir::new("fifo");
+    let fifo = dir.path("train.log");
+    let ok = Command::new("mkfifo").arg(&fifo).status().expect("mkfifo").success();
+    assert!(ok);
+    let started = std::time::Instant::now();
+    let (code, err) = gpustall(&[
+        "trace",
+        "--pid",
+        "1",
+        "--no-gpu",
+        "--duration",
+        "2",
+        "--log",
+        fifo.to_str().expect("utf-8"),
+    ]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("is not a regular file"), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(20), "it did not block");
+}
+
+#[test]
+fn out_of_range_flags_are_refused_by_the_cli() {
+    for args in [
+        vec!["trace", "--pid", "1", "--stall-threshold", "200"],
+        vec!["watch", "--max-bundles", "0"],
+        vec!["watch", "--memory-budget", "lots"],
+    ] {
+        let (code, err) = gpustall(&args);
+        assert_eq!(code, Some(2), "{args:?}: {err}");
+    }
+}

@@ -219,3 +219,38 @@ fn watch_follows_a_process_that_nvml_lists_on_a_gpu() {
     let (code, _) = job.wait(Duration::from_secs(30));
     assert_eq!(code, Some(0));
 }
+
+/// An idle daemon (no job at all) ends on the first SIGINT, and on SIGTERM and SIGHUP.
+#[test]
+fn an_idle_watch_ends_on_the_first_signal() {
+    tests::require_privileged_env();
+    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+        let dir = tests::TempDir::new("watch-idle");
+        let mut cmd = Command::new(tests::gpustall_bin());
+        cmd.args([
+            "watch",
+            "--no-gpu",
+            "--listen",
+            "127.0.0.1:0",
+            "--match",
+            &format!("comm:^{}$", unique_comm()),
+        ])
+        .arg("--bundle-dir")
+        .arg(&dir.0);
+        let mut w = Watcher::spawn(cmd);
+        w.wait_for("metrics on http://", Duration::from_secs(60));
+        std::thread::sleep(Duration::from_millis(1500));
+        let asked = Instant::now();
+        // SAFETY: plain kill of our child.
+        unsafe { libc::kill(w.child.id() as i32, sig) };
+        let end = asked + Duration::from_secs(5);
+        let status = loop {
+            if let Ok(Some(s)) = w.child.try_wait() {
+                break s;
+            }
+            assert!(Instant::now() < end, "signal {sig}: watch did not end within 5 s");
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert_eq!(status.code(), Some(0), "signal {sig}");
+    }
+}

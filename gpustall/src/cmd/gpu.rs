@@ -52,7 +52,7 @@ pub struct GpuArgs {
     #[arg(long, value_name = "D", value_parser = crate::cmd::units::parse_duration)]
     gpu_interval: Option<std::time::Duration>,
     /// A GPU at or under this utilisation (%) is idle.
-    #[arg(long, value_name = "PCT", default_value_t = 5)]
+    #[arg(long, value_name = "PCT", default_value_t = 5, value_parser = clap::value_parser!(u32).range(0..=100))]
     stall_threshold: u32,
     /// An idle GPU of the job is a stall once it has been idle this long [default: 3s for trace,
     /// 30s for watch].

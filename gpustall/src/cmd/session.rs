@@ -73,6 +73,8 @@ pub struct Session {
     /// An incident arrived: sync the recording now.
     incident: bool,
     last_sync: Instant,
+    /// Processes seen as zombies at the last beat.
+    zombies: std::collections::HashSet<u32>,
 }
 
 impl Session {
@@ -86,6 +88,7 @@ impl Session {
             incidents: Vec::new(),
             incident: false,
             last_sync: Instant::now(),
+            zombies: std::collections::HashSet::new(),
         }
     }
 
@@ -177,11 +180,19 @@ impl Session {
     /// /proc memory of live processes; processes that vanished without an exit event (lost)
     /// are marked gone so the trace can end.
     fn sample_proc(&mut self, now: u64) {
+        let was_zombie = std::mem::take(&mut self.zombies);
         for pid in self.model.tree.alive_pids() {
             match procfs::sample_mem(pid) {
                 Some(mem) => self.observe(Sample::ProcMem { t_ns: now, pid, mem }),
                 None if !procfs::exists(pid) => self.observe(Sample::Vanished { t_ns: now, pid }),
-                None => {} // a zombie: its exit event is on its way
+                // A zombie: its exit event is on its way, unless it was lost; one still alive
+                // in the model a beat later lost it.
+                None if was_zombie.contains(&pid) => {
+                    self.observe(Sample::Vanished { t_ns: now, pid })
+                }
+                None => {
+                    self.zombies.insert(pid);
+                }
             }
         }
     }

@@ -218,7 +218,8 @@ fn seed(
     for _pass in 0..2 {
         let all = procfs::all_processes();
         for p in procfs::descendants_of(target, &all) {
-            if session.model.tree.contains(p.pid) {
+            // Tracing pid 1 covers gpustall too: it must not trace its own reads and writes.
+            if session.model.tree.contains(p.pid) || p.pid == std::process::id() {
                 continue;
             }
             maps.track(p.pid).context("adding a process to the kernel's tracked map")?;

@@ -1,5 +1,6 @@
-//! How durations are written on the command line: the way timeout(1) and sleep(1) take them.
+//! How durations and sizes are written on the command line.
 //!
+//! Durations the way timeout(1) and sleep(1) take them.
 //! A bare number is seconds (`30`, `1.5`); a number with a unit is read by humantime (`90s`,
 //! `10m`, `1h30m`, `500ms`). Durations longer than [`MAX_DURATION`] are refused: nothing the
 //! tool does needs more, and a huge value would overflow the deadline arithmetic.
@@ -31,6 +32,36 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
+/// What `--help` says a size is.
+pub const SIZE_HELP: &str =
+    "bytes, or with a unit: 64MiB, 512M (K, M, G, T and KiB.. are 1024-based; KB, MB, GB are 1000-based)";
+
+/// Parses a command-line size in bytes (clap `value_parser`): `67108864`, `64MiB`, `64M`,
+/// `1.5G`, `500MB`.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: f64 = num.parse().map_err(|_| format!("{s:?} is not a size ({SIZE_HELP})"))?;
+    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kib" => 1 << 10,
+        "m" | "mib" => 1 << 20,
+        "g" | "gib" => 1 << 30,
+        "t" | "tib" => 1 << 40,
+        "kb" => 1_000,
+        "mb" => 1_000_000,
+        "gb" => 1_000_000_000,
+        "tb" => 1_000_000_000_000,
+        _ => return Err(format!("{s:?}: unknown unit ({SIZE_HELP})")),
+    };
+    let bytes = n * mult as f64;
+    if !bytes.is_finite() || bytes >= u64::MAX as f64 {
+        return Err(format!("{s:?} is too large"));
+    }
+    Ok(bytes as u64)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -60,5 +91,19 @@ mod tests {
             assert!(!e.is_empty(), "{bad}");
         }
         assert!(parse_duration("soon").expect_err("soon").contains("bare number is seconds"));
+    }
+
+    #[test]
+    fn sizes_take_the_usual_units() {
+        assert_eq!(parse_size("67108864"), Ok(64 << 20));
+        assert_eq!(parse_size("64MiB"), Ok(64 << 20));
+        assert_eq!(parse_size("64M"), Ok(64 << 20));
+        assert_eq!(parse_size("64 MiB"), Ok(64 << 20));
+        assert_eq!(parse_size("1.5G"), Ok(3 << 29));
+        assert_eq!(parse_size("500MB"), Ok(500_000_000));
+        assert_eq!(parse_size("0"), Ok(0));
+        for bad in ["", "lots", "64XB", "-1", "1e30T", "99999999999999999999999T"] {
+            assert!(parse_size(bad).is_err(), "{bad}");
+        }
     }
 }

@@ -11,6 +11,12 @@ pub fn check_pid(pid: u32) -> anyhow::Result<()> {
     if pid == 0 || !crate::sources::procfs::exists(pid) {
         bail!("no such process: {pid} (check the pid with `ps -p {pid}`; the trainer may have exited)");
     }
+    if crate::sources::procfs::is_zombie(pid) {
+        bail!("process {pid} has exited (a zombie its parent has not reaped): there is nothing left to trace");
+    }
+    if pid == std::process::id() {
+        bail!("pid {pid} is gpustall itself: give the trainer's pid");
+    }
     Ok(())
 }
 
@@ -69,6 +75,8 @@ mod tests {
         assert!(check_pid(0).is_err());
         let msg = check_pid(u32::MAX - 1).expect_err("no such pid").to_string();
         assert!(msg.starts_with("no such process"), "{msg}");
-        assert!(check_pid(std::process::id()).is_ok());
+        let me = check_pid(std::process::id()).expect_err("itself").to_string();
+        assert!(me.contains("is gpustall itself"), "{me}");
+        assert!(check_pid(1).is_ok());
     }
 }

@@ -39,14 +39,23 @@ pub fn all_processes() -> Vec<ProcEntry> {
     let Ok(iter) = procfs::process::all_processes() else {
         return Vec::new();
     };
+    // Zombies have exited already: there is nothing to trace and no exit event to wait for.
     iter.filter_map(|p| p.ok())
         .filter_map(|p| p.stat().ok())
+        .filter(|s| s.state != 'Z' && s.state != 'X')
         .map(|s| ProcEntry { pid: s.pid as u32, ppid: s.ppid as u32, comm: s.comm })
         .collect()
 }
 
 pub fn exists(pid: u32) -> bool {
     std::path::Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// Exited but not yet reaped by its parent: no exit event will ever come for it.
+pub fn is_zombie(pid: u32) -> bool {
+    procfs::process::Process::new(pid as i32)
+        .and_then(|p| p.stat())
+        .is_ok_and(|s| s.state == 'Z' || s.state == 'X')
 }
 
 /// Memory of one process, or `None` once it is gone (or a zombie without an mm).

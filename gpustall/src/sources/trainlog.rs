@@ -19,10 +19,13 @@ use regex::Regex;
 use crate::model::steps::StepTimes;
 
 /// mmengine/mmcv style: `data_time: 0.7384`.
-const DATA_TIME_RE: &str = r"\bdata_time[:=]\s*([0-9]*\.?[0-9]+)";
+const DATA_TIME_RE: &str = r"\bdata_time[:=]\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)";
 /// `time: 0.2154`, but not the `time` inside `data_time`: it must start the line or follow a
 /// space, comma or parenthesis.
-const ITER_TIME_RE: &str = r"(?:^|[\s,(])time[:=]\s*([0-9]*\.?[0-9]+)";
+const ITER_TIME_RE: &str = r"(?:^|[\s,(])time[:=]\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)";
+
+/// A step time above this (a day) is no step time: a garbled or foreign line.
+const MAX_STEP_S: f64 = 86_400.0;
 
 /// At most this much is read per poll, so a large log opened from the start cannot hold the
 /// loop for long or take much memory; the rest comes on later polls.
@@ -69,7 +72,7 @@ impl LogPatterns {
 /// Group 1 of the first match, as a finite number.
 fn first_number(re: &Regex, line: &str) -> Option<f64> {
     let v: f64 = re.captures(line)?.get(1)?.as_str().parse().ok()?;
-    v.is_finite().then_some(v)
+    (v.is_finite() && v <= MAX_STEP_S).then_some(v)
 }
 
 /// Follows a log file as it grows, like `tail -F`.
@@ -226,6 +229,7 @@ impl LogSource {
         let patterns = crate::sources::trainlog::LogPatterns::new(regex)
             .context("--log-regex is not a valid regular expression")?;
         let tail = if path.exists() {
+            ensure_regular(path)?;
             Some(crate::sources::trainlog::LogTail::open(path, false)?)
         } else {
             say!("gpustall: waiting for the training log {} to appear", path.display());
@@ -237,10 +241,29 @@ impl LogSource {
     /// New complete lines (all of a file that appeared after the start: it is this run's).
     pub fn poll(&mut self) -> Vec<String> {
         if self.tail.is_none() && self.path.exists() {
-            self.tail = crate::sources::trainlog::LogTail::open(&self.path, true).ok();
+            match ensure_regular(&self.path) {
+                Ok(()) => {
+                    self.tail = crate::sources::trainlog::LogTail::open(&self.path, true).ok()
+                }
+                Err(e) => {
+                    say!("gpustall: warning: {e:#}; not reading it");
+                    self.path = std::path::PathBuf::new();
+                }
+            }
         }
         self.tail.as_mut().map(|t| t.poll()).unwrap_or_default()
     }
+}
+
+/// A FIFO or a device would block the agent's loop on open or read: only a file is tailed.
+fn ensure_regular(path: &std::path::Path) -> anyhow::Result<()> {
+    let meta = std::fs::metadata(path).with_context(|| format!("--log {}", path.display()))?;
+    anyhow::ensure!(
+        meta.is_file(),
+        "--log {} is not a regular file (a FIFO or device would block): give the log file itself",
+        path.display()
+    );
+    Ok(())
 }
 
 #[cfg(test)]

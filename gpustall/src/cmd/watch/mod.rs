@@ -61,14 +61,15 @@ pub struct WatchArgs {
     #[arg(long, value_name = "D", default_value = "10s", value_parser = crate::cmd::units::parse_duration)]
     after: Duration,
     /// Keep at most this many bundles (oldest removed first).
-    #[arg(long, value_name = "N", default_value_t = 20)]
-    max_bundles: usize,
-    /// Keep bundles within this many bytes in all (oldest removed first).
-    #[arg(long, value_name = "BYTES", default_value_t = 512 << 20)]
+    #[arg(long, value_name = "N", default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..))]
+    max_bundles: u64,
+    /// Keep bundles within this size in all (oldest removed first); e.g. 512MiB, 2G.
+    #[arg(long, value_name = "SIZE", default_value = "512MiB", value_parser = crate::cmd::units::parse_size)]
     max_bundle_bytes: u64,
-    /// Memory for the flight recorder, in bytes.
-    #[arg(long, value_name = "BYTES", default_value_t = 64 << 20)]
-    memory_budget: usize,
+    /// Memory for the flight recorder; e.g. 64MiB, 128M. Older lines are dropped (and counted)
+    /// to stay within it.
+    #[arg(long, value_name = "SIZE", default_value = "64MiB", value_parser = crate::cmd::units::parse_size)]
+    memory_budget: u64,
     /// How often /proc is scanned for new jobs.
     #[arg(long, value_name = "D", default_value = "2s", value_parser = crate::cmd::units::parse_duration)]
     scan_every: Duration,
@@ -85,9 +86,9 @@ impl WatchArgs {
             window: self.window,
             before: self.before,
             after: self.after,
-            max_bundles: self.max_bundles,
+            max_bundles: self.max_bundles as usize,
             max_bundle_bytes: self.max_bundle_bytes,
-            memory_budget: self.memory_budget,
+            memory_budget: usize::try_from(self.memory_budget).unwrap_or(usize::MAX),
             scan_every: self.scan_every,
             // A daemon samples less often and calls only long idle periods stalls (evaluation,
             // checkpointing and epoch ends idle a GPU for seconds).
