@@ -95,8 +95,10 @@ printed each second; at the end a report (verdict, evidence, a table per process
 the summary written. Whatever ends the trace, everything collected is written.",
         after_help = "DURATIONS:\n    Every D takes a bare number as seconds (30, 1.5), as timeout(1) and sleep(1) \
 do, or a number with units: 500ms, 90s, 10m, 1h30m.\n\n\
-EXIT STATUS:\n    0 when the trace ran; 1 with a one-line error otherwise (no such \
-process, not root, BPF unavailable, a required tracepoint missing)."
+EXIT STATUS:\n    0 when the trace ran; 3 when it ran but lost events (everything is written; the \
+report marks the figures that are lower bounds); 1 with a one-line error otherwise (no such \
+process, not root, BPF unavailable, a required tracepoint missing, a recording that could not be \
+written)."
     )]
     Trace(cmd::trace::TraceArgs),
 }
@@ -121,6 +123,10 @@ fn main() {
             })
         });
     if let Err(e) = result {
+        if let Some(lost) = e.downcast_ref::<cmd::LostEvents>() {
+            say!("gpustall: warning: {lost}");
+            std::process::exit(3);
+        }
         // One line: the error and its causes.
         let mut msg = e.to_string();
         for cause in e.chain().skip(1) {

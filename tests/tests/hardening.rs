@@ -263,3 +263,54 @@ fn out_of_range_flags_are_refused_by_the_cli() {
         assert_eq!(code, Some(2), "{args:?}: {err}");
     }
 }
+
+/// More processes doing I/O than the kernel's per-process I/O map holds: the loss is counted,
+/// the summary and the report say which figures are lower bounds, and the exit status is 3.
+#[test]
+fn a_full_kernel_map_is_a_counted_loss_that_reaches_the_report_and_the_exit_status() {
+    tests::require_privileged_env();
+    let scratch = PathBuf::from(format!("/var/tmp/gpustall-mapfull-{}", std::process::id()));
+    std::fs::create_dir_all(&scratch).expect("scratch");
+    struct Rm(PathBuf);
+    impl Drop for Rm {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    let _rm = Rm(scratch.clone());
+    // 24 children, each one O_DIRECT write of its own: 24+ (pid, dev, op) keys for 8 entries.
+    let script = format!(
+        "for i in $(seq 24); do dd if=/dev/zero of={}/f$i bs=4k count=1 oflag=direct status=none; done",
+        scratch.display()
+    );
+    let mut w = Workload::start(
+        Path::new(env!("CARGO_BIN_EXE_gpustall-workload")),
+        &["spawn", "sh", "-c", &script],
+        None,
+    );
+    let t = tests::procs::Tracer::start_with_env(
+        w.pid(),
+        &["--quiet", "--no-gpu"],
+        &[("GPUSTALL_TEST_IO_MAP_ENTRIES", "8")],
+    );
+    w.go();
+    let (code, _) = w.wait(Duration::from_secs(60));
+    assert_eq!(code, Some(0));
+    let t = t.wait(Duration::from_secs(30));
+    let lost = t.summary["lost"]["map_full"].as_u64().expect("map_full");
+    eprintln!("map full: {lost} updates lost; lower bounds: {}", t.summary["lower_bounds"]);
+    assert!(lost > 0, "the map filled up");
+    assert_eq!(t.summary["lost_events"].as_u64(), Some(lost));
+    assert!(
+        t.summary["lower_bounds"][0].as_str().is_some_and(|l| l.contains("per-process block I/O")),
+        "{}",
+        t.summary
+    );
+    assert!(
+        t.summary["verdict"]["text"].as_str().is_some_and(|v| v.contains("lower bounds")),
+        "{}",
+        t.summary["verdict"]
+    );
+    assert!(t.stdout.contains("LOWER BOUNDS"), "{}", t.stdout);
+    assert_eq!(t.code, Some(3), "exit status 3: it ran, but lost events\n{}", t.stderr);
+}

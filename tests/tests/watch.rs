@@ -254,3 +254,80 @@ fn an_idle_watch_ends_on_the_first_signal() {
         assert_eq!(status.code(), Some(0), "signal {sig}");
     }
 }
+
+/// Runs `watch` on a job whose `sleep` child the test SIGKILLs; returns the bundle's summary.
+fn sigkill_bundle(extra: &[&str]) -> (serde_json::Value, u32) {
+    let dir = tests::TempDir::new("watch-kill");
+    let comm = unique_comm();
+    let rule = format!("comm:^{comm}$");
+    let bundles = dir.0.to_str().expect("utf-8").to_string();
+    let mut args = vec![
+        "--match",
+        &rule,
+        "--bundle-dir",
+        &bundles,
+        "--listen",
+        "127.0.0.1:0",
+        "--no-gpu",
+        "--after",
+        "1s",
+        "--scan-every",
+        "500ms",
+    ];
+    args.extend_from_slice(extra);
+    let mut w = Watcher::start(&args);
+    w.wait_for("metrics on http://", Duration::from_secs(60));
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_gpustall-workload"));
+    let mut job = Workload::start_named(&comm, bin, &["spawn", "sleep", "30"], None, None);
+    w.wait_for(&format!("watching job {comm}-{}", job.pid()), Duration::from_secs(20));
+    job.go();
+    let end = Instant::now() + Duration::from_secs(10);
+    let sleep_pid = loop {
+        let kids = std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", job.pid()))
+            .unwrap_or_default();
+        if let Some(p) = kids.split_whitespace().find_map(|p| p.parse::<u32>().ok()) {
+            break p;
+        }
+        assert!(Instant::now() < end, "the job's sleep did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    std::thread::sleep(Duration::from_millis(1500));
+    // SAFETY: plain kill of the test's own grandchild.
+    unsafe { libc::kill(sleep_pid as i32, libc::SIGKILL) };
+    let wrote = w.wait_for("wrote incident bundle", Duration::from_secs(30));
+    assert!(wrote.contains(&format!("sigkill-{sleep_pid}")), "{wrote}");
+    let bundle = std::fs::read_dir(&dir.0)
+        .expect("bundles")
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .find(|p| p.to_string_lossy().contains(&format!("sigkill-{sleep_pid}")))
+        .expect("the bundle");
+    let summary = std::fs::read_to_string(bundle.join("summary.json")).expect("summary.json");
+    (serde_json::from_str(&summary).expect("json"), sleep_pid)
+}
+
+#[test]
+fn a_sigkill_from_user_space_gets_a_verdict_that_names_the_sender() {
+    tests::require_privileged_env();
+    let (s, victim) = sigkill_bundle(&[]);
+    let v = &s["verdict"];
+    assert_eq!(v["cause"], "process_killed", "{v:#}");
+    assert_eq!(v["culprit_pids"][0], victim);
+    let me = std::process::id();
+    assert!(
+        v["text"].as_str().is_some_and(|t| t.contains(&format!("killed by SIGKILL from pid {me}"))),
+        "{v:#}"
+    );
+    assert_eq!(s["lost_events"], 0);
+}
+
+#[test]
+fn a_flight_recorder_over_its_budget_says_what_the_bundle_lacks() {
+    tests::require_privileged_env();
+    let (s, _) = sigkill_bundle(&["--memory-budget", "0"]);
+    let dropped = s["lost"]["flight_recorder"].as_u64().unwrap_or(0);
+    assert!(dropped > 0, "the dropped lines are counted: {:#}", s["lost"]);
+    assert!(s["lost_events"].as_u64() >= Some(dropped));
+    let lb = s["lower_bounds"].to_string();
+    assert!(lb.contains("flight recorder"), "{lb}");
+}

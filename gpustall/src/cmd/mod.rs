@@ -9,3 +9,9 @@ pub mod session;
 pub mod trace;
 pub mod units;
 pub mod watch;
+
+/// A trace that ran to its end but lost events: everything is written, the figures are marked
+/// as lower bounds, and the exit status says so (3).
+#[derive(Debug, thiserror::Error)]
+#[error("{0} events were lost: the report marks the figures that are lower bounds")]
+pub struct LostEvents(pub u64);

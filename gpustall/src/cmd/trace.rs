@@ -314,7 +314,13 @@ fn finish(opts: &TraceOptions, mut t: Trace, probes: &Probes) -> anyhow::Result<
         write_perfetto_from(record, t.scratch.as_deref(), out)?;
     }
     // Everything else is written: now say the recording has holes, and fail.
-    recording_failure.map_or(Ok(()), |f| Err(anyhow::anyhow!(f)))
+    if let Some(f) = recording_failure {
+        anyhow::bail!(f);
+    }
+    if summary.lost_events > 0 {
+        return Err(crate::cmd::LostEvents(summary.lost_events).into());
+    }
+    Ok(())
 }
 
 fn write_perfetto_from(record: &Path, scratch: Option<&Path>, out: &Path) -> anyhow::Result<()> {

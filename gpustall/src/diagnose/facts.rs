@@ -36,6 +36,10 @@ pub struct ProcFacts {
     pub lifetime_ns: u64,
     pub oom_killed: bool,
     pub exit_signal: Option<i32>,
+    /// Who sent the fatal signal that ended it, when one was seen.
+    pub killed_by: Option<KillerFacts>,
+    /// When that signal was sent.
+    pub killed_ns: Option<u64>,
     /// Stopped (T) or in D state, and since when.
     pub stuck: Option<Stuck>,
     /// No CPU time and no I/O since.
@@ -158,6 +162,12 @@ fn proc_facts(m: &Model, n: &crate::model::proctree::ProcNode, now_ns: u64) -> P
         lifetime_ns: n.exit_ns.unwrap_or(now_ns).saturating_sub(n.started_ns.max(m.start_ns)),
         oom_killed: n.oom_killed,
         exit_signal: n.exit_signal(),
+        killed_by: n.killed_by.as_ref().map(|k| KillerFacts {
+            pid: k.sender_pid,
+            comm: k.sender_comm.clone(),
+            si_code: k.si_code,
+        }),
+        killed_ns: n.killed_by.as_ref().map(|k| k.t_ns),
         stuck: watch.and_then(|w| {
             w.stuck_since_ns.map(|since_ns| Stuck {
                 state: w.last.state,

@@ -144,8 +144,15 @@ pub fn load(tracefs: &Tracefs, task_exit_code: Option<u32>) -> Result<Probes, Lo
     let mut offsets = tracefs.offsets(write_folio);
     offsets.task_exit_code = task_exit_code.unwrap_or(u32::MAX);
 
-    let mut ebpf = EbpfLoader::new()
-        .override_global(names::OFFSETS, &offsets, true)
+    let mut loader = EbpfLoader::new();
+    loader.override_global(names::OFFSETS, &offsets, true);
+    // Tests make the per-process I/O map small to reach "map full" with a few processes, the
+    // same kernel path a host with more processes than entries takes.
+    if let Some(n) = std::env::var("GPUSTALL_TEST_IO_MAP_ENTRIES").ok().and_then(|v| v.parse().ok())
+    {
+        loader.map_max_entries(maps::IO_COUNTERS, n);
+    }
+    let mut ebpf = loader
         .load(aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/gpustall")))
         .map_err(LoadError::Load)?;
 

@@ -94,6 +94,7 @@ impl Model {
                 },
             )),
             Sample::Overhead { overhead, .. } => self.overhead = overhead.clone(),
+            Sample::RecordingGap { lines, .. } => self.host.recording_gap_lines += lines,
         }
         Vec::new()
     }

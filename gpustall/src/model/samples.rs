@@ -191,6 +191,12 @@ pub enum Sample {
         t_ns: u64,
         overhead: Overhead,
     },
+    /// Record lines this recording lacks although they were observed: the watch daemon's
+    /// flight recorder dropped them to stay within its memory budget.
+    RecordingGap {
+        t_ns: u64,
+        lines: u64,
+    },
 }
 
 impl Sample {
@@ -202,7 +208,8 @@ impl Sample {
             | Sample::Cmdline { t_ns, .. }
             | Sample::Gpu { t_ns, .. }
             | Sample::TrainStep { t_ns, .. }
-            | Sample::Overhead { t_ns, .. } => *t_ns,
+            | Sample::Overhead { t_ns, .. }
+            | Sample::RecordingGap { t_ns, .. } => *t_ns,
             Sample::Counters(c) => c.t_ns,
             Sample::Context(c) => c.t_ns,
         }

@@ -145,6 +145,8 @@ pub struct HostStats {
     pub kswapd_ns: u64,
     /// Records that could not be decoded (a bug or a version mismatch; counted, never hidden).
     pub undecodable: u64,
+    /// Lines missing from the recording (see `Sample::RecordingGap`).
+    pub recording_gap_lines: u64,
 }
 
 impl Default for HostStats {
@@ -156,6 +158,7 @@ impl Default for HostStats {
             kswapd_episodes: 0,
             kswapd_ns: 0,
             undecodable: 0,
+            recording_gap_lines: 0,
         }
     }
 }

@@ -190,7 +190,12 @@ li{{margin:.2em 0}} table{{border-collapse:collapse;font-size:12px}} td,th{{bord
         esc(v.cause.as_str()),
         esc(&v.text)
     );
-    for (title, items) in [("Evidence (in time order)", &v.evidence), ("Advice", &v.advice)] {
+    let lower_bounds = &summary.lower_bounds;
+    for (title, items) in [
+        ("Lower bounds: events were lost", lower_bounds),
+        ("Evidence (in time order)", &v.evidence),
+        ("Advice", &v.advice),
+    ] {
         if !items.is_empty() {
             let _ = write!(o, "<h2>{title}</h2><ul>");
             for e in items {

@@ -25,6 +25,9 @@ pub struct Summary {
     /// were full, records that did not decode.
     pub lost_events: u64,
     pub lost: LostSummary,
+    /// When anything was lost: which figures are lower bounds, one line each.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub lower_bounds: Vec<String>,
     pub events: u64,
     pub processes: Vec<ProcessSummary>,
     pub oom_kills: Vec<OomKillSummary>,
@@ -78,6 +81,47 @@ pub struct LostSummary {
     pub bulk_ring: u64,
     pub map_full: u64,
     pub undecodable: u64,
+    /// Lines the watch daemon's flight recorder dropped for its memory budget (bundles).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub flight_recorder: u64,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
+}
+
+impl LostSummary {
+    pub fn total(&self) -> u64 {
+        self.critical_ring
+            + self.bulk_ring
+            + self.map_full
+            + self.undecodable
+            + self.flight_recorder
+    }
+
+    /// Which figures of the summary are lower bounds because of these losses, one line each.
+    pub fn lower_bounds(&self) -> Vec<String> {
+        let mut v = Vec::new();
+        if self.critical_ring > 0 {
+            v.push(format!("{} process events lost (critical ring full): forks, exits, renames, OOM kills and signals may be missing", self.critical_ring));
+        }
+        if self.bulk_ring > 0 {
+            v.push(format!("{} reclaim records lost (bulk ring full): reclaim stall distributions and timelines are lower bounds (the stall totals are counted in the kernel and complete)", self.bulk_ring));
+        }
+        if self.map_full > 0 {
+            v.push(format!("{} updates lost (a kernel map was full): per-process block I/O, reclaim and swap-out counts are lower bounds", self.map_full));
+        }
+        if self.undecodable > 0 {
+            v.push(format!(
+                "{} records could not be decoded: event counts are lower bounds",
+                self.undecodable
+            ));
+        }
+        if self.flight_recorder > 0 {
+            v.push(format!("{} lines dropped by the flight recorder (over --memory-budget): this window misses events; processes may show as alive and counts are lower bounds", self.flight_recorder));
+        }
+        v
+    }
 }
 
 #[derive(Serialize, Debug, Clone)]
@@ -379,21 +423,30 @@ impl Summary {
         Self::from_model(m, now_ns, is_final, verdict)
     }
 
-    pub fn from_model(m: &Model, now_ns: u64, is_final: bool, verdict: Verdict) -> Self {
+    pub fn from_model(m: &Model, now_ns: u64, is_final: bool, mut verdict: Verdict) -> Self {
         let host = &m.host;
         let lost = LostSummary {
             critical_ring: host.lost[LostCounter::CriticalRing as usize],
             bulk_ring: host.lost[LostCounter::BulkRing as usize],
             map_full: host.lost[LostCounter::MapFull as usize],
             undecodable: host.undecodable,
+            flight_recorder: host.recording_gap_lines,
         };
         let processes = m.tree.iter().map(|n| process_summary(m, n)).collect();
+        if lost.total() > 0 {
+            // The verdict stands on what was seen; say that not everything was.
+            verdict.text.push_str(&format!(
+                " ({} events were lost: the figures behind this verdict are lower bounds.)",
+                lost.total()
+            ));
+        }
         Summary {
             record_type: "summary",
             is_final,
             t_ns: now_ns,
             duration_s: now_ns.saturating_sub(m.start_ns) as f64 / 1e9,
-            lost_events: lost.critical_ring + lost.bulk_ring + lost.map_full + lost.undecodable,
+            lost_events: lost.total(),
+            lower_bounds: lost.lower_bounds(),
             lost,
             events: m.events,
             processes,
@@ -408,5 +461,31 @@ impl Summary {
             context: context_summary(m),
             verdict,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::LostSummary;
+
+    #[test]
+    fn each_loss_names_the_figures_it_lowers() {
+        let none = LostSummary {
+            critical_ring: 0,
+            bulk_ring: 0,
+            map_full: 0,
+            undecodable: 0,
+            flight_recorder: 0,
+        };
+        assert!(none.lower_bounds().is_empty());
+        let some = LostSummary { map_full: 3227, flight_recorder: 9, ..none };
+        assert_eq!(some.total(), 3236);
+        let lb = some.lower_bounds();
+        assert_eq!(lb.len(), 2);
+        assert!(
+            lb[0].starts_with("3227 updates lost (a kernel map was full): per-process block I/O"),
+            "{lb:?}"
+        );
+        assert!(lb[1].contains("flight recorder"), "{lb:?}");
     }
 }

@@ -33,6 +33,16 @@ fn verdict(o: &mut String, s: &Summary) {
     let v = &s.verdict;
     let _ = writeln!(o, "\n== gpustall: {} ==", v.cause);
     let _ = writeln!(o, "{}", v.text);
+    if !s.lower_bounds.is_empty() {
+        let _ = writeln!(
+            o,
+            "\nLOWER BOUNDS: {} events were lost, so some figures below are lower bounds:",
+            s.lost_events
+        );
+        for l in &s.lower_bounds {
+            let _ = writeln!(o, "  - {l}");
+        }
+    }
     if !v.culprit_pids.is_empty() {
         let _ = writeln!(o, "culprits (most responsible first): {:?}", v.culprit_pids);
     }

@@ -14,11 +14,35 @@ pub struct FlightRecorder {
     window_ns: u64,
     /// Lines dropped for the budget before they aged out: a window shorter than asked.
     pub evicted_early: u64,
+    /// Those drops per second of line time (second, count), within the window: a bundle says
+    /// how many lines of its own window are missing.
+    evicted_by_second: VecDeque<(u64, u64)>,
 }
 
 impl FlightRecorder {
     pub fn new(window_ns: u64, budget: usize) -> Self {
-        Self { lines: VecDeque::new(), bytes: 0, budget, window_ns, evicted_early: 0 }
+        Self {
+            lines: VecDeque::new(),
+            bytes: 0,
+            budget,
+            window_ns,
+            evicted_early: 0,
+            evicted_by_second: VecDeque::new(),
+        }
+    }
+
+    fn note_eviction(&mut self, t_ns: u64) {
+        let sec = t_ns / 1_000_000_000;
+        match self.evicted_by_second.back_mut() {
+            Some((s, n)) if *s == sec => *n += 1,
+            _ => self.evicted_by_second.push_back((sec, 1)),
+        }
+    }
+
+    /// Lines with a time at or after `from_ns` that were dropped for the budget.
+    pub fn evicted_since(&self, from_ns: u64) -> u64 {
+        let from_sec = from_ns / 1_000_000_000;
+        self.evicted_by_second.iter().filter(|(s, _)| *s >= from_sec).map(|(_, n)| n).sum()
     }
 
     pub fn push(&mut self, t_ns: u64, line: String) {
@@ -30,11 +54,17 @@ impl FlightRecorder {
             if *t >= horizon && !over_budget {
                 break;
             }
-            if over_budget && *t >= horizon {
+            let (t, len) = (*t, l.len());
+            if over_budget && t >= horizon {
                 self.evicted_early += 1;
+                self.note_eviction(t);
             }
-            self.bytes -= l.len();
+            self.bytes -= len;
             self.lines.pop_front();
+        }
+        let horizon_sec = horizon / 1_000_000_000;
+        while self.evicted_by_second.front().is_some_and(|(s, _)| *s < horizon_sec) {
+            self.evicted_by_second.pop_front();
         }
     }
 

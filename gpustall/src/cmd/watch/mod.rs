@@ -287,7 +287,9 @@ impl Daemon {
                 );
             }
         }
-        self.metrics.set_lost_events(m.host.lost.iter().sum::<u64>() + self.session.undecodable);
+        let dropped = self.flight.lock().map_or(0, |f| f.evicted_early);
+        self.metrics
+            .set_lost_events(m.host.lost.iter().sum::<u64>() + self.session.undecodable + dropped);
         self.metrics.set_watched(self.jobs.len() as u64, m.tree.alive_pids().len() as u64);
         let (cpu, rss_kb) = agent::agent_usage();
         self.metrics.set_agent(cpu, rss_kb * 1024);
@@ -367,7 +369,8 @@ impl Daemon {
             .t_ns
             .saturating_sub(self.opts.before.as_nanos() as u64)
             .max(self.session.model.start_ns);
-        let lines = self.flight.lock().map(|f| f.since(from)).unwrap_or_default();
+        let (lines, dropped) =
+            self.flight.lock().map(|f| (f.since(from), f.evicted_since(from))).unwrap_or_default();
         let mut out = Vec::with_capacity(lines.len() + 64);
         let header = Header {
             start_ns: from,
@@ -397,6 +400,10 @@ impl Daemon {
         let parsed: Vec<Value> =
             lines.iter().filter_map(|l| serde_json::from_str(l).ok()).collect();
         out.extend(crate::cmd::watch::bundle::rebase_counters(&parsed));
+        if dropped > 0 {
+            // The window is incomplete: say so in the bundle, where its summary will count it.
+            out.push(Sample::RecordingGap { t_ns: inc.t_ns, lines: dropped }.to_json());
+        }
         let secs = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());

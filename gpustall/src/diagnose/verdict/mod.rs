@@ -5,6 +5,8 @@
 //! `verdict.cause` is one of:
 //! - `host_memory_oom`: memory ran out (cgroup limit or host) and the OOM killer killed a traced
 //!   process;
+//! - `process_killed`: a traced process was killed by SIGKILL from user space (systemd-oomd,
+//!   earlyoom, the kubelet, an operator), not by the OOM killer;
 //! - `host_memory_pressure`: traced processes stalled in reclaim and swapped, no kill (yet);
 //! - `disk_full`: a filesystem the job writes to (its cwd, /tmp, /dev/shm) is full;
 //! - `process_hung`: a traced process sat stopped (T) or in uninterruptible sleep (D);
@@ -28,6 +30,7 @@ use rules::Ctx;
 #[serde(rename_all = "snake_case")]
 pub enum Cause {
     HostMemoryOom,
+    ProcessKilled,
     HostMemoryPressure,
     DiskFull,
     ProcessHung,
@@ -41,6 +44,7 @@ impl Cause {
     pub fn as_str(self) -> &'static str {
         match self {
             Self::HostMemoryOom => "host_memory_oom",
+            Self::ProcessKilled => "process_killed",
             Self::HostMemoryPressure => "host_memory_pressure",
             Self::DiskFull => "disk_full",
             Self::ProcessHung => "process_hung",
@@ -67,6 +71,7 @@ type Rule = fn(&Ctx) -> Option<Verdict>;
 
 const RULES: &[(Cause, Rule)] = &[
     (Cause::HostMemoryOom, rules::host_memory_oom),
+    (Cause::ProcessKilled, rules::process_killed),
     (Cause::DiskFull, rules::disk_full),
     (Cause::HostMemoryPressure, rules::host_memory_pressure),
     (Cause::ProcessHung, rules::process_hung),

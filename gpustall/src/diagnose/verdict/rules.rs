@@ -124,6 +124,62 @@ fn oom_link(f: &Facts, o: &OomFacts) -> String {
     )
 }
 
+/// A traced process was killed by SIGKILL from user space (not the kernel's OOM killer).
+pub fn process_killed(c: &Ctx) -> Option<Verdict> {
+    let f = c.f;
+    let killed: Vec<&ProcFacts> = f
+        .procs
+        .iter()
+        .filter(|p| !p.oom_killed && p.exit_signal == Some(9))
+        .filter(|p| p.killed_by.as_ref().is_some_and(|k| k.si_code != SI_KERNEL))
+        .collect();
+    let first = killed.first()?;
+    let mut chain = c.chain();
+    let pressure = c.stall_ns as f64 / c.duration_ns as f64 >= PRESSURE_STALL_FRACTION
+        || c.swap_pages >= PRESSURE_SWAP_PAGES;
+    if pressure {
+        memory_chain(f, &mut chain);
+    }
+    for p in &killed {
+        if let (Some(k), Some(t)) = (&p.killed_by, p.killed_ns) {
+            chain.push(
+                t,
+                format!(
+                    "{}: {} was killed by SIGKILL from pid {} ({})",
+                    at(f, t),
+                    name(p),
+                    k.pid,
+                    k.comm
+                ),
+            );
+        }
+    }
+    let k = first.killed_by.as_ref()?;
+    let why = if pressure {
+        format!(" while the job was under memory pressure ({:.2} s in reclaim, {} pages swapped out): a user-space OOM killer such as systemd-oomd or earlyoom acts before the kernel's", c.stall_ns as f64 / 1e9, c.swap_pages)
+    } else {
+        String::new()
+    };
+    let text = format!(
+        "{} was killed by SIGKILL from pid {} ({}), not by the kernel's OOM killer{why}{}.",
+        name(first),
+        k.pid,
+        k.comm,
+        gpu_clause(f)
+    );
+    let mut advice = vec![format!("find out why pid {} ({}) killed it: its logs (journalctl for systemd-oomd, the kubelet's eviction events, the scheduler's)", k.pid, k.comm)];
+    if pressure {
+        advice.extend(memory_advice(f));
+    }
+    Some(c.verdict(
+        Cause::ProcessKilled,
+        text,
+        killed.iter().map(|p| p.pid).collect(),
+        chain,
+        advice,
+    ))
+}
+
 /// A filesystem the job writes to (its cwd, /tmp, /dev/shm) is full.
 pub fn disk_full(c: &Ctx) -> Option<Verdict> {
     let f = c.f;

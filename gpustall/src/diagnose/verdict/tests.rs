@@ -189,3 +189,23 @@ fn idle_job_during_a_gpu_stall_is_a_deadlock_but_idle_without_a_stall_is_nothing
     f.gpu_stalls = vec![stall(21 * S, 30, &[])];
     assert_eq!(decide(&f).cause.as_str(), "deadlock");
 }
+
+#[test]
+fn a_sigkill_from_user_space_is_its_own_cause_naming_the_sender() {
+    let mut f = base();
+    let mut w = worker(11, 0, 40_960, 51_200);
+    w.alive = false;
+    w.exit_signal = Some(9);
+    w.killed_by = Some(KillerFacts { pid: 777, comm: "systemd-oomd".into(), si_code: 0 });
+    w.killed_ns = Some(30 * S);
+    f.procs = vec![trainer(10), w.clone()];
+    let v = decide(&f);
+    assert_eq!(v.cause.as_str(), "process_killed");
+    assert_eq!(v.culprit_pids, vec![11]);
+    assert!(v.text.contains("killed by SIGKILL from pid 777 (systemd-oomd)"), "{}", v.text);
+    assert!(v.evidence.iter().any(|e| e.contains("+30.0s")), "{:?}", v.evidence);
+    // The kernel's own SIGKILL of an OOM victim stays an OOM kill, not this.
+    w.killed_by = Some(KillerFacts { pid: 11, comm: "pt_data_worker".into(), si_code: 0x80 });
+    f.procs = vec![trainer(10), w];
+    assert_ne!(decide(&f).cause.as_str(), "process_killed");
+}
