@@ -19,6 +19,9 @@ use crate::sources::context::ContextReader;
 use crate::sources::procfs;
 use crate::sources::trainlog::LogSource;
 
+/// At most this many processes are read from /proc per beat (memory, scheduler state).
+const PROC_READS_PER_BEAT: usize = 256;
+
 /// fsync the recording at least this often (and at once after an incident).
 const SYNC_EVERY: Duration = Duration::from_secs(5);
 
@@ -73,8 +76,10 @@ pub struct Session {
     /// An incident arrived: sync the recording now.
     incident: bool,
     last_sync: Instant,
-    /// Processes seen as zombies at the last beat.
+    /// Processes seen as zombies at their last read.
     zombies: std::collections::HashSet<u32>,
+    /// The last pid read from /proc (see `proc_batch`).
+    proc_cursor: u32,
 }
 
 impl Session {
@@ -89,6 +94,7 @@ impl Session {
             incident: false,
             last_sync: Instant::now(),
             zombies: std::collections::HashSet::new(),
+            proc_cursor: 0,
         }
     }
 
@@ -179,15 +185,15 @@ impl Session {
 
     /// /proc memory of live processes; processes that vanished without an exit event (lost)
     /// are marked gone so the trace can end.
-    fn sample_proc(&mut self, now: u64) {
-        let was_zombie = std::mem::take(&mut self.zombies);
-        for pid in self.model.tree.alive_pids() {
+    fn sample_proc(&mut self, batch: &[u32], now: u64) {
+        self.zombies.retain(|p| self.model.tree.get(*p).is_some_and(|n| n.alive()));
+        for &pid in batch {
             match procfs::sample_mem(pid) {
                 Some(mem) => self.observe(Sample::ProcMem { t_ns: now, pid, mem }),
                 None if !procfs::exists(pid) => self.observe(Sample::Vanished { t_ns: now, pid }),
                 // A zombie: its exit event is on its way, unless it was lost; one still alive
-                // in the model a beat later lost it.
-                None if was_zombie.contains(&pid) => {
+                // in the model at its next read lost it.
+                None if self.zombies.contains(&pid) => {
                     self.observe(Sample::Vanished { t_ns: now, pid })
                 }
                 None => {
@@ -195,6 +201,25 @@ impl Session {
                 }
             }
         }
+    }
+
+    /// The live processes to read from /proc this beat: all of them up to
+    /// [`PROC_READS_PER_BEAT`], else the next ones in turn (by pid, wrapping around), so a
+    /// tree of thousands of idle processes costs a bounded number of reads per second.
+    fn proc_batch(&mut self) -> Vec<u32> {
+        let alive = self.model.tree.alive_pids();
+        if alive.len() <= PROC_READS_PER_BEAT {
+            return alive;
+        }
+        let start = alive.partition_point(|&p| p <= self.proc_cursor);
+        let batch: Vec<u32> = alive[start..]
+            .iter()
+            .chain(&alive[..start])
+            .take(PROC_READS_PER_BEAT)
+            .copied()
+            .collect();
+        self.proc_cursor = batch.last().copied().unwrap_or(0);
+        batch
     }
 
     /// New training-log lines: per-step times onto the timeline (stamped when read: the log's
@@ -220,9 +245,9 @@ impl Session {
         now: u64,
     ) {
         self.counters(maps, now);
-        self.sample_proc(now);
-        let alive = self.model.tree.alive_pids();
-        self.observe(Sample::Context(ctx.read(&alive, now)));
+        let batch = self.proc_batch();
+        self.sample_proc(&batch, now);
+        self.observe(Sample::Context(ctx.read(&batch, now)));
         if let Some(log) = log {
             self.read_log(log, now);
         }

@@ -135,6 +135,7 @@ struct BeatState {
     prev: status_line::Totals,
     prev_at: Instant,
     last_summary: Instant,
+    periodic: crate::output::summary::PeriodicState,
 }
 
 /// Checks, loads and attaches, opens the outputs, seeds the tree from /proc.
@@ -188,6 +189,7 @@ fn setup(opts: &TraceOptions) -> anyhow::Result<(Trace, Probes, Rings, Option<Gp
         prev: status_line::Totals::default(),
         prev_at: Instant::now(),
         last_summary: Instant::now(),
+        periodic: Default::default(),
     };
     Ok((Trace { session, beat, record_path, scratch, startup_cpu_s }, probes, rings, gpu))
 }
@@ -270,7 +272,8 @@ impl Beat for Trace {
         b.prev = cur;
         b.prev_at = Instant::now();
         if b.last_summary.elapsed() >= b.summary_every {
-            let s = Summary::of(&session.model, now, false);
+            let mut s = Summary::of(&session.model, now, false);
+            b.periodic.only_changed(&mut s);
             if let Some(r) = session.recorder.as_mut() {
                 write_serialize(r.as_mut(), &s);
             }

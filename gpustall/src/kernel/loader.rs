@@ -224,13 +224,15 @@ pub fn program_stats(ebpf: &Ebpf, attached: &[String]) -> Vec<crate::model::over
 
 impl KernelMaps {
     /// Drops a process's kernel counters (the daemon prunes processes long gone).
-    pub fn forget(&mut self, pid: u32) {
+    /// Deletes a process's entries: the tracked flag, its counters, and the I/O keys the model
+    /// saw for it (`io_slots`: device, op, in_reclaim). One delete per key, not a scan of the
+    /// whole I/O map per process (which made pruning thousands of processes take minutes).
+    pub fn forget(&mut self, pid: u32, io_slots: impl IntoIterator<Item = (u32, u32, bool)>) {
         let _ = self.tracked.remove(&pid);
         let _ = self.proc_counters.remove(&pid);
-        let keys: Vec<IoKey> =
-            self.io_counters.keys().filter_map(Result::ok).filter(|k| k.tgid == pid).collect();
-        for k in keys {
-            let _ = self.io_counters.remove(&k);
+        for (dev, op, in_reclaim) in io_slots {
+            let key = IoKey { tgid: pid, dev, op, in_reclaim: u32::from(in_reclaim) };
+            let _ = self.io_counters.remove(&key);
         }
     }
 

@@ -36,7 +36,7 @@ pub fn check_privileges() -> anyhow::Result<()> {
     let perfmon = has_cap(caps, CAP_PERFMON) || has_cap(caps, CAP_SYS_ADMIN);
     if !(bpf && perfmon) {
         bail!(
-            "gpustall needs root to load its eBPF programs: run it with sudo, or grant CAP_BPF, CAP_PERFMON and CAP_SYS_RESOURCE (e.g. `setcap cap_bpf,cap_perfmon,cap_sys_resource+ep gpustall`)"
+            "gpustall needs root to load its eBPF programs: run it with sudo, or grant CAP_BPF, CAP_PERFMON, CAP_DAC_READ_SEARCH (tracefs is 0700) and CAP_SYS_RESOURCE (e.g. `setcap cap_bpf,cap_perfmon,cap_dac_read_search,cap_sys_resource+ep gpustall`)"
         );
     }
     Ok(())

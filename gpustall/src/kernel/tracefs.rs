@@ -51,8 +51,14 @@ impl Tracefs {
     /// Opens tracefs at its usual place, mounting it there first if the kernel has not.
     pub fn open() -> anyhow::Result<Self> {
         let root = PathBuf::from(DEFAULT_ROOT);
-        if !root.join("events").is_dir() {
-            mount_tracefs(&root)?;
+        match std::fs::metadata(root.join("events")) {
+            Ok(m) if m.is_dir() => {}
+            // Mounted, but 0700 and we are not root: mounting again would not help.
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => anyhow::bail!(
+                "tracefs at {} is not readable by this user: run as root, or add CAP_DAC_READ_SEARCH to CAP_BPF and CAP_PERFMON",
+                root.display()
+            ),
+            _ => mount_tracefs(&root)?,
         }
         Ok(Self { root })
     }

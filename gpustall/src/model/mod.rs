@@ -187,7 +187,7 @@ impl Model {
             }
             Event::Reclaim { h, duration_ns, start_ns, .. } => {
                 let p = self.proc_mut(h.tgid);
-                let _ = p.reclaim_stalls.record((*duration_ns).max(1));
+                p.record_stall(*duration_ns);
                 p.first_reclaim_ns =
                     Some(p.first_reclaim_ns.map_or(*start_ns, |f| f.min(*start_ns)));
             }
@@ -249,7 +249,7 @@ mod tests {
         assert_eq!(n.exit_signal(), Some(9));
         assert_eq!(n.killed_by.as_ref().map(|k| k.sender_pid), Some(10));
         assert_eq!(m.oom_kills[0].trigger_pid, 10);
-        assert_eq!(m.procs[&11].reclaim_stalls.len(), 1);
+        assert_eq!(m.procs[&11].reclaim_stalls.as_ref().map(|h| h.len()), Some(1));
         assert_eq!(m.events, 6);
     }
 

@@ -33,8 +33,9 @@ pub struct ProcStats {
     /// Cumulative kernel totals (replaced at each read, never added).
     pub counters: ProcCounters,
     pub io: BTreeMap<IoSlot, IoCounters>,
-    /// Reclaim stall durations in ns, one value per episode received.
-    pub reclaim_stalls: Histogram<u64>,
+    /// Reclaim stall durations in ns, one value per episode received; made at the first one
+    /// (40 KB: most processes of a big tree never stall, and a fork burst must stay small).
+    pub reclaim_stalls: Option<Box<Histogram<u64>>>,
     pub mem: MemSample,
     /// Largest RSS seen (VmHWM or a sample), in kB, and when it was first seen.
     pub peak_rss_kb: u64,
@@ -56,7 +57,7 @@ impl Default for ProcStats {
         Self {
             counters: ProcCounters::default(),
             io: BTreeMap::new(),
-            reclaim_stalls: new_ns_histogram(),
+            reclaim_stalls: None,
             mem: MemSample::default(),
             peak_rss_kb: 0,
             peak_rss_ns: 0,
@@ -77,6 +78,11 @@ pub fn new_ns_histogram() -> Histogram<u64> {
 }
 
 impl ProcStats {
+    pub fn record_stall(&mut self, duration_ns: u64) {
+        let h = self.reclaim_stalls.get_or_insert_with(|| Box::new(new_ns_histogram()));
+        let _ = h.record(duration_ns.max(1));
+    }
+
     pub fn io_bytes(&self, op: IoOp, reclaim: Option<bool>) -> u64 {
         self.io
             .iter()

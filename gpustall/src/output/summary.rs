@@ -21,6 +21,10 @@ pub struct Summary {
     pub is_final: bool,
     pub t_ns: u64,
     pub duration_s: f64,
+    /// A periodic summary lists only the processes whose figures changed since the previous
+    /// one (a tree of thousands would otherwise repeat them all every few seconds).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub processes_changed_only: bool,
     /// Everything that could not be recorded: ring reservations that failed, kernel maps that
     /// were full, records that did not decode.
     pub lost_events: u64,
@@ -310,8 +314,7 @@ fn process_summary(m: &Model, n: &crate::model::proctree::ProcNode) -> ProcessSu
     let empty = crate::model::stats::ProcStats::default();
     let p = m.procs.get(&n.pid).unwrap_or(&empty);
     let c = &p.counters;
-    let h = &p.reclaim_stalls;
-    let has = !h.is_empty();
+    let h = p.reclaim_stalls.as_deref().filter(|h| !h.is_empty());
     ProcessSummary {
         pid: n.pid,
         ppid: n.ppid,
@@ -328,9 +331,9 @@ fn process_summary(m: &Model, n: &crate::model::proctree::ProcNode) -> ProcessSu
         memcg_reclaim_count: c.memcg_reclaim_count,
         memcg_reclaim_ns: c.memcg_reclaim_ns,
         reclaimed_pages: c.reclaimed_pages,
-        reclaim_stall_p50_ns: has.then(|| h.value_at_quantile(0.5)),
-        reclaim_stall_p99_ns: has.then(|| h.value_at_quantile(0.99)),
-        reclaim_stall_max_ns: has.then(|| h.max()),
+        reclaim_stall_p50_ns: h.map(|h| h.value_at_quantile(0.5)),
+        reclaim_stall_p99_ns: h.map(|h| h.value_at_quantile(0.99)),
+        reclaim_stall_max_ns: h.map(|h| h.max()),
         swapout_pages: c.swapout_anon_folios,
         file_writeback_pages: c.writeback_file_folios,
         kswapd_wakeups: c.kswapd_wakeups,
@@ -415,6 +418,27 @@ fn signal_summary(s: &crate::model::SignalRecord) -> SignalSummary {
     }
 }
 
+/// What each process looked like in the previous periodic summary (a hash of its entry).
+#[derive(Default)]
+pub struct PeriodicState {
+    last: std::collections::HashMap<u32, u64>,
+}
+
+impl PeriodicState {
+    /// Keeps in `s` only the processes that changed since the previous call.
+    pub fn only_changed(&mut self, s: &mut Summary) {
+        use std::hash::{Hash, Hasher};
+        let present: std::collections::HashSet<u32> = s.processes.iter().map(|p| p.pid).collect();
+        self.last.retain(|pid, _| present.contains(pid));
+        s.processes.retain(|p| {
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            serde_json::to_vec(p).unwrap_or_default().hash(&mut h);
+            self.last.insert(p.pid, h.finish()) != Some(h.finish())
+        });
+        s.processes_changed_only = true;
+    }
+}
+
 impl Summary {
     /// The summary of the model at `now_ns`, with the verdict decided from its facts.
     pub fn of(m: &Model, now_ns: u64, is_final: bool) -> Self {
@@ -443,6 +467,7 @@ impl Summary {
         Summary {
             record_type: "summary",
             is_final,
+            processes_changed_only: false,
             t_ns: now_ns,
             duration_s: now_ns.saturating_sub(m.start_ns) as f64 / 1e9,
             lost_events: lost.total(),

@@ -290,7 +290,11 @@ impl Daemon {
         let dropped = self.flight.lock().map_or(0, |f| f.evicted_early);
         self.metrics
             .set_lost_events(m.host.lost.iter().sum::<u64>() + self.session.undecodable + dropped);
-        self.metrics.set_watched(self.jobs.len() as u64, m.tree.alive_pids().len() as u64);
+        // Jobs with a process alive: an ended job stays in the model for the window, not here.
+        let alive = m.tree.alive_pids();
+        let live_jobs: BTreeSet<&str> =
+            alive.iter().filter_map(|&p| self.job_of(p)).map(|j| j.name.as_str()).collect();
+        self.metrics.set_watched(live_jobs.len() as u64, alive.len() as u64);
         let (cpu, rss_kb) = agent::agent_usage();
         self.metrics.set_agent(cpu, rss_kb * 1024);
     }
@@ -461,8 +465,14 @@ impl Daemon {
                 continue; // a root stays while its job lives (it names the job)
             }
             self.session.model.tree.remove(pid);
-            self.session.model.procs.remove(&pid);
-            maps.forget(pid);
+            let slots: Vec<(u32, u32, bool)> = self
+                .session
+                .model
+                .procs
+                .remove(&pid)
+                .map(|p| p.io.keys().map(|k| (k.dev, k.op, k.in_reclaim)).collect())
+                .unwrap_or_default();
+            maps.forget(pid, slots);
         }
     }
 }
