@@ -92,7 +92,7 @@ pub fn header(kind: EventKind, tgid: u32, tid: u32) -> EventHeader {
 
 /// Bytes of the rings (power-of-two multiples of the page size).
 pub const BULK_BYTES: u32 = 4 * 1024 * 1024;
-pub const CRITICAL_BYTES: u32 = 256 * 1024;
+pub const CRITICAL_BYTES: u32 = 1024 * 1024;
 
 const BPF_RB_NO_WAKEUP: u64 = 1;
 const BPF_RB_FORCE_WAKEUP: u64 = 2;

@@ -123,6 +123,8 @@ impl Drop for Workload {
 /// gpustall trace running on a pid.
 pub struct Tracer {
     child: Child,
+    /// Read as it comes: a report bigger than the pipe would otherwise block gpustall forever.
+    stdout: Option<std::thread::JoinHandle<String>>,
     stderr: mpsc::Receiver<String>,
     pub dir: TempDir,
     stderr_seen: Vec<String>,
@@ -162,13 +164,19 @@ impl Tracer {
             .stderr(Stdio::piped());
         let mut child = cmd.spawn().expect("starting gpustall");
         let err = child.stderr.take().expect("piped stderr");
+        let mut out = child.stdout.take().expect("piped stdout");
+        let stdout = Some(std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = std::io::Read::read_to_string(&mut out, &mut s);
+            s
+        }));
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
             for line in BufReader::new(err).lines().map_while(Result::ok) {
                 let _ = tx.send(line);
             }
         });
-        let mut t = Self { child, stderr: rx, dir, stderr_seen: Vec::new() };
+        let mut t = Self { child, stdout, stderr: rx, dir, stderr_seen: Vec::new() };
         let end = Instant::now() + Duration::from_secs(60);
         loop {
             match t.stderr.recv_timeout(Duration::from_millis(100)) {
@@ -232,10 +240,7 @@ impl Tracer {
     }
 
     fn finish(&mut self, code: Option<i32>) -> TraceResult {
-        let mut stdout = String::new();
-        if let Some(mut o) = self.child.stdout.take() {
-            let _ = std::io::Read::read_to_string(&mut o, &mut stdout);
-        }
+        let stdout = self.stdout.take().and_then(|h| h.join().ok()).unwrap_or_default();
         std::thread::sleep(Duration::from_millis(50));
         self.stderr_seen.extend(self.stderr.try_iter());
         let stderr = self.stderr_seen.join("\n");

@@ -134,7 +134,7 @@ fn a_recording_that_cannot_be_written_fails_the_trace_after_writing_the_rest() {
     );
     let dir = tests::TempDir::new("devfull");
     let summary = dir.path("summary.json");
-    let mut t = Command::new(tests::gpustall_bin())
+    let t = Command::new(tests::gpustall_bin())
         .args([
             "trace",
             "--quiet",
@@ -166,13 +166,25 @@ fn a_recording_that_cannot_be_written_fails_the_trace_after_writing_the_rest() {
     assert_eq!(s["final"], true);
 }
 
+/// A child killed and reaped when dropped, on failure too.
+struct Reaped(std::process::Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// `sleep 30` whose own child has exited unreaped: a zombie.
-fn zombie_parent() -> (std::process::Child, u32) {
-    let parent = Command::new("sh").args(["-c", "sleep 0 & exec sleep 30"]).spawn().expect("sh");
+fn zombie_parent() -> (Reaped, u32) {
+    let parent =
+        Reaped(Command::new("sh").args(["-c", "sleep 0 & exec sleep 30"]).spawn().expect("sh"));
     let end = std::time::Instant::now() + Duration::from_secs(10);
     loop {
-        let children = std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", parent.id()))
-            .unwrap_or_default();
+        let children =
+            std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", parent.0.id()))
+                .unwrap_or_default();
         if let Some(z) =
             children.split_whitespace().filter_map(|c| c.parse::<u32>().ok()).find(|c| {
                 std::fs::read_to_string(format!("/proc/{c}/stat")).is_ok_and(|s| {
@@ -190,7 +202,7 @@ fn zombie_parent() -> (std::process::Child, u32) {
 #[test]
 fn a_zombie_is_not_traced_as_alive() {
     tests::require_privileged_env();
-    let (mut parent, zombie) = zombie_parent();
+    let (parent, zombie) = zombie_parent();
     let (code, err) = gpustall(&["trace", "--pid", &zombie.to_string(), "--no-gpu"]);
     assert_eq!(code, Some(1), "{err}");
     assert!(err.contains("has exited (a zombie"), "{err}");
@@ -205,14 +217,14 @@ fn a_zombie_is_not_traced_as_alive() {
             "--duration",
             "2",
             "--pid",
-            &parent.id().to_string(),
+            &parent.0.id().to_string(),
         ])
         .arg("--summary-json")
         .arg(&summary)
         .output()
         .expect("trace");
-    let _ = parent.kill();
-    let _ = parent.wait();
+    let parent_pid = parent.0.id();
+    drop(parent);
     assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stderr));
     let s: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&summary).expect("summary")).expect("json");
@@ -224,7 +236,7 @@ fn a_zombie_is_not_traced_as_alive() {
         .collect();
     assert_eq!(
         pids,
-        vec![u64::from(parent.id())],
+        vec![u64::from(parent_pid)],
         "the zombie {zombie} is not a live process of the job"
     );
 }
@@ -313,4 +325,68 @@ fn a_full_kernel_map_is_a_counted_loss_that_reaches_the_report_and_the_exit_stat
     );
     assert!(t.stdout.contains("LOWER BOUNDS"), "{}", t.stdout);
     assert_eq!(t.code, Some(3), "exit status 3: it ran, but lost events\n{}", t.stderr);
+}
+
+/// A fork burst: 6,000 short children, each one 4 KiB O_DIRECT write. Nothing is lost, every
+/// byte is counted (listed processes plus the folded ones), the clean exits beyond the newest
+/// few thousand are folded, and the agent stays small.
+#[test]
+fn a_fork_burst_is_counted_whole_and_folded_small() {
+    tests::require_privileged_env();
+    const N: u64 = 6000;
+    let scratch = PathBuf::from(format!("/var/tmp/gpustall-burst-{}", std::process::id()));
+    std::fs::create_dir_all(&scratch).expect("scratch");
+    struct Rm(PathBuf);
+    impl Drop for Rm {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    let _rm = Rm(scratch.clone());
+    let bin = Path::new(env!("CARGO_BIN_EXE_gpustall-workload"));
+    let mut w = Workload::start(
+        bin,
+        &["burst", &N.to_string(), scratch.to_str().expect("utf-8"), "2000"],
+        None,
+    );
+    let t = tests::procs::Tracer::start(w.pid(), &["--quiet", "--no-gpu"]);
+    let agent = t.pid();
+    w.go();
+    let mut peak_kb = 0u64;
+    let end = std::time::Instant::now() + Duration::from_secs(120);
+    while w.child.try_wait().expect("try_wait").is_none() {
+        assert!(std::time::Instant::now() < end, "the burst did not end");
+        peak_kb = peak_kb.max(vm_hwm_kb(agent));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    peak_kb = peak_kb.max(vm_hwm_kb(agent));
+    let (code, _) = w.wait(Duration::from_secs(10));
+    assert_eq!(code, Some(0));
+    let t = t.wait(Duration::from_secs(60));
+    let s = &t.summary;
+    assert_eq!(s["lost_events"], 0, "{}", s["lost"]);
+    let folded: u64 = s["folded"]
+        .as_array()
+        .map_or(0, |f| f.iter().filter_map(|r| r["processes"].as_u64()).sum());
+    let listed = t.processes().len() as u64;
+    eprintln!("fork burst of {N}: {listed} processes listed, {folded} folded, agent peak RSS {peak_kb} kB");
+    assert_eq!(listed + folded, N + 1, "every process, listed or folded");
+    assert!(folded > 0, "the clean exits beyond the newest were folded");
+    let bytes: u64 =
+        t.processes().iter().filter_map(|p| p["block_write_bytes"].as_u64()).sum::<u64>()
+            + s["folded"]
+                .as_array()
+                .map_or(0, |f| f.iter().filter_map(|r| r["block_write_bytes"].as_u64()).sum());
+    assert_eq!(bytes, N * 4096, "every O_DIRECT byte, once");
+    assert!(peak_kb < 128 * 1024, "the agent stayed small: peak RSS {peak_kb} kB");
+    assert_eq!(t.code, Some(0), "{}", t.stderr);
+}
+
+fn vm_hwm_kb(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
 }

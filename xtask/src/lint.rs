@@ -23,6 +23,14 @@ pub fn run() -> anyhow::Result<()> {
         "warnings",
     ]))?;
     eprintln!("xtask: clippy (eBPF crate, {NIGHTLY})");
+    // The nightly is installed with the minimal profile (setup): clippy only where lint runs.
+    run_cmd(std::process::Command::new("rustup").args([
+        "component",
+        "add",
+        "--toolchain",
+        NIGHTLY,
+        "clippy",
+    ]))?;
     run_cmd(
         std::process::Command::new("cargo")
             .arg(format!("+{NIGHTLY}"))

@@ -11,6 +11,7 @@ use crate::model::event::Event;
 use crate::model::gpu::StallEpisode;
 use crate::model::samples::CountersSample;
 use crate::model::samples::Sample;
+use crate::model::stats::IoSlot;
 use crate::model::Model;
 use crate::recording::writer::event_json;
 use crate::recording::writer::stall_json;
@@ -250,6 +251,30 @@ impl Session {
         self.observe(Sample::Context(ctx.read(&batch, now)));
         if let Some(log) = log {
             self.read_log(log, now);
+        }
+    }
+
+    /// Folds exited processes that matter to no verdict (recorded, so a replay does the same)
+    /// and deletes their kernel map entries: a fork storm leaves the model and the maps small.
+    pub fn fold_exited(&mut self, maps: &mut loader::KernelMaps, now: u64) {
+        let pids = self.model.foldable();
+        if pids.is_empty() {
+            return;
+        }
+        let slots: Vec<(u32, Vec<IoSlot>)> = pids
+            .iter()
+            .map(|&pid| {
+                let keys = self.model.procs.get(&pid).map(|p| p.io.keys().copied().collect());
+                (pid, keys.unwrap_or_default())
+            })
+            .collect();
+        self.observe(Sample::Fold { t_ns: now, pids });
+        let many = slots.len() >= 1000;
+        for (pid, keys) in slots {
+            maps.forget(pid, keys);
+        }
+        if many {
+            crate::sources::agent::give_back_memory();
         }
     }
 

@@ -252,6 +252,7 @@ impl Beat for Trace {
     fn beat(&mut self, maps: &mut KernelMaps, now: u64) -> Option<Stop> {
         let (session, b) = (&mut self.session, &mut self.beat);
         session.tick(maps, &b.ctx, b.log.as_mut(), now);
+        session.fold_exited(maps, now);
         let cur = status_line::totals(&session.model);
         let alive = session.model.tree.alive_pids().len();
         if !b.quiet {

@@ -197,7 +197,18 @@ fn oom_facts(m: &Model, o: &crate::model::OomKill) -> OomFacts {
 }
 
 pub fn from_model(m: &Model, now_ns: u64) -> Facts {
-    let procs = m.tree.iter().map(|n| proc_facts(m, n, now_ns)).collect();
+    let mut procs: Vec<ProcFacts> = m.tree.iter().map(|n| proc_facts(m, n, now_ns)).collect();
+    // Folded processes still count for the disk: as one process of all their I/O and lives.
+    for (role, t) in &m.folded {
+        procs.push(ProcFacts {
+            comm: format!("{} folded {role:?} processes", t.processes),
+            read_bytes: t.block_read_bytes,
+            write_bytes: t.block_write_bytes,
+            io_wait_ns: t.io_wait_ns,
+            lifetime_ns: t.lifetime_ns,
+            ..Default::default()
+        });
+    }
     let oom_kills = m.oom_kills.iter().map(|o| oom_facts(m, o)).collect();
     let ctx = &m.ctx;
     let vm = ctx.vm_delta();

@@ -17,6 +17,7 @@ use crate::model::samples::IoRec;
 use crate::model::samples::ProcCountersRec;
 use crate::model::stats::sum_counters;
 use crate::model::stats::sum_io;
+use crate::model::stats::IoSlot;
 
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
@@ -227,10 +228,10 @@ impl KernelMaps {
     /// Deletes a process's entries: the tracked flag, its counters, and the I/O keys the model
     /// saw for it (`io_slots`: device, op, in_reclaim). One delete per key, not a scan of the
     /// whole I/O map per process (which made pruning thousands of processes take minutes).
-    pub fn forget(&mut self, pid: u32, io_slots: impl IntoIterator<Item = (u32, u32, bool)>) {
+    pub fn forget(&mut self, pid: u32, io_slots: impl IntoIterator<Item = IoSlot>) {
         let _ = self.tracked.remove(&pid);
         let _ = self.proc_counters.remove(&pid);
-        for (dev, op, in_reclaim) in io_slots {
+        for IoSlot { dev, op, in_reclaim } in io_slots {
             let key = IoKey { tgid: pid, dev, op, in_reclaim: u32::from(in_reclaim) };
             let _ = self.io_counters.remove(&key);
         }

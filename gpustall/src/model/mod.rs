@@ -4,6 +4,7 @@
 //! reads nothing from the machine and knows no aya or tokio, so it is tested on hand-built input.
 
 pub mod event;
+pub mod folded;
 pub mod gpu;
 pub mod host;
 pub mod overhead;
@@ -53,6 +54,8 @@ pub struct SignalRecord {
 pub struct Model {
     pub tree: ProcessTree,
     pub procs: BTreeMap<u32, ProcStats>,
+    /// Exited processes that matter to no verdict, folded per role (see `folded`).
+    pub folded: BTreeMap<crate::model::proctree::Role, crate::model::folded::FoldedTotals>,
     pub host: HostStats,
     pub oom_kills: Vec<OomKill>,
     pub signals: Vec<SignalRecord>,
@@ -95,6 +98,7 @@ impl Model {
             )),
             Sample::Overhead { overhead, .. } => self.overhead = overhead.clone(),
             Sample::RecordingGap { lines, .. } => self.host.recording_gap_lines += lines,
+            Sample::Fold { pids, .. } => self.fold(pids),
         }
         Vec::new()
     }

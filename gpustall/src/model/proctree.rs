@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 /// What a process is to the training job.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Role {
     /// The `--pid` given to gpustall.

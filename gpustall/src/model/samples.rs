@@ -197,6 +197,11 @@ pub enum Sample {
         t_ns: u64,
         lines: u64,
     },
+    /// These exited processes were folded into per-role totals (`model::folded`).
+    Fold {
+        t_ns: u64,
+        pids: Vec<u32>,
+    },
 }
 
 impl Sample {
@@ -209,7 +214,8 @@ impl Sample {
             | Sample::Gpu { t_ns, .. }
             | Sample::TrainStep { t_ns, .. }
             | Sample::Overhead { t_ns, .. }
-            | Sample::RecordingGap { t_ns, .. } => *t_ns,
+            | Sample::RecordingGap { t_ns, .. }
+            | Sample::Fold { t_ns, .. } => *t_ns,
             Sample::Counters(c) => c.t_ns,
             Sample::Context(c) => c.t_ns,
         }

@@ -29,6 +29,7 @@ pub struct MemSample {
     pub majflt: u64,
 }
 
+#[derive(Default)]
 pub struct ProcStats {
     /// Cumulative kernel totals (replaced at each read, never added).
     pub counters: ProcCounters,
@@ -50,25 +51,6 @@ pub struct ProcStats {
     pub peak_mem_ns: u64,
     /// Start of the first reclaim stall.
     pub first_reclaim_ns: Option<u64>,
-}
-
-impl Default for ProcStats {
-    fn default() -> Self {
-        Self {
-            counters: ProcCounters::default(),
-            io: BTreeMap::new(),
-            reclaim_stalls: None,
-            mem: MemSample::default(),
-            peak_rss_kb: 0,
-            peak_rss_ns: 0,
-            first_rss_kb: None,
-            first_rss_ns: 0,
-            first_mem_kb: None,
-            peak_mem_kb: 0,
-            peak_mem_ns: 0,
-            first_reclaim_ns: None,
-        }
-    }
 }
 
 /// 1 ns .. 1 hour at 2 significant digits (1 % resolution): about 40 KB per process, where 3

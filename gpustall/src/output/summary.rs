@@ -29,6 +29,10 @@ pub struct Summary {
     /// were full, records that did not decode.
     pub lost_events: u64,
     pub lost: LostSummary,
+    /// Exited processes that mattered to no verdict, folded per role to keep a fork storm
+    /// small; absent when none were.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub folded: Vec<FoldedSummary>,
     /// When anything was lost: which figures are lower bounds, one line each.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub lower_bounds: Vec<String>,
@@ -47,6 +51,14 @@ pub struct Summary {
     pub stalls: Vec<crate::model::gpu::StallEpisode>,
     pub context: ContextSummary,
     pub verdict: Verdict,
+}
+
+/// Exited processes of one role folded together (`model::folded`).
+#[derive(Serialize, Debug, Clone)]
+pub struct FoldedSummary {
+    pub role: Role,
+    #[serde(flatten)]
+    pub totals: crate::model::folded::FoldedTotals,
 }
 
 /// The job's surroundings over the trace.
@@ -472,6 +484,11 @@ impl Summary {
             duration_s: now_ns.saturating_sub(m.start_ns) as f64 / 1e9,
             lost_events: lost.total(),
             lower_bounds: lost.lower_bounds(),
+            folded: m
+                .folded
+                .iter()
+                .map(|(role, t)| FoldedSummary { role: *role, totals: t.clone() })
+                .collect(),
             lost,
             events: m.events,
             processes,

@@ -91,7 +91,8 @@ fn process_table(o: &mut String, s: &Summary) {
         "HELD_MiB",
         "EXIT"
     );
-    for p in &s.processes {
+    let (rows, left_out) = table_rows(s);
+    for p in rows {
         let role = role_name(p);
         let exit = match (p.alive, p.exit_signal, p.exit_code) {
             (true, _, _) => "alive".to_string(),
@@ -116,6 +117,51 @@ fn process_table(o: &mut String, s: &Summary) {
             exit
         );
     }
+    if left_out > 0 {
+        let _ = writeln!(
+            o,
+            "... and {left_out} more processes that exited cleanly with little I/O (all in --summary-json)"
+        );
+    }
+    for f in &s.folded {
+        let role = serde_json::to_value(f.role).ok().and_then(|v| v.as_str().map(String::from));
+        let _ = writeln!(
+            o,
+            "folded: {} exited {} processes, {:.1} MiB read, {:.1} MiB written",
+            f.totals.processes,
+            role.unwrap_or_default(),
+            mib(f.totals.block_read_bytes),
+            mib(f.totals.block_write_bytes)
+        );
+    }
+}
+
+/// Rows a terminal can show: every process when they fit, else the ones that matter (culprits,
+/// the job's roles, the killed, the living, the stalled, the heaviest I/O), in table order.
+/// The rest is counted; the summary JSON keeps them all.
+pub const MAX_ROWS: usize = 50;
+
+fn table_rows(s: &Summary) -> (Vec<&crate::output::summary::ProcessSummary>, usize) {
+    use crate::model::proctree::Role;
+    if s.processes.len() <= MAX_ROWS {
+        return (s.processes.iter().collect(), 0);
+    }
+    let culprits = &s.verdict.culprit_pids;
+    let rank = |p: &crate::output::summary::ProcessSummary| {
+        let remarkable = culprits.contains(&p.pid)
+            || p.role != Role::Other
+            || p.oom_killed
+            || p.exit_signal.is_some()
+            || p.alive
+            || p.direct_reclaim_count + p.memcg_reclaim_count + p.swapout_pages > 0;
+        (!remarkable, std::cmp::Reverse(p.block_read_bytes + p.block_write_bytes))
+    };
+    let mut order: Vec<usize> = (0..s.processes.len()).collect();
+    order.sort_by_key(|&i| rank(&s.processes[i]));
+    order.truncate(MAX_ROWS);
+    order.sort_unstable();
+    let rows: Vec<_> = order.iter().map(|&i| &s.processes[i]).collect();
+    (rows, s.processes.len() - MAX_ROWS)
 }
 
 /// OOM kills, host reclaim, block latency, events and losses.
@@ -164,4 +210,35 @@ fn footer(o: &mut String, s: &Summary) {
         s.lost.undecodable,
         s.duration_s
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{
+        event::{Event, Header},
+        Model,
+    };
+
+    #[test]
+    fn a_long_table_keeps_what_matters_and_counts_the_rest() {
+        let mut m = Model::default();
+        m.tree.seed(1, 0, "sh", true, 0);
+        let h = |t_ns: u64, pid: u32| Header { t_ns, tgid: pid, tid: pid, comm: "sh".into() };
+        for pid in 2..202u32 {
+            m.apply(&Event::Fork { h: h(u64::from(pid), 1), child_pid: pid, clone_flags: 0 });
+            // pid 150 died of SIGSEGV: it is a row whatever else there is.
+            let status = if pid == 150 { 11 } else { 0 };
+            m.apply(&Event::Exit { h: h(u64::from(pid) + 1, pid), exit_code: Some(status) });
+        }
+        let s = Summary::of(&m, 1_000, true);
+        let (rows, left_out) = table_rows(&s);
+        assert_eq!(rows.len(), MAX_ROWS);
+        assert_eq!(left_out, 201 - MAX_ROWS);
+        assert!(rows.iter().any(|p| p.pid == 1), "the living root");
+        assert!(rows.iter().any(|p| p.pid == 150), "the killed child");
+        assert!(rows.windows(2).all(|w| w[0].pid < w[1].pid), "table order kept");
+        let text = render(&s);
+        assert!(text.contains(&format!("... and {} more processes", 201 - MAX_ROWS)), "{text}");
+    }
 }

@@ -1,5 +1,15 @@
 //! The agent's own cost: its CPU time and peak RSS, and whether the kernel keeps BPF run stats.
 
+/// After forgetting many processes at once, hands the freed heap back to the system (the
+/// allocator keeps it otherwise, and a daemon that grew in a fork storm would stay grown).
+pub fn give_back_memory() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: malloc_trim only releases free memory at the top of the heap and in its arenas.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 pub fn bpf_stats_enabled() -> bool {
     std::fs::read_to_string("/proc/sys/kernel/bpf_stats_enabled").is_ok_and(|s| s.trim() == "1")
 }

@@ -177,6 +177,58 @@ fn hog(mib: &[usize], step: usize, hold_ms: u64) -> i32 {
     code
 }
 
+/// A fork burst: `n` short children, each one 4 KiB O_DIRECT write into `dir` (16 files
+/// reused), at most 64 alive at a time; then the parent holds for `hold_ms` (so the job stays
+/// alive while its children age out of a watch window).
+fn burst(n: usize, dir: &str, hold_ms: u64) -> i32 {
+    wait_for_go();
+    say("parent", "");
+    let mut alive = 0;
+    for i in 0..n {
+        if alive >= 64 {
+            let _ = wait_any();
+            alive -= 1;
+        }
+        let path = format!("{dir}/f{}", i % 16);
+        fork_child(move || direct_write(&path));
+        alive += 1;
+    }
+    while wait_any().is_some() {}
+    sleep_ms(hold_ms);
+    0
+}
+
+/// One 4 KiB write that bypasses the page cache, so it is a real block I/O of this process.
+fn direct_write(path: &str) -> i32 {
+    use std::os::unix::fs::OpenOptionsExt;
+    let Ok(mut f) = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(path)
+    else {
+        return 1;
+    };
+    // O_DIRECT needs an aligned buffer: a 4 KiB-aligned anonymous page.
+    // SAFETY: a fresh private anonymous mapping, checked below, unmapped at process exit.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            4096,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return 1;
+    }
+    // SAFETY: the mapping is 4096 bytes, readable.
+    let buf = unsafe { std::slice::from_raw_parts(p as *const u8, 4096) };
+    i32::from(std::io::Write::write_all(&mut f, buf).is_err())
+}
+
 fn main() {
     // A name unique to the test that started this workload, so that a test selecting processes
     // by name (watch --match comm:) only ever sees its own, whatever runs beside it.
@@ -187,6 +239,12 @@ fn main() {
     let code = match args.first().map(String::as_str) {
         Some("tree") => tree(),
         Some("spawn") if args.len() > 1 => spawn(&args[1..]),
+        Some("burst") if args.len() > 2 => {
+            // burst N DIR [HOLD_MS]
+            let n = args[1].parse().unwrap_or(0);
+            let hold = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(0);
+            burst(n, &args[2], hold)
+        }
         Some("hog") => {
             // hog MIB[,MIB..] STEP_MIB HOLD_MS
             let mib: Vec<usize> = args
@@ -198,7 +256,7 @@ fn main() {
             hog(&mib, step, hold)
         }
         _ => {
-            eprintln!("usage: gpustall-workload tree | spawn CMD [ARGS..] | hog MIB[,MIB..] STEP_MIB HOLD_MS");
+            eprintln!("usage: gpustall-workload tree | spawn CMD [ARGS..] | hog MIB[,MIB..] STEP_MIB HOLD_MS | burst N DIR [HOLD_MS]");
             2
         }
     };

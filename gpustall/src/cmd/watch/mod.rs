@@ -28,7 +28,7 @@ use crate::{
         loader::{self, KernelMaps, Probes},
         preflight,
     },
-    model::{samples::Sample, Model},
+    model::{samples::Sample, stats::IoSlot, Model},
     recording::{
         flight::{FlightRecorder, FlightSink},
         header::{Header, IncidentHeader},
@@ -435,6 +435,7 @@ impl Daemon {
     /// Processes gone longer than the window leave the model and the kernel maps; jobs with no
     /// process left leave the metrics. This is what keeps the daemon's memory bounded.
     fn prune(&mut self, maps: &mut loader::KernelMaps, now: u64) {
+        let mut defer_trim = false;
         let horizon = now.saturating_sub(self.opts.window.as_nanos() as u64);
         let gone: Vec<u32> = self
             .session
@@ -460,19 +461,26 @@ impl Daemon {
                 }
             }
         }
+        if gone.len() >= 1000 {
+            // After this loop: the freed model memory goes back to the system.
+            defer_trim = true;
+        }
         for pid in gone {
             if self.jobs.contains_key(&pid) {
                 continue; // a root stays while its job lives (it names the job)
             }
             self.session.model.tree.remove(pid);
-            let slots: Vec<(u32, u32, bool)> = self
+            let slots: Vec<IoSlot> = self
                 .session
                 .model
                 .procs
                 .remove(&pid)
-                .map(|p| p.io.keys().map(|k| (k.dev, k.op, k.in_reclaim)).collect())
+                .map(|p| p.io.keys().copied().collect())
                 .unwrap_or_default();
             maps.forget(pid, slots);
+        }
+        if defer_trim {
+            agent::give_back_memory();
         }
     }
 }
@@ -557,6 +565,7 @@ impl Beat for Daemon {
             self.last_scan = Instant::now();
         }
         self.session.tick(maps, &self.ctx, None, now);
+        self.session.fold_exited(maps, now);
         self.storm(now);
         self.take_incidents();
         self.update_metrics();

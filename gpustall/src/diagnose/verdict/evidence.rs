@@ -18,6 +18,9 @@ pub fn mib_b(b: u64) -> String {
 }
 
 pub fn name(p: &ProcFacts) -> String {
+    if p.pid == 0 {
+        return p.comm.clone(); // the folded processes of a role, together
+    }
     match p.worker_index {
         Some(i) => format!("DataLoader worker {i} (pid {})", p.pid),
         None if p.is_trainer => format!("the trainer (pid {})", p.pid),

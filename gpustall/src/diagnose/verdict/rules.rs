@@ -315,7 +315,8 @@ pub fn disk_io_bound(c: &Ctx) -> Option<Verdict> {
     let rate = io_bytes as f64 / (c.duration_ns as f64 / 1e9) / 1048576.0;
     let text = format!("The data pipeline is disk-bound: the job's processes waited on their own block I/O ({rate:.0} MiB/s) with no memory pressure{}.", gpu_clause(f));
     let advice = vec![format!("the pipeline reads at {rate:.0} MiB/s: more DataLoader workers or readahead only help if the disk has headroom; cache the dataset in page cache/local SSD, use larger sequential reads, or a faster store")];
-    Some(c.verdict(Cause::DiskIoBound, text, procs.iter().map(|p| p.pid).collect(), chain, advice))
+    let culprits = procs.iter().map(|p| p.pid).filter(|&p| p != 0).collect();
+    Some(c.verdict(Cause::DiskIoBound, text, culprits, chain, advice))
 }
 
 /// The GPU (or the training log) stalled while every traced process sat idle (no CPU, no
