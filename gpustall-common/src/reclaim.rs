@@ -33,20 +33,29 @@ impl TryFrom<u32> for ReclaimKind {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ReclaimStart {
     pub start_ns: u64,
-    /// The outermost reclaim's kind: a nested begin does not change what the stall is.
     pub kind: u32,
-    /// Begins seen without their end yet (memcg reclaim can nest inside direct reclaim).
-    pub depth: u32,
+    pub _pad: u32,
 }
 const _: () = assert!(core::mem::size_of::<ReclaimStart>() == 16);
 
-/// The entry to store after a begin. A begin inside a running episode only deepens it, so the
-/// stall is measured from the outermost begin.
+/// The entry to store after a begin: always a new episode. Direct and memcg reclaim never nest
+/// (reclaim runs with PF_MEMALLOC, and a charge under PF_MEMALLOC is forced, not reclaimed), so
+/// an entry already there is stale: its end was missed (the thread began reclaim before the end
+/// program was attached, or the end was lost). Deepening it would leave the thread "in reclaim"
+/// for the rest of its life.
 #[inline(always)]
-pub fn on_begin(existing: Option<&ReclaimStart>, kind: ReclaimKind, now_ns: u64) -> ReclaimStart {
+pub fn on_begin(kind: ReclaimKind, now_ns: u64) -> ReclaimStart {
+    ReclaimStart { start_ns: now_ns, kind: kind as u32, _pad: 0 }
+}
+
+/// The entry to store when kswapd wakes, or `None` to keep the one there. Under sustained
+/// pressure kswapd wakes round after round without sleeping: its episode runs from the first
+/// wake to the sleep, so a wake inside an episode must not move the start.
+#[inline(always)]
+pub fn on_kswapd_wake(existing: Option<&ReclaimStart>, now_ns: u64) -> Option<ReclaimStart> {
     match existing {
-        Some(s) => ReclaimStart { depth: s.depth.saturating_add(1), ..*s },
-        None => ReclaimStart { start_ns: now_ns, kind: kind as u32, depth: 1 },
+        Some(s) if s.kind == ReclaimKind::Kswapd as u32 => None,
+        _ => Some(on_begin(ReclaimKind::Kswapd, now_ns)),
     }
 }
 
@@ -55,8 +64,6 @@ pub fn on_begin(existing: Option<&ReclaimStart>, kind: ReclaimKind, now_ns: u64)
 pub enum EndOutcome {
     /// The outermost end: the stall is over. Delete the entry and report it.
     Complete { kind: u32, start_ns: u64, duration_ns: u64 },
-    /// An inner end: store the entry back with one level less.
-    Inner(ReclaimStart),
     /// An end without a begin (tracing started mid-reclaim, or the entry was lost): ignore.
     Unmatched,
 }
@@ -65,7 +72,6 @@ pub enum EndOutcome {
 pub fn on_end(existing: Option<&ReclaimStart>, now_ns: u64) -> EndOutcome {
     match existing {
         None => EndOutcome::Unmatched,
-        Some(s) if s.depth > 1 => EndOutcome::Inner(ReclaimStart { depth: s.depth - 1, ..*s }),
         Some(s) => EndOutcome::Complete {
             kind: s.kind,
             start_ns: s.start_ns,
@@ -80,8 +86,7 @@ mod tests {
 
     #[test]
     fn begin_end_gives_duration() {
-        let s = on_begin(None, ReclaimKind::Memcg, 1_000);
-        assert_eq!(s.depth, 1);
+        let s = on_begin(ReclaimKind::Memcg, 1_000);
         assert_eq!(
             on_end(Some(&s), 1_750),
             EndOutcome::Complete { kind: 2, start_ns: 1_000, duration_ns: 750 }
@@ -89,17 +94,24 @@ mod tests {
     }
 
     #[test]
-    fn nested_begin_keeps_outer_start_and_kind() {
-        let outer = on_begin(None, ReclaimKind::Direct, 100);
-        let inner = on_begin(Some(&outer), ReclaimKind::Memcg, 150);
-        assert_eq!(inner, ReclaimStart { start_ns: 100, kind: 1, depth: 2 });
-        let after_inner_end = match on_end(Some(&inner), 180) {
-            EndOutcome::Inner(s) => s,
-            other => panic!("inner end completed the stall: {other:?}"),
-        };
+    fn a_begin_over_a_stale_entry_starts_afresh() {
+        // The first end was missed (attached later, or lost): the next episode stands alone.
+        let _stale = on_begin(ReclaimKind::Direct, 100);
+        let next = on_begin(ReclaimKind::Memcg, 5_000);
+        assert_eq!(next, ReclaimStart { start_ns: 5_000, kind: 2, _pad: 0 });
         assert_eq!(
-            on_end(Some(&after_inner_end), 400),
-            EndOutcome::Complete { kind: 1, start_ns: 100, duration_ns: 300 }
+            on_end(Some(&next), 5_400),
+            EndOutcome::Complete { kind: 2, start_ns: 5_000, duration_ns: 400 }
+        );
+    }
+
+    #[test]
+    fn kswapd_rounds_without_sleep_are_one_episode_from_the_first_wake() {
+        let first = on_kswapd_wake(None, 1_000).expect("a new episode");
+        assert_eq!(on_kswapd_wake(Some(&first), 2_000), None, "a second wake keeps the start");
+        assert_eq!(
+            on_end(Some(&first), 9_000),
+            EndOutcome::Complete { kind: 3, start_ns: 1_000, duration_ns: 8_000 }
         );
     }
 
@@ -111,7 +123,7 @@ mod tests {
     #[test]
     fn thread_exiting_inside_reclaim_leaves_nothing_to_pair() {
         // The exit program deletes the thread's entry; a later end for a reused tid is unmatched.
-        let s = on_begin(None, ReclaimKind::Memcg, 10);
+        let s = on_begin(ReclaimKind::Memcg, 10);
         let after_exit: Option<&ReclaimStart> = None;
         let _ = s;
         assert_eq!(on_end(after_exit, 20), EndOutcome::Unmatched);
@@ -119,7 +131,7 @@ mod tests {
 
     #[test]
     fn clock_going_backwards_saturates() {
-        let s = on_begin(None, ReclaimKind::Direct, 500);
+        let s = on_begin(ReclaimKind::Direct, 500);
         assert_eq!(
             on_end(Some(&s), 400),
             EndOutcome::Complete { kind: 1, start_ns: 500, duration_ns: 0 }

@@ -5,7 +5,7 @@ use aya_ebpf::{helpers::bpf_ktime_get_ns, macros::tracepoint, programs::TracePoi
 use gpustall_common::{
     counters::{HostCounter, LostCounter},
     events::{EventKind, ReclaimEvent, ThrottledEvent},
-    reclaim::{on_begin, on_end, EndOutcome, ReclaimKind},
+    reclaim::{on_begin, on_end, on_kswapd_wake, EndOutcome, ReclaimKind},
 };
 
 use crate::common::{
@@ -13,12 +13,11 @@ use crate::common::{
     HOST, RECLAIM_START,
 };
 
+/// A begin always starts a new episode (see `on_begin`): no lookup of what was there.
 #[inline(always)]
 fn begin(kind: ReclaimKind) -> u32 {
     let (_, tid) = pid_tgid();
-    // SAFETY: the value is copied out at once.
-    let existing = unsafe { RECLAIM_START.get(tid) }.copied();
-    let next = on_begin(existing.as_ref(), kind, unsafe { bpf_ktime_get_ns() });
+    let next = on_begin(kind, unsafe { bpf_ktime_get_ns() });
     if RECLAIM_START.insert(tid, next, 0).is_err() {
         crate::common::add_lost(LostCounter::MapFull);
     }
@@ -33,10 +32,6 @@ fn end(ctx: &TracePointContext) -> u32 {
     let now = unsafe { bpf_ktime_get_ns() };
     let (kind, start_ns, duration_ns) = match on_end(existing.as_ref(), now) {
         EndOutcome::Unmatched => return 0,
-        EndOutcome::Inner(s) => {
-            let _ = RECLAIM_START.insert(tid, s, 0);
-            return 0;
-        }
         EndOutcome::Complete { kind, start_ns, duration_ns } => (kind, start_ns, duration_ns),
     };
     let _ = RECLAIM_START.remove(tid);
@@ -95,11 +90,15 @@ pub fn mm_vmscan_memcg_reclaim_end(ctx: TracePointContext) -> u32 {
 }
 
 /// kswapd wakes to balance a node: its swap-out and I/O until it sleeps are background reclaim.
+/// Rounds without a sleep between them are one episode (`on_kswapd_wake`).
 #[tracepoint]
 pub fn mm_vmscan_kswapd_wake(_ctx: TracePointContext) -> u32 {
     let (_, tid) = pid_tgid();
-    let start = on_begin(None, ReclaimKind::Kswapd, unsafe { bpf_ktime_get_ns() });
-    let _ = RECLAIM_START.insert(tid, start, 0);
+    // SAFETY: the value is copied out at once.
+    let existing = unsafe { RECLAIM_START.get(tid) }.copied();
+    if let Some(start) = on_kswapd_wake(existing.as_ref(), unsafe { bpf_ktime_get_ns() }) {
+        let _ = RECLAIM_START.insert(tid, start, 0);
+    }
     0
 }
 

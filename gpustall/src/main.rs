@@ -87,6 +87,22 @@ and swap per process, GPU utilisation and temperature, job disk and swap-out rat
 data_time)."
     )]
     Export(cmd::export::ExportArgs),
+    /// Merge recordings or incident bundles of several nodes onto one timeline, with the job's verdict.
+    #[command(
+        long_about = "Put the recordings of several nodes or ranks (`trace --record` files, or the \
+incident bundle directories `watch` writes) on one timeline, aligned on each recording's wall clock \
+(its header's wall_clock_at_start_ns), and say which node stalled first, by how long it preceded \
+the others, and that node's own verdict as the cause. Recordings of one host that disagree (its \
+clock stepped between them, two kernels at once, one OOM kill at two times) and recordings too far \
+apart to be one incident are warned about. Needs no privileges.",
+        after_help = "CLOCK SKEW:\n    Nodes' clocks disagree by their NTP error (milliseconds on a LAN). A node \
+that led the next one by less than --max-skew (default 1s) is not called first for sure.\n\n\
+EXAMPLES:\n    gpustall merge node-a/incident-*/ node-b/incident-*/ --html job.html\n    \
+gpustall merge rank0.jsonl rank1.jsonl --perfetto job.json --summary-json job.summary.json\n\n\
+EXIT STATUS:\n    0 when every file was read whole; 1 when one stopped at a bad line (the merge covers \
+what came before it) or is not a recording."
+    )]
+    Merge(cmd::merge::MergeArgs),
     /// Trace a process and all its descendants, then report.
     #[command(
         long_about = "Trace PID and every process it forks (and those processes' children) until \
@@ -117,6 +133,7 @@ fn main() {
                 match cli.command {
                     Command::Report(args) => cmd::report::run(&args),
                     Command::Export(args) => cmd::export::run(&args),
+                    Command::Merge(args) => cmd::merge::run(&args),
                     Command::Watch(args) => cmd::watch::run(args.into_options()).await,
                     Command::Trace(args) => cmd::trace::run(args.into_options()).await,
                 }

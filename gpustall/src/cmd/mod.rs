@@ -1,9 +1,10 @@
 //! The commands: `trace` and `watch` run the pipeline live through one [`event_loop`] over a
-//! [`session::Session`]; `report` and `export` replay recordings offline.
+//! [`session::Session`]; `report`, `export` and `merge` replay recordings offline.
 
 pub mod event_loop;
 pub mod export;
 pub mod gpu;
+pub mod merge;
 pub mod report;
 pub mod session;
 pub mod trace;

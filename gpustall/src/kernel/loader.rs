@@ -70,12 +70,14 @@ const PROBES: &[Probe] = &[
     probe(programs::SCHED_PROCESS_EXEC, "sched", &["sched_process_exec"], false),
     probe(programs::MARK_VICTIM, "oom", &["mark_victim"], false),
     probe(programs::SIGNAL_GENERATE, "signal", &["signal_generate"], false),
-    probe(programs::DIRECT_RECLAIM_BEGIN, "vmscan", &["mm_vmscan_direct_reclaim_begin"], false),
+    // Ends attach before their begins (the table is the attach order): a begin seen without
+    // its end program would leave the thread "in reclaim" until its next begin.
     probe(programs::DIRECT_RECLAIM_END, "vmscan", &["mm_vmscan_direct_reclaim_end"], false),
-    probe(programs::MEMCG_RECLAIM_BEGIN, "vmscan", &["mm_vmscan_memcg_reclaim_begin"], false),
     probe(programs::MEMCG_RECLAIM_END, "vmscan", &["mm_vmscan_memcg_reclaim_end"], false),
-    probe(programs::KSWAPD_WAKE, "vmscan", &["mm_vmscan_kswapd_wake"], false),
     probe(programs::KSWAPD_SLEEP, "vmscan", &["mm_vmscan_kswapd_sleep"], false),
+    probe(programs::DIRECT_RECLAIM_BEGIN, "vmscan", &["mm_vmscan_direct_reclaim_begin"], false),
+    probe(programs::MEMCG_RECLAIM_BEGIN, "vmscan", &["mm_vmscan_memcg_reclaim_begin"], false),
+    probe(programs::KSWAPD_WAKE, "vmscan", &["mm_vmscan_kswapd_wake"], false),
     // mm_vmscan_writepage before 5.18.
     probe(
         programs::WRITE_FOLIO,

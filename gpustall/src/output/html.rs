@@ -14,7 +14,7 @@ const LEFT: f64 = 70.0;
 const COLORS: [&str; 8] =
     ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#7f7f7f"];
 
-fn esc(s: &str) -> String {
+pub fn esc(s: &str) -> String {
     s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
 }
 
@@ -174,7 +174,13 @@ fn compact(v: f64) -> String {
 
 /// The page: verdict, evidence and advice, the timeline charts, the table of processes.
 pub fn render(summary: &Summary, t: &Timeline) -> String {
-    let v = &summary.verdict;
+    let cause = esc(summary.verdict.cause.as_str());
+    let heading = format!(r#"<h1>gpustall: <span class="cause">{cause}</span></h1>"#);
+    page(summary.verdict.cause.as_str(), &(heading + &body(summary, t)))
+}
+
+/// A self-contained page around `body` (already HTML), titled `gpustall: title`.
+pub fn page(title: &str, body: &str) -> String {
     let mut o = String::new();
     let _ = write!(
         o,
@@ -182,14 +188,19 @@ pub fn render(summary: &Summary, t: &Timeline) -> String {
 body{{font-family:system-ui,sans-serif;max-width:1050px;margin:2em auto;color:#222}} h1{{font-size:1.4em}} .cause{{color:#b00}}
 li{{margin:.2em 0}} table{{border-collapse:collapse;font-size:12px}} td,th{{border:1px solid #ddd;padding:2px 6px;text-align:right}} th{{background:#f3f3f3}}
 </style></head><body>"##,
-        esc(v.cause.as_str())
+        esc(title)
     );
-    let _ = write!(
-        o,
-        r#"<h1>gpustall: <span class="cause">{}</span></h1><p>{}</p>"#,
-        esc(v.cause.as_str()),
-        esc(&v.text)
-    );
+    o.push_str(body);
+    o.push_str("</body></html>\n");
+    o
+}
+
+/// Everything of one recording's report under its heading: the verdict text, evidence and
+/// advice, the timeline charts (on the timeline's own start..end), the table of processes.
+pub fn body(summary: &Summary, t: &Timeline) -> String {
+    let v = &summary.verdict;
+    let mut o = String::new();
+    let _ = write!(o, r#"<p>{}</p>"#, esc(&v.text));
     let lower_bounds = &summary.lower_bounds;
     for (title, items) in [
         ("Lower bounds: events were lost", lower_bounds),
@@ -207,9 +218,9 @@ li{{margin:.2em 0}} table{{border-collapse:collapse;font-size:12px}} td,th{{bord
     o.push_str("<h2>Timeline</h2>");
     timeline_charts(&mut o, t);
     process_table(&mut o, summary);
-    let _ = writeln!(
+    let _ = write!(
         o,
-        "</table><p><small>gpustall {}; lost events: {}; GPU: {}</small></p></body></html>",
+        "</table><p><small>gpustall {}; lost events: {}; GPU: {}</small></p>",
         env!("CARGO_PKG_VERSION"),
         summary.lost_events,
         esc(&summary.gpu_status)

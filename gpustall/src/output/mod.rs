@@ -3,6 +3,7 @@
 
 pub mod files;
 pub mod html;
+pub mod job;
 pub mod perfetto;
 pub mod status_line;
 pub mod summary;

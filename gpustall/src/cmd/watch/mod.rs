@@ -378,6 +378,10 @@ impl Daemon {
         let mut out = Vec::with_capacity(lines.len() + 64);
         let header = Header {
             start_ns: from,
+            // The wall clock at the window's start, not at the daemon's: `merge` maps the
+            // bundle's times to dates through this pair.
+            wall_clock_at_start_ns: self.header.wall_clock_at_start_ns
+                + from.saturating_sub(self.header.start_ns),
             incident: Some(IncidentHeader { kind: inc.kind, t_ns: inc.t_ns, pid: inc.pid }),
             ..self.header.clone()
         };

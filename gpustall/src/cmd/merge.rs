@@ -1,0 +1,252 @@
+//! `gpustall merge FILE...`: the recordings of several nodes or ranks (`trace --record` files,
+//! or the incident bundles `watch` writes) on one wall-clock timeline, with the job's verdict:
+//! which node stalled first, by how long it preceded the others, and why (its own verdict).
+//!
+//! Each recording is replayed on its own, exactly as `gpustall report` replays it; only the
+//! alignment and the job-level answer are new, and they live in `diagnose::job` (pure).
+
+use std::{
+    io::BufReader,
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use anyhow::Context as _;
+
+use crate::{
+    diagnose::job::{self, Source},
+    output::{
+        job::{self as out, Lane},
+        summary::Summary,
+        timeline,
+    },
+    recording::{header::Header, replay::replay},
+};
+
+#[derive(clap::Args)]
+pub struct MergeArgs {
+    /// Recordings (`trace --record`) or incident bundle directories (with record.jsonl), one or
+    /// more per node.
+    #[arg(value_name = "FILE", required = true, num_args = 1..)]
+    files: Vec<PathBuf>,
+    /// Write one self-contained HTML page: the job's verdict, a lane per node, each node's report.
+    #[arg(long, value_name = "OUT")]
+    html: Option<PathBuf>,
+    /// Write a Perfetto / Chrome trace with a process group per node.
+    #[arg(long, value_name = "OUT")]
+    perfetto: Option<PathBuf>,
+    /// Write the job's summary (its verdict, every node's summary) as JSON.
+    #[arg(long, value_name = "OUT")]
+    summary_json: Option<PathBuf>,
+    /// How far the nodes' wall clocks may disagree (NTP keeps them within milliseconds): a node
+    /// that led by less is not called first for sure, and recordings of one host whose clocks
+    /// differ by more are warned about.
+    #[arg(long, value_name = "D", default_value = "1s", value_parser = crate::cmd::units::parse_duration)]
+    max_skew: Duration,
+}
+
+/// The recording of an input: the file itself, or a bundle directory's record.jsonl.
+fn recording_of(input: &Path) -> anyhow::Result<PathBuf> {
+    if input.is_dir() {
+        let rec = input.join("record.jsonl");
+        anyhow::ensure!(
+            rec.is_file(),
+            "{} is a directory without record.jsonl: not an incident bundle",
+            input.display()
+        );
+        return Ok(rec);
+    }
+    Ok(input.to_path_buf())
+}
+
+/// What tells two recordings of one host apart: the traced pid, else the incident, else the
+/// file.
+fn tag(h: &Header, input: &Path) -> String {
+    if let Some(pid) = h.targets.as_ref().and_then(|t| t.first()) {
+        return format!("pid {pid}");
+    }
+    if let Some(i) = &h.incident {
+        return format!("{} pid {}", i.kind, i.pid);
+    }
+    input.file_name().map_or_else(|| input.display().to_string(), |n| n.to_string_lossy().into())
+}
+
+/// One recording replayed: its lane (label filled in later) and whether it stopped early.
+fn load(input: &Path) -> anyhow::Result<(Lane, Option<String>)> {
+    let file = recording_of(input)?;
+    let f = std::fs::File::open(&file)
+        .with_context(|| format!("cannot open the recording {}", file.display()))?;
+    let r = replay(BufReader::new(f));
+    for w in &r.warnings {
+        say!("gpustall: warning: {}: {w}", file.display());
+    }
+    if r.lines == 0 {
+        let why =
+            r.error.map_or("it is empty".to_string(), |e| format!("line {}: {}", e.line, e.why));
+        anyhow::bail!("{} is not a gpustall recording: {why}", file.display());
+    }
+    let header: Header = serde_json::from_value(r.header.clone())
+        .with_context(|| format!("{}: the header does not parse", file.display()))?;
+    anyhow::ensure!(
+        header.wall_clock_at_start_ns > 0,
+        "{} has no wall_clock_at_start_ns: it cannot be put on a shared timeline",
+        file.display()
+    );
+    let summary = Summary::of(&r.model, r.end_ns, true);
+    let onsets = job::onsets(&r.model);
+    let rank = onsets.first().and_then(|o| job::rank_of(&r.model, o.pid));
+    let source = Source {
+        label: tag(&header, input),
+        host: header.host.clone(),
+        kernel: header.kernel.clone(),
+        mono_start_ns: header.start_ns,
+        wall_start_ns: header.wall_clock_at_start_ns,
+        mono_end_ns: r.end_ns.max(header.start_ns),
+        onsets,
+        rank,
+        verdict: summary.verdict.clone(),
+    };
+    let mut tl = timeline::from_file(&file, r.lines)?;
+    out::to_wall(&mut tl, |t| source.wall(t));
+    let stopped = r.error.map(|e| {
+        format!(
+            "{} line {}: {}; the merge covers lines 1-{}",
+            file.display(),
+            e.line,
+            e.why,
+            r.lines
+        )
+    });
+    let mode = header.mode.clone().unwrap_or_else(|| "trace".into());
+    Ok((Lane { source, file: file.display().to_string(), mode, summary, timeline: tl }, stopped))
+}
+
+pub fn run(args: &MergeArgs) -> anyhow::Result<()> {
+    let recordings: Vec<PathBuf> =
+        args.files.iter().map(|f| recording_of(f)).collect::<anyhow::Result<_>>()?;
+    let outputs: Vec<(&str, &Path)> = [
+        ("--html", &args.html),
+        ("--perfetto", &args.perfetto),
+        ("--summary-json", &args.summary_json),
+    ]
+    .into_iter()
+    .filter_map(|(flag, p)| p.as_deref().map(|p| (flag, p)))
+    .collect();
+    let inputs: Vec<&Path> = recordings.iter().map(PathBuf::as_path).collect();
+    crate::output::files::refuse_clashes(&inputs, &outputs)?;
+
+    let mut lanes: Vec<Lane> = Vec::new();
+    let mut stopped = Vec::new();
+    for input in &args.files {
+        let (lane, err) = load(input)?;
+        if let Some(same) = lanes.iter().find(|l| is_same_recording(&l.source, &lane.source)) {
+            say!(
+                "gpustall: warning: {} is the same recording as {}: skipped",
+                lane.file,
+                same.file
+            );
+            continue;
+        }
+        stopped.extend(err);
+        lanes.push(lane);
+    }
+    let names = job::labels(
+        &lanes.iter().map(|l| (l.source.host.clone(), l.source.label.clone())).collect::<Vec<_>>(),
+    );
+    for (l, name) in lanes.iter_mut().zip(names) {
+        l.source.label = name;
+    }
+    let max_skew = args.max_skew.as_nanos() as u64;
+    let sources: Vec<Source> = lanes.iter().map(|l| l.source.clone()).collect();
+    let verdict = job::decide(&sources, max_skew);
+    let warnings = job::disagreements(&sources, max_skew);
+    write_outputs(args, &lanes, &verdict, &warnings, max_skew)?;
+    crate::output::text::print(&out::text(&lanes, &verdict, &warnings));
+    anyhow::ensure!(stopped.is_empty(), "{}", stopped.join("; "));
+    Ok(())
+}
+
+/// The same recording given twice (a file and its bundle, a copy): one header, one start.
+fn is_same_recording(a: &Source, b: &Source) -> bool {
+    a.host == b.host && a.mono_start_ns == b.mono_start_ns && a.wall_start_ns == b.wall_start_ns
+}
+
+fn write_outputs(
+    args: &MergeArgs,
+    lanes: &[Lane],
+    verdict: &job::JobVerdict,
+    warnings: &[String],
+    max_skew: u64,
+) -> anyhow::Result<()> {
+    if let Some(path) = &args.summary_json {
+        let s = out::summary(lanes, verdict, warnings, max_skew);
+        let text = serde_json::to_string_pretty(&s)? + "\n";
+        crate::output::files::write_private(path, text.as_bytes())
+            .with_context(|| format!("writing the summary to {}", path.display()))?;
+    }
+    if let Some(path) = &args.html {
+        crate::output::files::write_private(
+            path,
+            out::html_page(lanes, verdict, warnings).as_bytes(),
+        )?;
+    }
+    if let Some(path) = &args.perfetto {
+        let text = serde_json::to_string(&out::perfetto_trace(lanes, verdict))?;
+        crate::output::files::write_private(path, text.as_bytes())?;
+        say!("gpustall: wrote {} (open it in https://ui.perfetto.dev)", path.display());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A pair of recordings made on this machine (`gpustall trace --record`, two process
+    /// trees in memory cgroups, hosts renamed node-a and node-b): on node-a a worker is
+    /// OOM-killed; on node-b the GPU (the stand-in NVML) goes idle and the trainer exits 1
+    /// after its "timeout". Merged, node-a is first and its verdict the cause.
+    #[test]
+    fn the_committed_pair_merges_into_one_story() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/recording/testdata");
+        let mut lanes = Vec::new();
+        for f in ["merge-node-a.jsonl", "merge-node-b.jsonl"] {
+            let (lane, stopped) = load(&dir.join(f)).expect("loads");
+            assert_eq!(stopped, None);
+            lanes.push(lane);
+        }
+        let names = job::labels(
+            &lanes
+                .iter()
+                .map(|l| (l.source.host.clone(), l.source.label.clone()))
+                .collect::<Vec<_>>(),
+        );
+        assert_eq!(names, ["node-a", "node-b"]);
+        for (l, name) in lanes.iter_mut().zip(names) {
+            l.source.label = name;
+        }
+        let sources: Vec<Source> = lanes.iter().map(|l| l.source.clone()).collect();
+        let v = job::decide(&sources, 1_000_000_000);
+        assert_eq!(v.first.as_deref(), Some("node-a"), "{}", v.text);
+        assert_eq!(v.cause.as_deref(), Some("host_memory_oom"), "{}", v.text);
+        assert!(v.order_certain, "{}", v.clock);
+        assert!(v.lead_s.is_some_and(|l| l > 1.0), "{:?}", v.lead_s);
+        assert_eq!(v.order.len(), 2);
+        assert!(v.text.contains("OOM-killed"), "{}", v.text);
+        assert!(v.text.contains("node-b waited from"), "{}", v.text);
+        assert!(job::disagreements(&sources, 1_000_000_000).is_empty());
+        // The outputs: a lane per node in the page, a process group per node in the trace.
+        let page = out::html_page(&lanes, &v, &[]);
+        assert!(page.contains("<h1>node-a: <span class=\"cause\">host_memory_oom</span></h1>"));
+        assert!(page.contains("aria-label=\"nodes\""));
+        let trace = out::perfetto_trace(&lanes, &v);
+        let ev = trace["traceEvents"].as_array().expect("events");
+        let groups: std::collections::BTreeSet<u64> =
+            ev.iter().filter_map(|e| e["pid"].as_u64()).collect();
+        assert_eq!(groups, [1, 2].into(), "one process group per node");
+        assert!(ev.iter().any(|e| e["pid"] == 1 && e["name"] == "OOM kill"));
+        let s = serde_json::to_value(out::summary(&lanes, &v, &[], 1_000_000_000)).expect("json");
+        assert_eq!(s["nodes"][0]["summary"]["verdict"]["cause"], "host_memory_oom");
+        assert_eq!(s["verdict"]["first"], "node-a");
+    }
+}
