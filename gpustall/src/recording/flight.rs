@@ -73,7 +73,7 @@ impl FlightRecorder {
         self.lines.iter().filter(|(t, _)| *t >= from_ns).map(|(_, l)| l.clone()).collect()
     }
 
-    #[cfg(test)]
+    /// Bytes held now (the watch daemon exports it).
     pub fn bytes(&self) -> usize {
         self.bytes
     }

@@ -287,7 +287,8 @@ impl Daemon {
                 );
             }
         }
-        let dropped = self.flight.lock().map_or(0, |f| f.evicted_early);
+        let (dropped, held) = self.flight.lock().map_or((0, 0), |f| (f.evicted_early, f.bytes()));
+        self.metrics.set_flight_recorder(held as u64, self.opts.memory_budget as u64, dropped);
         self.metrics
             .set_lost_events(m.host.lost.iter().sum::<u64>() + self.session.undecodable + dropped);
         // Jobs with a process alive: an ended job stays in the model for the window, not here.

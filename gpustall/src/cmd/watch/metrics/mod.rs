@@ -85,6 +85,19 @@ struct JobFamilies {
 }
 
 impl JobFamilies {
+    /// Creates every series of `labels` (at zero where new).
+    fn create(&self, labels: &JobRole) {
+        let _ = self.reclaim_stall_seconds.get_or_create(labels);
+        let _ = self.reclaim_stalls.get_or_create(labels);
+        let _ = self.swapout_pages.get_or_create(labels);
+        let _ = self.block_read_bytes.get_or_create(labels);
+        let _ = self.block_write_bytes.get_or_create(labels);
+        let _ = self.reclaim_io_bytes.get_or_create(labels);
+        let _ = self.oom_kills.get_or_create(labels);
+        let _ = self.resident_bytes.get_or_create(labels);
+        let _ = self.swap_bytes.get_or_create(labels);
+    }
+
     fn remove(&self, labels: &JobRole) {
         // `remove` returns whether the series existed; a label set may be in some families only
         // (set_memory without add), so the answers are not interesting.
@@ -105,6 +118,7 @@ impl JobFamilies {
 struct Totals {
     lost_events: u64,
     agent_cpu_seconds: f64,
+    flight_recorder_dropped: u64,
 }
 
 /// All metrics of the agent, behind `&self` so one `Arc<Metrics>` serves the daemon loop and the
@@ -125,6 +139,9 @@ pub struct Metrics {
     incidents: Family<IncidentKind, Counter>,
     agent_cpu_seconds: SecondsCounter,
     agent_resident_bytes: ByteGauge,
+    agent_memory_budget: ByteGauge,
+    flight_recorder_bytes: ByteGauge,
+    flight_recorder_dropped: Counter,
     totals: Mutex<Totals>,
 }
 
@@ -214,6 +231,9 @@ impl Metrics {
         let incidents = Family::<IncidentKind, Counter>::default();
         let agent_cpu_seconds = SecondsCounter::default();
         let agent_resident_bytes = ByteGauge::default();
+        let agent_memory_budget = ByteGauge::default();
+        let flight_recorder_bytes = ByteGauge::default();
+        let flight_recorder_dropped = Counter::default();
 
         // The registry adds the `gpustall_` prefix, the unit suffix and, for counters, `_total`;
         // the names below are the stems. Families are `Arc`s inside, so the clones registered
@@ -261,6 +281,25 @@ impl Metrics {
             Unit::Bytes,
             agent_resident_bytes.clone(),
         );
+        // What the alert "agent over its memory budget" compares: the flight recorder against
+        // --memory-budget, and the lines it had to drop to stay within it.
+        r.register_with_unit(
+            "agent_memory_budget",
+            "The flight recorder's memory budget (--memory-budget)",
+            Unit::Bytes,
+            agent_memory_budget.clone(),
+        );
+        r.register_with_unit(
+            "flight_recorder",
+            "Memory held by the flight recorder's window of events and samples",
+            Unit::Bytes,
+            flight_recorder_bytes.clone(),
+        );
+        r.register(
+            "flight_recorder_dropped_lines",
+            "Lines the flight recorder dropped before they left its window, to stay within its budget",
+            flight_recorder_dropped.clone(),
+        );
 
         Self {
             registry: r,
@@ -275,6 +314,9 @@ impl Metrics {
             incidents,
             agent_cpu_seconds,
             agent_resident_bytes,
+            agent_memory_budget,
+            flight_recorder_bytes,
+            flight_recorder_dropped,
             totals: Mutex::new(Totals::default()),
         }
     }
@@ -284,6 +326,10 @@ impl Metrics {
     fn track(&self, labels: &JobRole) -> MutexGuard<'_, HashSet<JobRole>> {
         let mut known = lock(&self.known);
         if !known.contains(labels) {
+            // Every series of a new (job, role) starts at zero: `increase()` and `rate()` see no
+            // increase in a series' first sample, so an OOM kill that created its counter at 1
+            // would never fire an alert.
+            self.jobs.create(labels);
             known.insert(labels.clone());
         }
         known
@@ -321,6 +367,9 @@ impl Metrics {
     /// Sets one GPU's gauges. Without a temperature reading the series is removed rather than
     /// left at a stale value.
     pub fn set_gpu(&self, gpu: &GpuLabel, util_ratio: f64, temperature_celsius: Option<f64>) {
+        // The stall counter exists from the GPU's first sample on, at zero, so the first stall
+        // is an increase (see `track`).
+        let _ = self.gpu_stall_episodes.get_or_create(gpu);
         if util_ratio.is_finite() {
             self.gpu_utilization.get_or_create(gpu).set(util_ratio.clamp(0.0, 1.0));
         }
@@ -369,6 +418,17 @@ impl Metrics {
             t.agent_cpu_seconds = cpu_seconds_total;
         }
         self.agent_resident_bytes.set(resident_bytes);
+    }
+
+    /// Takes the flight recorder's size, its budget and its cumulative count of lines dropped
+    /// early (turned into increments like `set_lost_events`).
+    pub fn set_flight_recorder(&self, bytes: u64, budget: u64, dropped_total: u64) {
+        self.flight_recorder_bytes.set(bytes);
+        self.agent_memory_budget.set(budget);
+        let mut t = lock(&self.totals);
+        self.flight_recorder_dropped
+            .inc_by(dropped_total.saturating_sub(t.flight_recorder_dropped));
+        t.flight_recorder_dropped = dropped_total;
     }
 
     /// Removes every series whose job label is `job`.

@@ -189,3 +189,110 @@ async fn serves_metrics_over_http() {
     assert!(!server.is_finished());
     server.abort();
 }
+
+/// An exposition with every family the agent exports holding a series.
+fn every_series() -> String {
+    let m = Metrics::new();
+    let w = jr("train-7", "dataloader_worker");
+    m.add(&w, ProcDelta { reclaim_stall_seconds: 1.0, reclaim_stalls: 1, ..Default::default() });
+    m.oom_kill(&w);
+    m.set_memory(&w, 1 << 30, 1 << 20);
+    let gpu = GpuLabel { gpu: "0".into() };
+    m.set_gpu(&gpu, 0.5, Some(60.0));
+    m.gpu_stall(&gpu);
+    m.set_watched(1, 4);
+    m.incident("oom_kill");
+    m.set_lost_events(1);
+    m.set_agent(0.5, 40 << 20);
+    m.set_flight_recorder(1 << 20, 64 << 20, 3);
+    m.encode()
+}
+
+/// The gpustall_ metric names in `text` (PromQL in the deploy files).
+fn metric_names(text: &str) -> std::collections::BTreeSet<String> {
+    let re = regex::Regex::new(r"\bgpustall_[a-z0-9_]+").expect("regex");
+    re.find_iter(text).map(|m| m.as_str().to_string()).collect()
+}
+
+/// Strings under the keys Grafana keeps PromQL in (panel targets, variables, annotations).
+fn queries(v: &serde_json::Value, out: &mut Vec<String>) {
+    match v {
+        serde_json::Value::Object(o) => {
+            for (k, v) in o {
+                match (k.as_str(), v.as_str()) {
+                    ("expr" | "query" | "definition", Some(q)) => out.push(q.to_string()),
+                    _ => queries(v, out),
+                }
+            }
+        }
+        serde_json::Value::Array(a) => a.iter().for_each(|v| queries(v, out)),
+        _ => {}
+    }
+}
+
+/// Asserts every name is a series of the exposition.
+#[track_caller]
+fn all_exported(names: &std::collections::BTreeSet<String>, what: &str) {
+    let exposition = every_series();
+    let missing: Vec<&String> = names
+        .iter()
+        .filter(|n| {
+            !exposition.lines().any(|l| {
+                l.strip_prefix(n.as_str()).is_some_and(|r| r.starts_with('{') || r.starts_with(' '))
+            })
+        })
+        .collect();
+    assert!(missing.is_empty(), "{what} uses metrics gpustall does not export: {missing:?}");
+}
+
+#[test]
+fn every_metric_the_dashboard_queries_is_exported() {
+    let text = include_str!("../../../../../deploy/grafana/gpustall-dashboard.json");
+    let dash: serde_json::Value = serde_json::from_str(text).expect("dashboard json");
+    let mut q = Vec::new();
+    queries(&dash, &mut q);
+    assert!(
+        q.iter().any(|q| q.contains("DCGM_FI_DEV_GPU_UTIL")),
+        "GPU utilisation from dcgm-exporter"
+    );
+    let names = metric_names(&q.join("\n"));
+    assert!(names.len() >= 18, "the dashboard covers the exporter: {names:?}");
+    all_exported(&names, "the dashboard");
+}
+
+#[test]
+fn every_metric_the_alerts_use_is_exported() {
+    let text = include_str!("../../../../../deploy/prometheus/gpustall-alerts.yml");
+    let names = metric_names(text);
+    assert!(names.contains("gpustall_oom_kills_total"), "{names:?}");
+    all_exported(&names, "the alerting rules");
+}
+
+#[test]
+fn the_flight_recorder_and_its_budget_are_exported() {
+    let m = Metrics::new();
+    m.set_flight_recorder(1000, 64 << 20, 3);
+    m.set_flight_recorder(2000, 64 << 20, 5);
+    let t = m.encode();
+    has(&t, "gpustall_flight_recorder_bytes", "2000");
+    has(&t, "gpustall_agent_memory_budget_bytes", "67108864");
+    has(&t, "gpustall_flight_recorder_dropped_lines_total", "5");
+}
+
+/// A job's counters exist at zero from its first update on: an OOM kill is then an increase
+/// Prometheus sees, not a series born at 1.
+#[test]
+fn a_new_jobs_series_start_at_zero() {
+    let m = Metrics::new();
+    m.set_memory(&jr("j", "dataloader_worker"), 1, 0);
+    let t = m.encode();
+    has(&t, r#"gpustall_oom_kills_total{training_job="j",role="dataloader_worker"}"#, "0");
+    has(
+        &t,
+        r#"gpustall_reclaim_stall_seconds_total{training_job="j",role="dataloader_worker"}"#,
+        "0.0",
+    );
+    let gpu = GpuLabel { gpu: "1".into() };
+    m.set_gpu(&gpu, 0.9, None);
+    has(&m.encode(), r#"gpustall_gpu_stall_episodes_total{gpu="1"}"#, "0");
+}
