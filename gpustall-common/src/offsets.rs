@@ -48,14 +48,21 @@ pub struct TracepointOffsets {
     pub bio_dev: u16,
     pub bio_nr_sector: u16,
     pub bio_rwbs: u16,
-    // block:block_io_start / block_io_done (same layout): request latency
+    pub bio_sector: u16,
+    // block:block_io_start (6.5+): request latency starts
     pub rq_dev: u16,
     pub rq_sector: u16,
     pub rq_rwbs: u16,
+    // block:block_io_done, or block_rq_complete before 6.5: request latency ends
+    pub done_dev: u16,
+    pub done_sector: u16,
+    /// 1 when the kernel has no block_io_start (before 6.5): latency is then measured from
+    /// block_bio_queue (in the submitter too) to the request's completion.
+    pub bio_starts_io: u16,
     /// Offset of `exit_code` in `struct task_struct`, from the kernel's BTF; `u32::MAX` if unknown.
     pub task_exit_code: u32,
 }
-const _: () = assert!(core::mem::size_of::<TracepointOffsets>() == 68);
+const _: () = assert!(core::mem::size_of::<TracepointOffsets>() == 76);
 
 impl TracepointOffsets {
     /// All fields missing: the state before the agent has read the format files.
@@ -90,9 +97,13 @@ impl TracepointOffsets {
             bio_dev: MISSING,
             bio_nr_sector: MISSING,
             bio_rwbs: MISSING,
+            bio_sector: MISSING,
             rq_dev: MISSING,
             rq_sector: MISSING,
             rq_rwbs: MISSING,
+            done_dev: MISSING,
+            done_sector: MISSING,
+            bio_starts_io: 0,
             task_exit_code: u32::MAX,
         }
     }

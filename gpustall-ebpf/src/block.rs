@@ -1,12 +1,14 @@
 //! Block I/O attributed to the submitting process. Bytes are counted per bio at
 //! block_bio_queue, which runs in the submitter (block_rq_issue often runs in a kworker) and
 //! sees every byte once, whatever merging happens later. Request latency is paired by
-//! (dev, sector) from block_io_start (also in the submitter) to block_io_done.
+//! (dev, sector) from block_io_start (also in the submitter) to block_io_done; kernels before
+//! 6.5 have neither, and pair from block_bio_queue to block_rq_complete instead (the agent
+//! sets `bio_starts_io` and points `done_*` at block_rq_complete's fields).
 
 use aya_ebpf::{
     helpers::bpf_ktime_get_ns,
     macros::{map, tracepoint},
-    maps::{LruHashMap, PerCpuArray, PerCpuHashMap},
+    maps::{HashMap, LruHashMap, PerCpuArray},
     programs::TracePointContext,
 };
 use gpustall_common::counters::{
@@ -15,13 +17,17 @@ use gpustall_common::counters::{
 };
 
 use crate::{
-    common::{add_lost, add_per_cpu, field, is_tracked, offset, pid_tgid, HOST, RECLAIM_START},
+    common::{
+        add_lost, add_per_cpu, atomic_add, field, is_tracked, offset, pid_tgid, shared_value,
+        BPF_F_NO_PREALLOC, HOST, RECLAIM_START,
+    },
     reclaim::in_kswapd,
 };
 
+/// Per (process, device, op, in reclaim), one value for all CPUs (see `PROC_COUNTERS`).
 #[map]
-pub static IO_COUNTERS: PerCpuHashMap<IoKey, IoCounters> =
-    PerCpuHashMap::with_max_entries(16384, 0);
+pub static IO_COUNTERS: HashMap<IoKey, IoCounters> =
+    HashMap::with_max_entries(16384, BPF_F_NO_PREALLOC);
 
 /// Requests of tracked processes between start and done. LRU: a request whose done never comes
 /// (device removed, trace attached mid-flight) ages out instead of filling the map.
@@ -47,21 +53,6 @@ fn io_op(rwbs: &[u8; 8]) -> IoOp {
         i += 1;
     }
     IoOp::Other
-}
-
-#[inline(always)]
-fn with_io_counters(key: &IoKey, update: impl FnOnce(&mut IoCounters)) {
-    match IO_COUNTERS.get_ptr_mut(key) {
-        // SAFETY: this CPU's value.
-        Some(p) => update(unsafe { &mut *p }),
-        None => {
-            let mut v = IoCounters::default();
-            update(&mut v);
-            if IO_COUNTERS.insert(key, v, 0).is_err() {
-                add_lost(LostCounter::MapFull);
-            }
-        }
-    }
 }
 
 /// The I/O key of the current task, or `None` for an untracked one.
@@ -90,12 +81,27 @@ pub fn block_bio_queue(ctx: TracePointContext) -> u32 {
     let dev: u32 = field(&ctx, offset!(bio_dev)).unwrap_or(0);
     let rwbs: [u8; 8] = field(&ctx, offset!(bio_rwbs)).unwrap_or([0; 8]);
     if let Some(key) = current_key(dev, &rwbs, bytes) {
-        with_io_counters(&key, |c| {
-            c.bytes += bytes;
-            c.bios += 1;
-        });
+        if let Some(c) = shared_value(&IO_COUNTERS, &key) {
+            // SAFETY: a live map value; `&raw mut` makes no reference to it.
+            unsafe {
+                atomic_add(&raw mut (*c).bytes, bytes);
+                atomic_add(&raw mut (*c).bios, 1);
+            }
+        }
+        if offset!(bio_starts_io) == 1 {
+            let sector: u64 = field(&ctx, offset!(bio_sector)).unwrap_or(0);
+            start_io(dev, sector, key);
+        }
     }
     0
+}
+
+#[inline(always)]
+fn start_io(dev: u32, sector: u64, key: IoKey) {
+    let inflight = InflightIo { start_ns: unsafe { bpf_ktime_get_ns() }, key };
+    if IO_INFLIGHT.insert(InflightKey { dev, _pad: 0, sector }, inflight, 0).is_err() {
+        add_lost(LostCounter::MapFull);
+    }
 }
 
 #[tracepoint]
@@ -103,19 +109,17 @@ pub fn block_io_start(ctx: TracePointContext) -> u32 {
     let dev: u32 = field(&ctx, offset!(rq_dev)).unwrap_or(0);
     let rwbs: [u8; 8] = field(&ctx, offset!(rq_rwbs)).unwrap_or([0; 8]);
     if let Some(key) = current_key(dev, &rwbs, 0) {
-        let sector: u64 = field(&ctx, offset!(rq_sector)).unwrap_or(0);
-        let inflight = InflightIo { start_ns: unsafe { bpf_ktime_get_ns() }, key };
-        if IO_INFLIGHT.insert(InflightKey { dev, _pad: 0, sector }, inflight, 0).is_err() {
-            add_lost(LostCounter::MapFull);
-        }
+        start_io(dev, field(&ctx, offset!(rq_sector)).unwrap_or(0), key);
     }
     0
 }
 
+/// block_io_done, or block_rq_complete on kernels before 6.5 (the `done_*` offsets are the
+/// attached one's).
 #[tracepoint]
 pub fn block_io_done(ctx: TracePointContext) -> u32 {
-    let dev: u32 = field(&ctx, offset!(rq_dev)).unwrap_or(0);
-    let sector: u64 = field(&ctx, offset!(rq_sector)).unwrap_or(0);
+    let dev: u32 = field(&ctx, offset!(done_dev)).unwrap_or(0);
+    let sector: u64 = field(&ctx, offset!(done_sector)).unwrap_or(0);
     let k = InflightKey { dev, _pad: 0, sector };
     // SAFETY: copied out at once.
     let Some(io) = (unsafe { IO_INFLIGHT.get(k) }).copied() else {
@@ -123,13 +127,19 @@ pub fn block_io_done(ctx: TracePointContext) -> u32 {
     };
     let _ = IO_INFLIGHT.remove(k);
     let lat = unsafe { bpf_ktime_get_ns() }.saturating_sub(io.start_ns);
-    with_io_counters(&io.key, |c| {
-        c.completed += 1;
-        c.latency_ns_sum += lat;
-        if lat > c.latency_ns_max {
-            c.latency_ns_max = lat;
+    if let Some(c) = shared_value(&IO_COUNTERS, &io.key) {
+        // SAFETY: a live map value; `&raw mut` makes no reference to it.
+        unsafe {
+            atomic_add(&raw mut (*c).completed, 1);
+            atomic_add(&raw mut (*c).latency_ns_sum, lat);
+            // No atomic max in BPF (5.10 has no cmpxchg either): two completions of one
+            // process on one device racing on two CPUs may keep the smaller. Counts and sums
+            // are exact; the max is a lower bound only under that race.
+            if lat > (*c).latency_ns_max {
+                (*c).latency_ns_max = lat;
+            }
         }
-    });
+    }
     let op = if io.key.op > 2 { 2 } else { io.key.op };
     add_per_cpu(&IO_LATENCY, op * LATENCY_BUCKETS + latency_bucket(lat), 1);
     0

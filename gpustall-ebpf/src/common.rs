@@ -3,7 +3,7 @@
 use aya_ebpf::{
     helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns},
     macros::map,
-    maps::{HashMap, PerCpuArray, PerCpuHashMap, RingBuf},
+    maps::{HashMap, PerCpuArray, RingBuf},
     programs::TracePointContext,
 };
 use gpustall_common::{
@@ -41,9 +41,16 @@ pub static BULK: RingBuf = RingBuf::with_byte_size(BULK_BYTES, 0);
 #[map]
 pub static LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(LOST_COUNTERS, 0);
 
+/// Per-process counters, one value for all CPUs, added to atomically. A per-CPU map would cost
+/// entries x value x CPUs of kernel memory (700 MiB on a 224-CPU host); allocated on first use
+/// (a process's first counted event), so memory follows the processes really counted.
 #[map]
-pub static PROC_COUNTERS: PerCpuHashMap<u32, ProcCounters> =
-    PerCpuHashMap::with_max_entries(32768, 0);
+pub static PROC_COUNTERS: HashMap<u32, ProcCounters> =
+    HashMap::with_max_entries(32768, BPF_F_NO_PREALLOC);
+
+/// Map flag: elements allocated on insert instead of all at creation.
+pub const BPF_F_NO_PREALLOC: u32 = 1;
+const BPF_NOEXIST: u64 = 1;
 
 #[map]
 pub static HOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(HOST_COUNTERS, 0);
@@ -91,7 +98,7 @@ pub fn header(kind: EventKind, tgid: u32, tid: u32) -> EventHeader {
 }
 
 /// Bytes of the rings (power-of-two multiples of the page size).
-pub const BULK_BYTES: u32 = 4 * 1024 * 1024;
+pub const BULK_BYTES: u32 = 2 * 1024 * 1024;
 pub const CRITICAL_BYTES: u32 = 1024 * 1024;
 
 const BPF_RB_NO_WAKEUP: u64 = 1;
@@ -145,21 +152,39 @@ pub fn emit_bulk<T: 'static>(value: T) {
     }
 }
 
-/// Applies `update` to this CPU's counters of `tgid`, creating them on first use.
+/// Finds or creates a value in a map shared by all CPUs. Two CPUs may create it at once: the
+/// insert only succeeds for the first (BPF_NOEXIST), and both then add to the same value.
 #[inline(always)]
-pub fn update_proc_counters(tgid: u32, update: impl FnOnce(&mut ProcCounters)) {
-    match PROC_COUNTERS.get_ptr_mut(tgid) {
-        // SAFETY: per-CPU value of this CPU.
-        Some(p) => update(unsafe { &mut *p }),
-        None => {
-            let mut v = ProcCounters::default();
-            update(&mut v);
-            if PROC_COUNTERS.insert(tgid, v, 0).is_err() {
-                add_lost(LostCounter::MapFull);
-            }
-        }
+pub fn shared_value<K, V: Default>(map: &HashMap<K, V>, key: &K) -> Option<*mut V> {
+    if let Some(p) = map.get_ptr_mut(key) {
+        return Some(p);
     }
+    let _ = map.insert(key, V::default(), BPF_NOEXIST);
+    let p = map.get_ptr_mut(key);
+    if p.is_none() {
+        add_lost(LostCounter::MapFull);
+    }
+    p
 }
+
+/// Adds to a counter shared by all CPUs: one atomic add instruction, no lock.
+#[inline(always)]
+pub fn atomic_add(p: *mut u64, n: u64) {
+    use core::intrinsics::{atomic_xadd, AtomicOrdering};
+    // SAFETY: `p` points into a map value, which lives at least while this program runs.
+    unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(p, n) };
+}
+
+/// Adds to fields of a process's counters: `proc_add!(tgid, field += n, ...)`.
+macro_rules! proc_add {
+    ($tgid:expr, $($f:ident += $n:expr),+ $(,)?) => {
+        if let Some(p) = $crate::common::shared_value(&$crate::common::PROC_COUNTERS, &$tgid) {
+            // SAFETY: `p` is a live map value; `&raw mut` makes no reference to it.
+            $( $crate::common::atomic_add(unsafe { &raw mut (*p).$f }, $n); )+
+        }
+    };
+}
+pub(crate) use proc_add;
 
 /// Reads a scalar field at an offset from the agent, or `None` when the kernel lacks the field.
 #[inline(always)]

@@ -9,8 +9,8 @@ use gpustall_common::{
 };
 
 use crate::common::{
-    add_per_cpu, emit_bulk, field, header, is_tracked, offset, pid_tgid, update_proc_counters,
-    HOST, RECLAIM_START,
+    add_per_cpu, emit_bulk, field, header, is_tracked, offset, pid_tgid, proc_add, HOST,
+    RECLAIM_START,
 };
 
 /// A begin always starts a new episode (see `on_begin`): no lookup of what was there.
@@ -41,16 +41,12 @@ fn end(ctx: &TracePointContext) -> u32 {
         return 0;
     }
     if is_tracked(tgid) {
-        update_proc_counters(tgid, |c| {
-            if kind == ReclaimKind::Memcg as u32 {
-                c.memcg_reclaim_count += 1;
-                c.memcg_reclaim_ns += duration_ns;
-            } else {
-                c.direct_reclaim_count += 1;
-                c.direct_reclaim_ns += duration_ns;
-            }
-            c.reclaimed_pages += nr_reclaimed;
-        });
+        if kind == ReclaimKind::Memcg as u32 {
+            proc_add!(tgid, memcg_reclaim_count += 1, memcg_reclaim_ns += duration_ns);
+        } else {
+            proc_add!(tgid, direct_reclaim_count += 1, direct_reclaim_ns += duration_ns);
+        }
+        proc_add!(tgid, reclaimed_pages += nr_reclaimed);
         emit_bulk(ReclaimEvent {
             header: header(EventKind::Reclaim, tgid, tid),
             kind,
@@ -140,13 +136,11 @@ pub fn mm_vmscan_write_folio(ctx: TracePointContext) -> u32 {
     let flags: i32 = field(&ctx, offset!(write_folio_flags)).unwrap_or(0);
     let anon = flags & RECLAIM_WB_ANON != 0;
     if is_tracked(tgid) {
-        update_proc_counters(tgid, |c| {
-            if anon {
-                c.swapout_anon_folios += 1;
-            } else {
-                c.writeback_file_folios += 1;
-            }
-        });
+        if anon {
+            proc_add!(tgid, swapout_anon_folios += 1);
+        } else {
+            proc_add!(tgid, writeback_file_folios += 1);
+        }
         return 0;
     }
     let idx = match (in_kswapd(tid), anon) {
@@ -164,7 +158,7 @@ pub fn mm_vmscan_write_folio(ctx: TracePointContext) -> u32 {
 pub fn mm_vmscan_wakeup_kswapd(_ctx: TracePointContext) -> u32 {
     let (tgid, _) = pid_tgid();
     if is_tracked(tgid) {
-        update_proc_counters(tgid, |c| c.kswapd_wakeups += 1);
+        proc_add!(tgid, kswapd_wakeups += 1);
     } else {
         add_per_cpu(&HOST, HostCounter::KswapdWakeups as u32, 1);
     }
@@ -180,10 +174,7 @@ pub fn mm_vmscan_throttled(ctx: TracePointContext) -> u32 {
         return 0;
     }
     let delayed: i32 = field(&ctx, offset!(throttled_usec_delayed)).unwrap_or(0);
-    update_proc_counters(tgid, |c| {
-        c.throttled_count += 1;
-        c.throttled_us += delayed.max(0) as u64;
-    });
+    proc_add!(tgid, throttled_count += 1, throttled_us += delayed.max(0) as u64);
     emit_bulk(ThrottledEvent {
         header: header(EventKind::Throttled, tgid, tid),
         usec_timeout: field(&ctx, offset!(throttled_usec_timeout)).unwrap_or(0),

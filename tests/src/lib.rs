@@ -65,11 +65,13 @@ pub struct TempDir(pub PathBuf);
 
 impl TempDir {
     pub fn new(tag: &str) -> Self {
-        let p = std::env::temp_dir().join(format!(
-            "gpustall-{tag}-{}-{}",
-            std::process::id(),
-            unique()
-        ));
+        Self::new_in(std::env::temp_dir(), tag)
+    }
+
+    /// Under `base`: /var/tmp for O_DIRECT I/O, which tmpfs (often /tmp) refuses.
+    pub fn new_in(base: impl AsRef<std::path::Path>, tag: &str) -> Self {
+        let name = format!("gpustall-{tag}-{}-{}", std::process::id(), unique());
+        let p = base.as_ref().join(name);
         std::fs::create_dir_all(&p).expect("creating a temp dir");
         Self(p)
     }

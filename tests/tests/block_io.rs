@@ -70,4 +70,19 @@ fn direct_writes_are_counted_for_the_writer_only() {
         dev["avg_latency_us"].as_f64().is_some_and(|v| v > 0.0),
         "request latency measured: {dev}"
     );
+    // The kernel memory of the maps, from their fdinfo: each counter map shared by all CPUs,
+    // the whole well under the 16 MiB bound (which holds at 256 CPUs too: kernel::mapmem).
+    let oh = &t.summary["overhead"];
+    let maps = oh["bpf_maps"].as_array().expect("bpf_maps");
+    let bytes: u64 = maps.iter().filter_map(|m| m["bytes"].as_u64()).sum();
+    eprintln!(
+        "BPF maps: {bytes} bytes now, at most {} on this host",
+        oh["bpf_map_bytes_at_full_use"]
+    );
+    assert_eq!(oh["bpf_map_bytes"].as_u64(), Some(bytes));
+    for name in ["TRACKED", "PROC_COUNTERS", "IO_COUNTERS", "BULK", "CRITICAL"] {
+        assert!(maps.iter().any(|m| m["name"] == name), "{name} in {maps:?}");
+    }
+    let full = oh["bpf_map_bytes_at_full_use"].as_u64().expect("bound");
+    assert!(bytes <= full && full <= 16 << 20, "{bytes} now, {full} at full use");
 }

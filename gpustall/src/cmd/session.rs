@@ -81,6 +81,8 @@ pub struct Session {
     zombies: std::collections::HashSet<u32>,
     /// The last pid read from /proc (see `proc_batch`).
     proc_cursor: u32,
+    /// Processes whose exit was drained since the last beat (see `settle_exited`).
+    exited: Vec<u32>,
 }
 
 impl Session {
@@ -95,6 +97,7 @@ impl Session {
             incident: false,
             last_sync: Instant::now(),
             zombies: std::collections::HashSet::new(),
+            exited: Vec::new(),
             proc_cursor: 0,
         }
     }
@@ -139,6 +142,7 @@ impl Session {
             }
             self.model.apply(&e);
             match &e {
+                Event::Exit { h, .. } => self.exited.push(h.tgid),
                 Event::OomVictim { h, victim_pid, .. } => {
                     self.incident = true;
                     self.incidents.push(Incident {
@@ -254,9 +258,40 @@ impl Session {
         }
     }
 
-    /// Folds exited processes that matter to no verdict (recorded, so a replay does the same)
-    /// and deletes their kernel map entries: a fork storm leaves the model and the maps small.
-    pub fn fold_exited(&mut self, maps: &mut loader::KernelMaps, now: u64) {
+    /// After the beat's counter read: processes that exited before it have their last counts
+    /// in the model, so their kernel entries are deleted (the maps hold live processes only,
+    /// and a reused pid starts from zero); then the exited processes that matter to no verdict
+    /// are folded. Both are recorded, so a replay does the same.
+    pub fn settle_exited(&mut self, maps: &mut loader::KernelMaps, now: u64) {
+        self.finalize_exited(maps, now);
+        self.fold_exited(maps, now);
+    }
+
+    fn finalize_exited(&mut self, maps: &mut loader::KernelMaps, now: u64) {
+        let m = &self.model;
+        let settled = |pid: &u32| m.procs.get(pid).is_some_and(|p| p.final_counters);
+        // An entry re-created after its process was settled (a late I/O completion) goes too.
+        let stray = self.last_counters.procs.iter().map(|p| p.pid);
+        let stray = stray.chain(self.last_counters.io.iter().map(|r| r.pid)).filter(settled);
+        let mut pids: Vec<u32> = std::mem::take(&mut self.exited);
+        pids.extend(stray);
+        pids.sort_unstable();
+        pids.dedup();
+        // A pid already reused by a live process of the tree is that process's now.
+        pids.retain(|pid| m.tree.get(*pid).is_some_and(|n| !n.alive()));
+        let newly: Vec<u32> = pids.iter().copied().filter(|p| !settled(p)).collect();
+        for &pid in &pids {
+            let keys = m.procs.get(&pid).map(|p| p.io.keys().copied().collect::<Vec<_>>());
+            maps.forget(pid, keys.unwrap_or_default());
+        }
+        if !newly.is_empty() {
+            self.observe(Sample::Final { t_ns: now, pids: newly });
+        }
+    }
+
+    /// Folds exited processes that matter to no verdict and deletes what the kernel still
+    /// holds for them: a fork storm leaves the model and the maps small.
+    fn fold_exited(&mut self, maps: &mut loader::KernelMaps, now: u64) {
         let pids = self.model.foldable();
         if pids.is_empty() {
             return;

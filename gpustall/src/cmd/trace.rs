@@ -252,7 +252,7 @@ impl Beat for Trace {
     fn beat(&mut self, maps: &mut KernelMaps, now: u64) -> Option<Stop> {
         let (session, b) = (&mut self.session, &mut self.beat);
         session.tick(maps, &b.ctx, b.log.as_mut(), now);
-        session.fold_exited(maps, now);
+        session.settle_exited(maps, now);
         let cur = status_line::totals(&session.model);
         let alive = session.model.tree.alive_pids().len();
         if !b.quiet {
@@ -294,12 +294,16 @@ fn finish(opts: &TraceOptions, mut t: Trace, probes: &Probes) -> anyhow::Result<
     let ended = t.session.model.finish(end);
     t.session.stalls_ended(&ended);
     let (cpu, rss) = agent::agent_usage();
+    let maps = crate::kernel::mapmem::held_maps();
     let overhead = Overhead {
         bpf_stats_enabled: agent::bpf_stats_enabled(),
         programs: loader::program_stats(&probes.ebpf, &probes.attached),
         agent_startup_cpu_s: t.startup_cpu_s,
         agent_cpu_s: cpu,
         agent_peak_rss_kb: rss,
+        bpf_map_bytes: Some(maps.iter().map(|m| m.bytes).sum()),
+        bpf_map_bytes_at_full_use: Some(maps.iter().map(|m| m.at_full_use_bytes).sum()),
+        bpf_maps: maps,
     };
     t.session.observe(Sample::Overhead { t_ns: end, overhead });
     let summary = Summary::of(&t.session.model, end, true);

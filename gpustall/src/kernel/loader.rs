@@ -2,7 +2,7 @@
 //! attach what the kernel has, and read the kernel's counter maps into the model.
 
 use aya::{
-    maps::{HashMap, MapData, PerCpuArray, PerCpuHashMap, RingBuf},
+    maps::{HashMap, MapData, PerCpuArray, RingBuf},
     programs::TracePoint,
     Ebpf, EbpfLoader,
 };
@@ -10,13 +10,12 @@ use gpustall_common::counters::{
     IoCounters, IoKey, ProcCounters, HOST_COUNTERS, LATENCY_BUCKETS, LOST_COUNTERS,
 };
 use gpustall_common::names::{self, maps, programs};
+use gpustall_common::offsets::{TracepointOffsets, MISSING};
 
 use crate::kernel::tracefs::Tracefs;
 use crate::model::samples::CountersSample;
 use crate::model::samples::IoRec;
 use crate::model::samples::ProcCountersRec;
-use crate::model::stats::sum_counters;
-use crate::model::stats::sum_io;
 use crate::model::stats::IoSlot;
 
 #[derive(Debug, thiserror::Error)]
@@ -88,10 +87,35 @@ const PROBES: &[Probe] = &[
     probe(programs::WAKEUP_KSWAPD, "vmscan", &["mm_vmscan_wakeup_kswapd"], false),
     probe(programs::THROTTLED, "vmscan", &["mm_vmscan_throttled"], false),
     probe(programs::BLOCK_BIO_QUEUE, "block", &["block_bio_queue"], false),
-    // 6.5+; without them there is no request latency, bytes still come from bio_queue.
+    // 6.5+. Before, block_bio_queue starts the latency (`bio_starts_io`) and block_rq_complete
+    // ends it: block_io_start's absence is then no loss.
     probe(programs::BLOCK_IO_START, "block", &["block_io_start"], false),
-    probe(programs::BLOCK_IO_DONE, "block", &["block_io_done"], false),
+    probe(programs::BLOCK_IO_DONE, "block", &["block_io_done", "block_rq_complete"], false),
 ];
+
+/// The first of `events` this kernel has (the probe table's choice), or the newest name.
+fn chosen<'a>(tracefs: &Tracefs, category: &str, events: &[&'a str]) -> &'a str {
+    events.iter().copied().find(|e| tracefs.exists(category, e)).unwrap_or(events[0])
+}
+
+/// What this kernel makes gpustall measure from its next-best source, in words (printed as
+/// notes at start-up; the end-to-end tests report them per kernel).
+fn degradations(tracefs: &Tracefs, offsets: &TracepointOffsets) -> Vec<String> {
+    let mut notes = Vec::new();
+    if offsets.exit_group_dead == MISSING {
+        notes.push(
+            "sched_process_exit has no group_dead on this kernel: a process is taken to end when its main thread exits"
+                .to_string(),
+        );
+    }
+    if offsets.bio_starts_io == 1 && tracefs.exists("block", "block_rq_complete") {
+        notes.push(
+            "no block_io_start/done (before 6.5): I/O latency is measured from block_bio_queue to block_rq_complete"
+                .to_string(),
+        );
+    }
+    notes
+}
 
 /// The loaded programs and the maps the agent reads.
 pub struct Probes {
@@ -99,6 +123,8 @@ pub struct Probes {
     pub ebpf: Ebpf,
     pub attached: Vec<String>,
     pub skipped: Vec<String>,
+    /// What this kernel lacks that gpustall measures another way (see [`degradations`]).
+    pub degraded: Vec<String>,
     pub maps: KernelMaps,
     /// The two rings, until the event loop takes them ([`Probes::take_rings`]).
     rings: Option<(RingBuf<MapData>, RingBuf<MapData>)>,
@@ -118,13 +144,16 @@ pub fn load_and_warn() -> anyhow::Result<Probes> {
     for s in &probes.skipped {
         say!("gpustall: warning: tracepoint {s} is not available on this kernel; its data is missing");
     }
+    for d in &probes.degraded {
+        say!("gpustall: note: {d}");
+    }
     Ok(probes)
 }
 
 pub struct KernelMaps {
     pub tracked: HashMap<MapData, u32, u32>,
-    proc_counters: PerCpuHashMap<MapData, u32, ProcCounters>,
-    io_counters: PerCpuHashMap<MapData, IoKey, IoCounters>,
+    proc_counters: HashMap<MapData, u32, ProcCounters>,
+    io_counters: HashMap<MapData, IoKey, IoCounters>,
     host: PerCpuArray<MapData, u64>,
     lost: PerCpuArray<MapData, u64>,
     io_latency: PerCpuArray<MapData, u64>,
@@ -139,13 +168,14 @@ where
 }
 
 pub fn load(tracefs: &Tracefs, task_exit_code: Option<u32>) -> Result<Probes, LoadError> {
-    let write_folio = if tracefs.exists("vmscan", "mm_vmscan_write_folio") {
-        "mm_vmscan_write_folio"
-    } else {
-        "mm_vmscan_writepage"
+    let event_of = |program: &str| {
+        let p = PROBES.iter().find(|p| p.program == program).expect("in the probe table");
+        chosen(tracefs, p.category, p.events)
     };
-    let mut offsets = tracefs.offsets(write_folio);
+    let mut offsets =
+        tracefs.offsets(event_of(programs::WRITE_FOLIO), event_of(programs::BLOCK_IO_DONE));
     offsets.task_exit_code = task_exit_code.unwrap_or(u32::MAX);
+    let degraded = degradations(tracefs, &offsets);
 
     let mut loader = EbpfLoader::new();
     loader.override_global(names::OFFSETS, &offsets, true);
@@ -201,7 +231,7 @@ pub fn load(tracefs: &Tracefs, task_exit_code: Option<u32>) -> Result<Probes, Lo
     };
     let critical = take(&mut ebpf, maps::CRITICAL)?;
     let bulk = take(&mut ebpf, maps::BULK)?;
-    Ok(Probes { ebpf, attached, skipped, maps, rings: Some((critical, bulk)) })
+    Ok(Probes { ebpf, attached, skipped, degraded, maps, rings: Some((critical, bulk)) })
 }
 
 /// Run count and run time of each attached program (run time needs kernel.bpf_stats_enabled),
@@ -250,23 +280,19 @@ impl KernelMaps {
         let mut out = CountersSample { t_ns, undecodable: Some(undecodable), ..Default::default() };
         for item in self.proc_counters.iter() {
             match item {
-                Ok((pid, per_cpu)) => {
-                    out.procs.push(ProcCountersRec { pid, counters: sum_counters(per_cpu.iter()) })
-                }
+                Ok((pid, counters)) => out.procs.push(ProcCountersRec { pid, counters }),
                 Err(e) => log::debug!("reading PROC_COUNTERS: {e}"),
             }
         }
         for item in self.io_counters.iter() {
             match item {
-                Ok((k, per_cpu)) => {
-                    out.io.push(IoRec {
-                        pid: k.tgid,
-                        dev: k.dev,
-                        op: k.op,
-                        in_reclaim: k.in_reclaim != 0,
-                        counters: sum_io(per_cpu.iter()),
-                    });
-                }
+                Ok((k, counters)) => out.io.push(IoRec {
+                    pid: k.tgid,
+                    dev: k.dev,
+                    op: k.op,
+                    in_reclaim: k.in_reclaim != 0,
+                    counters,
+                }),
                 Err(e) => log::debug!("reading IO_COUNTERS: {e}"),
             }
         }

@@ -6,5 +6,6 @@
 pub mod btf;
 pub mod decode;
 pub mod loader;
+pub mod mapmem;
 pub mod preflight;
 pub mod tracefs;

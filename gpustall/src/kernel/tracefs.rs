@@ -78,7 +78,9 @@ impl Tracefs {
     }
 
     /// Offsets of every field the programs read; fields this kernel lacks stay [`MISSING`].
-    pub fn offsets(&self, write_folio_event: &str) -> TracepointOffsets {
+    /// `write_folio_event` and `io_done_event` are the names this kernel has for swap-out
+    /// writeback and request completion (see the loader's probe table).
+    pub fn offsets(&self, write_folio_event: &str, io_done_event: &str) -> TracepointOffsets {
         let mut o = TracepointOffsets::missing();
         let find = |cat: &str, ev: &str, field: &str| -> u16 {
             self.fields(cat, ev)
@@ -114,9 +116,13 @@ impl Tracefs {
         o.bio_dev = find("block", "block_bio_queue", "dev");
         o.bio_nr_sector = find("block", "block_bio_queue", "nr_sector");
         o.bio_rwbs = find("block", "block_bio_queue", "rwbs");
+        o.bio_sector = find("block", "block_bio_queue", "sector");
         o.rq_dev = find("block", "block_io_start", "dev");
         o.rq_sector = find("block", "block_io_start", "sector");
         o.rq_rwbs = find("block", "block_io_start", "rwbs");
+        o.done_dev = find("block", io_done_event, "dev");
+        o.done_sector = find("block", io_done_event, "sector");
+        o.bio_starts_io = u16::from(!self.exists("block", "block_io_start"));
         o
     }
 }
@@ -169,7 +175,7 @@ mod tests {
         std::fs::create_dir_all(&ev).expect("mkdir");
         std::fs::write(ev.join("format"), "\tfield:int pid;\toffset:8;\tsize:4;\tsigned:1;\n")
             .expect("write");
-        let o = Tracefs::at(&dir).offsets("mm_vmscan_write_folio");
+        let o = Tracefs::at(&dir).offsets("mm_vmscan_write_folio", "block_io_done");
         assert_eq!(o.oom_pid, 8);
         assert_eq!(o.oom_anon_rss, MISSING);
         assert_eq!(o.bio_nr_sector, MISSING);

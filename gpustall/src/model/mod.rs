@@ -99,15 +99,28 @@ impl Model {
             Sample::Overhead { overhead, .. } => self.overhead = overhead.clone(),
             Sample::RecordingGap { lines, .. } => self.host.recording_gap_lines += lines,
             Sample::Fold { pids, .. } => self.fold(pids),
+            Sample::Final { pids, .. } => {
+                for pid in pids {
+                    if let Some(p) = self.procs.get_mut(pid) {
+                        p.final_counters = true;
+                    }
+                }
+            }
         }
         Vec::new()
     }
 
     fn apply_counters(&mut self, c: &CountersSample) {
+        let settled = |m: &Self, pid| m.procs.get(&pid).is_some_and(|p| p.final_counters);
         for p in &c.procs {
-            self.proc_mut(p.pid).counters = p.counters;
+            if !settled(self, p.pid) {
+                self.proc_mut(p.pid).counters = p.counters;
+            }
         }
         for r in &c.io {
+            if settled(self, r.pid) {
+                continue;
+            }
             let slot = IoSlot { dev: r.dev, op: r.op, in_reclaim: r.in_reclaim };
             self.proc_mut(r.pid).io.insert(slot, r.counters);
         }
@@ -146,6 +159,12 @@ impl Model {
         self.last_ns = self.last_ns.max(h.t_ns);
         match e {
             Event::Fork { h, child_pid, .. } => {
+                if self.tree.get(*child_pid).is_some_and(|n| !n.alive()) {
+                    // A reused pid: the earlier process's figures go to its role's totals
+                    // (its OOM kill, if any, stays in `oom_kills`); the new one starts at zero.
+                    self.fold(&[*child_pid]);
+                }
+                self.procs.remove(child_pid);
                 self.tree.on_fork(h.tgid, *child_pid, &h.comm, h.t_ns)
             }
             Event::Exit { h, exit_code } => self.tree.on_exit(h.tgid, *exit_code, h.t_ns),

@@ -21,6 +21,23 @@ pub struct Overhead {
     /// All CPU the agent spent, start-up included.
     pub agent_cpu_s: f64,
     pub agent_peak_rss_kb: u64,
+    /// Kernel memory of the agent's BPF maps (rings included), as the kernel charges it; it is
+    /// not in the agent's RSS. Absent from recordings made before it was measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bpf_map_bytes: Option<u64>,
+    /// The most they can take on this host, every map full (`kernel::mapmem`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bpf_map_bytes_at_full_use: Option<u64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub bpf_maps: Vec<MapMemory>,
+}
+
+/// One BPF map's kernel memory (`memlock` in its fdinfo).
+#[derive(Serialize, serde::Deserialize, Debug, Clone, Default, PartialEq)]
+pub struct MapMemory {
+    pub name: String,
+    pub bytes: u64,
+    pub at_full_use_bytes: u64,
 }
 
 impl ProgramStat {

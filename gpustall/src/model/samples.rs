@@ -202,6 +202,12 @@ pub enum Sample {
         t_ns: u64,
         pids: Vec<u32>,
     },
+    /// These exited processes' counters, as last read, are final: their kernel entries were
+    /// deleted.
+    Final {
+        t_ns: u64,
+        pids: Vec<u32>,
+    },
 }
 
 impl Sample {
@@ -215,7 +221,8 @@ impl Sample {
             | Sample::TrainStep { t_ns, .. }
             | Sample::Overhead { t_ns, .. }
             | Sample::RecordingGap { t_ns, .. }
-            | Sample::Fold { t_ns, .. } => *t_ns,
+            | Sample::Fold { t_ns, .. }
+            | Sample::Final { t_ns, .. } => *t_ns,
             Sample::Counters(c) => c.t_ns,
             Sample::Context(c) => c.t_ns,
         }

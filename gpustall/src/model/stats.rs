@@ -51,6 +51,9 @@ pub struct ProcStats {
     pub peak_mem_ns: u64,
     /// Start of the first reclaim stall.
     pub first_reclaim_ns: Option<u64>,
+    /// The process exited and its kernel counters were read after it: these are final, and
+    /// its map entries are gone (a late I/O completion may re-create one: it is not news).
+    pub final_counters: bool,
 }
 
 /// 1 ns .. 1 hour at 2 significant digits (1 % resolution): about 40 KB per process, where 3
@@ -93,24 +96,7 @@ impl ProcStats {
     }
 }
 
-/// Sums a per-CPU set of counters.
-pub fn sum_counters<'a>(it: impl IntoIterator<Item = &'a ProcCounters>) -> ProcCounters {
-    let mut s = ProcCounters::default();
-    for c in it {
-        s.swapout_anon_folios += c.swapout_anon_folios;
-        s.writeback_file_folios += c.writeback_file_folios;
-        s.kswapd_wakeups += c.kswapd_wakeups;
-        s.direct_reclaim_count += c.direct_reclaim_count;
-        s.direct_reclaim_ns += c.direct_reclaim_ns;
-        s.memcg_reclaim_count += c.memcg_reclaim_count;
-        s.memcg_reclaim_ns += c.memcg_reclaim_ns;
-        s.reclaimed_pages += c.reclaimed_pages;
-        s.throttled_count += c.throttled_count;
-        s.throttled_us += c.throttled_us;
-    }
-    s
-}
-
+/// Sums I/O counters (of several keys: devices, directions, reclaim or not).
 pub fn sum_io<'a>(it: impl IntoIterator<Item = &'a IoCounters>) -> IoCounters {
     let mut s = IoCounters::default();
     for c in it {
@@ -174,11 +160,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn sums_per_cpu_counters() {
-        let a = ProcCounters { swapout_anon_folios: 3, memcg_reclaim_ns: 10, ..Default::default() };
-        let b = ProcCounters { swapout_anon_folios: 4, memcg_reclaim_ns: 5, ..Default::default() };
-        let s = sum_counters([&a, &b]);
-        assert_eq!((s.swapout_anon_folios, s.memcg_reclaim_ns), (7, 15));
+    fn sums_io_counters() {
         let x = IoCounters { bytes: 1, latency_ns_max: 9, ..Default::default() };
         let y = IoCounters { bytes: 2, latency_ns_max: 4, ..Default::default() };
         let io = sum_io([&x, &y]);

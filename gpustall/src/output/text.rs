@@ -210,6 +210,17 @@ fn footer(o: &mut String, s: &Summary) {
         s.lost.undecodable,
         s.duration_s
     );
+    let oh = &s.overhead;
+    if let (Some(now), Some(full)) = (oh.bpf_map_bytes, oh.bpf_map_bytes_at_full_use) {
+        let _ = writeln!(
+            o,
+            "cost: agent {:.2} s CPU, peak RSS {:.1} MiB; BPF maps {:.1} MiB of kernel memory (at most {:.1} MiB on this host)",
+            oh.agent_cpu_s,
+            oh.agent_peak_rss_kb as f64 / 1024.0,
+            mib(now),
+            mib(full)
+        );
+    }
 }
 
 #[cfg(test)]

@@ -229,6 +229,46 @@ fn direct_write(path: &str) -> i32 {
     i32::from(std::io::Write::write_all(&mut f, buf).is_err())
 }
 
+/// Pid reuse inside one trace: a child writes `first` 4 KiB O_DIRECT blocks into `dir` and
+/// exits; 1.5 s later (a pid comes back only after the kernel has handed out all the others:
+/// never within a beat of its exit, unless pid_max is tiny), through
+/// /proc/sys/kernel/ns_last_pid, a second child gets the same pid and writes `second` blocks.
+/// Prints `first` and `second` lines with their pids.
+fn reuse(dir: &str, first: usize, second: usize) -> i32 {
+    wait_for_go();
+    say("parent", "");
+    let writes = |n: usize, name: &'static str| {
+        let path = format!("{dir}/{name}");
+        move || (0..n).map(|_| direct_write(&path)).sum::<i32>()
+    };
+    let a = fork_child(move || {
+        say("first", "");
+        writes(first, "a")()
+    });
+    // SAFETY: waiting for our own child.
+    unsafe { libc::waitpid(a, std::ptr::null_mut(), 0) };
+    sleep_ms(1500);
+    for _ in 0..200 {
+        // The next pid the kernel hands out is ns_last_pid + 1 (others may fork meanwhile).
+        let _ = std::fs::write("/proc/sys/kernel/ns_last_pid", (a - 1).to_string());
+        let b = fork_child(move || {
+            // SAFETY: getpid cannot fail.
+            if unsafe { libc::getpid() } != a {
+                return 3; // not the reused pid: leave no trace, the parent tries again
+            }
+            say("second", "");
+            writes(second, "b")()
+        });
+        let mut status = 0;
+        // SAFETY: waiting for our own child.
+        unsafe { libc::waitpid(b, &mut status, 0) };
+        if b == a {
+            return i32::from(libc::WEXITSTATUS(status) != 0);
+        }
+    }
+    2
+}
+
 fn main() {
     // A name unique to the test that started this workload, so that a test selecting processes
     // by name (watch --match comm:) only ever sees its own, whatever runs beside it.
@@ -245,6 +285,11 @@ fn main() {
             let hold = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(0);
             burst(n, &args[2], hold)
         }
+        Some("reuse") if args.len() > 3 => {
+            // reuse DIR FIRST_BLOCKS SECOND_BLOCKS
+            let n = |i: usize| args[i].parse().unwrap_or(0);
+            reuse(&args[1], n(2), n(3))
+        }
         Some("hog") => {
             // hog MIB[,MIB..] STEP_MIB HOLD_MS
             let mib: Vec<usize> = args
@@ -256,7 +301,7 @@ fn main() {
             hog(&mib, step, hold)
         }
         _ => {
-            eprintln!("usage: gpustall-workload tree | spawn CMD [ARGS..] | hog MIB[,MIB..] STEP_MIB HOLD_MS | burst N DIR [HOLD_MS]");
+            eprintln!("usage: gpustall-workload tree | spawn CMD [ARGS..] | hog MIB[,MIB..] STEP_MIB HOLD_MS | burst N DIR [HOLD_MS] | reuse DIR FIRST SECOND");
             2
         }
     };

@@ -570,7 +570,7 @@ impl Beat for Daemon {
             self.last_scan = Instant::now();
         }
         self.session.tick(maps, &self.ctx, None, now);
-        self.session.fold_exited(maps, now);
+        self.session.settle_exited(maps, now);
         self.storm(now);
         self.take_incidents();
         self.update_metrics();
