@@ -164,10 +164,19 @@ fn watch_finds_a_later_job_bundles_its_oom_kill_and_serves_metrics() {
     );
 
     let after = scrape(&addr);
-    let oom = value(&after, "gpustall_oom_kills_total{").unwrap_or(0.0);
+    // Every role of the job has the series (at zero until a kill): the kill is in one of them.
+    let oom: f64 = after
+        .lines()
+        .filter(|l| l.starts_with("gpustall_oom_kills_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
     assert_eq!(oom, 1.0, "{after}");
+    assert!(after.contains(r#"role="dataloader_worker"} 1"#), "the kill is the worker's: {after}");
     assert!(value(&after, "gpustall_incidents_total{").is_some_and(|v| v >= 1.0), "{after}");
     assert!(value(&after, "gpustall_agent_cpu_seconds_total").is_some_and(|v| v > 0.0), "{after}");
+    // The maps' kernel memory, outside the agent's RSS: present, and within its 16 MiB bound.
+    let maps = value(&after, "gpustall_agent_bpf_map_memory_bytes").unwrap_or(0.0);
+    assert!(maps > 1e6 && maps <= 16.0 * 1048576.0, "BPF map memory {maps}: {after}");
     assert!(
         after.contains("# TYPE gpustall_reclaim_stall_seconds counter")
             || after.contains("gpustall_reclaim_stall_seconds_total"),

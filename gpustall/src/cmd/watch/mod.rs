@@ -298,6 +298,8 @@ impl Daemon {
         self.metrics.set_watched(live_jobs.len() as u64, alive.len() as u64);
         let (cpu, rss_kb) = agent::agent_usage();
         self.metrics.set_agent(cpu, rss_kb * 1024);
+        let maps = crate::kernel::mapmem::held_maps();
+        self.metrics.set_bpf_maps(maps.iter().map(|m| m.bytes).sum());
     }
 
     /// Reclaim storms: the watched processes stall in reclaim most of the time, for seconds.

@@ -139,6 +139,7 @@ pub struct Metrics {
     incidents: Family<IncidentKind, Counter>,
     agent_cpu_seconds: SecondsCounter,
     agent_resident_bytes: ByteGauge,
+    agent_bpf_map_bytes: ByteGauge,
     agent_memory_budget: ByteGauge,
     flight_recorder_bytes: ByteGauge,
     flight_recorder_dropped: Counter,
@@ -231,6 +232,7 @@ impl Metrics {
         let incidents = Family::<IncidentKind, Counter>::default();
         let agent_cpu_seconds = SecondsCounter::default();
         let agent_resident_bytes = ByteGauge::default();
+        let agent_bpf_map_bytes = ByteGauge::default();
         let agent_memory_budget = ByteGauge::default();
         let flight_recorder_bytes = ByteGauge::default();
         let flight_recorder_dropped = Counter::default();
@@ -281,6 +283,12 @@ impl Metrics {
             Unit::Bytes,
             agent_resident_bytes.clone(),
         );
+        r.register_with_unit(
+            "agent_bpf_map_memory",
+            "Kernel memory of the gpustall agent's BPF maps and rings (not in its resident memory)",
+            Unit::Bytes,
+            agent_bpf_map_bytes.clone(),
+        );
         // What the alert "agent over its memory budget" compares: the flight recorder against
         // --memory-budget, and the lines it had to drop to stay within it.
         r.register_with_unit(
@@ -314,6 +322,7 @@ impl Metrics {
             incidents,
             agent_cpu_seconds,
             agent_resident_bytes,
+            agent_bpf_map_bytes,
             agent_memory_budget,
             flight_recorder_bytes,
             flight_recorder_dropped,
@@ -418,6 +427,11 @@ impl Metrics {
             t.agent_cpu_seconds = cpu_seconds_total;
         }
         self.agent_resident_bytes.set(resident_bytes);
+    }
+
+    /// The kernel memory of the agent's BPF maps (`kernel::mapmem::held_maps`).
+    pub fn set_bpf_maps(&self, bytes: u64) {
+        self.agent_bpf_map_bytes.set(bytes);
     }
 
     /// Takes the flight recorder's size, its budget and its cumulative count of lines dropped
