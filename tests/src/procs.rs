@@ -244,6 +244,7 @@ impl Tracer {
         std::thread::sleep(Duration::from_millis(50));
         self.stderr_seen.extend(self.stderr.try_iter());
         let stderr = self.stderr_seen.join("\n");
+        crate::report_kernel_degradations(&stderr);
         let summary = std::fs::read_to_string(self.dir.path("summary.json"))
             .ok()
             .and_then(|t| serde_json::from_str(&t).ok())

@@ -1,4 +1,4 @@
-//! Developer commands: `cargo xtask setup | test | lint | demo | bench | screenshot`.
+//! Developer commands: `cargo xtask setup | test | lint | demo | bench | screenshot | vm-test`.
 //!
 //! `setup` installs what a fresh machine lacks (the pinned nightly, bpf-linker, tracefs); the
 //! others call it first, so each is one command on a fresh clone.
@@ -10,6 +10,7 @@ mod screenshot;
 mod setup;
 mod test;
 mod util;
+mod vm;
 
 use clap::{Parser, Subcommand};
 
@@ -38,6 +39,9 @@ enum Cmd {
     Lint,
     /// Render a recording's HTML report in headless Chromium and save a PNG to look at.
     Screenshot { recording: std::path::PathBuf, png: std::path::PathBuf },
+    /// Boot other kernels (5.10, 6.1, 6.12, 7.2) in qemu and run the end-to-end tests in each;
+    /// print a table of test x kernel.
+    VmTest(vm::Args),
 }
 
 fn main() {
@@ -49,6 +53,7 @@ fn main() {
         Cmd::Bench => bench::run(),
         Cmd::Lint => lint::run(),
         Cmd::Screenshot { recording, png } => screenshot::run(&recording, &png),
+        Cmd::VmTest(args) => vm::run(&args),
     };
     if let Err(e) = r {
         eprintln!("xtask: error: {e:#}");

@@ -201,6 +201,10 @@ pub fn load(tracefs: &Tracefs, task_exit_code: Option<u32>) -> Result<Probes, Lo
             if required {
                 return Err(LoadError::MissingRequired(name));
             }
+            if prog == programs::BLOCK_IO_START && offsets.bio_starts_io == 1 {
+                log::debug!("no {name}: block_bio_queue starts the I/O latency instead");
+                continue;
+            }
             log::debug!("this kernel has no tracepoint {name}: skipping it");
             skipped.push(name);
             continue;

@@ -1,0 +1,342 @@
+//! `cargo xtask vm-test [KERNEL...]`: the privileged end-to-end tests on other kernels. Each
+//! kernel (Debian's newest of a series, fetched once) boots in qemu with the host's root
+//! read-only over 9p, runs the test binaries built here against the gpustall built here, and
+//! powers off; the results make a table of test x kernel: pass, FAIL, or degraded (passed, on
+//! a kernel where gpustall had to use its documented next-best source).
+//!
+//! A kernel is a series (`5.10`, `6.1`, `6.12`, `7.2`), optionally with `:v1` for the cgroup v1
+//! memory controller instead of v2, or `host` for the running kernel without a VM.
+
+mod boot;
+mod fetch;
+mod report;
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context as _};
+
+use crate::util::{cargo, is_root, output, run_cmd, workspace_root};
+use report::{Outcome, Run};
+
+/// The whole matrix, what `cargo xtask vm-test` runs without arguments.
+pub const MATRIX: &[&str] = &["5.10", "5.10:v1", "6.1", "6.1:v1", "6.12", "7.2", "host"];
+
+/// The tests that prove the kernel-dependent paths, for CI (`--tests ci`): every probe family
+/// (process tree and exits, reclaim and swap-out, block I/O and its latency, OOM kill and the
+/// signal), the cgroup (v1 or v2) figures, and the verdict built on them.
+pub const CI_TESTS: &[&str] = &[
+    "process_tree",
+    "block_io",
+    "memory_pressure",
+    "oom_kill",
+    "verdict::the_bundled_dataloader_workload_is_the_host_memory_chain",
+    "verdict::cold_direct_reads_with_plenty_of_memory_are_disk_bound",
+];
+
+/// Tests run where the memory cgroup is v1 (`SERIES:v1`): those that read the cgroup.
+const CGROUP_TESTS: &[&str] = &["memory_pressure", "oom_kill", "verdict"];
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Kernels: 5.10, 6.1, 6.12, 7.2 (SERIES:v1 for cgroup v1), host. Default: the whole matrix.
+    kernels: Vec<String>,
+    /// Test binaries or BINARY::TEST names, comma-separated, or `ci` for the CI subset.
+    /// Default: every test (on `:v1` kernels, those that read the memory cgroup).
+    #[arg(long, value_delimiter = ',')]
+    tests: Vec<String>,
+    /// Minutes a kernel may take before its VM is stopped.
+    #[arg(long, default_value_t = 60)]
+    timeout: u64,
+    /// Write the table as Markdown here too.
+    #[arg(long)]
+    markdown: Option<PathBuf>,
+}
+
+/// `CARGO_TARGET_DIR` if set (relative to the workspace), else the workspace's `target/`.
+pub fn target_dir() -> PathBuf {
+    match std::env::var_os("CARGO_TARGET_DIR") {
+        Some(d) => workspace_root().join(d),
+        None => workspace_root().join("target"),
+    }
+}
+
+/// qemu, a static busybox, kmod and cpio (and the disk tools the guest uses).
+fn ensure_packages() -> anyhow::Result<()> {
+    let have = |tool: &str| {
+        output(Command::new("sh").args(["-c", &format!("command -v {tool}")])).is_some()
+    };
+    let static_busybox = output(Command::new("dpkg-query").args(["-W", "busybox-static"]))
+        .is_some()
+        && Path::new("/bin/busybox").is_file();
+    let missing: Vec<&str> = [
+        ("qemu-system-x86_64", "qemu-system-x86"),
+        ("depmod", "kmod"),
+        ("cpio", "cpio"),
+        ("mkfs.ext4", "e2fsprogs"),
+        ("xz", "xz-utils"),
+        ("zstd", "zstd"),
+    ]
+    .iter()
+    .filter(|(tool, _)| !have(tool))
+    .map(|&(_, p)| p)
+    .chain((!static_busybox).then_some("busybox-static"))
+    .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    eprintln!("xtask: vm-test: installing {}", missing.join(" "));
+    let _ = run_cmd(Command::new("apt-get").args(["update", "-qq"]));
+    run_cmd(
+        Command::new("apt-get")
+            .args(["install", "-y", "-qq", "--no-install-recommends"])
+            .args(&missing)
+            .env("DEBIAN_FRONTEND", "noninteractive"),
+    )
+}
+
+/// One test binary of the `tests` crate.
+struct TestBin {
+    name: String,
+    exe: PathBuf,
+    /// Its tests, from `--list`.
+    tests: Vec<String>,
+}
+
+/// Builds gpustall, the workloads, the NVML stand-in and the test binaries; lists the tests.
+fn build() -> anyhow::Result<Vec<TestBin>> {
+    run_cmd(cargo().args(["build", "-p", "gpustall", "-p", "tests", "-p", "nvml-stub"]))?;
+    let out = cargo()
+        .args(["test", "-p", "tests", "--no-run", "--message-format=json"])
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .context("cargo test --no-run")?;
+    let mut bins = Vec::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else { continue };
+        let (Some(exe), Some(kind)) = (msg["executable"].as_str(), msg["target"]["kind"].get(0))
+        else {
+            continue;
+        };
+        if msg["reason"] != "compiler-artifact" || kind != "test" {
+            continue;
+        }
+        let listed = output(Command::new(exe).args(["--list", "--format", "terse"]))
+            .with_context(|| format!("{exe} --list"))?;
+        let tests = listed.lines().filter_map(|l| l.strip_suffix(": test")).map(String::from);
+        let name = msg["target"]["name"].as_str().unwrap_or_default().to_string();
+        bins.push(TestBin { name, exe: exe.into(), tests: tests.collect() });
+    }
+    bins.sort_by(|a, b| a.name.cmp(&b.name));
+    if bins.is_empty() {
+        bail!("cargo test --no-run built no test binaries of the tests crate");
+    }
+    Ok(bins)
+}
+
+/// The tests selected for one kernel: per binary, the tests to run (all when empty).
+fn select<'a>(bins: &'a [TestBin], wanted: &[String], v1: bool) -> Vec<(&'a TestBin, Vec<String>)> {
+    let wanted: Vec<String> = match wanted {
+        [] if v1 => CGROUP_TESTS.iter().map(|s| s.to_string()).collect(),
+        [one] if one == "ci" => CI_TESTS.iter().map(|s| s.to_string()).collect(),
+        w => w.to_vec(),
+    };
+    bins.iter()
+        .filter_map(|b| {
+            if wanted.is_empty() || wanted.contains(&b.name) {
+                return Some((b, b.tests.clone()));
+            }
+            let tests: Vec<String> = wanted
+                .iter()
+                .filter_map(|w| w.strip_prefix(&format!("{}::", b.name)))
+                .map(String::from)
+                .collect();
+            (!tests.is_empty()).then_some((b, tests))
+        })
+        .collect()
+}
+
+/// libtest arguments for a selection: every test of the binary, or exactly the named ones.
+fn libtest_args(bin: &TestBin, tests: &[String]) -> Vec<String> {
+    let mut args = vec!["--test-threads=2".to_string(), "--color=never".to_string()];
+    if tests.len() < bin.tests.len() {
+        args.extend(tests.iter().cloned());
+        args.push("--exact".into());
+    }
+    args
+}
+
+fn env_for_tests() -> Vec<(String, String)> {
+    let bin = target_dir().join("debug/gpustall");
+    vec![("GPUSTALL_BIN".into(), bin.display().to_string()), ("RUST_BACKTRACE".into(), "0".into())]
+}
+
+fn tests_cwd() -> PathBuf {
+    workspace_root().join("tests").canonicalize().unwrap_or_else(|_| workspace_root().join("tests"))
+}
+
+/// The plan the guest script reads (see `xtask/vm/guest.sh`).
+fn write_plan(path: &Path, selection: &[(&TestBin, Vec<String>)], v1: bool) -> anyhow::Result<()> {
+    let mut plan =
+        format!("cgroup\t{}\ncwd\t{}\n", if v1 { "v1" } else { "v2" }, tests_cwd().display());
+    for (k, v) in env_for_tests() {
+        plan.push_str(&format!("env\t{k}={v}\n"));
+    }
+    for (bin, tests) in selection {
+        let args = libtest_args(bin, tests).join(" ");
+        plan.push_str(&format!("test\t{}\t{}\t{args}\n", bin.name, bin.exe.display()));
+    }
+    std::fs::write(path, plan)?;
+    Ok(())
+}
+
+/// Shown live while a guest runs: its progress markers and libtest's per-test lines.
+fn progress_line(line: &str) -> bool {
+    line.starts_with("@@")
+        || (line.starts_with("test ") && line.contains(" ... "))
+        || line.starts_with("test result:")
+}
+
+/// Boots `series` with the selected tests and reads their outcomes from its console.
+fn run_vm(
+    spec: &str,
+    bins: &[TestBin],
+    wanted: &[String],
+    timeout: Duration,
+) -> anyhow::Result<Run> {
+    let (series, v1) = match spec.split_once(':') {
+        Some((s, "v1")) => (s, true),
+        Some((_, other)) => bail!("unknown kernel option :{other} in {spec} (only :v1)"),
+        None => (spec, false),
+    };
+    let vm = target_dir().join("vm");
+    let kernel = fetch::kernel(&vm.join("kernels"), series)?;
+    let work = vm.join("runs").join(spec.replace(':', "-"));
+    let _ = std::fs::remove_dir_all(&work);
+    std::fs::create_dir_all(&work)?;
+    let initrd = work.join("initrd.gz");
+    boot::initrd(&kernel, &work, &initrd)?;
+    let selection = select(bins, wanted, v1);
+    let plan = work.join("plan");
+    write_plan(&plan, &selection, v1)?;
+    let guest = work.join("guest.sh");
+    std::fs::write(&guest, include_str!("../../vm/guest.sh"))?;
+    std::fs::set_permissions(&guest, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
+    let disk = work.join("disk.img");
+    std::fs::File::create(&disk)?.set_len(4 << 30)?;
+    eprintln!(
+        "xtask: vm-test: booting {} ({spec}), {} test binaries",
+        kernel.release,
+        selection.len()
+    );
+    let console = boot::boot(
+        &boot::Boot {
+            kernel: &kernel,
+            initrd: &initrd,
+            run: &guest,
+            arg: &plan,
+            disk: &disk,
+            // cgroup v1 swap accounting (memory.memsw.*) is off by default on older kernels.
+            extra_cmdline: if v1 { "swapaccount=1" } else { "" },
+            timeout,
+            log: &work.join("console.log"),
+        },
+        progress_line,
+    )?;
+    let _ = std::fs::remove_file(&disk);
+    let mut run = report::parse(spec, &kernel.release, &console.lines, &selection_ids(&selection));
+    run.wall = console.wall;
+    run.log = work.join("console.log");
+    if !console.finished {
+        run.mark_unfinished(Outcome::Timeout);
+    }
+    Ok(run)
+}
+
+fn selection_ids(selection: &[(&TestBin, Vec<String>)]) -> Vec<(String, String)> {
+    selection
+        .iter()
+        .flat_map(|(b, tests)| tests.iter().map(|t| (b.name.clone(), t.clone())))
+        .collect()
+}
+
+/// The same tests on the running kernel, without a VM.
+fn run_host(bins: &[TestBin], wanted: &[String]) -> anyhow::Result<Run> {
+    let start = Instant::now();
+    let selection = select(bins, wanted, false);
+    let work = target_dir().join("vm/runs/host");
+    std::fs::create_dir_all(&work)?;
+    let mut lines = Vec::new();
+    for (bin, tests) in &selection {
+        let degraded = work.join(format!("degraded-{}", bin.name));
+        std::fs::write(&degraded, "")?;
+        eprintln!("xtask: vm-test: host: {}", bin.name);
+        let t0 = Instant::now();
+        let out = Command::new(&bin.exe)
+            .args(libtest_args(bin, tests))
+            .envs(env_for_tests())
+            .env("GPUSTALL_VM_DEGRADED", &degraded)
+            .current_dir(tests_cwd())
+            .stdin(std::process::Stdio::null())
+            .output()
+            .with_context(|| format!("running {}", bin.exe.display()))?;
+        lines.push(format!("@@BEGIN {}", bin.name));
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        lines.extend(text.lines().map(String::from));
+        let rc = out.status.code().unwrap_or(-1);
+        lines.push(format!("@@END {} rc={rc} secs={:.1}", bin.name, t0.elapsed().as_secs_f64()));
+        for l in std::fs::read_to_string(&degraded)?.lines() {
+            lines.push(format!("@@DEGRADED {} {}", bin.name, l.replacen('\t', " ", 1)));
+        }
+    }
+    std::fs::write(work.join("console.log"), lines.join("\n"))?;
+    let release = output(Command::new("uname").arg("-r")).unwrap_or_default().trim().to_string();
+    let mut run = report::parse("host", &release, &lines, &selection_ids(&selection));
+    run.wall = start.elapsed();
+    run.log = work.join("console.log");
+    Ok(run)
+}
+
+pub fn run(args: &Args) -> anyhow::Result<()> {
+    if !is_root() {
+        bail!("vm-test installs packages, boots VMs and runs the privileged tests: run as root");
+    }
+    let kernels: Vec<String> = if args.kernels.is_empty() {
+        MATRIX.iter().map(|s| s.to_string()).collect()
+    } else {
+        args.kernels.clone()
+    };
+    crate::setup::run_setup(true)?;
+    if kernels.iter().any(|k| k != "host") {
+        ensure_packages()?;
+    }
+    let bins = build()?;
+    let start = Instant::now();
+    let mut runs = Vec::new();
+    for k in &kernels {
+        let run = if k == "host" {
+            run_host(&bins, &args.tests)?
+        } else {
+            run_vm(k, &bins, &args.tests, Duration::from_secs(args.timeout * 60))?
+        };
+        eprintln!("xtask: vm-test: {k} ({}) took {:.0} s", run.release, run.wall.as_secs_f64());
+        runs.push(run);
+    }
+    let table = report::table(&runs, start.elapsed());
+    println!("{}", table.text);
+    let md = args.markdown.clone().unwrap_or_else(|| target_dir().join("vm/matrix.md"));
+    std::fs::write(&md, &table.markdown)?;
+    eprintln!("xtask: vm-test: the table is also in {}", md.display());
+    if table.failures > 0 {
+        bail!(
+            "{} test runs failed (console logs: {})",
+            table.failures,
+            target_dir().join("vm/runs").display()
+        );
+    }
+    Ok(())
+}
