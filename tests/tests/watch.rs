@@ -146,7 +146,8 @@ fn watch_finds_a_later_job_bundles_its_oom_kill_and_serves_metrics() {
     )
     .expect("json");
     assert_eq!(summary["verdict"]["cause"], "host_memory_oom", "{:#}", summary["verdict"]);
-    assert_eq!(summary["verdict"]["culprit_pids"][0], victim);
+    let culprits = summary["verdict"]["culprit_pids"].as_array().expect("culprits");
+    assert!(culprits.contains(&victim.into()), "the victim is named: {culprits:?}");
     assert_eq!(summary["oom_kills"][0]["victim_pid"], victim);
     for f in ["record.jsonl", "report.txt", "trace.json"] {
         assert!(bundle.join(f).exists(), "{f} in the bundle");

@@ -9,6 +9,7 @@ use crate::kernel::decode::decode;
 use crate::kernel::loader;
 use crate::model::event::Event;
 use crate::model::gpu::StallEpisode;
+use crate::model::proctree::Role;
 use crate::model::samples::CountersSample;
 use crate::model::samples::Sample;
 use crate::model::stats::IoSlot;
@@ -194,7 +195,12 @@ impl Session {
         self.zombies.retain(|p| self.model.tree.get(*p).is_some_and(|n| n.alive()));
         for &pid in batch {
             match procfs::sample_mem(pid) {
-                Some(mem) => self.observe(Sample::ProcMem { t_ns: now, pid, mem }),
+                Some(mut mem) => {
+                    if self.model.tree.role(pid) != Role::Other {
+                        mem.pss_kb = procfs::sample_pss_kb(pid);
+                    }
+                    self.observe(Sample::ProcMem { t_ns: now, pid, mem })
+                }
                 None if !procfs::exists(pid) => self.observe(Sample::Vanished { t_ns: now, pid }),
                 // A zombie: its exit event is on its way, unless it was lost; one still alive
                 // in the model at its next read lost it.

@@ -12,11 +12,22 @@ use crate::model::Model;
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ProcFacts {
     pub pid: u32,
+    pub ppid: u32,
     pub comm: String,
     pub is_worker: bool,
     pub is_trainer: bool,
+    /// A rank of a launcher (torchrun): its memory counts like the trainer's.
+    pub is_rank: bool,
+    /// When it started (fork, or the start of tracing) and exited, if it did.
+    pub started_ns: u64,
+    pub exit_ns: Option<u64>,
+    /// The memory figures below are proportional (PSS: pages shared copy-on-write with the
+    /// trainer count once across the job); else resident + swapped, which counts them in each.
+    pub mem_is_pss: bool,
     pub worker_index: Option<usize>,
-    /// Memory held (resident + swapped out, from /proc) at the first sample and at the peak.
+    /// Memory held at the first sample and at the peak seen during the trace (never VmHWM,
+    /// which may predate it): proportional where smaps_rollup was read, else resident +
+    /// swapped out.
     pub first_mem_kb: u64,
     pub first_mem_ns: u64,
     pub peak_mem_kb: u64,
@@ -140,16 +151,25 @@ fn proc_facts(m: &Model, n: &crate::model::proctree::ProcNode, now_ns: u64) -> P
     let c = &p.counters;
     let role = m.tree.role(n.pid);
     let watch = m.ctx.tasks.get(&n.pid);
+    let ((first_kb, first_ns), (peak_kb, peak_ns)) = match (p.first_pss_kb, p.peak_pss_kb) {
+        (Some(first), Some(peak)) => (first, peak),
+        _ => ((p.first_mem_kb.unwrap_or(0), p.first_rss_ns), (p.peak_mem_kb, p.peak_mem_ns)),
+    };
     ProcFacts {
         pid: n.pid,
+        ppid: n.ppid,
         comm: n.comm.clone(),
         is_worker: role == Role::DataloaderWorker,
         is_trainer: role == Role::Trainer,
+        is_rank: role == Role::Rank,
+        started_ns: n.started_ns,
+        exit_ns: n.exit_ns,
+        mem_is_pss: p.peak_pss_kb.is_some(),
         worker_index: m.tree.worker_index(n.pid),
-        first_mem_kb: p.first_mem_kb.unwrap_or(0),
-        first_mem_ns: p.first_rss_ns,
-        peak_mem_kb: p.peak_mem_kb.max(p.peak_rss_kb),
-        peak_mem_ns: if p.peak_mem_kb >= p.peak_rss_kb { p.peak_mem_ns } else { p.peak_rss_ns },
+        first_mem_kb: first_kb,
+        first_mem_ns: first_ns,
+        peak_mem_kb: peak_kb,
+        peak_mem_ns: peak_ns,
         last_mem_ns: m.ctx.last_ns.min(n.exit_ns.unwrap_or(u64::MAX)),
         reclaim_count: c.direct_reclaim_count + c.memcg_reclaim_count,
         reclaim_ns: c.direct_reclaim_ns + c.memcg_reclaim_ns,

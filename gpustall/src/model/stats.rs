@@ -27,6 +27,11 @@ pub struct MemSample {
     /// VmHWM: the kernel's own peak RSS of the process.
     pub hwm_kb: u64,
     pub majflt: u64,
+    /// Proportional memory (PSS of anonymous and shared-memory pages plus proportional swap,
+    /// smaps_rollup): a page shared copy-on-write by a trainer and its forked workers counts
+    /// once across them. Read for the job's own roles only; absent in older recordings.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pss_kb: Option<u64>,
 }
 
 #[derive(Default)]
@@ -49,6 +54,9 @@ pub struct ProcStats {
     pub first_mem_kb: Option<u64>,
     pub peak_mem_kb: u64,
     pub peak_mem_ns: u64,
+    /// Proportional memory (`MemSample::pss_kb`): first sample, peak and when.
+    pub first_pss_kb: Option<(u64, u64)>,
+    pub peak_pss_kb: Option<(u64, u64)>,
     /// Start of the first reclaim stall.
     pub first_reclaim_ns: Option<u64>,
     /// The process exited and its kernel counters were read after it: these are final, and
@@ -91,6 +99,12 @@ impl ProcStats {
         if held > self.peak_mem_kb {
             self.peak_mem_kb = held;
             self.peak_mem_ns = t_ns;
+        }
+        if let Some(pss) = m.pss_kb {
+            self.first_pss_kb.get_or_insert((pss, t_ns));
+            if self.peak_pss_kb.is_none_or(|(peak, _)| pss > peak) {
+                self.peak_pss_kb = Some((pss, t_ns));
+            }
         }
         self.mem = m;
     }

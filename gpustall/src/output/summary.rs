@@ -186,6 +186,12 @@ pub struct ProcessSummary {
     /// RSS at the first sample, and growth from there to the peak.
     pub first_rss_kb: Option<u64>,
     pub rss_growth_kb: u64,
+    /// Proportional memory (PSS of anon and shmem + SwapPss; the job's own roles only): peak,
+    /// and growth from the first sample. What the verdict's culprits and advice use.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peak_pss_kb: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pss_growth_kb: Option<u64>,
     pub last_rss_kb: u64,
     pub last_swap_kb: u64,
     pub major_faults: u64,
@@ -355,6 +361,11 @@ fn process_summary(m: &Model, n: &crate::model::proctree::ProcNode) -> ProcessSu
         peak_mem_kb: p.peak_mem_kb,
         first_rss_kb: p.first_rss_kb,
         rss_growth_kb: p.peak_rss_kb.saturating_sub(p.first_rss_kb.unwrap_or(p.peak_rss_kb)),
+        peak_pss_kb: p.peak_pss_kb.map(|(kb, _)| kb),
+        pss_growth_kb: p
+            .peak_pss_kb
+            .zip(p.first_pss_kb)
+            .map(|((peak, _), (first, _))| peak.saturating_sub(first)),
         last_rss_kb: p.mem.rss_kb,
         last_swap_kb: p.mem.swap_kb,
         major_faults: p.mem.majflt,

@@ -343,7 +343,15 @@ mod tests {
         let replayed =
             serde_json::to_value(crate::output::summary::Summary::of(&r.model, r.end_ns, true))
                 .expect("summary json");
-        assert_eq!(replayed, recorded);
+        // Everything measured replays the same; the verdict's wording and advice are the
+        // decision of the gpustall that replays it (they improved since): its cause is stable.
+        let without_verdict = |v: &Value| {
+            let mut v = v.clone();
+            v.as_object_mut().map(|o| o.remove("verdict"));
+            v
+        };
+        assert_eq!(without_verdict(&replayed), without_verdict(&recorded));
+        assert_eq!(replayed["verdict"]["cause"], recorded["verdict"]["cause"]);
         assert_eq!(recorded["verdict"]["cause"], "host_memory_oom");
         let mut kinds = std::collections::BTreeSet::new();
         for line in text.lines() {

@@ -71,7 +71,22 @@ pub fn sample_mem(pid: u32) -> Option<MemSample> {
         swap_kb: st.vmswap.unwrap_or(0),
         hwm_kb: st.vmhwm.unwrap_or(0),
         majflt,
+        pss_kb: None,
     })
+}
+
+/// Proportional memory of a process in kB (`MemSample::pss_kb`): Pss_Anon + Pss_Shmem +
+/// SwapPss from smaps_rollup (Linux 5.9+; `None` before, or when it cannot be read). It walks
+/// the process's page tables, milliseconds for a large process: read it for the job's own
+/// processes only.
+pub fn sample_pss_kb(pid: u32) -> Option<u64> {
+    let p = procfs::process::Process::new(pid as i32).ok()?;
+    let rollup = p.smaps_rollup().ok()?;
+    let m = &rollup.memory_map_rollup.0.first()?.extension.map;
+    let anon = *m.get("Pss_Anon")?;
+    let bytes =
+        anon + m.get("Pss_Shmem").copied().unwrap_or(0) + m.get("SwapPss").copied().unwrap_or(0);
+    Some(bytes / 1024)
 }
 
 #[cfg(test)]

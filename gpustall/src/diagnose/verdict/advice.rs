@@ -1,69 +1,182 @@
 //! Advice computed from the measurements, with the arithmetic shown.
+//!
+//! The unit of advice is a DataLoader: the workers one trainer or rank process had alive at
+//! the same time. Non-persistent workers (persistent_workers=False) are new processes every
+//! epoch, and each rank of a torchrun job has its own DataLoader: counting every worker ever
+//! seen would read three epochs of 8 workers as num_workers=24.
 
 use crate::diagnose::{
     facts::{Facts, ProcFacts},
     verdict::evidence::{mib_kb, MIB_KB},
 };
 
-/// num_workers that fit the limit at the measured per-worker peak, with the arithmetic.
+/// The workers of one trainer or rank.
+struct Loader<'a> {
+    /// The trainer's or rank's pid.
+    parent: u32,
+    /// The most workers it had alive at once: its num_workers.
+    num_workers: u64,
+    /// How many worker processes it had in all (num_workers per epoch when not persistent).
+    processes: usize,
+    /// The largest peak of any of its workers.
+    per_worker_kb: u64,
+    workers: Vec<&'a ProcFacts>,
+}
+
+/// The most of `workers` alive at one moment.
+fn most_alive_at_once(workers: &[&ProcFacts]) -> u64 {
+    workers
+        .iter()
+        .map(|w| {
+            let t = w.started_ns;
+            workers.iter().filter(|o| o.started_ns <= t && o.exit_ns.is_none_or(|e| e > t)).count()
+                as u64
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+/// Workers grouped by the process that started them, in parent order.
+fn loaders(f: &Facts) -> Vec<Loader<'_>> {
+    let mut by_parent: std::collections::BTreeMap<u32, Vec<&ProcFacts>> = Default::default();
+    for w in f.procs.iter().filter(|p| p.is_worker) {
+        by_parent.entry(w.ppid).or_default().push(w);
+    }
+    by_parent
+        .into_iter()
+        .map(|(parent, workers)| Loader {
+            parent,
+            num_workers: most_alive_at_once(&workers),
+            processes: workers.len(),
+            per_worker_kb: workers.iter().map(|p| p.peak_mem_kb).max().unwrap_or(0).max(1),
+            workers,
+        })
+        .collect()
+}
+
+/// num_workers that fit the limit at the measured per-worker peak, per DataLoader and for the
+/// job, with the arithmetic; then the growth that makes it so.
 pub fn memory_advice(f: &Facts) -> Vec<String> {
     let mut advice = Vec::new();
-    let workers: Vec<&ProcFacts> = f.procs.iter().filter(|p| p.is_worker).collect();
-    let trainer_kb =
-        f.procs.iter().filter(|p| p.is_trainer).map(|p| p.peak_mem_kb).max().unwrap_or(0);
+    let loaders = loaders(f);
     let limit_kb =
         f.cgroup.as_ref().and_then(|c| c.limit_bytes).map(|b| b / 1024).or(f.host_mem_total_kb);
-    if let (false, Some(limit_kb)) = (workers.is_empty(), limit_kb) {
-        let n = workers.len() as u64;
-        let per = workers.iter().map(|p| p.peak_mem_kb).max().unwrap_or(0).max(1);
-        let total = trainer_kb + workers.iter().map(|p| p.peak_mem_kb).sum::<u64>();
-        let budget = (limit_kb as f64 * 0.9) as u64;
-        let fit = budget.saturating_sub(trainer_kb) / per;
-        let verdict = if fit == 0 {
-            format!("not even one worker fits: its peak alone ({}) exceeds what the trainer leaves ({}), so fewer workers cannot fix it: bound the per-worker growth", mib_kb(per), mib_kb(budget.saturating_sub(trainer_kb)))
-        } else if fit < n {
-            format!("num_workers <= {fit} fits at this per-worker peak")
-        } else {
-            format!("the workers fit at this peak (up to {fit}); look at what else holds memory")
-        };
-        advice.push(format!(
-            "num_workers={n}: trainer {} + {n} workers x up to {} = {} at peak, against a {} limit. With 10% headroom ({}), {verdict}",
-            mib_kb(trainer_kb),
-            mib_kb(per),
-            mib_kb(total),
+    if let (false, Some(limit_kb)) = (loaders.is_empty(), limit_kb) {
+        advice.extend(fit_advice(f, &loaders, limit_kb));
+    }
+    let workers: Vec<&ProcFacts> = loaders.iter().flat_map(|l| l.workers.iter().copied()).collect();
+    advice.extend(growth_advice(&workers));
+    advice
+}
+
+/// "num_workers=3: trainer X + 3 workers x up to Y = Z at peak, against L ..." for one
+/// DataLoader; per rank and for the job when there are several.
+fn fit_advice(f: &Facts, loaders: &[Loader], limit_kb: u64) -> Vec<String> {
+    // Every trainer and rank holds memory of its own, whether or not it has workers.
+    let mains: Vec<&ProcFacts> = f.procs.iter().filter(|p| p.is_trainer || p.is_rank).collect();
+    let mains_kb: u64 = mains.iter().map(|p| p.peak_mem_kb).sum();
+    let budget = (limit_kb as f64 * 0.9) as u64;
+    let left = budget.saturating_sub(mains_kb);
+    let per_all: u64 = loaders.iter().map(|l| l.per_worker_kb).sum();
+    let fit = left / per_all.max(1);
+    let need: u64 = mains_kb + loaders.iter().map(|l| l.num_workers * l.per_worker_kb).sum::<u64>();
+    let kind =
+        if f.procs.iter().any(|p| p.mem_is_pss) { "proportional" } else { "resident + swap" };
+    let verdict = if fit == 0 {
+        format!("not even one worker per DataLoader fits: {} per worker exceeds what the {} leave ({}), so fewer workers cannot fix it: bound the per-worker growth", mib_kb(per_all), mains_name(&mains), mib_kb(left))
+    } else if loaders.iter().any(|l| fit < l.num_workers) {
+        format!("num_workers <= {fit} fits at this per-worker peak")
+    } else {
+        format!("the workers fit at this peak (up to {fit}); look at what else holds memory")
+    };
+    let mut out = Vec::new();
+    if let [l] = loaders {
+        out.push(format!(
+            "num_workers={}{}: {} {} + {} workers x up to {} = {} at peak ({kind} memory), against a {} limit. With 10% headroom ({}), {verdict}",
+            l.num_workers,
+            epochs(l),
+            mains_name(&mains),
+            mib_kb(mains_kb),
+            l.num_workers,
+            mib_kb(l.per_worker_kb),
+            mib_kb(need),
             mib_kb(limit_kb),
             mib_kb(budget),
         ));
-        advice.push(format!(
-            "or give the job at least {} of memory (trainer + {n} x {} + 10%)",
-            mib_kb(((trainer_kb + n * per) as f64 * 1.1) as u64),
-            mib_kb(per)
+    } else {
+        for l in loaders {
+            out.push(format!(
+                "pid {}'s DataLoader: num_workers={}{}, up to {} per worker",
+                l.parent,
+                l.num_workers,
+                epochs(l),
+                mib_kb(l.per_worker_kb)
+            ));
+        }
+        out.push(format!(
+            "the job: {} {} + {} DataLoaders' workers = {} at peak ({kind} memory), against a {} limit. With 10% headroom ({}), per DataLoader {verdict}",
+            mains_name(&mains),
+            mib_kb(mains_kb),
+            loaders.len(),
+            mib_kb(need),
+            mib_kb(limit_kb),
+            mib_kb(budget),
         ));
     }
-    // Still growing at their last sample (peak within 2 s of it), over at least 2 s of samples.
+    out.push(format!(
+        "or give the job at least {} of memory (its peak + 10%)",
+        mib_kb((need as f64 * 1.1) as u64)
+    ));
+    out
+}
+
+/// ", 3 epochs of non-persistent workers (9 processes)" when workers came and went.
+fn epochs(l: &Loader) -> String {
+    if l.processes as u64 > l.num_workers {
+        format!(
+            " (workers restarted: {} worker processes in all, as persistent_workers=False starts them every epoch)",
+            l.processes
+        )
+    } else {
+        String::new()
+    }
+}
+
+/// "trainer", "2 ranks", or "launcher + 2 ranks" (tracing torchrun makes it the trainer).
+fn mains_name(mains: &[&ProcFacts]) -> String {
+    let ranks = mains.iter().filter(|p| p.is_rank).count();
+    match (ranks, mains.iter().any(|p| p.is_trainer)) {
+        (0, _) => "trainer".to_string(),
+        (n, false) => format!("{n} ranks"),
+        (n, true) => format!("launcher + {n} ranks"),
+    }
+}
+
+/// Workers still growing at their last sample (peak within 2 s of it), over at least 2 s.
+fn growth_advice(workers: &[&ProcFacts]) -> Option<String> {
     let grew: Vec<&&ProcFacts> = workers
         .iter()
         .filter(|p| p.peak_mem_kb > 2 * p.first_mem_kb.max(1))
         .filter(|p| p.peak_mem_ns.saturating_sub(p.first_mem_ns) >= 2_000_000_000)
         .filter(|p| p.last_mem_ns.saturating_sub(p.peak_mem_ns) <= 2_000_000_000)
         .collect();
-    if !grew.is_empty() {
-        let rate = grew
-            .iter()
-            .map(|p| {
-                (p.peak_mem_kb - p.first_mem_kb) as f64
-                    / MIB_KB
-                    / (p.peak_mem_ns - p.first_mem_ns) as f64
-                    * 60e9
-            })
-            .sum::<f64>()
-            / grew.len() as f64;
-        advice.push(format!(
-            "{} of {} workers kept growing until their last sample (about {:.0} MiB/min each) instead of levelling off: a per-worker cache or leak (unbounded lru_cache, decoded samples kept, copy-on-write of Python objects). Bound it; with persistent_workers=True that growth also carries across epochs, while persistent_workers=False restarts workers (and frees it) every epoch",
-            grew.len(),
-            workers.len(),
-            rate
-        ));
+    if grew.is_empty() {
+        return None;
     }
-    advice
+    let rate = grew
+        .iter()
+        .map(|p| {
+            (p.peak_mem_kb - p.first_mem_kb) as f64
+                / MIB_KB
+                / (p.peak_mem_ns - p.first_mem_ns) as f64
+                * 60e9
+        })
+        .sum::<f64>()
+        / grew.len() as f64;
+    Some(format!(
+        "{} of {} workers kept growing until their last sample (about {:.0} MiB/min each) instead of levelling off: a per-worker cache or leak (unbounded lru_cache, decoded samples kept, copy-on-write of Python objects). Bound it; with persistent_workers=True that growth also carries across epochs, while persistent_workers=False restarts workers (and frees it) every epoch",
+        grew.len(),
+        workers.len(),
+        rate
+    ))
 }

@@ -82,12 +82,26 @@ pub fn host_memory_oom(c: &Ctx) -> Option<Verdict> {
     for o in &kills {
         chain.push(o.t_ns, oom_link(f, o));
     }
-    let mut culprits: Vec<u32> = kills.iter().map(|o| o.victim_pid).collect();
-    culprits.extend(significant(&c.by_memory));
+    // Culprits by what they did to the pressure (growth, then reclaim); the killer often picks
+    // the largest process (the trainer) while a worker that grew is the cause. The victims
+    // follow, named as such in the text.
+    let mut culprits: Vec<u32> = significant(&c.by_memory);
+    culprits.extend(kills.iter().map(|o| o.victim_pid));
     dedup(&mut culprits);
     let victim = f.procs.iter().find(|p| p.pid == first.victim_pid);
+    let grower = c.by_memory.first().filter(|p| p.peak_mem_kb > p.first_mem_kb);
+    let cause = match grower {
+        Some(g) if g.pid != first.victim_pid => format!(
+            " The OOM killer chose the victim by size; the process that grew most was {} ({} to {}).",
+            name(g),
+            mib_kb(g.first_mem_kb),
+            mib_kb(g.peak_mem_kb)
+        ),
+        _ => String::new(),
+    };
     let text = format!(
-        "Host memory ran out, not the disk: {} was OOM-killed at {} after the job's processes stalled a combined {:.2} s in reclaim and swapped out {} pages{}. {}",
+        "{} ran out, not the disk: {} was OOM-killed at {} after the job's processes stalled a combined {:.2} s in reclaim and swapped out {} pages{}.{cause} {}",
+        memory_scope(f),
         victim.map_or(format!("pid {}", first.victim_pid), name),
         at(f, first.t_ns),
         c.stall_ns as f64 / 1e9,
@@ -96,6 +110,19 @@ pub fn host_memory_oom(c: &Ctx) -> Option<Verdict> {
         "A DataLoader that sees this raises \"DataLoader worker (pid N) is killed by signal: Killed\"; other ranks then time out."
     );
     Some(c.verdict(Cause::HostMemoryOom, text, culprits, chain, memory_advice(f)))
+}
+
+/// What ran out: the job's memory cgroup when it has a limit below the host's memory (a
+/// container, a Slurm job, a pod), else host memory.
+fn memory_scope(f: &Facts) -> String {
+    match &f.cgroup {
+        Some(CgroupFacts { path, limit_bytes: Some(limit), .. })
+            if f.host_mem_total_kb.is_none_or(|t| limit / 1024 < t) =>
+        {
+            format!("Memory cgroup {path} (limit {})", mib_b(*limit))
+        }
+        _ => "Host memory".to_string(),
+    }
 }
 
 /// "+55.0s: memory cgroup /job OOM killer chose pid N (comm) with anon-rss ..."

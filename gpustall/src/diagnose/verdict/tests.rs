@@ -81,7 +81,7 @@ fn memory_facts() -> Facts {
 }
 
 #[test]
-fn oom_kill_is_the_memory_cause_with_the_victim_first_and_evidence_in_time_order() {
+fn oom_kill_is_the_memory_cause_with_the_grower_first_and_evidence_in_time_order() {
     let mut f = memory_facts();
     f.oom_kills = vec![OomFacts {
         t_ns: 55 * S,
@@ -94,8 +94,14 @@ fn oom_kill_is_the_memory_cause_with_the_victim_first_and_evidence_in_time_order
     }];
     let v = decide(&f);
     assert_eq!(v.cause.as_str(), "host_memory_oom");
-    assert_eq!(v.culprit_pids[0], 12, "the victim first");
-    assert_eq!(v.culprit_pids[1], 11, "then the largest grower");
+    // The killer chose 12; 11 grew most (40 -> 300 MiB against 200): the cause comes first.
+    assert_eq!(v.culprit_pids, vec![11, 12], "the largest grower, then the victim");
+    assert!(v.text.starts_with("Memory cgroup /job (limit 512 MiB) ran out"), "{}", v.text);
+    assert!(
+        v.text.contains("the process that grew most was DataLoader worker 0 (pid 11)"),
+        "{}",
+        v.text
+    );
     let joined = v.evidence.join("\n");
     assert!(joined.contains("grew from 40 MiB to 300 MiB held"), "{joined}");
     assert!(joined.contains("swapped out 40000 pages"), "{joined}");
@@ -108,6 +114,60 @@ fn oom_kill_is_the_memory_cause_with_the_victim_first_and_evidence_in_time_order
         "{joined}"
     );
     assert!(v.text.contains("GPU 0 sat idle 20.0 s"), "{}", v.text);
+}
+
+/// `n` workers of `parent`, alive from `from` to `to` seconds.
+fn generation(
+    parent: u32,
+    first_pid: u32,
+    n: u32,
+    from: u64,
+    to: u64,
+    peak_kb: u64,
+) -> Vec<ProcFacts> {
+    (0..n)
+        .map(|i| ProcFacts {
+            ppid: parent,
+            started_ns: from * S,
+            exit_ns: Some(to * S),
+            alive: false,
+            // Each stalled in reclaim and swapped: memory pressure.
+            reclaim_count: 10,
+            reclaim_ns: S,
+            swapout_pages: 10_000,
+            ..worker(first_pid + i, i as usize, 40_000, peak_kb)
+        })
+        .collect()
+}
+
+#[test]
+fn three_epochs_of_three_non_persistent_workers_are_num_workers_3() {
+    let mut f = memory_facts();
+    let mut procs = vec![trainer(10)];
+    for (e, first_pid) in [(0u64, 20u32), (1, 30), (2, 40)] {
+        procs.extend(generation(10, first_pid, 3, 10 * e, 10 * e + 9, 100_000));
+    }
+    f.procs = procs;
+    let a = decide(&f).advice.join("\n");
+    assert!(a.contains("num_workers=3 (workers restarted: 9 worker processes"), "{a}");
+    assert!(!a.contains("num_workers=9"), "{a}");
+}
+
+#[test]
+fn two_ranks_each_with_three_workers_get_advice_per_rank_and_for_the_job() {
+    let mut f = memory_facts();
+    let rank = |pid| ProcFacts { is_trainer: false, is_rank: true, ppid: 5, ..trainer(pid) };
+    let mut procs = vec![rank(10), rank(11)];
+    procs.extend(generation(10, 20, 3, 0, 60, 60_000));
+    procs.extend(generation(11, 30, 3, 0, 60, 50_000));
+    f.procs = procs;
+    let a = decide(&f).advice.join("\n");
+    assert!(a.contains("pid 10's DataLoader: num_workers=3"), "{a}");
+    assert!(a.contains("pid 11's DataLoader: num_workers=3"), "{a}");
+    // Both ranks' memory counts: 2 x 100 + 3 x 58.6 + 3 x 48.8 MiB.
+    assert!(a.contains("the job: 2 ranks 200 MiB + 2 DataLoaders' workers = 522 MiB"), "{a}");
+    // (460.8 - 200) MiB left / (58.6 + 48.8) MiB per worker pair: 2 per DataLoader.
+    assert!(a.contains("per DataLoader num_workers <= 2 fits"), "{a}");
 }
 
 #[test]

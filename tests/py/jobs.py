@@ -1,0 +1,106 @@
+#!/usr/bin/env python3
+"""Job shapes for gpustall's verdict tests, in the standard library only.
+
+  jobs.py epochs [--workers 3] [--epochs 3] [--mib 40] [--wait-go]
+      A trainer with non-persistent DataLoader workers (persistent_workers=False): every
+      epoch it forks --workers new workers; in epoch e each grows to (e + 1) x --mib MiB,
+      holds it a moment and exits.
+  torchrun ranks [--ranks 2] [--workers 3] [--mib 60] [--wait-go]
+      Run through a file named `torchrun` (as torch.distributed.run is), a launcher that forks
+      --ranks ranks; each forks --workers workers that grow to --mib MiB and hold it.
+
+Workers name themselves `pt_data_worker`, as PyTorch's do. A worker killed by a signal makes
+its trainer or rank fail the way a DataLoader does. Every process prints one JSON line
+{"role": ..., "pid": ..., "ppid": ...}.
+"""
+import argparse
+import ctypes
+import json
+import os
+import signal
+import sys
+import time
+
+
+def say(role, **fields):
+    fields.update(role=role, pid=os.getpid(), ppid=os.getppid())
+    os.write(1, (json.dumps(fields) + "\n").encode())
+
+
+def worker(mib, hold_s, index):
+    ctypes.CDLL(None).prctl(15, b"pt_data_worker", 0, 0, 0)
+    say("worker", index=index)
+    chunks = []
+    for _ in range(mib // 4):
+        chunks.append(b"\x01" * (4 << 20))  # resident at once: growth the kernel sees
+        time.sleep(0.02)
+    time.sleep(hold_s)
+    os._exit(0)
+
+
+def fork_workers(n, mib, hold_s):
+    pids = []
+    for i in range(n):
+        pid = os.fork()
+        if pid == 0:
+            worker(mib, hold_s, i)
+        pids.append(pid)
+    return pids
+
+
+def reap(pids):
+    """Waits for the workers; True when one was killed by a signal."""
+    killed = False
+    for pid in pids:
+        _, status = os.waitpid(pid, 0)
+        if os.WIFSIGNALED(status):
+            killed = True
+            sys.stderr.write(f"RuntimeError: DataLoader worker (pid {pid}) is killed by signal: "
+                             f"{signal.Signals(os.WTERMSIG(status)).name}\n")
+    return killed
+
+
+def epochs(a):
+    say("trainer")
+    for e in range(a.epochs):
+        if reap(fork_workers(a.workers, (e + 1) * a.mib, 0.5)):
+            return 1
+    return 0
+
+
+def rank(a, index):
+    say("rank", index=index)
+    return 1 if reap(fork_workers(a.workers, a.mib, 1.0)) else 0
+
+
+def ranks(a):
+    say("launcher")
+    pids = []
+    for r in range(a.ranks):
+        pid = os.fork()
+        if pid == 0:
+            os._exit(rank(a, r))
+        pids.append(pid)
+    failed = 0
+    for pid in pids:
+        _, status = os.waitpid(pid, 0)
+        failed |= status != 0
+    return 1 if failed else 0
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("shape", choices=["epochs", "ranks"])
+    p.add_argument("--workers", type=int, default=3)
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--ranks", type=int, default=2)
+    p.add_argument("--mib", type=int, default=40)
+    p.add_argument("--wait-go", action="store_true", help="read a line from stdin first")
+    a = p.parse_args()
+    if a.wait_go:
+        sys.stdin.readline()
+    return epochs(a) if a.shape == "epochs" else ranks(a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

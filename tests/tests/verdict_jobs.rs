@@ -1,0 +1,88 @@
+//! The verdict's advice on real job shapes (tests/py/jobs.py, standard-library Python under a
+//! memory cgroup): non-persistent workers over epochs, and ranks under a launcher. Advice is
+//! per DataLoader (the workers one trainer or rank had alive together), not per worker ever
+//! seen.
+
+use std::time::Duration;
+
+use serde_json::Value;
+use tests::{
+    cgroup::MemCgroup,
+    kernel::SwapFile,
+    procs::{TraceResult, Tracer, Workload},
+};
+
+fn jobs_py() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("py/jobs.py")
+}
+
+/// Runs a job shape traced, in a memory cgroup of `mib` MiB with `swap_mib` of swap.
+fn traced(
+    script: &std::path::Path,
+    args: &[&str],
+    tag: &str,
+    mib: u64,
+) -> (TraceResult, Vec<Value>) {
+    let cg = MemCgroup::with_swap_limit(tag, mib, 64);
+    let mut argv = vec!["-u", script.to_str().expect("utf-8")];
+    argv.extend_from_slice(args);
+    argv.push("--wait-go");
+    let mut w = Workload::start(std::path::Path::new("python3"), &argv, Some(&cg));
+    let tracer = Tracer::start(w.pid(), &["--quiet", "--no-gpu"]);
+    w.go();
+    let (code, lines) = w.wait(Duration::from_secs(180));
+    assert_eq!(code, Some(1), "the job fails when the OOM killer takes a worker: {lines:?}");
+    (tracer.wait(Duration::from_secs(30)), lines)
+}
+
+fn advice(t: &TraceResult) -> String {
+    let v = &t.summary["verdict"];
+    eprintln!("verdict: {v:#}");
+    assert_eq!(v["cause"], "host_memory_oom", "{v:#}");
+    v["advice"]
+        .as_array()
+        .expect("advice")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[test]
+fn three_epochs_of_non_persistent_workers_are_advised_as_three_workers() {
+    tests::require_privileged_env();
+    let _lock = tests::pressure_lock();
+    let _swap = SwapFile::ensure(1024);
+    // Epochs of 3 workers at 40, 80, 120 MiB each against 256 MiB + 64 MiB of swap: the third
+    // epoch cannot fit.
+    let (t, lines) = traced(&jobs_py(), &["epochs", "--mib", "40"], "jobs-epochs", 256);
+    let workers = lines.iter().filter(|l| l["role"] == "worker").count();
+    assert!(workers > 3, "workers were restarted every epoch: {workers}");
+    let a = advice(&t);
+    assert!(a.contains("num_workers=3 (workers restarted:"), "{a}");
+    assert!(a.contains(&format!("{workers} worker processes in all")), "{a}");
+}
+
+#[test]
+fn two_ranks_of_three_workers_get_advice_per_rank_and_for_the_job() {
+    tests::require_privileged_env();
+    let _lock = tests::pressure_lock();
+    let _swap = SwapFile::ensure(1024);
+    // Run through a file named torchrun, as torch.distributed.run is: its children are ranks.
+    let dir = tests::TempDir::new("jobs-torchrun");
+    let launcher = dir.path("torchrun");
+    std::fs::copy(jobs_py(), &launcher).expect("copy");
+    let (t, lines) = traced(&launcher, &["ranks", "--mib", "60"], "jobs-ranks", 256);
+    let ranks: Vec<u64> =
+        lines.iter().filter(|l| l["role"] == "rank").filter_map(|l| l["pid"].as_u64()).collect();
+    assert_eq!(ranks.len(), 2, "{lines:?}");
+    for &r in &ranks {
+        assert_eq!(t.process(r as u32)["role"], "rank");
+    }
+    let a = advice(&t);
+    for r in &ranks {
+        assert!(a.contains(&format!("pid {r}'s DataLoader: num_workers=3")), "{a}");
+    }
+    assert!(a.contains("the job: launcher + 2 ranks"), "{a}");
+    assert!(a.contains("proportional memory"), "PSS was read for the job's processes: {a}");
+}
