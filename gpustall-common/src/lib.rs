@@ -10,6 +10,7 @@ pub mod events;
 pub mod names;
 pub mod offsets;
 pub mod reclaim;
+pub mod sched;
 
 /// Length of a kernel task name (`TASK_COMM_LEN`).
 pub const COMM_LEN: usize = 16;

@@ -13,10 +13,15 @@ pub mod maps {
     pub const HOST: &str = "HOST";
     pub const IO_COUNTERS: &str = "IO_COUNTERS";
     pub const IO_LATENCY: &str = "IO_LATENCY";
+    pub const OFFCPU_THREADS: &str = "OFFCPU_THREADS";
+    pub const OFFCPU: &str = "OFFCPU";
+    pub const WAKES: &str = "WAKES";
 }
 
 /// The global holding this kernel's tracepoint field offsets.
 pub const OFFSETS: &str = "OFFSETS";
+/// The global holding the sched_switch / sched_waking field offsets.
+pub const SCHED_OFFSETS: &str = "SCHED_OFFSETS";
 
 /// Program names (one per tracepoint family member).
 pub mod programs {
@@ -38,4 +43,6 @@ pub mod programs {
     pub const BLOCK_BIO_QUEUE: &str = "block_bio_queue";
     pub const BLOCK_IO_START: &str = "block_io_start";
     pub const BLOCK_IO_DONE: &str = "block_io_done";
+    pub const SCHED_SWITCH: &str = "sched_switch";
+    pub const SCHED_WAKING: &str = "sched_waking";
 }

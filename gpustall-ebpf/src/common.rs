@@ -56,8 +56,10 @@ const BPF_NOEXIST: u64 = 1;
 pub static HOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(HOST_COUNTERS, 0);
 
 /// A thread's reclaim in progress (tid -> start), for all tasks: untracked ones feed host counters.
+/// 8192 threads in reclaim at once (the kernel throttles reclaimers long before), which leaves
+/// room for the off-CPU maps within the 16 MiB bound (kernel::mapmem).
 #[map]
-pub static RECLAIM_START: HashMap<u32, ReclaimStart> = HashMap::with_max_entries(16384, 0);
+pub static RECLAIM_START: HashMap<u32, ReclaimStart> = HashMap::with_max_entries(8192, 0);
 
 #[inline(always)]
 pub fn pid_tgid() -> (u32, u32) {

@@ -16,6 +16,7 @@ mod block;
 mod common;
 mod process;
 mod reclaim;
+mod sched;
 
 #[cfg(not(test))]
 #[panic_handler]

@@ -271,6 +271,7 @@ impl Session {
     pub fn settle_exited(&mut self, maps: &mut loader::KernelMaps, now: u64) {
         self.finalize_exited(maps, now);
         self.fold_exited(maps, now);
+        maps.account_offcpu(&self.model.tree);
     }
 
     fn finalize_exited(&mut self, maps: &mut loader::KernelMaps, now: u64) {

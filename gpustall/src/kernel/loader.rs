@@ -91,6 +91,10 @@ const PROBES: &[Probe] = &[
     // ends it: block_io_start's absence is then no loss.
     probe(programs::BLOCK_IO_START, "block", &["block_io_start"], false),
     probe(programs::BLOCK_IO_DONE, "block", &["block_io_done", "block_rq_complete"], false),
+    // Off-CPU accounting (kernel::offcpu): wakeups before switches, so that a switch-in is
+    // never seen without the wakeup that preceded it.
+    probe(programs::SCHED_WAKING, "sched", &["sched_waking"], false),
+    probe(programs::SCHED_SWITCH, "sched", &["sched_switch"], false),
 ];
 
 /// The first of `events` this kernel has (the probe table's choice), or the newest name.
@@ -157,6 +161,7 @@ pub struct KernelMaps {
     host: PerCpuArray<MapData, u64>,
     lost: PerCpuArray<MapData, u64>,
     io_latency: PerCpuArray<MapData, u64>,
+    sched: crate::kernel::offcpu::SchedMaps,
 }
 
 fn take<T>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, LoadError>
@@ -179,6 +184,8 @@ pub fn load(tracefs: &Tracefs, task_exit_code: Option<u32>) -> Result<Probes, Lo
 
     let mut loader = EbpfLoader::new();
     loader.override_global(names::OFFSETS, &offsets, true);
+    let sched_offsets = crate::kernel::offcpu::sched_offsets(tracefs);
+    loader.override_global(names::SCHED_OFFSETS, &sched_offsets, true);
     // Tests make the per-process I/O map small to reach "map full" with a few processes, the
     // same kernel path a host with more processes than entries takes.
     if let Some(n) = std::env::var("GPUSTALL_TEST_IO_MAP_ENTRIES").ok().and_then(|v| v.parse().ok())
@@ -232,6 +239,7 @@ pub fn load(tracefs: &Tracefs, task_exit_code: Option<u32>) -> Result<Probes, Lo
         host: take(&mut ebpf, maps::HOST)?,
         lost: take(&mut ebpf, maps::LOST)?,
         io_latency: take(&mut ebpf, maps::IO_LATENCY)?,
+        sched: crate::kernel::offcpu::SchedMaps::take(&mut ebpf)?,
     };
     let critical = take(&mut ebpf, maps::CRITICAL)?;
     let bulk = take(&mut ebpf, maps::BULK)?;
@@ -267,10 +275,16 @@ impl KernelMaps {
     pub fn forget(&mut self, pid: u32, io_slots: impl IntoIterator<Item = IoSlot>) {
         let _ = self.tracked.remove(&pid);
         let _ = self.proc_counters.remove(&pid);
+        self.sched.forget(pid);
         for IoSlot { dev, op, in_reclaim } in io_slots {
             let key = IoKey { tgid: pid, dev, op, in_reclaim: u32::from(in_reclaim) };
             let _ = self.io_counters.remove(&key);
         }
+    }
+
+    /// Raises the live processes of the job's own roles to off-CPU accounting.
+    pub fn account_offcpu(&mut self, tree: &crate::model::proctree::ProcessTree) {
+        self.sched.account(&mut self.tracked, &crate::kernel::offcpu::wanted(tree));
     }
 
     /// Adds a process to the tree the kernel follows.
@@ -303,6 +317,7 @@ impl KernelMaps {
         // Map iteration order is the kernel's: sort so that "what changed" compares like with like.
         out.procs.sort_by_key(|p| p.pid);
         out.io.sort_by_key(|r| (r.pid, r.dev, r.op, r.in_reclaim));
+        self.sched.read(&mut out);
         let read_array = |arr: &PerCpuArray<MapData, u64>, n: u32| -> Vec<u64> {
             (0..n).map(|i| arr.get(&i, 0).map(|v| v.iter().sum()).unwrap_or(0)).collect()
         };
@@ -338,6 +353,9 @@ mod tests {
             maps::HOST,
             maps::IO_COUNTERS,
             maps::IO_LATENCY,
+            maps::OFFCPU_THREADS,
+            maps::OFFCPU,
+            maps::WAKES,
         ];
         for m in map_names {
             assert!(

@@ -7,5 +7,6 @@ pub mod btf;
 pub mod decode;
 pub mod loader;
 pub mod mapmem;
+pub mod offcpu;
 pub mod preflight;
 pub mod tracefs;

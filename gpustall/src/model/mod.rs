@@ -7,6 +7,7 @@ pub mod event;
 pub mod folded;
 pub mod gpu;
 pub mod host;
+pub mod offcpu;
 pub mod overhead;
 pub mod proctree;
 pub mod samples;
@@ -68,6 +69,8 @@ pub struct Model {
     pub ctx: crate::model::host::HostContext,
     /// Per-step times from the training log (`--log`), with the time the line was read.
     pub steps: Vec<(u64, crate::model::steps::StepTimes)>,
+    /// Off-CPU time per process and who ended whose waits (sched_switch / sched_waking).
+    pub offcpu: crate::model::offcpu::OffCpu,
 }
 
 impl Model {
@@ -137,6 +140,9 @@ impl Model {
         if let Some(u) = c.undecodable {
             self.host.undecodable = u;
         }
+        let procs = &self.procs;
+        let settled_pid = |pid| procs.get(&pid).is_some_and(|p| p.final_counters);
+        self.offcpu.apply(&c.offcpu, &c.wakes, settled_pid);
         for (dst, src) in self.host.io_latency.iter_mut().zip(&c.io_latency) {
             for (d, s) in dst.iter_mut().zip(src) {
                 *d = *s;

@@ -50,6 +50,12 @@ pub struct CountersSample {
     pub undecodable: Option<u64>,
     /// Completed-request latency histograms (log2 buckets) per direction; empty when unchanged.
     pub io_latency: Vec<Vec<u64>>,
+    /// Off-CPU totals per process and the waits each process ended for another (absent in
+    /// recordings from before off-CPU accounting).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub offcpu: Vec<crate::model::offcpu::OffCpuRec>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub wakes: Vec<crate::model::offcpu::WakeRec>,
 }
 
 impl CountersSample {
@@ -71,6 +77,8 @@ impl CountersSample {
             } else {
                 self.io_latency.clone()
             },
+            offcpu: self.offcpu.iter().filter(|p| !prev.offcpu.contains(p)).copied().collect(),
+            wakes: self.wakes.iter().filter(|w| !prev.wakes.contains(w)).copied().collect(),
         }
     }
 
@@ -120,6 +128,8 @@ impl CountersSample {
                 .enumerate()
                 .map(|(i, h)| sub(h, base.io_latency.get(i).map_or(&[][..], |v| v.as_slice())))
                 .collect(),
+            offcpu: crate::model::offcpu::rebase_offcpu(&self.offcpu, &base.offcpu),
+            wakes: crate::model::offcpu::rebase_wakes(&self.wakes, &base.wakes),
         }
     }
 
@@ -130,6 +140,8 @@ impl CountersSample {
             && self.lost.is_empty()
             && self.undecodable.is_none()
             && self.io_latency.is_empty()
+            && self.offcpu.is_empty()
+            && self.wakes.is_empty()
     }
 }
 

@@ -200,6 +200,8 @@ pub struct ProcessSummary {
     pub exit_signal: Option<i32>,
     pub killed_by: Option<crate::model::proctree::Killer>,
     pub alive: bool,
+    #[serde(flatten)]
+    pub offcpu: Option<crate::model::offcpu::OffCpuSummary>,
 }
 
 #[derive(Serialize, Debug, Clone)]
@@ -374,6 +376,9 @@ fn process_summary(m: &Model, n: &crate::model::proctree::ProcNode) -> ProcessSu
         exit_signal: n.exit_signal(),
         killed_by: n.killed_by.clone(),
         alive: n.alive(),
+        offcpu: m
+            .offcpu
+            .summary(n.pid, |pid| matches!(m.tree.role(pid), Role::Trainer | Role::Rank)),
     }
 }
 

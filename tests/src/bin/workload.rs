@@ -269,6 +269,84 @@ fn reuse(dir: &str, first: usize, second: usize) -> i32 {
     2
 }
 
+/// A trainer fed over pipes by two DataLoader-like workers: worker "slow" sleeps `slow_ms`
+/// before each batch, worker "fast" `fast_ms`; the trainer reads a batch from each in turn,
+/// then computes (spins) `busy_ms`. It measures the truth itself: the time spent inside its
+/// blocking reads (`blocked_ns`, per worker), and its compute time (`busy_ns`).
+fn feed(slow_ms: u64, fast_ms: u64, batches: usize, busy_ms: u64) -> i32 {
+    const BATCH: usize = 4096;
+    wait_for_go();
+    // The tracer raises the trainer to off-CPU accounting at its next beat (once a second).
+    sleep_ms(1200);
+    let worker = |name: &'static str, pause_ms: u64| {
+        let mut fds = [0; 2];
+        // SAFETY: valid out array.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0, "pipe");
+        let (r, w) = (fds[0], fds[1]);
+        let pid = fork_child(move || {
+            set_name("pt_data_worker");
+            say(name, "");
+            // SAFETY: our own pipe ends.
+            unsafe { libc::close(r) };
+            let batch = [7u8; BATCH];
+            for _ in 0..batches {
+                sleep_ms(pause_ms);
+                // SAFETY: a valid buffer; a 4 KiB write to a pipe is atomic.
+                if unsafe { libc::write(w, batch.as_ptr().cast(), BATCH) } != BATCH as isize {
+                    return 1;
+                }
+            }
+            0
+        });
+        // SAFETY: our own pipe end.
+        unsafe { libc::close(w) };
+        (pid, r)
+    };
+    let (slow_pid, slow) = worker("slow", slow_ms);
+    let (fast_pid, fast) = worker("fast", fast_ms);
+    let read_batch = |fd: i32| -> Option<u64> {
+        let start = std::time::Instant::now();
+        let mut buf = [0u8; BATCH];
+        let mut got = 0;
+        while got < BATCH {
+            // SAFETY: reads into the rest of `buf`.
+            let n = unsafe { libc::read(fd, buf[got..].as_mut_ptr().cast(), BATCH - got) };
+            if n <= 0 {
+                return None;
+            }
+            got += n as usize;
+        }
+        Some(start.elapsed().as_nanos() as u64)
+    };
+    let (mut blocked_slow, mut blocked_fast, mut busy) = (0u64, 0u64, 0u64);
+    for _ in 0..batches {
+        let (Some(a), Some(b)) = (read_batch(slow), read_batch(fast)) else { return 1 };
+        blocked_slow += a;
+        blocked_fast += b;
+        let start = std::time::Instant::now();
+        let mut x = 0u64;
+        while start.elapsed() < std::time::Duration::from_millis(busy_ms) {
+            x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+        }
+        busy += start.elapsed().as_nanos() as u64;
+    }
+    // The kernel's own count of this process's voluntary context switches (it blocked).
+    // SAFETY: valid out pointer.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    while wait_any().is_some() {}
+    say(
+        "trainer",
+        &format!(
+            ",\"slow_pid\":{slow_pid},\"fast_pid\":{fast_pid},\"blocked_ns\":{},\"blocked_slow_ns\":{blocked_slow},\"blocked_fast_ns\":{blocked_fast},\"busy_ns\":{busy},\"nvcsw\":{}",
+            blocked_slow + blocked_fast,
+            ru.ru_nvcsw
+        ),
+    );
+    0
+}
+
 fn main() {
     // A name unique to the test that started this workload, so that a test selecting processes
     // by name (watch --match comm:) only ever sees its own, whatever runs beside it.
@@ -279,6 +357,11 @@ fn main() {
     let code = match args.first().map(String::as_str) {
         Some("tree") => tree(),
         Some("spawn") if args.len() > 1 => spawn(&args[1..]),
+        Some("feed") if args.len() > 4 => {
+            // feed SLOW_MS FAST_MS BATCHES BUSY_MS
+            let n = |i: usize| args[i].parse().unwrap_or(0);
+            feed(n(1), n(2), n(3) as usize, n(4))
+        }
         Some("burst") if args.len() > 2 => {
             // burst N DIR [HOLD_MS]
             let n = args[1].parse().unwrap_or(0);

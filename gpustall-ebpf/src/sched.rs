@@ -1,0 +1,169 @@
+//! Off-CPU accounting of tracked threads (sched_switch, sched_waking): the hottest tracepoints
+//! there are, so each program does one map lookup for a thread that is not tracked and sends
+//! no record: blocks, run-queue waits and who ended them are summed in maps the agent reads
+//! once a second (see `gpustall_common::sched`).
+
+use aya_ebpf::{
+    helpers::bpf_ktime_get_ns,
+    macros::{map, tracepoint},
+    maps::{HashMap, LruHashMap},
+    programs::TracePointContext,
+};
+use gpustall_common::sched::{
+    classify, on_switch_in, on_waking, state, wake_bucket, OffCpuCounters, OffCpuThread,
+    SchedOffsets, WakeCounters, WakeKey, WakeOutcome, ACCOUNT, ACCOUNT_WAITS, OFFCPU_PROCESSES,
+    WAKE_BUCKETS,
+};
+
+use crate::common::{
+    atomic_add, field, is_tracked, pid_tgid, shared_value, BPF_F_NO_PREALLOC, TRACKED,
+};
+
+/// Written by the agent before load, from the sched_switch and sched_waking format files.
+#[unsafe(no_mangle)]
+pub static SCHED_OFFSETS: SchedOffsets = SchedOffsets::missing();
+
+macro_rules! sched_offset {
+    ($field:ident) => {
+        // SAFETY: a plain static of integers; the loader rewrites it before load.
+        unsafe { core::ptr::read_volatile(&SCHED_OFFSETS.$field) }
+    };
+}
+
+// Sizes: only the job's own roles are accounted (the agent raises their `TRACKED` value, at
+// most `OFFCPU_PROCESSES` of them), so these follow the job, not the tracked tree; together
+// they stay within the 16 MiB bound of all maps (kernel::mapmem).
+
+/// Accounted threads by thread id: where each is (off CPU since when, in which state). LRU: a
+/// thread that died unseen (its last switch-out after its process left the tracked set) is
+/// evicted by newer ones instead of filling the map.
+#[map]
+pub static OFFCPU_THREADS: LruHashMap<u32, OffCpuThread> = LruHashMap::with_max_entries(4096, 0);
+
+/// Off-CPU totals per accounted process, one value for all CPUs (atomic adds).
+#[map]
+pub static OFFCPU: HashMap<u32, OffCpuCounters> =
+    HashMap::with_max_entries(OFFCPU_PROCESSES, BPF_F_NO_PREALLOC);
+
+/// Interruptible blocks of trainers' and ranks' threads ended by another tracked process, per
+/// (waker, wakee) pair.
+#[map]
+pub static WAKES: HashMap<WakeKey, WakeCounters> =
+    HashMap::with_max_entries(512, BPF_F_NO_PREALLOC);
+
+/// Reports where a tracked thread ended up; exits are dropped from the map at once.
+const TASK_REPORT_DEAD: i64 = 0x10 | 0x20;
+
+#[tracepoint]
+pub fn sched_switch(ctx: TracePointContext) -> u32 {
+    // The thread leaving the CPU is the current one.
+    let (tgid, tid) = pid_tgid();
+    let mut now = 0;
+    // SAFETY: the value is copied out at once.
+    let level = if tid == 0 { 0 } else { unsafe { TRACKED.get(tgid) }.copied().unwrap_or(0) };
+    if level >= ACCOUNT {
+        // SAFETY: plain helper call.
+        now = unsafe { bpf_ktime_get_ns() };
+        let prev_state: i64 = field(&ctx, sched_offset!(switch_prev_state)).unwrap_or(0);
+        if prev_state & TASK_REPORT_DEAD != 0 && prev_state < 0x100 {
+            let _ = OFFCPU_THREADS.remove(tid);
+        } else {
+            let t = OffCpuThread {
+                since_ns: now,
+                tgid,
+                state: classify(prev_state),
+                data_waiter: u16::from(level == ACCOUNT_WAITS),
+            };
+            let _ = OFFCPU_THREADS.insert(tid, t, 0);
+        }
+    }
+    let next: u32 = field(&ctx, sched_offset!(switch_next_pid)).unwrap_or(0);
+    if next == 0 {
+        return 0;
+    }
+    let Some(p) = OFFCPU_THREADS.get_ptr_mut(next) else {
+        return 0;
+    };
+    // SAFETY: a live map value; copied out, then its state written back.
+    let t = unsafe { *p };
+    if now == 0 {
+        // SAFETY: plain helper call.
+        now = unsafe { bpf_ktime_get_ns() };
+    }
+    if let Some((st, ns)) = on_switch_in(&t, now) {
+        add_offcpu(t.tgid, st, ns);
+    }
+    // SAFETY: as above.
+    unsafe { (*p).state = state::ON_CPU };
+    0
+}
+
+#[tracepoint]
+pub fn sched_waking(ctx: TracePointContext) -> u32 {
+    let wakee: u32 = field(&ctx, sched_offset!(waking_pid)).unwrap_or(0);
+    if wakee == 0 {
+        return 0;
+    }
+    let Some(p) = OFFCPU_THREADS.get_ptr_mut(wakee) else {
+        return 0;
+    };
+    // SAFETY: a live map value, copied out.
+    let t = unsafe { *p };
+    // SAFETY: plain helper call.
+    let now = unsafe { bpf_ktime_get_ns() };
+    let WakeOutcome::Ended { state: st, ns } = on_waking(&t, now) else {
+        return 0;
+    };
+    // SAFETY: as above: the thread is runnable from now on.
+    unsafe {
+        (*p).since_ns = now;
+        (*p).state = state::RUNQ;
+    }
+    add_offcpu(t.tgid, st, ns);
+    if st != state::WAIT || t.data_waiter == 0 {
+        return 0;
+    }
+    // Who ended the wait: the task running this wakeup (a write to a pipe, a queue, a futex
+    // wake), when it belongs to another tracked process.
+    let (waker, _) = pid_tgid();
+    if waker != t.tgid && is_tracked(waker) {
+        let key = WakeKey { waker, wakee: t.tgid };
+        if let Some(w) = shared_value(&WAKES, &key) {
+            // SAFETY: `w` is a live map value; `&raw mut` makes no reference to it.
+            unsafe {
+                atomic_add(&raw mut (*w).count, 1);
+                atomic_add(&raw mut (*w).ns, ns);
+                let bucket = wake_bucket(ns).min(WAKE_BUCKETS - 1);
+                atomic_add((&raw mut (*w).hist).cast::<u64>().add(bucket), 1);
+                // A racy maximum: two CPUs ending waits of one pair at once may keep the
+                // smaller; the histogram and the total stay exact.
+                if ns > (*w).max_ns {
+                    (*w).max_ns = ns;
+                }
+            }
+        }
+    }
+    0
+}
+
+#[inline(always)]
+fn add_offcpu(tgid: u32, st: u16, ns: u64) {
+    let Some(c) = shared_value(&OFFCPU, &tgid) else { return };
+    // SAFETY: `c` is a live map value; `&raw mut` makes no reference to it.
+    unsafe {
+        match st {
+            state::WAIT => {
+                atomic_add(&raw mut (*c).wait_count, 1);
+                atomic_add(&raw mut (*c).wait_ns, ns);
+            }
+            state::IO => {
+                atomic_add(&raw mut (*c).io_count, 1);
+                atomic_add(&raw mut (*c).io_ns, ns);
+            }
+            _ => {
+                atomic_add(&raw mut (*c).runq_count, 1);
+                atomic_add(&raw mut (*c).runq_ns, ns);
+            }
+        }
+    }
+}

@@ -1,0 +1,144 @@
+//! The off-CPU maps (sched_switch / sched_waking): their field offsets from tracefs, reading
+//! them into a counter sample, deleting a process's entries.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Mutex;
+
+use aya::{
+    maps::{HashMap, MapData},
+    Ebpf,
+};
+use gpustall_common::names::maps;
+use gpustall_common::offsets::MISSING;
+use gpustall_common::sched::{
+    OffCpuCounters, SchedOffsets, WakeCounters, WakeKey, ACCOUNT, ACCOUNT_WAITS, OFFCPU_PROCESSES,
+};
+
+use crate::kernel::tracefs::Tracefs;
+use crate::model::offcpu::{OffCpuRec, WakeRec};
+use crate::model::proctree::{ProcessTree, Role};
+use crate::model::samples::CountersSample;
+
+/// This kernel's sched_switch and sched_waking field offsets.
+pub fn sched_offsets(tracefs: &Tracefs) -> SchedOffsets {
+    let find = |ev: &str, field: &str| -> u16 {
+        tracefs
+            .fields("sched", ev)
+            .and_then(|f| f.into_iter().find(|f| f.name == field))
+            .map_or(MISSING, |f| f.offset)
+    };
+    SchedOffsets {
+        switch_prev_state: find("sched_switch", "prev_state"),
+        switch_next_pid: find("sched_switch", "next_pid"),
+        waking_pid: find("sched_waking", "pid"),
+        _pad: 0,
+    }
+}
+
+pub struct SchedMaps {
+    offcpu: HashMap<MapData, u32, OffCpuCounters>,
+    wakes: HashMap<MapData, WakeKey, WakeCounters>,
+    /// Wake pairs seen in the map, so that forgetting a process deletes its pairs without a
+    /// scan of the map per process.
+    known_wakes: Mutex<BTreeSet<WakeKey>>,
+    /// Processes raised to off-CPU accounting, with their `TRACKED` value.
+    accounted: BTreeMap<u32, u32>,
+    /// Processes of the job's roles left out because [`OFFCPU_PROCESSES`] were accounted.
+    pub over_cap: BTreeSet<u32>,
+}
+
+/// The `TRACKED` value a process of `role` gets: trainers and ranks wait for data, the other
+/// roles of the job (workers, pin-memory, forkserver) are accounted, the rest only followed.
+pub fn level_of(role: Role) -> Option<u32> {
+    match role {
+        Role::Trainer | Role::Rank => Some(ACCOUNT_WAITS),
+        Role::DataloaderWorker | Role::PinMemory | Role::Forkserver => Some(ACCOUNT),
+        Role::Other => None,
+    }
+}
+
+/// The live processes of the tree to account, with their level.
+pub fn wanted(tree: &ProcessTree) -> Vec<(u32, u32)> {
+    tree.alive_pids().into_iter().filter_map(|p| Some((p, level_of(tree.role(p))?))).collect()
+}
+
+fn take<T>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, super::loader::LoadError>
+where
+    T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>,
+{
+    use super::loader::LoadError;
+    let map = ebpf.take_map(name).ok_or(LoadError::MissingMap(name))?;
+    T::try_from(map).map_err(|source| LoadError::Map { name, source })
+}
+
+impl SchedMaps {
+    pub fn take(ebpf: &mut Ebpf) -> Result<Self, super::loader::LoadError> {
+        Ok(Self {
+            offcpu: take(ebpf, maps::OFFCPU)?,
+            wakes: take(ebpf, maps::WAKES)?,
+            known_wakes: Mutex::default(),
+            accounted: BTreeMap::new(),
+            over_cap: BTreeSet::new(),
+        })
+    }
+
+    /// Adds the off-CPU totals and wake pairs to `out` (sorted, like the other counters).
+    pub fn read(&self, out: &mut CountersSample) {
+        for item in self.offcpu.iter() {
+            match item {
+                Ok((pid, counters)) => out.offcpu.push(OffCpuRec { pid, counters }),
+                Err(e) => log::debug!("reading OFFCPU: {e}"),
+            }
+        }
+        let mut known = self.known_wakes.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        for item in self.wakes.iter() {
+            match item {
+                Ok((k, counters)) => {
+                    known.insert(k);
+                    out.wakes.push(WakeRec { waker: k.waker, wakee: k.wakee, counters });
+                }
+                Err(e) => log::debug!("reading WAKES: {e}"),
+            }
+        }
+        out.offcpu.sort_by_key(|r| r.pid);
+        out.wakes.sort_by_key(|r| (r.waker, r.wakee));
+    }
+
+    /// Raises `want` (pid, level) in `TRACKED` (only processes still there: BPF_EXIST), at
+    /// most [`OFFCPU_PROCESSES`] at once; a process whose role changed is updated.
+    pub fn account(&mut self, tracked: &mut HashMap<MapData, u32, u32>, want: &[(u32, u32)]) {
+        const BPF_EXIST: u64 = 2;
+        for &(pid, level) in want {
+            match self.accounted.get(&pid) {
+                Some(&l) if l == level => continue,
+                None if self.accounted.len() >= OFFCPU_PROCESSES as usize => {
+                    if self.over_cap.insert(pid) {
+                        log::warn!("off-CPU accounting is limited to {OFFCPU_PROCESSES} processes at once: pid {pid} is not accounted");
+                    }
+                    continue;
+                }
+                _ => {}
+            }
+            match tracked.insert(pid, level, BPF_EXIST) {
+                Ok(()) => {
+                    self.accounted.insert(pid, level);
+                }
+                Err(e) => log::debug!("accounting pid {pid}: {e}"),
+            }
+        }
+    }
+
+    /// Deletes a process's totals and every wake pair it is in.
+    pub fn forget(&mut self, pid: u32) {
+        self.accounted.remove(&pid);
+        self.over_cap.remove(&pid);
+        let _ = self.offcpu.remove(&pid);
+        let mut known = self.known_wakes.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let gone: Vec<WakeKey> =
+            known.iter().filter(|k| k.waker == pid || k.wakee == pid).copied().collect();
+        for k in gone {
+            let _ = self.wakes.remove(&k);
+            known.remove(&k);
+        }
+    }
+}

@@ -1,0 +1,97 @@
+//! Off-CPU accounting from sched_switch / sched_waking: a trainer fed over pipes by a slow and
+//! a fast worker. The trainer's wait for data (its blocks that a worker's write ended) must
+//! match the time it measured inside its own blocking reads, and be charged to the slow worker;
+//! a trainer that computes while its workers keep up shows little wait.
+
+use std::time::Duration;
+
+use serde_json::Value;
+use tests::procs::{TraceResult, Tracer, Workload};
+
+/// Runs `feed SLOW_MS FAST_MS BATCHES BUSY_MS` under the tracer; returns the tracer's result
+/// and the trainer's own line (the truth it measured).
+fn feed(args: &[&str]) -> (TraceResult, Value) {
+    tests::require_privileged_env();
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_gpustall-workload"));
+    let mut argv = vec!["feed"];
+    argv.extend_from_slice(args);
+    let mut w = Workload::start(bin, &argv, None);
+    let tracer = Tracer::start(w.pid(), &["--quiet", "--no-gpu"]);
+    w.go();
+    let (code, lines) = w.wait(Duration::from_secs(60));
+    assert_eq!(code, Some(0), "{lines:?}");
+    let t = tracer.wait(Duration::from_secs(30));
+    assert_eq!(t.code, Some(0), "{}", t.stderr);
+    let trainer = lines.iter().find(|l| l["role"] == "trainer").expect("the trainer's line");
+    (t, trainer.clone())
+}
+
+fn n(v: &Value, field: &str) -> u64 {
+    v[field].as_u64().unwrap_or_else(|| panic!("{field} in {v}"))
+}
+
+#[test]
+fn the_slow_worker_kept_the_trainer_waiting_as_long_as_it_blocked() {
+    const BATCHES: u64 = 12;
+    let (t, truth) = feed(&["80", "0", &BATCHES.to_string(), "0"]);
+    let pid = |f: &str| n(&truth, f) as u32;
+    let trainer = t.process(pid("pid"));
+    let (slow, fast) = (t.process(pid("slow_pid")), t.process(pid("fast_pid")));
+    assert_eq!(trainer["role"], "trainer");
+    assert_eq!(slow["role"], "dataloader_worker");
+
+    // The trainer's data wait is the time it spent blocked in its reads, within 10 %.
+    let data_wait = n(trainer, "data_wait_ns");
+    let blocked = n(&truth, "blocked_ns");
+    let err = data_wait.abs_diff(blocked) as f64 / blocked as f64;
+    assert!(err < 0.10, "data_wait_ns {data_wait} vs {blocked} ns blocked in reads ({err:.3})");
+
+    // The slow worker ended nearly all of it, one wait per batch (each of its writes woke a
+    // blocked read); the fast one almost none.
+    let (kept_slow, kept_fast) = (n(slow, "kept_waiting_ns"), n(fast, "kept_waiting_ns"));
+    assert!(kept_slow >= data_wait * 9 / 10, "slow {kept_slow} of {data_wait}");
+    assert!(kept_fast < data_wait / 10, "fast {kept_fast} of {data_wait}");
+    assert_eq!(kept_slow + kept_fast, data_wait, "every data wait has its worker");
+    assert_eq!(n(slow, "kept_waiting_count"), BATCHES, "{slow}");
+    assert!(n(slow, "kept_waiting_p99_ns") <= n(slow, "kept_waiting_max_ns"));
+    // Against the kernel's own count: the trainer's blocks ended by a worker are among its
+    // voluntary context switches (getrusage).
+    let blocks = n(trainer, "data_wait_count");
+    assert!(blocks <= n(&truth, "nvcsw"), "{blocks} waits, {} voluntary switches", truth["nvcsw"]);
+    // A trainer's wait is no worker's off-CPU time, and the workers wait on nothing of the
+    // trainer's (they are not data waiters).
+    assert!(n(trainer, "offcpu_wait_ns") >= data_wait);
+    assert!(slow.get("data_wait_ns").is_none(), "{slow}");
+
+    // The recording replays to the same figures.
+    let out = t.record_path().with_file_name("replayed.json");
+    let rc = std::process::Command::new(tests::gpustall_bin())
+        .args(["report", "--summary-json"])
+        .arg(&out)
+        .arg(t.record_path())
+        .stdout(std::process::Stdio::null())
+        .status()
+        .expect("gpustall report");
+    assert!(rc.success());
+    let replayed: Value =
+        serde_json::from_str(&std::fs::read_to_string(&out).expect("replayed summary"))
+            .expect("json");
+    let again = replayed["processes"]
+        .as_array()
+        .and_then(|ps| ps.iter().find(|p| p["pid"] == trainer["pid"]))
+        .expect("the trainer in the replay");
+    for f in ["data_wait_ns", "offcpu_wait_ns", "offcpu_io_ns", "runqueue_ns"] {
+        assert_eq!(again[f], trainer[f], "{f}");
+    }
+}
+
+#[test]
+fn a_cpu_bound_trainer_shows_little_data_wait() {
+    let (t, truth) = feed(&["0", "0", "20", "40"]);
+    let trainer = t.process(n(&truth, "pid") as u32);
+    let data_wait = n(trainer, "data_wait_ns");
+    let busy = n(&truth, "busy_ns");
+    assert!(data_wait < busy / 10, "data_wait_ns {data_wait} against {busy} ns of compute");
+    // And what it did wait is what it measured (a few ms of slack: the blocks are tiny).
+    assert!(data_wait <= n(&truth, "blocked_ns") + 5_000_000, "{data_wait} vs {truth}");
+}
