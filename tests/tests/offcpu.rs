@@ -63,6 +63,11 @@ fn the_slow_worker_kept_the_trainer_waiting_as_long_as_it_blocked() {
     assert!(n(trainer, "offcpu_wait_ns") >= data_wait);
     assert!(slow.get("data_wait_ns").is_none(), "{slow}");
 
+    // The verdict names the worker that kept the trainer waiting, with no training log.
+    let evidence = t.summary["verdict"]["evidence"].to_string();
+    let slow_pid = format!("(pid {}) kept the trainer waiting", slow["pid"]);
+    assert!(evidence.contains(&slow_pid), "{evidence}");
+
     // The recording replays to the same figures.
     let out = t.record_path().with_file_name("replayed.json");
     let rc = std::process::Command::new(tests::gpustall_bin())

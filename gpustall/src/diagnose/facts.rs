@@ -56,6 +56,8 @@ pub struct ProcFacts {
     /// No CPU time and no I/O since.
     pub idle_since_ns: Option<u64>,
     pub alive: bool,
+    /// Off-CPU time and waits (sched_switch / sched_waking), when the kernel measured them.
+    pub offcpu: Option<crate::model::offcpu::OffCpuSummary>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -156,6 +158,9 @@ fn proc_facts(m: &Model, n: &crate::model::proctree::ProcNode, now_ns: u64) -> P
         _ => ((p.first_mem_kb.unwrap_or(0), p.first_rss_ns), (p.peak_mem_kb, p.peak_mem_ns)),
     };
     ProcFacts {
+        offcpu: m
+            .offcpu
+            .summary(n.pid, |pid| matches!(m.tree.role(pid), Role::Trainer | Role::Rank)),
         pid: n.pid,
         ppid: n.ppid,
         comm: n.comm.clone(),

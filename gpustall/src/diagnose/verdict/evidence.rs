@@ -175,6 +175,7 @@ pub fn gpu_clause(f: &Facts) -> String {
             tr.baseline_s, tr.recent_s
         ));
     }
+    parts.push(super::datawait::clause(f));
     parts.concat()
 }
 

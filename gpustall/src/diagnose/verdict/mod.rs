@@ -17,6 +17,7 @@
 //! - `none_detected`: nothing measured explains a stall.
 
 mod advice;
+mod datawait;
 mod evidence;
 mod rules;
 

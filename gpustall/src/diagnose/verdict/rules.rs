@@ -56,6 +56,7 @@ impl<'a> Ctx<'a> {
     fn chain(&self) -> Chain {
         let mut chain = Chain(Vec::new());
         super::evidence::stall_links(self.f, &mut chain);
+        super::datawait::links(self.f, &mut chain);
         chain
     }
 

@@ -1,0 +1,206 @@
+//! The trainer's wait for data, from the kernel's off-CPU accounting: how much of its time the
+//! trainer (and the ranks) sat blocked until another process of the job woke it, and which
+//! worker delivered late (ended most of those waits), with what that worker was doing itself
+//! (reclaim stalls, uninterruptible I/O). Needs no training log. A disk-bound pipeline reads
+//! "waited for data ... worker k, which blocked on disk I/O", a memory-starved one "... which
+//! stalled in reclaim", a GPU-bound job "rarely waited for data".
+
+use super::evidence::{at, name, Chain};
+use crate::diagnose::facts::{Facts, ProcFacts};
+
+/// A trainer or rank that waited for data this share of its time was starved by its input.
+const DATA_WAIT_SHARE: f64 = 0.10;
+
+/// The trainers and ranks with their data wait, and the share of their time it took.
+fn waiters(f: &Facts) -> Vec<(&ProcFacts, u64, f64)> {
+    f.procs
+        .iter()
+        .filter(|p| p.is_trainer || p.is_rank)
+        .filter_map(|p| {
+            let wait = p.offcpu.as_ref()?.data_wait_ns?;
+            Some((p, wait, wait as f64 / p.lifetime_ns.max(1) as f64))
+        })
+        .collect()
+}
+
+/// The processes that kept a trainer or rank waiting, longest first.
+fn keepers(f: &Facts) -> Vec<(&ProcFacts, u64)> {
+    let mut v: Vec<_> = f
+        .procs
+        .iter()
+        .filter_map(|p| Some((p, p.offcpu.as_ref()?.kept_waiting_ns)))
+        .filter(|(_, ns)| *ns > 0)
+        .collect();
+    v.sort_by_key(|(p, ns)| (std::cmp::Reverse(*ns), p.pid));
+    v
+}
+
+/// What a worker was doing while the trainer waited: its reclaim stalls, its disk waits.
+fn doing(p: &ProcFacts) -> String {
+    let mut parts = Vec::new();
+    if p.reclaim_ns > 0 {
+        parts.push(format!("stalled {:.2} s in reclaim", p.reclaim_ns as f64 / 1e9));
+    }
+    let io = p.offcpu.as_ref().map_or(0, |o| o.offcpu_io_ns);
+    if io as f64 >= 0.1 * p.lifetime_ns.max(1) as f64 {
+        parts.push(format!("blocked {:.2} s on disk I/O (uninterruptible)", io as f64 / 1e9));
+    }
+    if parts.is_empty() {
+        String::new()
+    } else {
+        format!(", which {}", parts.join(" and "))
+    }
+}
+
+/// A clause for the verdict's text: who kept the trainer waiting, or that it rarely waited.
+pub fn clause(f: &Facts) -> String {
+    let w = waiters(f);
+    let Some(&(p, wait, share)) = w.iter().max_by_key(|(_, wait, _)| *wait) else {
+        return String::new();
+    };
+    if share < DATA_WAIT_SHARE {
+        return if f.gpu_stalls.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "; {} rarely waited for data ({:.0} % of its time): not the input pipeline",
+                name(p),
+                share * 100.0
+            )
+        };
+    }
+    let mut s = format!("; {} waited for data {:.0} % of its time", name(p), share * 100.0);
+    if let Some(&(k, kept)) = keepers(f).first() {
+        s.push_str(&format!(
+            ", {:.0} % of it for {}{}",
+            kept as f64 * 100.0 / wait.max(1) as f64,
+            name(k),
+            doing(k)
+        ));
+    }
+    s
+}
+
+/// Evidence: each trainer's or rank's wait for data, and each worker that kept one waiting.
+pub fn links(f: &Facts, chain: &mut Chain) {
+    let w = waiters(f);
+    let total: u64 = w.iter().map(|(_, wait, _)| wait).sum();
+    for &(p, wait, share) in &w {
+        let count = p.offcpu.as_ref().and_then(|o| o.data_wait_count).unwrap_or(0);
+        chain.push(
+            p.started_ns.max(f.start_ns),
+            format!(
+                "{}: {} waited for data {:.2} s ({:.0} % of its time, {count} waits ended by other processes of the job)",
+                at(f, p.started_ns.max(f.start_ns)),
+                name(p),
+                wait as f64 / 1e9,
+                share * 100.0
+            ),
+        );
+    }
+    for (k, kept) in keepers(f) {
+        if total == 0 || kept * 10 < total {
+            continue; // a tenth of the waits at least
+        }
+        let o = k.offcpu.clone().unwrap_or_default();
+        let p99 = o
+            .kept_waiting_p99_ns
+            .map(|v| format!(", p99 {:.1} ms", v as f64 / 1e6))
+            .unwrap_or_default();
+        chain.push(
+            k.started_ns.max(f.start_ns),
+            format!(
+                "{}: {} kept the trainer waiting {:.2} s ({} waits{p99}){}",
+                at(f, k.started_ns.max(f.start_ns)),
+                name(k),
+                kept as f64 / 1e9,
+                o.kept_waiting_count,
+                doing(k)
+            ),
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::offcpu::OffCpuSummary;
+
+    fn facts(trainer_wait: u64, worker_reclaim: u64, worker_io: u64) -> Facts {
+        let s = 1_000_000_000;
+        let trainer = ProcFacts {
+            pid: 10,
+            comm: "python".into(),
+            is_trainer: true,
+            lifetime_ns: 10 * s,
+            offcpu: Some(OffCpuSummary {
+                data_wait_ns: Some(trainer_wait),
+                data_wait_count: Some(20),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let worker = |pid, i, kept| ProcFacts {
+            pid,
+            comm: "pt_data_worker".into(),
+            is_worker: true,
+            worker_index: Some(i),
+            lifetime_ns: 10 * s,
+            reclaim_ns: if i == 1 { worker_reclaim } else { 0 },
+            offcpu: Some(OffCpuSummary {
+                kept_waiting_ns: kept,
+                kept_waiting_count: 10,
+                offcpu_io_ns: if i == 1 { worker_io } else { 0 },
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        Facts {
+            end_ns: 10 * s,
+            procs: vec![
+                trainer,
+                worker(11, 0, trainer_wait / 10),
+                worker(12, 1, trainer_wait * 9 / 10),
+            ],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_worker_that_delivered_late_is_named_with_what_held_it() {
+        let f = facts(7_400_000_000, 6_000_000_000, 0);
+        let c = clause(&f);
+        assert!(c.contains("waited for data 74 %"), "{c}");
+        assert!(c.contains("90 % of it for DataLoader worker 1 (pid 12)"), "{c}");
+        assert!(c.contains("stalled 6.00 s in reclaim"), "{c}");
+        let mut chain = Chain(Vec::new());
+        links(&f, &mut chain);
+        let text = chain.done().join("\n");
+        assert!(text.contains("kept the trainer waiting 6.66 s"), "{text}");
+        assert!(text.contains("DataLoader worker 0 (pid 11) kept"), "a tenth: {text}");
+    }
+
+    #[test]
+    fn a_disk_bound_pipeline_and_a_gpu_bound_job_read_differently() {
+        let disk = clause(&facts(6_000_000_000, 0, 8_000_000_000));
+        assert!(disk.contains("blocked 8.00 s on disk I/O"), "{disk}");
+        assert!(!disk.contains("reclaim"), "{disk}");
+        let mut gpu_bound = facts(200_000_000, 0, 0);
+        gpu_bound.gpu_stalls.push(crate::model::gpu::StallEpisode {
+            gpu_index: 0,
+            gpu_uuid: "GPU-0".into(),
+            start_ns: 0,
+            end_ns: 3_000_000_000,
+            duration_ns: 3_000_000_000,
+            pids: vec![10],
+            max_util_gpu_pct: 0,
+            max_temperature_c: None,
+            throttle_reasons: Vec::new(),
+            attribution: crate::model::gpu::stall::Attribution::ProcessList,
+        });
+        let c = clause(&gpu_bound);
+        assert!(c.contains("rarely waited for data (2 % of its time)"), "{c}");
+        assert_eq!(clause(&facts(200_000_000, 0, 0)), "", "no stall to explain");
+        assert_eq!(clause(&Facts::default()), "", "nothing measured");
+    }
+}
