@@ -62,7 +62,20 @@ fn oom_victim_in_a_memory_cgroup_is_recorded() {
     assert!(evidence.contains(&format!("OOM killer chose pid {victim}")), "{evidence}");
     // The kernel log's own anon-rss figure for the victim is the one gpustall reports.
     let logged_anon = killed[0].anon_rss_kb.expect("anon-rss in the kernel log");
-    assert_eq!(anon_kb, logged_anon, "anon-rss: gpustall vs the kernel log");
+    if anon_kb != logged_anon {
+        // Newer kernels (7.2) log the exact sum of the per-CPU RSS counters while mark_victim
+        // still reports their approximate read: off by at most the counters' batch per CPU.
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get() as u64);
+        let tolerance_kb = 4 * cpus * (2 * cpus).max(32);
+        let diff = anon_kb.abs_diff(logged_anon);
+        assert!(
+            diff <= tolerance_kb,
+            "anon-rss: gpustall {anon_kb} kB vs the kernel log's {logged_anon} kB (more than the per-CPU counters' {tolerance_kb} kB apart)"
+        );
+        tests::degraded(&format!(
+            "mark_victim's anon_rss is the per-CPU RSS counters' approximate read ({diff} kB from the kernel log's exact sum)"
+        ));
+    }
     // `trace --perfetto`: the OOM kill is an instant on the victim's track.
     let trace: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&trace_out).expect("perfetto trace"))

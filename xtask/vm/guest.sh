@@ -55,6 +55,7 @@ case $CGROUP in
     ;;
 esac
 [ -e /sys/kernel/btf/vmlinux ] && echo "@@FACT btf yes" || echo "@@FACT btf no"
+echo "@@FACT cpus online=$(cat /sys/devices/system/cpu/online) possible=$(cat /sys/devices/system/cpu/possible)"
 
 while IFS=$'\t' read -r kind name exe rest; do
   [ "$kind" = test ] || continue
