@@ -7,7 +7,7 @@
 //! program's average run time (kernel BPF stats), the agent's CPU and peak RSS.
 //!
 //! Case 2, `gpustall watch`: the daemon's CPU and RSS while it watches an idle job, then the
-//! swap-heavy one.
+//! swap-heavy one. Case 3 (`bench_fork`): the daemon through a fork burst.
 
 use std::{
     path::PathBuf,
@@ -119,13 +119,20 @@ fn print_swap_heavy(
     }
 }
 
-pub fn run() -> anyhow::Result<()> {
+pub fn run(only: Option<&str>) -> anyhow::Result<()> {
     anyhow::ensure!(is_root(), "the benchmark loads eBPF programs and makes cgroups: run as root");
     crate::setup::run_setup(true)?;
     run_cmd(cargo().args(["build", "--release", "-p", "gpustall", "-p", "tests"]))?;
     std::env::set_var("GPUSTALL_BIN", workspace_root().join("target/release/gpustall"));
     tests::require_privileged_env();
     let _lock = tests::pressure_lock();
+    match only {
+        None => {}
+        Some("fork-burst") => {
+            return write_json(&json!({"watch_fork_burst": crate::bench_fork::run()?}))
+        }
+        Some(other) => anyhow::bail!("no bench case {other:?} (cases: fork-burst)"),
+    }
     let _swap = SwapFile::ensure(1024);
     let _stats = BpfStats::enable();
 
@@ -167,16 +174,22 @@ pub fn run() -> anyhow::Result<()> {
     });
     print_swap_heavy(&report, &programs, (p, t), cpu);
     let daemon = watch_cases()?;
+    let burst = crate::bench_fork::run()?;
+    write_json(
+        &json!({"swap_heavy_trace": report, "watch_daemon": daemon, "watch_fork_burst": burst}),
+    )
+}
+
+fn write_json(all: &Value) -> anyhow::Result<()> {
     let out = workspace_root().join("target/bench");
     std::fs::create_dir_all(&out)?;
-    let all = json!({"swap_heavy_trace": report, "watch_daemon": daemon});
-    std::fs::write(out.join("overhead.json"), serde_json::to_string_pretty(&all)? + "\n")?;
+    std::fs::write(out.join("overhead.json"), serde_json::to_string_pretty(all)? + "\n")?;
     println!("written to target/bench/overhead.json");
     Ok(())
 }
 
 /// CPU seconds (user + system) and resident / peak memory of a process, from /proc.
-fn usage(pid: u32) -> anyhow::Result<(f64, u64, u64)> {
+pub(crate) fn usage(pid: u32) -> anyhow::Result<(f64, u64, u64)> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
     let after = stat.rsplit_once(") ").map(|x| x.1).context("stat")?;
     let f: Vec<&str> = after.split_whitespace().collect();
@@ -201,7 +214,8 @@ fn start_daemon(bundles: &std::path::Path) -> anyhow::Result<std::process::Child
         .args([
             "watch",
             "--match",
-            "comm:^gpustall-worklo",
+            // Every workload of this run is named gw<this pid>x<n> (tests::procs::unique_comm).
+            &format!("comm:^gw{}x", std::process::id()),
             "--listen",
             "127.0.0.1:0",
             "--no-gpu",

@@ -4,6 +4,7 @@
 //! others call it first, so each is one command on a fresh clone.
 
 mod bench;
+mod bench_fork;
 mod demo;
 mod lint;
 mod screenshot;
@@ -34,7 +35,11 @@ enum Cmd {
     /// Set up, build, and trace a bundled memory-hungry workload in a memory-limited cgroup.
     Demo,
     /// Measure the tracer's overhead side by side with an untraced run.
-    Bench,
+    Bench {
+        /// Run one case only: `fork-burst` (gpustall watch through 18,000 short children).
+        #[arg(long)]
+        only: Option<String>,
+    },
     /// The gates CI runs first: cargo fmt --check, clippy -D warnings on every crate.
     Lint,
     /// Render a recording's HTML report in headless Chromium and save a PNG to look at.
@@ -50,7 +55,7 @@ fn main() {
         Cmd::Setup => setup::run(),
         Cmd::Test { args } => test::run(&args),
         Cmd::Demo => demo::run(),
-        Cmd::Bench => bench::run(),
+        Cmd::Bench { only } => bench::run(only.as_deref()),
         Cmd::Lint => lint::run(),
         Cmd::Screenshot { recording, png } => screenshot::run(&recording, &png),
         Cmd::VmTest(args) => vm::run(&args),

@@ -8,7 +8,7 @@ pub mod jobs;
 pub mod metrics;
 
 use std::{
-    collections::{BTreeMap, BTreeSet},
+    collections::{BTreeMap, BTreeSet, HashMap},
     net::SocketAddr,
     path::PathBuf,
     sync::{Arc, Mutex},
@@ -123,7 +123,7 @@ struct Job {
     name: String,
 }
 
-/// Per (job, role) cumulative figures, to turn into metric increments.
+/// A process's cumulative figures, to turn into metric increments.
 #[derive(Clone, Copy, Default, PartialEq)]
 struct Totals {
     stall_ns: u64,
@@ -134,6 +134,20 @@ struct Totals {
     reclaim_io: u64,
 }
 
+impl Totals {
+    fn of(p: &crate::model::stats::ProcStats) -> Self {
+        let c = &p.counters;
+        Self {
+            stall_ns: c.direct_reclaim_ns + c.memcg_reclaim_ns,
+            stalls: c.direct_reclaim_count + c.memcg_reclaim_count,
+            swapout: c.swapout_anon_folios,
+            read: p.io_bytes(gpustall_common::counters::IoOp::Read, None),
+            write: p.io_bytes(gpustall_common::counters::IoOp::Write, None),
+            reclaim_io: p.io.iter().filter(|(k, _)| k.in_reclaim).map(|(_, v)| v.bytes).sum(),
+        }
+    }
+}
+
 struct Daemon {
     opts: WatchOptions,
     session: Session,
@@ -141,7 +155,10 @@ struct Daemon {
     header: Header,
     jobs: BTreeMap<u32, Job>,
     metrics: Arc<Metrics>,
-    last_totals: BTreeMap<(String, String), Totals>,
+    /// Each process's figures at the last metrics update, keyed by pid and start (a reused pid
+    /// is another process). Increments are taken per process, so a process leaving the model
+    /// (pruned, folded) never makes a counter step back, and one counted once is never again.
+    last_totals: HashMap<(u32, u64), Totals>,
     storm_ticks: u32,
     storm_on: bool,
     last_reclaim_ns: u64,
@@ -230,40 +247,35 @@ impl Daemon {
 
     fn update_metrics(&mut self) {
         let m = &self.session.model;
-        let mut totals: BTreeMap<(String, String), Totals> = BTreeMap::new();
+        let mut deltas: BTreeMap<(String, String), ProcDelta> = BTreeMap::new();
         let mut memory: BTreeMap<(String, String), (u64, u64)> = BTreeMap::new();
+        let mut seen = HashMap::new();
         for n in m.tree.iter() {
             let Some(l) = self.labels(n.pid) else { continue };
+            let Some(p) = m.procs.get(&n.pid) else { continue };
             let key = (l.training_job, l.role);
-            if let Some(p) = m.procs.get(&n.pid) {
-                let c = &p.counters;
-                let t = totals.entry(key.clone()).or_default();
-                t.stall_ns += c.direct_reclaim_ns + c.memcg_reclaim_ns;
-                t.stalls += c.direct_reclaim_count + c.memcg_reclaim_count;
-                t.swapout += c.swapout_anon_folios;
-                t.read += p.io_bytes(gpustall_common::counters::IoOp::Read, None);
-                t.write += p.io_bytes(gpustall_common::counters::IoOp::Write, None);
-                t.reclaim_io +=
-                    p.io.iter().filter(|(k, _)| k.in_reclaim).map(|(_, v)| v.bytes).sum::<u64>();
-                if n.alive() {
-                    let mem = memory.entry(key).or_default();
-                    mem.0 += p.mem.rss_kb * 1024;
-                    mem.1 += p.mem.swap_kb * 1024;
-                }
+            let now = Totals::of(p);
+            let id = (n.pid, n.started_ns);
+            let prev = self.last_totals.get(&id).copied().unwrap_or_default();
+            seen.insert(id, now);
+            let d = deltas.entry(key.clone()).or_default();
+            d.reclaim_stall_seconds += now.stall_ns.saturating_sub(prev.stall_ns) as f64 / 1e9;
+            d.reclaim_stalls += now.stalls.saturating_sub(prev.stalls);
+            d.swapout_pages += now.swapout.saturating_sub(prev.swapout);
+            d.block_read_bytes += now.read.saturating_sub(prev.read);
+            d.block_write_bytes += now.write.saturating_sub(prev.write);
+            d.reclaim_io_bytes += now.reclaim_io.saturating_sub(prev.reclaim_io);
+            if n.alive() {
+                let mem = memory.entry(key).or_default();
+                mem.0 += p.mem.rss_kb * 1024;
+                mem.1 += p.mem.swap_kb * 1024;
             }
         }
-        for (key, t) in &totals {
-            let prev = self.last_totals.get(key).copied().unwrap_or_default();
-            let d = ProcDelta {
-                reclaim_stall_seconds: t.stall_ns.saturating_sub(prev.stall_ns) as f64 / 1e9,
-                reclaim_stalls: t.stalls.saturating_sub(prev.stalls),
-                swapout_pages: t.swapout.saturating_sub(prev.swapout),
-                block_read_bytes: t.read.saturating_sub(prev.read),
-                block_write_bytes: t.write.saturating_sub(prev.write),
-                reclaim_io_bytes: t.reclaim_io.saturating_sub(prev.reclaim_io),
-            };
+        // Processes gone from the model take their baselines with them.
+        self.last_totals = seen;
+        for ((job, role), d) in deltas {
             if d != ProcDelta::default() {
-                self.metrics.add(&JobRole { training_job: key.0.clone(), role: key.1.clone() }, d);
+                self.metrics.add(&JobRole { training_job: job, role }, d);
             }
         }
         for ((job, role), (res, swap)) in &memory {
@@ -272,11 +284,6 @@ impl Daemon {
                 *res,
                 *swap,
             );
-        }
-        // Totals of pruned processes drop out of `totals`: keep the old value as the baseline so
-        // the counter does not jump when they come back with a pid of a new job.
-        for (k, v) in totals {
-            self.last_totals.insert(k, v);
         }
         for g in &m.gpu.latest {
             if let Some(u) = g.util_gpu_pct {
@@ -463,7 +470,6 @@ impl Daemon {
             if !alive {
                 if let Some(job) = self.jobs.remove(&root) {
                     self.metrics.forget_job(&job.name);
-                    self.last_totals.retain(|k, _| k.0 != job.name);
                     say!("gpustall: job {} ended", job.name);
                 }
             }
@@ -541,7 +547,7 @@ async fn setup(opts: WatchOptions) -> anyhow::Result<(Daemon, Probes, Rings, Opt
         header,
         jobs: BTreeMap::new(),
         metrics,
-        last_totals: BTreeMap::new(),
+        last_totals: HashMap::new(),
         storm_ticks: 0,
         storm_on: false,
         last_reclaim_ns: 0,
@@ -572,10 +578,12 @@ impl Beat for Daemon {
             self.last_scan = Instant::now();
         }
         self.session.tick(maps, &self.ctx, None, now);
+        // Metrics before settling: an exited process's last counts reach its counters before
+        // it can be folded away.
+        self.update_metrics();
         self.session.settle_exited(maps, now);
         self.storm(now);
         self.take_incidents();
-        self.update_metrics();
         self.write_bundle(false);
         self.prune(maps, now);
         None
