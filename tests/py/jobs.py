@@ -9,6 +9,12 @@
       Run through a file named `torchrun` (as torch.distributed.run is), a launcher that forks
       --ranks ranks; each forks --workers workers that grow to --mib MiB and hold it.
 
+  jobs.py thrash [--mib 100] [--idle 4] [--touch 4] [--wait-go]
+      Fills --mib MiB, idles --idle s (a neighbour may push it out to swap meanwhile), then
+      reads through it again and again for --touch s.
+  jobs.py hog [--mib 120] [--wait-go]
+      Fills --mib MiB, holds it 1 s and exits (the neighbour).
+
 Workers name themselves `pt_data_worker`, as PyTorch's do. A worker killed by a signal makes
 its trainer or rank fail the way a DataLoader does. Every process prints one JSON line
 {"role": ..., "pid": ..., "ppid": ...}.
@@ -88,18 +94,46 @@ def ranks(a):
     return 1 if failed else 0
 
 
+def fill(mib):
+    return [bytearray(b"\x01" * (4 << 20)) for _ in range(mib // 4)]
+
+
+def thrash(a):
+    say("trainer")
+    chunks = fill(a.mib)
+    say("filled")
+    time.sleep(a.idle)
+    end = time.monotonic() + a.touch
+    total = 0
+    while time.monotonic() < end:
+        for c in chunks:
+            total += sum(c[i] for i in range(0, len(c), 4096))
+    say("touched", total=total)
+    return 0
+
+
+def hog(a):
+    say("neighbour")
+    chunks = fill(a.mib)
+    time.sleep(1)
+    del chunks
+    return 0
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("shape", choices=["epochs", "ranks"])
+    p.add_argument("shape", choices=["epochs", "ranks", "thrash", "hog"])
     p.add_argument("--workers", type=int, default=3)
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--ranks", type=int, default=2)
     p.add_argument("--mib", type=int, default=40)
+    p.add_argument("--idle", type=float, default=4.0)
+    p.add_argument("--touch", type=float, default=4.0)
     p.add_argument("--wait-go", action="store_true", help="read a line from stdin first")
     a = p.parse_args()
     if a.wait_go:
         sys.stdin.readline()
-    return epochs(a) if a.shape == "epochs" else ranks(a)
+    return {"epochs": epochs, "ranks": ranks, "thrash": thrash, "hog": hog}[a.shape](a)
 
 
 if __name__ == "__main__":

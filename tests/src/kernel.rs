@@ -126,6 +126,22 @@ impl Drop for SwapFile {
     }
 }
 
+/// The running kernel is at least `major.minor` (from /proc/sys/kernel/osrelease).
+pub fn at_least(major: u32, minor: u32) -> bool {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let mut parts = release.trim().split(|c: char| !c.is_ascii_digit()).map(|p| p.parse::<u32>());
+    match (parts.next(), parts.next()) {
+        (Some(Ok(a)), Some(Ok(b))) => (a, b) >= (major, minor),
+        _ => true,
+    }
+}
+
+/// Running inside `cargo xtask vm-test`'s guest (software emulation: everything is about ten
+/// times slower, so thresholds that compare waiting with computing shift).
+pub fn in_vm_test() -> bool {
+    std::env::var_os("GPUSTALL_VM_DEGRADED").is_some()
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

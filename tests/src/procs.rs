@@ -17,6 +17,8 @@ use crate::{cgroup::MemCgroup, TempDir};
 pub struct Workload {
     pub child: Child,
     lines: mpsc::Receiver<String>,
+    /// Lines already taken from `lines` by `wait_for_role`, kept for `wait`.
+    seen: Vec<String>,
     comm: String,
 }
 
@@ -74,7 +76,7 @@ impl Workload {
                 let _ = tx.send(line);
             }
         });
-        Self { child, lines: rx, comm: comm.to_string() }
+        Self { child, lines: rx, seen: Vec::new(), comm: comm.to_string() }
     }
 
     pub fn pid(&self) -> u32 {
@@ -93,6 +95,23 @@ impl Workload {
         stdin.flush().expect("flush");
     }
 
+    /// Waits until one of its processes prints a line with this `role`, and returns it.
+    pub fn wait_for_role(&mut self, role: &str, timeout: Duration) -> Value {
+        let end = Instant::now() + timeout;
+        loop {
+            let left = end.saturating_duration_since(Instant::now());
+            let line = self.lines.recv_timeout(left).unwrap_or_else(|_| {
+                panic!("workload {} printed no {role:?} line within {timeout:?}", self.child.id())
+            });
+            self.seen.push(line.clone());
+            if let Ok(v) = serde_json::from_str::<Value>(&line) {
+                if v["role"] == role {
+                    return v;
+                }
+            }
+        }
+    }
+
     /// Waits for the workload to end (killing it after `timeout`); returns its exit code and the
     /// JSON lines its processes printed.
     pub fn wait(mut self, timeout: Duration) -> (Option<i32>, Vec<Value>) {
@@ -108,7 +127,11 @@ impl Workload {
             std::thread::sleep(Duration::from_millis(20));
         };
         std::thread::sleep(Duration::from_millis(50));
-        let lines = self.lines.try_iter().filter_map(|l| serde_json::from_str(&l).ok()).collect();
+        let lines = std::mem::take(&mut self.seen)
+            .into_iter()
+            .chain(self.lines.try_iter())
+            .filter_map(|l| serde_json::from_str(&l).ok())
+            .collect();
         (status.code(), lines)
     }
 }

@@ -84,5 +84,12 @@ fn direct_writes_are_counted_for_the_writer_only() {
         assert!(maps.iter().any(|m| m["name"] == name), "{name} in {maps:?}");
     }
     let full = oh["bpf_map_bytes_at_full_use"].as_u64().expect("bound");
-    assert!(bytes <= full && full <= 16 << 20, "{bytes} now, {full} at full use");
+    assert!(bytes > 0 && bytes <= full, "{bytes} now, {full} at full use");
+    // Before 6.4 (no map_mem_usage) fdinfo's memlock is the kernel's up-front charge estimate,
+    // not the memory in use, and gpustall's bound (6.18's accounting) does not apply.
+    if tests::kernel::at_least(6, 4) {
+        assert!(full <= 16 << 20, "{bytes} now, {full} at full use");
+    } else {
+        tests::degraded(&format!("BPF map memory before 6.4 is the up-front charge: {full} bytes"));
+    }
 }

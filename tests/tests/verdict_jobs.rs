@@ -86,3 +86,45 @@ fn two_ranks_of_three_workers_get_advice_per_rank_and_for_the_job() {
     assert!(a.contains("the job: launcher + 2 ranks"), "{a}");
     assert!(a.contains("proportional memory"), "PSS was read for the job's processes: {a}");
 }
+
+/// A job pushed out to swap by a neighbour in its cgroup, then reading its memory again: its
+/// reads are swap-ins. It neither reclaimed nor swapped out itself, and without its major
+/// faults and the host's pswpin that read as "disk-bound" or as nothing at all.
+#[test]
+fn a_job_pushed_to_swap_by_a_neighbour_is_memory_pressure_not_disk() {
+    tests::require_privileged_env();
+    let _lock = tests::pressure_lock();
+    let _swap = SwapFile::ensure(1024);
+    let cg = MemCgroup::new("jobs-thrash", 160, true);
+    let script = jobs_py();
+    let py = |args: &[&str]| {
+        let mut argv = vec!["-u", script.to_str().expect("utf-8")];
+        argv.extend_from_slice(args);
+        argv.push("--wait-go");
+        Workload::start(std::path::Path::new("python3"), &argv, Some(&cg))
+    };
+    let mut job = py(&["thrash", "--mib", "100", "--idle", "5", "--touch", "4"]);
+    let tracer = Tracer::start(job.pid(), &["--quiet", "--no-gpu"]);
+    job.go();
+    job.wait_for_role("filled", Duration::from_secs(30));
+    // The neighbour (not traced) takes 120 MiB of the 160: most of the idle job goes to swap.
+    let mut neighbour = py(&["hog", "--mib", "120"]);
+    neighbour.go();
+    let (n, _) = neighbour.wait(Duration::from_secs(60));
+    assert_eq!(n, Some(0));
+    let job_pid = job.pid();
+    let (code, _) = job.wait(Duration::from_secs(60));
+    assert_eq!(code, Some(0));
+    let t = tracer.wait(Duration::from_secs(30));
+    let v = &t.summary["verdict"];
+    eprintln!("verdict: {v:#}");
+    let me = t.process(job_pid);
+    eprintln!("job: {me}\ncontext: {}", t.summary["context"]);
+    assert_eq!(
+        me["memcg_reclaim_count"].as_u64().unwrap_or(0) + me["swapout_pages"].as_u64().unwrap_or(0),
+        0,
+        "the job itself did not reclaim or swap out: {me}"
+    );
+    assert_eq!(v["cause"], "host_memory_pressure", "{v:#}");
+    assert!(v["text"].as_str().is_some_and(|s| s.contains("faults back in")), "{v:#}");
+}

@@ -38,6 +38,8 @@ pub struct ProcFacts {
     pub reclaim_ns: u64,
     pub first_reclaim_ns: Option<u64>,
     pub swapout_pages: u64,
+    /// Major page faults during the trace: pages read back from swap (or from files mapped).
+    pub major_faults: u64,
     pub reclaim_io_bytes: u64,
     pub read_bytes: u64,
     pub write_bytes: u64,
@@ -180,6 +182,7 @@ fn proc_facts(m: &Model, n: &crate::model::proctree::ProcNode, now_ns: u64) -> P
         reclaim_ns: c.direct_reclaim_ns + c.memcg_reclaim_ns,
         first_reclaim_ns: p.first_reclaim_ns,
         swapout_pages: c.swapout_anon_folios,
+        major_faults: p.mem.majflt.saturating_sub(p.first_majflt.unwrap_or(p.mem.majflt)),
         reclaim_io_bytes: p.io.iter().filter(|(k, _)| k.in_reclaim).map(|(_, v)| v.bytes).sum(),
         read_bytes: p.io_bytes(IoOp::Read, None),
         write_bytes: p.io_bytes(IoOp::Write, None),

@@ -57,6 +57,8 @@ pub struct ProcStats {
     /// Proportional memory (`MemSample::pss_kb`): first sample, peak and when.
     pub first_pss_kb: Option<(u64, u64)>,
     pub peak_pss_kb: Option<(u64, u64)>,
+    /// Major faults at the first sample: those since are the trace's (swap-ins among them).
+    pub first_majflt: Option<u64>,
     /// Start of the first reclaim stall.
     pub first_reclaim_ns: Option<u64>,
     /// The process exited and its kernel counters were read after it: these are final, and
@@ -100,6 +102,7 @@ impl ProcStats {
             self.peak_mem_kb = held;
             self.peak_mem_ns = t_ns;
         }
+        self.first_majflt.get_or_insert(m.majflt);
         if let Some(pss) = m.pss_kb {
             self.first_pss_kb.get_or_insert((pss, t_ns));
             if self.peak_pss_kb.is_none_or(|(peak, _)| pss > peak) {

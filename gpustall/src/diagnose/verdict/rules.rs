@@ -229,7 +229,7 @@ pub fn host_memory_pressure(c: &Ctx) -> Option<Verdict> {
     let pressure = c.stall_ns as f64 / c.duration_ns as f64 >= PRESSURE_STALL_FRACTION
         || c.swap_pages >= PRESSURE_SWAP_PAGES;
     if !pressure {
-        return None;
+        return swap_thrash(c);
     }
     let f = c.f;
     let mut chain = c.chain();
@@ -244,6 +244,49 @@ pub fn host_memory_pressure(c: &Ctx) -> Option<Verdict> {
         gpu_clause(f)
     );
     Some(c.verdict(Cause::HostMemoryPressure, text, culprits, chain, memory_advice(f)))
+}
+
+/// Pages one major fault on swap brings in: swap readahead reads 2^vm.page-cluster pages
+/// (default 3) around the faulting one.
+const SWAP_READAHEAD_PAGES: u64 = 8;
+
+/// The job's memory was pushed out to swap earlier (by kswapd, or by a neighbour in its
+/// cgroup) and faults back in: its reads are swap-ins, not its data pipeline, though the job
+/// itself neither reclaimed nor swapped out. The job's swap-in is bounded three ways: by its
+/// major faults (times the readahead), by the pages it read from disk, and by what the whole
+/// host read back from swap.
+fn swap_thrash(c: &Ctx) -> Option<Verdict> {
+    let f = c.f;
+    let faults: u64 = f.procs.iter().map(|p| p.major_faults).sum();
+    let read_pages: u64 = f.procs.iter().map(|p| p.read_bytes / 4096).sum();
+    let swapped_in = (faults * SWAP_READAHEAD_PAGES).min(read_pages).min(f.pswpin);
+    if swapped_in < PRESSURE_SWAP_PAGES {
+        return None;
+    }
+    let mut by_faults: Vec<&ProcFacts> = f.procs.iter().filter(|p| p.major_faults > 0).collect();
+    by_faults.sort_by_key(|p| std::cmp::Reverse(p.major_faults));
+    let mut chain = c.chain();
+    for p in by_faults.iter().take(3) {
+        chain.push(
+            f.start_ns,
+            format!("{} took {} major faults (pages read back in)", name(p), p.major_faults),
+        );
+    }
+    chain.push(
+        f.end_ns,
+        format!("the host read {} pages back from swap (pswpin) over the trace", f.pswpin),
+    );
+    let text = format!(
+        "Memory pressure, not the disk: the job's memory had been pushed out to swap and faults back in ({} major faults, about {} read back from swap){}. The job itself neither stalled in reclaim nor swapped out: kswapd or another process in its cgroup took its memory. Its reads are swap-ins, not its data pipeline.",
+        faults,
+        mib_b(swapped_in * 4096),
+        gpu_clause(f)
+    );
+    let advice = vec![
+        "keep the job's working set resident: give its cgroup more memory, or keep neighbours out of it (a separate memory cgroup per job, memory.low / memory.min to protect it)".to_string(),
+    ];
+    let culprits = by_faults.iter().map(|p| p.pid).collect();
+    Some(c.verdict(Cause::HostMemoryPressure, text, culprits, chain, advice))
 }
 
 /// A traced process sat stopped (T) or in uninterruptible sleep (D).

@@ -269,3 +269,23 @@ fn a_sigkill_from_user_space_is_its_own_cause_naming_the_sender() {
     f.procs = vec![trainer(10), w];
     assert_ne!(decide(&f).cause.as_str(), "process_killed");
 }
+
+#[test]
+fn swap_ins_without_own_reclaim_are_memory_pressure_not_disk() {
+    let mut f = base();
+    let job = ProcFacts {
+        major_faults: 2_500,
+        read_bytes: 90 << 20,
+        io_wait_ns: 40 * S,
+        lifetime_ns: 60 * S,
+        ..trainer(10)
+    };
+    f.procs = vec![job.clone()];
+    f.pswpin = 21_000;
+    let v = decide(&f);
+    assert_eq!(v.cause.as_str(), "host_memory_pressure", "{}", v.text);
+    assert!(v.text.contains("faults back in (2500 major faults, about 78 MiB"), "{}", v.text);
+    // The same reads with no swap-in on the host: the job's own data, disk-bound.
+    f.pswpin = 0;
+    assert_eq!(decide(&f).cause.as_str(), "disk_io_bound");
+}
