@@ -12,6 +12,9 @@
   jobs.py thrash [--mib 100] [--idle 4] [--touch 4] [--wait-go]
       Fills --mib MiB, idles --idle s (a neighbour may push it out to swap meanwhile), then
       reads through it again and again for --touch s.
+  jobs.py shm [--workers 2] [--mib 6] [--wait-go]
+      A trainer whose workers each put a --mib MiB batch in shared memory (/dev/shm, as
+      DataLoader workers do); on a small /dev/shm one dies of SIGBUS.
   jobs.py hog [--mib 120] [--wait-go]
       Fills --mib MiB, holds it 1 s and exits (the neighbour).
 
@@ -112,6 +115,30 @@ def thrash(a):
     return 0
 
 
+def shm_worker(mib, index):
+    from multiprocessing import resource_tracker, shared_memory
+    ctypes.CDLL(None).prctl(15, b"pt_data_worker", 0, 0, 0)
+    say("worker", index=index)
+    batch = shared_memory.SharedMemory(create=True, size=mib << 20)
+    resource_tracker.unregister(batch._name, "shared_memory")  # the trainer owns it, as in PyTorch
+    batch.buf[:] = b"\x01" * (mib << 20)  # SIGBUS here when /dev/shm cannot back it
+    time.sleep(2)
+    batch.close()
+    batch.unlink()
+    os._exit(0)
+
+
+def shm(a):
+    say("trainer")
+    pids = []
+    for i in range(a.workers):
+        pid = os.fork()
+        if pid == 0:
+            shm_worker(a.mib, i)
+        pids.append(pid)
+    return 1 if reap(pids) else 0
+
+
 def hog(a):
     say("neighbour")
     chunks = fill(a.mib)
@@ -122,7 +149,7 @@ def hog(a):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("shape", choices=["epochs", "ranks", "thrash", "hog"])
+    p.add_argument("shape", choices=["epochs", "ranks", "thrash", "hog", "shm"])
     p.add_argument("--workers", type=int, default=3)
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--ranks", type=int, default=2)
@@ -133,7 +160,7 @@ def main():
     a = p.parse_args()
     if a.wait_go:
         sys.stdin.readline()
-    return {"epochs": epochs, "ranks": ranks, "thrash": thrash, "hog": hog}[a.shape](a)
+    return {"epochs": epochs, "ranks": ranks, "thrash": thrash, "hog": hog, "shm": shm}[a.shape](a)
 
 
 if __name__ == "__main__":

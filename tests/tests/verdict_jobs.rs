@@ -128,3 +128,49 @@ fn a_job_pushed_to_swap_by_a_neighbour_is_memory_pressure_not_disk() {
     assert_eq!(v["cause"], "host_memory_pressure", "{v:#}");
     assert!(v["text"].as_str().is_some_and(|s| s.contains("faults back in")), "{v:#}");
 }
+
+/// A DataLoader worker dies of SIGBUS on a full /dev/shm (a container's is 64 MiB): its own
+/// cause, told apart from an OOM kill, measured on the job's /dev/shm (its mount namespace,
+/// through /proc/PID/root), not the host's.
+#[test]
+fn a_worker_killed_by_sigbus_on_a_full_dev_shm_is_a_bus_error() {
+    tests::require_privileged_env();
+    // Its own mount namespace with an 8 MiB /dev/shm (private: nothing leaks to the host), then
+    // exec the trainer, so the traced pid lives in that namespace.
+    let script = jobs_py();
+    let cmd = format!(
+        "mount -t tmpfs -o size=8m tmpfs /dev/shm && exec python3 -u {} shm --workers 2 --mib 6 --wait-go",
+        script.display()
+    );
+    let mut w = Workload::start(
+        std::path::Path::new("unshare"),
+        &["--mount", "--propagation", "private", "sh", "-c", &cmd],
+        None,
+    );
+    // Until the exec: then the pid is the trainer, inside the namespace, waiting for "go".
+    let comm = format!("/proc/{}/comm", w.pid());
+    let end = std::time::Instant::now() + Duration::from_secs(20);
+    while std::fs::read_to_string(&comm).unwrap_or_default().trim() != "python3" {
+        assert!(std::time::Instant::now() < end, "the trainer did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let t = Tracer::start(w.pid(), &["--quiet", "--no-gpu"]);
+    w.go();
+    let (code, lines) = w.wait(Duration::from_secs(60));
+    assert_eq!(code, Some(1), "the trainer fails like a DataLoader: {lines:?}");
+    let t = t.wait(Duration::from_secs(30));
+    let v = &t.summary["verdict"];
+    eprintln!("verdict: {v:#}");
+    assert_eq!(v["cause"], "bus_error", "{v:#}");
+    let culprit = v["culprit_pids"][0].as_u64().expect("a culprit") as u32;
+    assert_eq!(t.process(culprit)["exit_signal"], 7);
+    assert_eq!(t.process(culprit)["role"], "dataloader_worker");
+    let text = v["text"].as_str().unwrap_or_default();
+    assert!(text.contains("/dev/shm"), "{text}");
+    // The job's 8 MiB /dev/shm, not the host's.
+    let shm = t.summary["context"]["filesystems"]
+        .as_array()
+        .and_then(|f| f.iter().find(|f| f["path"] == "/dev/shm").cloned())
+        .expect("/dev/shm sampled");
+    assert!(shm["total_bytes"].as_u64() <= Some(8 << 20), "{shm}");
+}

@@ -146,6 +146,7 @@ pub struct FsFacts {
     pub path: String,
     pub used_pct: f64,
     pub avail_bytes: u64,
+    pub total_bytes: u64,
 }
 
 /// One process as the verdict sees it.
@@ -278,6 +279,7 @@ pub fn from_model(m: &Model, now_ns: u64) -> Facts {
                 path: f.path.clone(),
                 used_pct: f.used_pct,
                 avail_bytes: f.avail_bytes,
+                total_bytes: f.total_bytes,
             })
             .collect(),
         gpu_stalls: m.gpu.stalls.clone(),

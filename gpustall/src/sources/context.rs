@@ -28,15 +28,20 @@ fn wanted_vmstat(key: &str) -> bool {
 /// Reads the machine for one [`ContextSample`].
 pub struct ContextReader {
     cgroup_dir: Option<(PathBuf, String, u8)>,
-    fs_paths: Vec<PathBuf>,
+    /// Each filesystem as the job names it, and where the agent reads it: through the
+    /// target's /proc/PID/root, so a container's own /dev/shm (64 MiB by default) is the one
+    /// measured, not the host's.
+    fs_paths: Vec<(String, PathBuf)>,
 }
 
 impl ContextReader {
     /// `target` is the traced process: its memory cgroup and working directory stand for the job's.
     pub fn new(target: u32) -> Self {
-        let mut fs_paths: Vec<PathBuf> = vec!["/tmp".into(), "/dev/shm".into()];
+        let root = PathBuf::from(format!("/proc/{target}/root"));
+        let mut fs_paths: Vec<(String, PathBuf)> =
+            ["/tmp", "/dev/shm"].iter().map(|p| (p.to_string(), root.join(&p[1..]))).collect();
         if let Some(cwd) = host::cwd(target) {
-            fs_paths.insert(0, cwd);
+            fs_paths.insert(0, (cwd.display().to_string(), format!("/proc/{target}/cwd").into()));
         }
         Self { cgroup_dir: host::memory_cgroup_dir(target), fs_paths }
     }
@@ -49,7 +54,15 @@ impl ContextReader {
             vmstat: host::read_vmstat().into_iter().filter(|(k, _)| wanted_vmstat(k)).collect(),
             disks: host::read_disks(),
             tasks: alive.iter().filter_map(|&p| host::task_state(p)).collect(),
-            filesystems: self.fs_paths.iter().filter_map(|p| host::fs_usage(p)).collect(),
+            filesystems: self
+                .fs_paths
+                .iter()
+                .filter_map(|(name, path)| {
+                    // Once the target is gone, the agent's own view of the same path.
+                    let u = host::fs_usage(path).or_else(|| host::fs_usage(name.as_ref()))?;
+                    Some(crate::model::host::FsUsage { path: name.clone(), ..u })
+                })
+                .collect(),
         }
     }
 }

@@ -7,6 +7,8 @@
 //!   process;
 //! - `process_killed`: a traced process was killed by SIGKILL from user space (systemd-oomd,
 //!   earlyoom, the kubelet, an operator), not by the OOM killer;
+//! - `bus_error`: a traced process (a DataLoader worker) died of SIGBUS, typically its shared
+//!   memory (/dev/shm) full;
 //! - `host_memory_pressure`: traced processes stalled in reclaim and swapped, no kill (yet);
 //! - `disk_full`: a filesystem the job writes to (its cwd, /tmp, /dev/shm) is full;
 //! - `process_hung`: a traced process sat stopped (T) or in uninterruptible sleep (D);
@@ -32,6 +34,7 @@ use rules::Ctx;
 pub enum Cause {
     HostMemoryOom,
     ProcessKilled,
+    BusError,
     HostMemoryPressure,
     DiskFull,
     ProcessHung,
@@ -46,6 +49,7 @@ impl Cause {
         match self {
             Self::HostMemoryOom => "host_memory_oom",
             Self::ProcessKilled => "process_killed",
+            Self::BusError => "bus_error",
             Self::HostMemoryPressure => "host_memory_pressure",
             Self::DiskFull => "disk_full",
             Self::ProcessHung => "process_hung",
@@ -73,6 +77,7 @@ type Rule = fn(&Ctx) -> Option<Verdict>;
 const RULES: &[(Cause, Rule)] = &[
     (Cause::HostMemoryOom, rules::host_memory_oom),
     (Cause::ProcessKilled, rules::process_killed),
+    (Cause::BusError, rules::bus_error),
     (Cause::DiskFull, rules::disk_full),
     (Cause::HostMemoryPressure, rules::host_memory_pressure),
     (Cause::ProcessHung, rules::process_hung),

@@ -72,6 +72,67 @@ impl<'a> Ctx<'a> {
     }
 }
 
+const SIGBUS: i32 = 7;
+
+/// A traced process died of SIGBUS: for a DataLoader worker, shared memory (/dev/shm, 64 MiB
+/// in a container by default) could not back the batch it was writing. PyTorch then reports
+/// "DataLoader worker (pid N) is killed by signal: Bus error"; it is not an OOM kill, and more
+/// host memory does not fix it.
+pub fn bus_error(c: &Ctx) -> Option<Verdict> {
+    let f = c.f;
+    let hit: Vec<&ProcFacts> = f.procs.iter().filter(|p| p.exit_signal == Some(SIGBUS)).collect();
+    let first = hit.first()?;
+    let t = first.exit_ns.unwrap_or(f.end_ns);
+    let shm = f.filesystems.iter().find(|fs| fs.path == "/dev/shm");
+    let why = match shm {
+        Some(fs) if fs.used_pct >= 90.0 => format!(
+            "/dev/shm, where DataLoader workers put their batches, was {:.0}% full ({} free of {})",
+            fs.used_pct,
+            mib_b(fs.avail_bytes),
+            mib_b(fs.total_bytes)
+        ),
+        Some(fs) if fs.total_bytes < 256 << 20 => format!(
+            "/dev/shm, where DataLoader workers put their batches, is only {} (a container's default is 64 MiB): the batches in flight did not fit ({:.0}% used at its fullest sample)",
+            mib_b(fs.total_bytes),
+            fs.used_pct
+        ),
+        Some(fs) => format!(
+            "/dev/shm was at most {:.0}% full when sampled ({} free of {}): it may have filled between samples",
+            fs.used_pct,
+            mib_b(fs.avail_bytes),
+            mib_b(fs.total_bytes)
+        ),
+        None => "/dev/shm was not sampled".to_string(),
+    };
+    let mut chain = c.chain();
+    for p in &hit {
+        chain.push(
+            p.exit_ns.unwrap_or(f.end_ns),
+            format!("{}: {} died of SIGBUS", at(f, p.exit_ns.unwrap_or(f.end_ns)), name(p)),
+        );
+    }
+    if let Some(fs) = shm {
+        chain.push(
+            t,
+            format!(
+                "/dev/shm at its fullest: {:.0}% used, {} free",
+                fs.used_pct,
+                mib_b(fs.avail_bytes)
+            ),
+        );
+    }
+    let text = format!(
+        "Shared memory ran out, not host memory: {} died of SIGBUS (bus error) at {}; {why}. PyTorch reports \"DataLoader worker (pid N) is killed by signal: Bus error\"; this is not an OOM kill.",
+        name(first),
+        at(f, t)
+    );
+    let advice = vec![
+        "give the job a bigger /dev/shm: docker run --shm-size=8g (the default is 64 MiB), or in Kubernetes an emptyDir with medium: Memory mounted at /dev/shm".to_string(),
+        "or put less in flight through it: fewer num_workers, a lower prefetch_factor, smaller batches".to_string(),
+    ];
+    Some(c.verdict(Cause::BusError, text, hit.iter().map(|p| p.pid).collect(), chain, advice))
+}
+
 /// Memory ran out and the OOM killer killed a traced process.
 pub fn host_memory_oom(c: &Ctx) -> Option<Verdict> {
     let f = c.f;

@@ -196,7 +196,12 @@ fn advice_computes_the_worker_count_that_fits() {
 fn full_filesystem_is_disk_full() {
     let mut f = base();
     f.procs = vec![trainer(10)];
-    f.filesystems = vec![FsFacts { path: "/dev/shm".into(), used_pct: 99.5, avail_bytes: 1 << 20 }];
+    f.filesystems = vec![FsFacts {
+        path: "/dev/shm".into(),
+        used_pct: 99.5,
+        avail_bytes: 1 << 20,
+        total_bytes: 64 << 20,
+    }];
     assert_eq!(decide(&f).cause.as_str(), "disk_full");
 }
 
@@ -288,4 +293,29 @@ fn swap_ins_without_own_reclaim_are_memory_pressure_not_disk() {
     // The same reads with no swap-in on the host: the job's own data, disk-bound.
     f.pswpin = 0;
     assert_eq!(decide(&f).cause.as_str(), "disk_io_bound");
+}
+
+#[test]
+fn a_worker_dead_of_sigbus_with_a_small_dev_shm_is_a_bus_error_not_oom() {
+    let mut f = base();
+    let mut w = worker(11, 0, 40_000, 60_000);
+    w.exit_signal = Some(7);
+    w.exit_ns = Some(20 * S);
+    w.alive = false;
+    f.procs = vec![trainer(10), w];
+    f.filesystems = vec![FsFacts {
+        path: "/dev/shm".into(),
+        used_pct: 12.0,
+        avail_bytes: 7 << 20,
+        total_bytes: 8 << 20,
+    }];
+    let v = decide(&f);
+    assert_eq!(v.cause.as_str(), "bus_error");
+    assert_eq!(v.culprit_pids, vec![11]);
+    assert!(
+        v.text.contains("/dev/shm, where DataLoader workers put their batches, is only 8 MiB"),
+        "{}",
+        v.text
+    );
+    assert!(v.advice.join(" ").contains("--shm-size"), "{:?}", v.advice);
 }
