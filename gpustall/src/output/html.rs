@@ -1,6 +1,8 @@
 //! `gpustall report FILE --html OUT`: one self-contained page (no scripts, no network): the
-//! verdict, evidence and advice, then a timeline drawn as inline SVG (GPU utilisation, memory
-//! held per process, reclaim stalls, swap and disk rates, data_time) with the OOM kill marked.
+//! verdict, evidence and advice, then a timeline drawn as inline SVG (GPU utilisation, the
+//! trainer's and ranks' wait for data and the workers that kept them waiting, memory held per
+//! process, reclaim stalls, swap and disk rates, data_time) with the OOM kill marked, and who
+//! kept the trainer waiting (each worker's share).
 
 use std::fmt::Write as _;
 
@@ -217,6 +219,7 @@ pub fn body(summary: &Summary, t: &Timeline) -> String {
     }
     o.push_str("<h2>Timeline</h2>");
     timeline_charts(&mut o, t);
+    kept_waiting_table(&mut o, summary);
     process_table(&mut o, summary);
     let _ = write!(
         o,
@@ -287,6 +290,18 @@ fn timeline_charts(o: &mut String, t: &Timeline) {
         }
         _ => None,
     });
+    // The wait for data, per trainer/rank and per worker that ended it (timeline: charged in
+    // the second the wait ended).
+    let per_process = |want: &'static str, what: &'static str| {
+        series_of(t, &move |tr, n| match tr {
+            Track::Process(p) if n == want => {
+                Some(format!("{} {p} {what}", t.processes.get(p).map_or("?", String::as_str)))
+            }
+            _ => None,
+        })
+    };
+    let waits = per_process("data_wait_ms_s", "waited");
+    let kept = per_process("kept_waiting_ms_s", "kept it waiting");
     let rates = stall_rates(t);
     let stalls: Vec<(String, &[(u64, f64)])> =
         rates.iter().map(|(p, v)| (format!("{p} reclaim"), v.as_slice())).collect();
@@ -294,8 +309,15 @@ fn timeline_charts(o: &mut String, t: &Timeline) {
         (*tr == Track::Host && (n == "job_disk_mib_s" || n == "job_reclaim_io_mib_s"))
             .then(|| n.replace("job_", "").replace("_mib_s", " MiB/s"))
     });
-    let charts: [(&str, &str, Vec<Series>, bool); 6] = [
+    let charts: [(&str, &str, Vec<Series>, bool); 8] = [
         ("GPU utilisation", "%", gpu, false),
+        (
+            "Waiting for data: the trainer and ranks (ms per second, counted when a wait ended)",
+            "ms/s",
+            waits,
+            false,
+        ),
+        ("Who ended those waits: per worker (ms per second)", "ms/s", kept, false),
         ("Memory held per process (resident + swapped out)", "MiB", mem, true),
         ("Reclaim stalls (ms stalled per second)", "ms/s", stalls, false),
         ("Swap-out by the job", "pages/s", host("job_swapout_pages_s", "swap-out pages/s"), false),
@@ -309,6 +331,60 @@ fn timeline_charts(o: &mut String, t: &Timeline) {
             o.push_str(&chart(title, unit, &series, &f));
         }
     }
+}
+
+/// Who kept the trainer waiting: each trainer's or rank's wait for data (total, share of the
+/// trace), then each process that ended those waits with its share of them (a bar), count, p99
+/// and longest wait. Nothing without off-CPU accounting or when no one waited for data.
+fn kept_waiting_table(o: &mut String, summary: &Summary) {
+    let of = |p: &crate::output::summary::ProcessSummary| p.offcpu.clone().unwrap_or_default();
+    let waiters: Vec<_> =
+        summary.processes.iter().filter(|p| of(p).data_wait_ns.is_some_and(|n| n > 0)).collect();
+    let total: u64 = waiters.iter().filter_map(|p| of(p).data_wait_ns).sum();
+    if total == 0 {
+        return;
+    }
+    let ms = |ns: u64| ns as f64 / 1e6;
+    let role = |p: &crate::output::summary::ProcessSummary| {
+        let r = serde_json::to_value(p.role).ok().and_then(|v| v.as_str().map(String::from));
+        let r = r.unwrap_or_default();
+        p.worker_index.map_or(r.clone(), |i| format!("{r} {i}"))
+    };
+    o.push_str("<h2>Who kept the trainer waiting</h2><table><tr><th>pid</th><th>comm</th><th>role</th><th>waited for data ms</th><th>waits</th><th>% of the trace</th></tr>");
+    for p in &waiters {
+        let w = of(p);
+        let _ = write!(
+            o,
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{:.1}</td><td>{}</td><td>{:.1}</td></tr>",
+            p.pid,
+            esc(&p.comm),
+            esc(&role(p)),
+            ms(w.data_wait_ns.unwrap_or(0)),
+            w.data_wait_count.unwrap_or(0),
+            100.0 * ms(w.data_wait_ns.unwrap_or(0)) / 1e3 / summary.duration_s.max(1e-9)
+        );
+    }
+    o.push_str("</table><p></p><table><tr><th>pid</th><th>comm</th><th>role</th><th>kept it waiting ms</th><th>share of the wait</th><th></th><th>waits</th><th>p99 ms</th><th>longest ms</th></tr>");
+    let mut keepers: Vec<_> =
+        summary.processes.iter().filter(|p| of(p).kept_waiting_ns > 0).collect();
+    keepers.sort_by_key(|p| std::cmp::Reverse(of(p).kept_waiting_ns));
+    for p in keepers {
+        let k = of(p);
+        let share = 100.0 * k.kept_waiting_ns as f64 / total as f64;
+        let _ = write!(
+            o,
+            r##"<tr><td>{}</td><td>{}</td><td>{}</td><td>{:.1}</td><td>{share:.1} %</td><td style="text-align:left"><svg width="120" height="10"><rect width="{:.1}" height="10" fill="#d62728"/></svg></td><td>{}</td><td>{}</td><td>{}</td></tr>"##,
+            p.pid,
+            esc(&p.comm),
+            esc(&role(p)),
+            ms(k.kept_waiting_ns),
+            1.2 * share.min(100.0),
+            k.kept_waiting_count,
+            k.kept_waiting_p99_ns.map_or("".into(), |n| format!("{:.1}", ms(n))),
+            k.kept_waiting_max_ns.map_or("".into(), |n| format!("{:.1}", ms(n)))
+        );
+    }
+    o.push_str("</table>");
 }
 
 fn process_table(o: &mut String, summary: &Summary) {
@@ -346,5 +422,41 @@ mod tests {
     #[test]
     fn escapes_text() {
         assert_eq!(super::esc("<a & \"b\">"), "&lt;a &amp; &quot;b&quot;&gt;");
+    }
+
+    /// A trainer (pid 10) fed by two workers: its wait for data is a chart next to GPU
+    /// utilisation, and the slow worker's share of it is in the table.
+    #[test]
+    fn the_wait_for_data_and_each_workers_share_are_on_the_page() {
+        let s = 1_000_000_000u64;
+        let wake = |waker: u32, ns: u64, count: u64| serde_json::json!({"waker": waker, "wakee": 10, "count": count, "ns": ns, "max_ns": ns / count, "hist": [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, count, 0, 0, 0, 0, 0, 0, 0]});
+        let offcpu = |pid: u32, wait_ns: u64| serde_json::json!({"pid": pid, "wait_count": 1, "wait_ns": wait_ns, "io_count": 0, "io_ns": 0, "runq_count": 0, "runq_ns": 0});
+        let mut lines = vec![
+            serde_json::json!({"type":"header","version":1,"start_ns":0,"gpu":{"enabled":false,"status":"off"}}),
+            serde_json::json!({"type":"sample","kind":"seed","t_ns":0,"pid":10,"ppid":1,"comm":"python","is_target":true}),
+        ];
+        for pid in [11u32, 12] {
+            lines.push(serde_json::json!({"type":"event","kind":"fork","t_ns":10,"pid":10,"tid":10,"comm":"python","child_pid":pid,"clone_flags":0}));
+            lines.push(serde_json::json!({"type":"event","kind":"rename","t_ns":20,"pid":pid,"tid":pid,"comm":"python","renamed_tid":pid,"new_comm":"pt_data_worker"}));
+        }
+        lines.push(serde_json::json!({"type":"sample","kind":"counters","t_ns":s,"procs":[],"io":[],"host":[],"lost":[],"undecodable":null,"io_latency":[],
+            "offcpu":[offcpu(10, 900_000_000)],"wakes":[wake(11, 600_000_000, 6), wake(12, 200_000_000, 4)]}));
+        lines.push(serde_json::json!({"type":"sample","kind":"counters","t_ns":2 * s,"procs":[],"io":[],"host":[],"lost":[],"undecodable":null,"io_latency":[],
+            "offcpu":[offcpu(10, 1_100_000_000)],"wakes":[wake(11, 800_000_000, 8)]}));
+        let text: String = lines.iter().map(|l| l.to_string() + "\n").collect();
+        let r = crate::recording::replay::replay(text.as_bytes());
+        assert!(r.error.is_none(), "{:?}", r.error);
+        let summary = crate::output::summary::Summary::of(&r.model, r.end_ns, true);
+        let page = super::render(&summary, &crate::output::timeline::build(&lines));
+        assert!(page.contains("Waiting for data: the trainer and ranks"), "the chart");
+        assert!(page.contains("python 10 waited"), "the trainer's series");
+        assert!(page.contains("pt_data_worker 11 kept it waiting"), "the worker's series");
+        let table = &page[page.find("kept it waiting ms").expect("the table")..];
+        // 800 of the 1000 ms waited were the slow worker's: 80 %, listed first.
+        let (slow, fast) = (table.find("<td>11</td>"), table.find("<td>12</td>"));
+        assert!(slow < fast, "the slow worker first: {table}");
+        assert!(table.contains("<td>800.0</td><td>80.0 %</td>"), "{table}");
+        assert!(page.contains("<td>1000.0</td><td>12</td><td>50.0</td>"), "the trainer's wait");
+        assert!(table.contains("<td>200.0</td><td>20.0 %</td>"), "{table}");
     }
 }

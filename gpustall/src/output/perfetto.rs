@@ -1,6 +1,10 @@
 //! Chrome trace-event JSON (the format ui.perfetto.dev and chrome://tracing open): a track per
 //! traced process with its reclaim stalls as slices and its fork/exit/OOM kill/signals as
 //! instants, counter tracks for RSS, GPU utilisation, swap, disk throughput and data_time.
+//! The trainer's and ranks' wait for data (`data_wait_ms_s`) and each worker's share of it
+//! (`kept_waiting_ms_s`) are per-second counters on their process tracks, the trainers and
+//! ranks placed next to the GPUs; they are no slices with flow arrows because the kernel sums
+//! the waits (no record per wait: see `timeline`).
 
 use serde_json::{json, Value};
 
@@ -23,6 +27,13 @@ pub fn render(t: &Timeline) -> Value {
     for (i, name) in &t.gpus {
         ev.push(json!({"ph": "M", "name": "process_name", "pid": gpu_pid(*i), "args": {"name": format!("GPU {i} ({name})")}}));
         ev.push(json!({"ph": "M", "name": "process_sort_index", "pid": gpu_pid(*i), "args": {"sort_index": -2}}));
+    }
+    // Trainers and ranks that waited for data sit right under the GPUs, their wait next to
+    // the GPU's utilisation.
+    for (track, name) in t.counters.keys() {
+        if let (Track::Process(pid), "data_wait_ms_s") = (track, name.as_str()) {
+            ev.push(json!({"ph": "M", "name": "process_sort_index", "pid": pid, "args": {"sort_index": -1}}));
+        }
     }
     ev.push(json!({"ph": "M", "name": "process_name", "pid": HOST_PID, "args": {"name": "host / job totals"}}));
     ev.push(json!({"ph": "M", "name": "process_sort_index", "pid": HOST_PID, "args": {"sort_index": -1}}));
@@ -92,5 +103,24 @@ mod tests {
         let rss = ev.iter().find(|e| e["ph"] == "C" && e["name"] == "rss_mib").expect("counter");
         assert_eq!(rss["args"]["rss_mib"], 1.0);
         assert!(ev.iter().any(|e| e["ph"] == "M" && e["args"]["name"] == "python (10)"));
+    }
+
+    #[test]
+    fn the_wait_for_data_is_a_counter_on_the_trainer_placed_by_the_gpus() {
+        let wake = json!({"waker": 11, "wakee": 10, "count": 3, "ns": 500_000_000u64, "max_ns": 1, "hist": []});
+        let lines = vec![
+            json!({"type":"header","start_ns":0}),
+            json!({"type":"sample","kind":"seed","t_ns":0,"pid":10,"ppid":1,"comm":"python","is_target":true}),
+            json!({"type":"sample","kind":"counters","t_ns":1_000_000_000u64,"procs":[],"io":[],"wakes":[wake]}),
+        ];
+        let v = render(&build(&lines));
+        let ev = v["traceEvents"].as_array().expect("events");
+        let wait = ev.iter().find(|e| e["name"] == "data_wait_ms_s").expect("a data-wait counter");
+        assert_eq!((wait["ph"].as_str(), wait["pid"].as_u64()), (Some("C"), Some(10)));
+        assert_eq!(wait["args"]["data_wait_ms_s"], 500.0);
+        let kept = ev.iter().find(|e| e["name"] == "kept_waiting_ms_s").expect("the worker's");
+        assert_eq!(kept["pid"], 11);
+        assert!(ev.iter().any(|e| e["name"] == "process_sort_index" && e["pid"] == 10));
+        assert!(!ev.iter().any(|e| e["ph"] == "s" || e["ph"] == "f"), "no flows: no single waits");
     }
 }

@@ -1,7 +1,15 @@
 //! A recording turned into tracks for people to look at: per-process slices (reclaim stalls),
 //! instants (fork, exit, OOM kill, signals) and counter series (RSS, GPU utilisation, swap,
-//! disk throughput, data_time). Built from the JSON lines alone, so it works on any recording;
-//! the Perfetto and HTML renderers draw from it.
+//! disk throughput, data_time, the trainer's wait for data and who kept it waiting). Built from
+//! the JSON lines alone, so it works on any recording; the Perfetto and HTML renderers draw
+//! from it.
+//!
+//! The wait for data comes from the kernel's sums per (waker, trainer or rank) pair, recorded
+//! in the counters samples (about once a second): per second, how much waiting of a trainer's
+//! or rank's threads ended (`data_wait_ms_s` on its track) and how much of it each worker ended
+//! (`kept_waiting_ms_s` on the worker's track). The kernel aggregates (no record per wait), so
+//! there is no individual wait to draw as a slice or to link with a flow arrow; a wait is
+//! counted in the second it ended, whole (a 3 s wait is 3000 ms in one second).
 
 use std::collections::BTreeMap;
 
@@ -65,6 +73,12 @@ struct Totals {
     io: BTreeMap<(u64, u64, u64, bool), (u64, u64)>, // (pid, dev, op, reclaim) -> (bytes, _)
     swapout: BTreeMap<u64, u64>,
     last: Option<(u64, u64, u64, u64)>, // t, read+write bytes, reclaim bytes, swapout pages
+    /// (waker, wakee) -> ns of the wakee's waits the waker ended (cumulative).
+    wakes: BTreeMap<(u32, u32), u64>,
+    /// The per-process sums at the previous counters sample: trainer/rank -> its data wait,
+    /// worker -> the waits it ended.
+    waited: BTreeMap<u32, u64>,
+    kept: BTreeMap<u32, u64>,
 }
 
 /// The timeline of a recording's lines (any recording: only the JSON is read).
@@ -272,6 +286,7 @@ impl Totals {
                 p["swapout_anon_folios"].as_u64().unwrap_or(0),
             );
         }
+        self.wait_rates(v, ts, t);
         let bytes: u64 = self.io.values().map(|v| v.0).sum();
         let reclaim: u64 = self.io.iter().filter(|(k, _)| k.3).map(|(_, v)| v.0).sum();
         let swap: u64 = self.swapout.values().sum();
@@ -292,6 +307,44 @@ impl Totals {
             t.point(Track::Host, "job_swapout_pages_s", ts, swap.saturating_sub(s0) as f64 / dt);
         }
         self.last = Some((ts, bytes, reclaim, swap));
+    }
+
+    /// The wait for data per second: for each trainer/rank (the wakees of the kernel's wake
+    /// pairs) the waits that other processes ended, for each worker (the wakers) the waits it
+    /// ended. Each point is the rate over the interval that starts at it (since the previous
+    /// counters sample), so a counter track shows it over the second it measures. Nothing is
+    /// drawn for a recording without wake pairs.
+    fn wait_rates(&mut self, v: &Value, ts: u64, t: &mut Timeline) {
+        for w in v["wakes"].as_array().into_iter().flatten() {
+            let key =
+                (w["waker"].as_u64().unwrap_or(0) as u32, w["wakee"].as_u64().unwrap_or(0) as u32);
+            let ns = w["ns"].as_u64().unwrap_or(0);
+            // Totals only grow; a smaller one is an entry the kernel re-created after the
+            // process's exit (the model ignores it too).
+            let e = self.wakes.entry(key).or_default();
+            *e = (*e).max(ns);
+        }
+        if self.wakes.is_empty() {
+            return;
+        }
+        let mut waited: BTreeMap<u32, u64> = BTreeMap::new();
+        let mut kept: BTreeMap<u32, u64> = BTreeMap::new();
+        for (&(waker, wakee), &ns) in &self.wakes {
+            *waited.entry(wakee).or_default() += ns;
+            *kept.entry(waker).or_default() += ns;
+        }
+        let t0 = self.last.map_or(t.start_ns, |l| l.0).min(ts);
+        let dt = ts.saturating_sub(t0).max(1) as f64 / 1e9;
+        for (now, before, name) in
+            [(&waited, &self.waited, "data_wait_ms_s"), (&kept, &self.kept, "kept_waiting_ms_s")]
+        {
+            for (&pid, &ns) in now {
+                let d = ns.saturating_sub(before.get(&pid).copied().unwrap_or(0));
+                t.point(Track::Process(pid), name, t0, d as f64 / 1e6 / dt);
+            }
+        }
+        self.waited = waited;
+        self.kept = kept;
     }
 }
 
@@ -331,5 +384,28 @@ mod tests {
         );
         assert_eq!(t.counters[&(Track::Gpu(0), "util_pct".to_string())].points, vec![(4000, 0.0)]);
         assert_eq!(t.end_ns, 4000);
+    }
+
+    #[test]
+    fn the_wait_for_data_is_drawn_per_second_from_the_wake_pairs() {
+        let s = 1_000_000_000u64;
+        let wake = |waker: u32, ns: u64| json!({"waker": waker, "wakee": 10, "count": 1, "ns": ns, "max_ns": ns, "hist": []});
+        let lines = vec![
+            json!({"type":"header","start_ns":0}),
+            json!({"type":"sample","kind":"counters","t_ns":s,"procs":[],"io":[]}),
+            json!({"type":"sample","kind":"counters","t_ns":2 * s,"procs":[],"io":[],"wakes":[wake(11, 600_000_000), wake(12, 100_000_000)]}),
+            // Only the slow worker's pair changed; a smaller total (re-created after an exit)
+            // is ignored.
+            json!({"type":"sample","kind":"counters","t_ns":4 * s,"procs":[],"io":[],"wakes":[wake(11, 1_400_000_000), wake(12, 5)]}),
+        ];
+        let t = build(&lines);
+        let series =
+            |pid, name: &str| t.counters[&(Track::Process(pid), name.to_string())].points.clone();
+        assert_eq!(series(10, "data_wait_ms_s"), vec![(s, 700.0), (2 * s, 400.0)]);
+        assert_eq!(series(11, "kept_waiting_ms_s"), vec![(s, 600.0), (2 * s, 400.0)]);
+        assert_eq!(series(12, "kept_waiting_ms_s"), vec![(s, 100.0), (2 * s, 0.0)]);
+        assert!(!t.counters.contains_key(&(Track::Process(10), "kept_waiting_ms_s".into())));
+        let none = build(&lines[..2]);
+        assert!(none.counters.keys().all(|(_, n)| !n.contains("wait")), "no wakes, no tracks");
     }
 }
