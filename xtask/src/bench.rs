@@ -7,7 +7,8 @@
 //! program's average run time (kernel BPF stats), the agent's CPU and peak RSS.
 //!
 //! Case 2, `gpustall watch`: the daemon's CPU and RSS while it watches an idle job, then the
-//! swap-heavy one. Case 3 (`bench_fork`): the daemon through a fork burst.
+//! swap-heavy one. Case 3 (`bench_fork`): the daemon through a fork burst. Case 4
+//! (`bench_peer`, `--only peer`): gpustall against a bpftrace script on one workload.
 
 use std::{
     path::PathBuf,
@@ -28,10 +29,10 @@ const ROUNDS: usize = 5;
 const WORKLOAD: [&str; 4] = ["hog", "300,300,300", "8", "0"];
 
 /// Restores kernel.bpf_stats_enabled on drop.
-struct BpfStats(String);
+pub(crate) struct BpfStats(String);
 
 impl BpfStats {
-    fn enable() -> Self {
+    pub(crate) fn enable() -> Self {
         let path = "/proc/sys/kernel/bpf_stats_enabled";
         let old = std::fs::read_to_string(path).unwrap_or_else(|_| "0".into());
         let _ = std::fs::write(path, "1");
@@ -45,8 +46,15 @@ impl Drop for BpfStats {
     }
 }
 
+/// Where cargo builds: `$CARGO_TARGET_DIR` when set, else the workspace's `target/`.
+pub(crate) fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target"))
+}
+
 fn workload_bin() -> PathBuf {
-    workspace_root().join("target/release/gpustall-workload")
+    target_dir().join("release/gpustall-workload")
 }
 
 /// One run of the workload; returns its wall time and, when traced, the summary.
@@ -123,7 +131,7 @@ pub fn run(only: Option<&str>) -> anyhow::Result<()> {
     anyhow::ensure!(is_root(), "the benchmark loads eBPF programs and makes cgroups: run as root");
     crate::setup::run_setup(true)?;
     run_cmd(cargo().args(["build", "--release", "-p", "gpustall", "-p", "tests"]))?;
-    std::env::set_var("GPUSTALL_BIN", workspace_root().join("target/release/gpustall"));
+    std::env::set_var("GPUSTALL_BIN", target_dir().join("release/gpustall"));
     tests::require_privileged_env();
     let _lock = tests::pressure_lock();
     match only {
@@ -131,7 +139,8 @@ pub fn run(only: Option<&str>) -> anyhow::Result<()> {
         Some("fork-burst") => {
             return write_json(&json!({"watch_fork_burst": crate::bench_fork::run()?}))
         }
-        Some(other) => anyhow::bail!("no bench case {other:?} (cases: fork-burst)"),
+        Some("peer") => return write_json(&json!({"peer": crate::bench_peer::run()?})),
+        Some(other) => anyhow::bail!("no bench case {other:?} (cases: fork-burst, peer)"),
     }
     let _swap = SwapFile::ensure(1024);
     let _stats = BpfStats::enable();
@@ -175,9 +184,9 @@ pub fn run(only: Option<&str>) -> anyhow::Result<()> {
     print_swap_heavy(&report, &programs, (p, t), cpu);
     let daemon = watch_cases()?;
     let burst = crate::bench_fork::run()?;
-    write_json(
-        &json!({"swap_heavy_trace": report, "watch_daemon": daemon, "watch_fork_burst": burst}),
-    )
+    let peer = crate::bench_peer::run()?;
+    write_json(&json!({"swap_heavy_trace": report, "watch_daemon": daemon,
+        "watch_fork_burst": burst, "peer": peer}))
 }
 
 fn write_json(all: &Value) -> anyhow::Result<()> {
@@ -210,7 +219,7 @@ pub(crate) fn usage(pid: u32) -> anyhow::Result<(f64, u64, u64)> {
 /// Starts `gpustall watch` (release) and waits until it is watching.
 fn start_daemon(bundles: &std::path::Path) -> anyhow::Result<std::process::Child> {
     use std::io::BufRead;
-    let mut child = std::process::Command::new(workspace_root().join("target/release/gpustall"))
+    let mut child = std::process::Command::new(target_dir().join("release/gpustall"))
         .args([
             "watch",
             "--match",

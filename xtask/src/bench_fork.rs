@@ -13,8 +13,6 @@ use anyhow::Context as _;
 use serde_json::{json, Value};
 use tests::procs::Workload;
 
-use crate::util::workspace_root;
-
 const CHILDREN: &str = "18000";
 const BUDGET_MIB: u64 = 64;
 
@@ -29,7 +27,7 @@ struct Reading {
 }
 
 pub fn run() -> anyhow::Result<Value> {
-    let bin = workspace_root().join("target/release/gpustall-workload");
+    let bin = crate::bench::target_dir().join("release/gpustall-workload");
     let scratch = tests::TempDir::new_in("/var/tmp", "bench-burst");
     let bundles = tests::TempDir::new("bench-burst-bundles");
     let dir = scratch.0.to_str().context("utf-8 path")?;
@@ -109,7 +107,7 @@ fn start_daemon(
     comm: &str,
     bundles: &std::path::Path,
 ) -> anyhow::Result<(std::process::Child, String)> {
-    let mut child = std::process::Command::new(workspace_root().join("target/release/gpustall"))
+    let mut child = std::process::Command::new(crate::bench::target_dir().join("release/gpustall"))
         .args(["watch", "--match", &format!("comm:^{comm}$"), "--window", "30"])
         .args(["--listen", "127.0.0.1:0", "--no-gpu", "--bundle-dir"])
         .arg(bundles)

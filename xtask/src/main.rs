@@ -5,6 +5,7 @@
 
 mod bench;
 mod bench_fork;
+mod bench_peer;
 mod demo;
 mod lint;
 mod screenshot;
@@ -36,7 +37,8 @@ enum Cmd {
     Demo,
     /// Measure the tracer's overhead side by side with an untraced run.
     Bench {
-        /// Run one case only: `fork-burst` (gpustall watch through 18,000 short children).
+        /// Run one case only: `fork-burst` (gpustall watch through 18,000 short children), `peer`
+        /// (gpustall against a bpftrace script answering the same questions, per program).
         #[arg(long)]
         only: Option<String>,
     },

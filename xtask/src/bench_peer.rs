@@ -1,0 +1,423 @@
+//! `cargo xtask bench --only peer`: gpustall against the bpftrace script a user would write for
+//! the same questions (`xtask/bench/peer.bt`), on one workload, in one run.
+//!
+//! The workload: 40,000 4 KiB O_DIRECT reads (dd), then three workers allocating 200 MiB each
+//! in a 200 MiB memory cgroup with swap. Run untraced, under gpustall alone, under the peer
+//! alone (wall-time ratios), then under both at once: each program's runs and run time from
+//! the kernel's BPF stats (kernel.bpf_stats_enabled), both tracers' agent CPU, and the ratio
+//! gpustall / peer.
+//!
+//! Then the cost gpustall adds to processes it does not trace: gpustall traces an idle job
+//! while a fork-heavy loop (`/bin/true` spawned 3,000 times), then a context-switch-heavy one
+//! (two threads ping-ponging a byte over pipes), run outside it; ns per run of each program.
+
+use std::{
+    io::{BufRead as _, Read as _, Write as _},
+    os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
+    path::PathBuf,
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::Context as _;
+use serde_json::{json, Value};
+use tests::{
+    cgroup::MemCgroup,
+    kernel::SwapFile,
+    procs::{Tracer, Workload},
+};
+
+use crate::{bench::usage, util::workspace_root};
+
+const READS: u64 = 40_000;
+const WORKERS_MIB: &str = "200,200,200";
+const MEMCG_MIB: u64 = 200;
+
+fn bin(name: &str) -> PathBuf {
+    crate::bench::target_dir().join("release").join(name)
+}
+
+/// Installs bpftrace from Debian when missing.
+fn ensure_bpftrace() -> anyhow::Result<()> {
+    if Command::new("bpftrace").arg("--version").output().is_ok_and(|o| o.status.success()) {
+        return Ok(());
+    }
+    eprintln!("bench: installing bpftrace (apt-get install -y bpftrace)");
+    crate::util::run_cmd(
+        Command::new("apt-get")
+            .args(["install", "-y", "bpftrace"])
+            .env("DEBIAN_FRONTEND", "noninteractive"),
+    )
+}
+
+/// One program's kernel statistics.
+#[derive(Clone, Debug)]
+struct Prog {
+    name: String,
+    runs: u64,
+    run_ns: u64,
+}
+
+/// The programs a process holds, from /proc/PID/fdinfo (runs, run time) and the kernel's
+/// program info (name).
+fn programs_of(pid: u32) -> Vec<Prog> {
+    let mut out = Vec::new();
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fdinfo")) else { return out };
+    for e in dir.flatten() {
+        let Ok(info) = std::fs::read_to_string(e.path()) else { continue };
+        let field = |k: &str| {
+            info.lines().find_map(|l| l.strip_prefix(k)?.trim().parse::<u64>().ok()).unwrap_or(0)
+        };
+        let id = field("prog_id:");
+        if id == 0 || !info.contains("run_cnt:") {
+            continue;
+        }
+        let name = prog_name(id as u32).unwrap_or_else(|| format!("prog{id}"));
+        out.push(Prog { name, runs: field("run_cnt:"), run_ns: field("run_time_ns:") });
+    }
+    out
+}
+
+/// A loaded program's name (the kernel keeps 15 characters).
+fn prog_name(id: u32) -> Option<String> {
+    const BPF_PROG_GET_FD_BY_ID: libc::c_long = 13;
+    const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
+    let mut attr = [0u64; 16];
+    attr[0] = id as u64;
+    // SAFETY: bpf(2) with a zeroed attr holding prog_id; returns a new fd or -1.
+    let fd =
+        unsafe { libc::syscall(libc::SYS_bpf, BPF_PROG_GET_FD_BY_ID, attr.as_mut_ptr(), 128usize) };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: a fresh fd we own.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+    let mut info = [0u8; 256];
+    let mut attr = [0u64; 16];
+    attr[0] = fd.as_raw_fd() as u64 | ((info.len() as u64) << 32);
+    attr[1] = info.as_mut_ptr() as u64;
+    // SAFETY: bpf_fd, info_len, info pointer into a live buffer of that length.
+    let r = unsafe {
+        libc::syscall(libc::SYS_bpf, BPF_OBJ_GET_INFO_BY_FD, attr.as_mut_ptr(), 128usize)
+    };
+    if r < 0 {
+        return None;
+    }
+    // struct bpf_prog_info: name[16] at byte 64.
+    let name = &info[64..80];
+    let end = name.iter().position(|&b| b == 0).unwrap_or(16);
+    Some(String::from_utf8_lossy(&name[..end]).into_owned())
+}
+
+/// The tracepoint a bpftrace program serves (bpftrace 0.17 names them after the probe,
+/// cut to 15 characters), in gpustall's program names.
+fn peer_tracepoint(name: &str, order: usize) -> String {
+    // Load order is the script's probe order (peer.bt).
+    const BY_ORDER: [&str; 7] = [
+        "block_io_start",
+        "mm_vmscan_direct_reclaim_begin",
+        "mm_vmscan_memcg_reclaim_begin",
+        "mm_vmscan_direct_reclaim_end",
+        "mm_vmscan_memcg_reclaim_end",
+        "mm_vmscan_write_folio",
+        "mark_victim",
+    ];
+    BY_ORDER.get(order).map_or_else(|| name.to_string(), |s| s.to_string())
+}
+
+/// The workload as one traced job: dd's direct reads, then the swapping workers.
+fn start_workload(data: &str) -> anyhow::Result<(Workload, MemCgroup)> {
+    let cg = MemCgroup::new("bench-peer", MEMCG_MIB, true);
+    let script = format!(
+        "dd if={data} of=/dev/null bs=4096 count={READS} iflag=direct status=none && exec {} hog {WORKERS_MIB} 8 0 </dev/null",
+        bin("gpustall-workload").display()
+    );
+    let w = Workload::start(&bin("gpustall-workload"), &["spawn", "sh", "-c", &script], Some(&cg));
+    Ok((w, cg))
+}
+
+/// bpftrace running peer.bt, once it says it attached.
+struct Peer {
+    child: Child,
+}
+
+impl Peer {
+    fn start() -> anyhow::Result<Self> {
+        let script = workspace_root().join("xtask/bench/peer.bt");
+        let mut child = Command::new("bpftrace")
+            .arg(&script)
+            .env("BPFTRACE_MAP_KEYS_MAX", "65536")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("starting bpftrace")?;
+        let out = child.stdout.take().context("stdout")?;
+        let mut lines = std::io::BufReader::new(out).lines();
+        for line in lines.by_ref() {
+            if line?.starts_with("Attaching") {
+                break;
+            }
+        }
+        // Wait until every program is attached (they load after the line is printed).
+        let t = Instant::now();
+        while programs_of(child.id()).len() < 7 && t.elapsed() < Duration::from_secs(30) {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        std::thread::spawn(move || for _ in lines {});
+        Ok(Self { child })
+    }
+
+    fn stop(mut self) {
+        // SAFETY: SIGINT to our own child: bpftrace prints its maps and exits.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
+        let _ = self.child.wait();
+    }
+}
+
+/// Which tracers watch one run of the workload.
+#[derive(Clone, Copy, PartialEq)]
+enum Under {
+    Nothing,
+    Gpustall,
+    Peer,
+    Both,
+}
+
+struct RunResult {
+    wall_s: f64,
+    gpustall: Option<Value>,
+    peer: Vec<Prog>,
+    peer_cpu_s: f64,
+}
+
+fn run_once(under: Under, data: &str) -> anyhow::Result<RunResult> {
+    let (mut w, _cg) = start_workload(data)?;
+    let peer = matches!(under, Under::Peer | Under::Both).then(Peer::start).transpose()?;
+    let peer_cpu0 = peer.as_ref().map_or(0.0, |p| usage(p.child.id()).map_or(0.0, |u| u.0));
+    let tracer = matches!(under, Under::Gpustall | Under::Both)
+        .then(|| Tracer::start(w.pid(), &["--quiet"]));
+    let t0 = Instant::now();
+    w.go();
+    let (code, _) = w.wait(Duration::from_secs(600));
+    let wall_s = t0.elapsed().as_secs_f64();
+    anyhow::ensure!(code == Some(0), "the workload failed ({code:?})");
+    let gpustall = tracer.map(|t| t.wait(Duration::from_secs(60)).summary);
+    let (progs, cpu) = match &peer {
+        Some(p) => {
+            (programs_of(p.child.id()), usage(p.child.id()).map_or(0.0, |u| u.0) - peer_cpu0)
+        }
+        None => (Vec::new(), 0.0),
+    };
+    if let Some(p) = peer {
+        p.stop();
+    }
+    Ok(RunResult { wall_s, gpustall, peer: progs, peer_cpu_s: cpu })
+}
+
+/// gpustall's programs from its summary (full names).
+fn gpustall_programs(summary: &Value) -> Vec<Prog> {
+    summary["overhead"]["programs"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|p| Prog {
+                    name: p["name"].as_str().unwrap_or("?").to_string(),
+                    runs: p["run_count"].as_u64().unwrap_or(0),
+                    run_ns: p["run_time_ns"].as_u64().unwrap_or(0),
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The agent's CPU while tracing (start-up, loading and verifying, not counted).
+fn agent_cpu_s(summary: &Value) -> f64 {
+    summary["overhead"]["agent_cpu_s"].as_f64().unwrap_or(0.0)
+        - summary["overhead"]["agent_startup_cpu_s"].as_f64().unwrap_or(0.0)
+}
+
+fn ns_per_run(p: &Prog) -> f64 {
+    if p.runs == 0 {
+        0.0
+    } else {
+        p.run_ns as f64 / p.runs as f64
+    }
+}
+
+pub fn run() -> anyhow::Result<Value> {
+    ensure_bpftrace()?;
+    let _stats = crate::bench::BpfStats::enable();
+    let _swap = SwapFile::ensure(1024);
+    let scratch = tests::TempDir::new_in("/var/tmp", "bench-peer");
+    let data = scratch.path("reads.dat");
+    let data = data.to_str().context("utf-8 path")?.to_string();
+    crate::util::run_cmd(Command::new("dd").args([
+        "if=/dev/zero",
+        &format!("of={data}"),
+        "bs=1M",
+        &format!("count={}", READS * 4096 / (1 << 20) + 1),
+        "status=none",
+    ]))?;
+
+    let mut walls = Vec::new();
+    for under in [Under::Nothing, Under::Gpustall, Under::Peer] {
+        let r = run_once(under, &data)?;
+        eprintln!("bench peer: workload {:.2} s", r.wall_s);
+        walls.push(r.wall_s);
+    }
+    let both = run_once(Under::Both, &data)?;
+    eprintln!("bench peer: workload under both {:.2} s", both.wall_s);
+    let summary = both.gpustall.context("no gpustall summary")?;
+    let ours = gpustall_programs(&summary);
+    let peer: Vec<Prog> = both
+        .peer
+        .iter()
+        .enumerate()
+        .map(|(i, p)| Prog { name: peer_tracepoint(&p.name, i), ..p.clone() })
+        .collect();
+    let ours_cpu = agent_cpu_s(&summary);
+    let value = print_table(&ours, &peer, ours_cpu, both.peer_cpu_s, &walls, both.wall_s);
+    let outside = outside_cases()?;
+    Ok(json!({"peer": value, "outside_the_job": outside}))
+}
+
+fn print_table(
+    ours: &[Prog],
+    peer: &[Prog],
+    ours_cpu: f64,
+    peer_cpu: f64,
+    walls: &[f64],
+    both_wall: f64,
+) -> Value {
+    let mut names: Vec<&str> = ours.iter().chain(peer).map(|p| p.name.as_str()).collect();
+    names.sort();
+    names.dedup();
+    let find = |v: &[Prog], n: &str| v.iter().find(|p| p.name == n).cloned();
+    println!("\n== gpustall vs the bpftrace peer (xtask/bench/peer.bt), one run, both attached ==");
+    println!(
+        "workload: {READS} x 4 KiB O_DIRECT reads, then 3 x 200 MiB workers in a {MEMCG_MIB} MiB memcg with swap"
+    );
+    println!(
+        "{:<32} {:>9} {:>8} {:>9} | {:>9} {:>8} {:>9}",
+        "tracepoint", "runs", "ns/run", "ms", "peer runs", "ns/run", "ms"
+    );
+    let mut rows = Vec::new();
+    let cell = |p: &Option<Prog>| match p {
+        Some(p) if p.runs > 0 => {
+            format!("{:>9} {:>8.0} {:>9.2}", p.runs, ns_per_run(p), p.run_ns as f64 / 1e6)
+        }
+        _ => format!("{:>9} {:>8} {:>9}", "-", "-", "-"),
+    };
+    for n in &names {
+        let (a, b) = (find(ours, n), find(peer, n));
+        if a.as_ref().map_or(0, |p| p.runs) == 0 && b.as_ref().map_or(0, |p| p.runs) == 0 {
+            continue;
+        }
+        println!("{n:<32} {} | {}", cell(&a), cell(&b));
+        let j = |p: &Option<Prog>| {
+            p.as_ref().map(
+                |p| json!({"runs": p.runs, "run_time_ns": p.run_ns, "ns_per_run": ns_per_run(p)}),
+            )
+        };
+        rows.push(json!({"tracepoint": n, "gpustall": j(&a), "peer": j(&b)}));
+    }
+    let total = |v: &[Prog]| v.iter().map(|p| p.run_ns).sum::<u64>() as f64 / 1e6;
+    let runs = |v: &[Prog]| v.iter().map(|p| p.runs).sum::<u64>();
+    let (ko, kp) = (total(ours), total(peer));
+    let (to, tp) = (ko + ours_cpu * 1e3, kp + peer_cpu * 1e3);
+    println!(
+        "kernel: gpustall {} programs, {} runs, {ko:.1} ms | peer {} programs, {} runs, {kp:.1} ms",
+        ours.iter().filter(|p| p.runs > 0).count(),
+        runs(ours),
+        peer.len(),
+        runs(peer)
+    );
+    println!(
+        "agent CPU while tracing: gpustall {:.1} ms | peer {:.1} ms",
+        ours_cpu * 1e3,
+        peer_cpu * 1e3
+    );
+    println!(
+        "total: gpustall {to:.1} ms | peer {tp:.1} ms: gpustall / peer = {:.2} (goal <= 0.5)",
+        to / tp
+    );
+    println!(
+        "wall: untraced {:.2} s, gpustall {:.2} s (x{:.3}), peer {:.2} s (x{:.3}), both {both_wall:.2} s (x{:.3})",
+        walls[0],
+        walls[1],
+        walls[1] / walls[0],
+        walls[2],
+        walls[2] / walls[0],
+        both_wall / walls[0]
+    );
+    json!({
+        "programs": rows,
+        "gpustall_kernel_ms": ko, "peer_kernel_ms": kp,
+        "gpustall_runs": runs(ours), "peer_runs": runs(peer),
+        "gpustall_agent_cpu_ms": ours_cpu * 1e3, "peer_agent_cpu_ms": peer_cpu * 1e3,
+        "gpustall_total_ms": to, "peer_total_ms": tp, "ratio_gpustall_to_peer": to / tp,
+        "wall_untraced_s": walls[0], "wall_gpustall_s": walls[1], "wall_peer_s": walls[2],
+        "wall_both_s": both_wall,
+    })
+}
+
+/// gpustall tracing an idle job while `load` runs outside it: each program's runs and ns/run.
+fn outside(label: &str, load: &mut dyn FnMut() -> String) -> anyhow::Result<Value> {
+    let mut idle = Workload::start(&bin("gpustall-workload"), &["spawn", "sleep", "600"], None);
+    idle.go();
+    let tracer = Tracer::start(idle.pid(), &["--quiet"]);
+    let what = load();
+    let result = tracer.stop();
+    drop(idle);
+    let progs = gpustall_programs(&result.summary);
+    println!("\n== outside the traced job: {label} ({what}) ==");
+    println!("{:<32} {:>9} {:>8}", "program", "runs", "ns/run");
+    let mut rows = Vec::new();
+    for p in progs.iter().filter(|p| p.runs > 0) {
+        println!("{:<32} {:>9} {:>8.0}", p.name, p.runs, ns_per_run(p));
+        rows.push(json!({"program": p.name, "runs": p.runs, "ns_per_run": ns_per_run(p)}));
+    }
+    Ok(json!({"load": what, "programs": rows}))
+}
+
+fn outside_cases() -> anyhow::Result<Value> {
+    let fork = outside("fork-heavy", &mut || {
+        let t = Instant::now();
+        for _ in 0..3000 {
+            let _ = Command::new("/bin/true").status();
+        }
+        format!("3,000 /bin/true in {:.1} s", t.elapsed().as_secs_f64())
+    })?;
+    let switch = outside("context-switch-heavy", &mut || {
+        let n = ping_pong(Duration::from_secs(5));
+        format!("{n} pipe round trips in 5 s")
+    })?;
+    Ok(json!({"fork_heavy": fork, "context_switch_heavy": switch}))
+}
+
+/// Two threads passing a byte back and forth over two pipes for `d`; the round trips.
+fn ping_pong(d: Duration) -> u64 {
+    let (mut a_rx, mut a_tx) = std::io::pipe().expect("pipe");
+    let (mut b_rx, mut b_tx) = std::io::pipe().expect("pipe");
+    let echo = std::thread::spawn(move || {
+        let mut buf = [0u8; 1];
+        while a_rx.read_exact(&mut buf).is_ok() && buf[0] != 0 {
+            if b_tx.write_all(&buf).is_err() {
+                break;
+            }
+        }
+    });
+    let end = Instant::now() + d;
+    let mut n = 0u64;
+    let mut buf = [0u8; 1];
+    while Instant::now() < end {
+        if a_tx.write_all(&[1]).is_err() || b_rx.read_exact(&mut buf).is_err() {
+            break;
+        }
+        n += 1;
+    }
+    let _ = a_tx.write_all(&[0]);
+    let _ = echo.join();
+    n
+}
