@@ -8,7 +8,9 @@
 //!
 //! Case 2, `gpustall watch`: the daemon's CPU and RSS while it watches an idle job, then the
 //! swap-heavy one. Case 3 (`bench_fork`): the daemon through a fork burst. Case 4
-//! (`bench_peer`, `--only peer`): gpustall against a bpftrace script on one workload.
+//! (`bench_peer`, `--only peer`): gpustall against a bpftrace script on one workload. Case 5
+//! (`bench_ctx`, `--only ctxswitch`): a pipe ping-pong untraced, outside and inside the traced
+//! job (what sched_switch / sched_waking cost).
 
 use std::{
     path::PathBuf,
@@ -140,7 +142,10 @@ pub fn run(only: Option<&str>) -> anyhow::Result<()> {
             return write_json(&json!({"watch_fork_burst": crate::bench_fork::run()?}))
         }
         Some("peer") => return write_json(&json!({"peer": crate::bench_peer::run()?})),
-        Some(other) => anyhow::bail!("no bench case {other:?} (cases: fork-burst, peer)"),
+        Some("ctxswitch") => return write_json(&json!({"ctxswitch": crate::bench_ctx::run()?})),
+        Some(other) => {
+            anyhow::bail!("no bench case {other:?} (cases: fork-burst, peer, ctxswitch)")
+        }
     }
     let _swap = SwapFile::ensure(1024);
     let _stats = BpfStats::enable();
@@ -185,8 +190,9 @@ pub fn run(only: Option<&str>) -> anyhow::Result<()> {
     let daemon = watch_cases()?;
     let burst = crate::bench_fork::run()?;
     let peer = crate::bench_peer::run()?;
+    let ctxswitch = crate::bench_ctx::run()?;
     write_json(&json!({"swap_heavy_trace": report, "watch_daemon": daemon,
-        "watch_fork_burst": burst, "peer": peer}))
+        "watch_fork_burst": burst, "peer": peer, "ctxswitch": ctxswitch}))
 }
 
 fn write_json(all: &Value) -> anyhow::Result<()> {

@@ -4,6 +4,7 @@
 //! others call it first, so each is one command on a fresh clone.
 
 mod bench;
+mod bench_ctx;
 mod bench_fork;
 mod bench_peer;
 mod demo;
@@ -38,7 +39,8 @@ enum Cmd {
     /// Measure the tracer's overhead side by side with an untraced run.
     Bench {
         /// Run one case only: `fork-burst` (gpustall watch through 18,000 short children), `peer`
-        /// (gpustall against a bpftrace script answering the same questions, per program).
+        /// (gpustall against a bpftrace script answering the same questions, per program),
+        /// `ctxswitch` (a pipe ping-pong untraced, outside and inside the traced job).
         #[arg(long)]
         only: Option<String>,
     },

@@ -347,6 +347,61 @@ fn feed(slow_ms: u64, fast_ms: u64, batches: usize, busy_ms: u64) -> i32 {
     0
 }
 
+/// A context-switch-heavy job: the process and a child named like a DataLoader worker pass one
+/// byte back and forth over two pipes for `ms` milliseconds, after `settle_ms` (time for a
+/// tracer's next beat to account the child). Each round trip is two blocking reads, two
+/// wakeups and four context switches. The parent reports `round_trips` and `seconds`.
+fn pingpong(ms: u64, settle_ms: u64) -> i32 {
+    wait_for_go();
+    let (mut there, mut back) = ([0; 2], [0; 2]);
+    // SAFETY: valid out arrays.
+    assert_eq!(unsafe { libc::pipe(there.as_mut_ptr()) }, 0, "pipe");
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::pipe(back.as_mut_ptr()) }, 0, "pipe");
+    let child = fork_child(move || {
+        set_name("pt_data_worker");
+        let mut b = [0u8; 1];
+        // SAFETY: our own pipe ends and a 1-byte buffer.
+        unsafe {
+            libc::close(there[1]);
+            libc::close(back[0]);
+            while libc::read(there[0], b.as_mut_ptr().cast(), 1) == 1 {
+                if libc::write(back[1], b.as_ptr().cast(), 1) != 1 {
+                    return 1;
+                }
+            }
+        }
+        0
+    });
+    // SAFETY: the child's ends, ours no more.
+    unsafe {
+        libc::close(there[0]);
+        libc::close(back[1]);
+    }
+    sleep_ms(settle_ms);
+    let start = std::time::Instant::now();
+    let limit = std::time::Duration::from_millis(ms);
+    let mut n = 0u64;
+    let mut b = [1u8; 1];
+    while !n.is_multiple_of(256) || start.elapsed() < limit {
+        // SAFETY: our own pipe ends and a 1-byte buffer.
+        let ok = unsafe {
+            libc::write(there[1], b.as_ptr().cast(), 1) == 1
+                && libc::read(back[0], b.as_mut_ptr().cast(), 1) == 1
+        };
+        if !ok {
+            return 1;
+        }
+        n += 1;
+    }
+    let secs = start.elapsed().as_secs_f64();
+    // SAFETY: closing our end ends the child's loop.
+    unsafe { libc::close(there[1]) };
+    let ok = wait_any().is_some_and(|(pid, st)| pid == child && st == 0);
+    say("trainer", &format!(",\"round_trips\":{n},\"seconds\":{secs}"));
+    i32::from(!ok)
+}
+
 fn main() {
     // A name unique to the test that started this workload, so that a test selecting processes
     // by name (watch --match comm:) only ever sees its own, whatever runs beside it.
@@ -361,6 +416,11 @@ fn main() {
             // feed SLOW_MS FAST_MS BATCHES BUSY_MS
             let n = |i: usize| args[i].parse().unwrap_or(0);
             feed(n(1), n(2), n(3) as usize, n(4))
+        }
+        Some("pingpong") if args.len() > 2 => {
+            // pingpong MS SETTLE_MS
+            let n = |i: usize| args[i].parse().unwrap_or(0);
+            pingpong(n(1), n(2))
         }
         Some("burst") if args.len() > 2 => {
             // burst N DIR [HOLD_MS]
@@ -384,7 +444,7 @@ fn main() {
             hog(&mib, step, hold)
         }
         _ => {
-            eprintln!("usage: gpustall-workload tree | spawn CMD [ARGS..] | hog MIB[,MIB..] STEP_MIB HOLD_MS | burst N DIR [HOLD_MS] | reuse DIR FIRST SECOND");
+            eprintln!("usage: gpustall-workload tree | spawn CMD [ARGS..] | hog MIB[,MIB..] STEP_MIB HOLD_MS | burst N DIR [HOLD_MS] | reuse DIR FIRST SECOND | pingpong MS SETTLE_MS");
             2
         }
     };

@@ -1,0 +1,212 @@
+//! `cargo xtask bench --only ctxswitch`: what off-CPU accounting (sched_switch, sched_waking,
+//! the hottest tracepoints there are) costs a context-switch-heavy job. The job: a process and
+//! a child named like a DataLoader worker passing a byte back and forth over two pipes
+//! (`gpustall-workload pingpong`: two wakeups and four switches per round trip). Three cases,
+//! alternating, ROUNDS each:
+//!
+//! - untraced (no gpustall running);
+//! - outside: gpustall traces an unrelated idle job, nothing of the ping-pong is tracked (every
+//!   switch still runs the programs, which find nothing to count);
+//! - inside: the ping-pong is the traced job (trainer and worker accounted, every wait of the
+//!   trainer charged to the worker).
+//!
+//! Reported: round trips per second (medians) and their ratio to the untraced runs, and each
+//! sched program's runs and ns per run (kernel BPF stats, `kernel.bpf_stats_enabled=1`) from the
+//! traced runs' summaries. The inside case also checks that the accounting was on: the worker
+//! kept the trainer waiting about once per round trip.
+
+use std::time::Duration;
+
+use anyhow::Context as _;
+use serde_json::{json, Value};
+use tests::procs::{Tracer, Workload};
+
+const ROUNDS: usize = 3;
+/// Ping-pong time, and the wait before it (the tracer's next beat accounts the child).
+const RUN_MS: &str = "5000";
+const SETTLE_MS: &str = "1500";
+const PROGRAMS: [&str; 2] = ["sched_switch", "sched_waking"];
+
+#[derive(Clone, Copy, PartialEq)]
+enum Case {
+    Untraced,
+    Outside,
+    Inside,
+}
+
+impl Case {
+    fn label(self) -> &'static str {
+        match self {
+            Case::Untraced => "untraced",
+            Case::Outside => "outside the traced job",
+            Case::Inside => "inside the traced job",
+        }
+    }
+}
+
+/// One run: round trips per second, and the summary when gpustall ran.
+struct Run {
+    rate: f64,
+    round_trips: u64,
+    summary: Option<Value>,
+}
+
+fn ping_pong() -> Workload {
+    let bin = crate::bench::target_dir().join("release/gpustall-workload");
+    Workload::start(&bin, &["pingpong", RUN_MS, SETTLE_MS], None)
+}
+
+/// The workload's own count: (round trips, per second).
+fn rate(lines: &[Value]) -> anyhow::Result<(u64, f64)> {
+    let l = lines.iter().find(|l| l["round_trips"].is_u64()).context("no round trips reported")?;
+    let n = l["round_trips"].as_u64().unwrap_or(0);
+    Ok((n, n as f64 / l["seconds"].as_f64().unwrap_or(1.0).max(1e-9)))
+}
+
+fn run_once(case: Case) -> anyhow::Result<Run> {
+    let timeout = Duration::from_secs(60);
+    let flags = ["--quiet", "--no-gpu"];
+    let (code, lines, summary) = match case {
+        Case::Untraced => {
+            let mut w = ping_pong();
+            w.go();
+            let (code, lines) = w.wait(timeout);
+            (code, lines, None)
+        }
+        Case::Outside => {
+            let mut idle = Workload::start(
+                &crate::bench::target_dir().join("release/gpustall-workload"),
+                &["spawn", "sleep", "600"],
+                None,
+            );
+            idle.go();
+            let tracer = Tracer::start(idle.pid(), &flags);
+            let mut w = ping_pong();
+            w.go();
+            let (code, lines) = w.wait(timeout);
+            let t = tracer.stop();
+            drop(idle);
+            (code, lines, Some(t.summary))
+        }
+        Case::Inside => {
+            let mut w = ping_pong();
+            let tracer = Tracer::start(w.pid(), &flags);
+            w.go();
+            let (code, lines) = w.wait(timeout);
+            (code, lines, Some(tracer.wait(timeout).summary))
+        }
+    };
+    anyhow::ensure!(code == Some(0), "the ping-pong failed ({code:?})");
+    let (round_trips, rate) = rate(&lines)?;
+    Ok(Run { rate, round_trips, summary })
+}
+
+/// A sched program's (runs, ns per run) in a summary.
+fn program(summary: &Value, name: &str) -> (u64, f64) {
+    let p = summary["overhead"]["programs"]
+        .as_array()
+        .and_then(|a| a.iter().find(|p| p["name"] == name).cloned())
+        .unwrap_or(Value::Null);
+    let runs = p["run_count"].as_u64().unwrap_or(0);
+    let ns = p["run_time_ns"].as_u64().unwrap_or(0);
+    (runs, if runs == 0 { 0.0 } else { ns as f64 / runs as f64 })
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
+/// The inside case's accounting: waits the worker ended for the trainer, and the trainer's.
+fn accounted(summary: &Value) -> (u64, u64) {
+    let procs = summary["processes"].as_array().cloned().unwrap_or_default();
+    let of = |role: &str, field: &str| {
+        procs.iter().filter(|p| p["role"] == role).filter_map(|p| p[field].as_u64()).sum::<u64>()
+    };
+    (of("dataloader_worker", "kept_waiting_count"), of("trainer", "data_wait_count"))
+}
+
+pub fn run() -> anyhow::Result<Value> {
+    let _stats = crate::bench::BpfStats::enable();
+    let cases = [Case::Untraced, Case::Outside, Case::Inside];
+    let mut runs: Vec<Vec<Run>> = cases.iter().map(|_| Vec::new()).collect();
+    for round in 1..=ROUNDS {
+        for (i, &case) in cases.iter().enumerate() {
+            let r = run_once(case)?;
+            eprintln!("round {round}: {}: {:.0} round trips/s", case.label(), r.rate);
+            runs[i].push(r);
+        }
+    }
+    let base = median(runs[0].iter().map(|r| r.rate).collect());
+    println!(
+        "\n== context-switch-heavy job: pipe ping-pong, {ROUNDS} rounds of {RUN_MS} ms, medians =="
+    );
+    println!(
+        "{:<24} {:>13} {:>9} {:>12} {:>12} {:>12} {:>12}",
+        "case", "round trips/s", "ratio", "switches/s", "switch ns", "waking ns", "accounted"
+    );
+    let mut out = serde_json::Map::new();
+    for (i, &case) in cases.iter().enumerate() {
+        let rates: Vec<f64> = runs[i].iter().map(|r| r.rate).collect();
+        let r = median(rates.clone());
+        let mut row = json!({
+            "round_trips_per_s": rates,
+            "median_round_trips_per_s": r,
+            "ratio_to_untraced": r / base,
+        });
+        let summaries: Vec<&Value> = runs[i].iter().filter_map(|r| r.summary.as_ref()).collect();
+        let (mut switch_ns, mut waking_ns, mut switches) = (0.0, 0.0, 0.0);
+        let mut acc = String::new();
+        if !summaries.is_empty() {
+            for name in PROGRAMS {
+                let per: Vec<(u64, f64)> = summaries.iter().map(|s| program(s, name)).collect();
+                let ns = median(per.iter().map(|p| p.1).collect());
+                let dur: Vec<f64> =
+                    summaries.iter().map(|s| s["duration_s"].as_f64().unwrap_or(1.0)).collect();
+                let per_s =
+                    median(per.iter().zip(&dur).map(|(p, d)| p.0 as f64 / d.max(1e-3)).collect());
+                row[name] = json!({
+                    "runs": per.iter().map(|p| p.0).collect::<Vec<_>>(),
+                    "ns_per_run": per.iter().map(|p| p.1).collect::<Vec<_>>(),
+                    "median_ns_per_run": ns,
+                    "median_runs_per_s": per_s,
+                });
+                if name == "sched_switch" {
+                    (switch_ns, switches) = (ns, per_s);
+                } else {
+                    waking_ns = ns;
+                }
+            }
+            if case == Case::Inside {
+                let (kept, waited): (Vec<u64>, Vec<u64>) =
+                    summaries.iter().map(|s| accounted(s)).unzip();
+                let trips: Vec<u64> = runs[i].iter().map(|r| r.round_trips).collect();
+                acc = format!("{:.2}", kept[0] as f64 / trips[0].max(1) as f64);
+                row["worker_kept_waiting_count"] = json!(kept);
+                row["trainer_data_wait_count"] = json!(waited);
+                row["round_trips"] = json!(trips);
+            }
+        }
+        println!(
+            "{:<24} {:>13.0} {:>9.3} {:>12.0} {:>12.0} {:>12.0} {:>12}",
+            case.label(),
+            r,
+            r / base,
+            switches,
+            switch_ns,
+            waking_ns,
+            acc
+        );
+        out.insert(
+            match case {
+                Case::Untraced => "untraced",
+                Case::Outside => "outside_traced_job",
+                Case::Inside => "inside_traced_job",
+            }
+            .to_string(),
+            row,
+        );
+    }
+    println!("(switches/s: sched_switch runs per second machine-wide, others' included; accounted: the worker's kept_waiting_count per round trip, round 1)");
+    Ok(Value::Object(out))
+}
