@@ -108,10 +108,15 @@ what came before it) or is not a recording."
         long_about = "Trace PID and every process it forks (and those processes' children) until \
 DURATION passes, Ctrl-C or SIGTERM arrives, or every traced process has exited. A status line is \
 printed each second; at the end a report (verdict, evidence, a table per process) is printed and \
-the summary written. Whatever ends the trace, everything collected is written.",
+the summary written. Whatever ends the trace, everything collected is written.\n\n\
+With `-- CMD [ARGS...]` instead of --pid, gpustall starts CMD itself and traces it from its first \
+instruction, as perf record and strace do: under sudo it runs as the invoking user (SUDO_UID, \
+SUDO_GID and that user's groups) with gpustall's environment; Ctrl-C, SIGTERM and SIGHUP are \
+passed to it, and the trace ends when it has exited.",
         after_help = "DURATIONS:\n    Every D takes a bare number as seconds (30, 1.5), as timeout(1) and sleep(1) \
 do, or a number with units: 500ms, 90s, 10m, 1h30m.\n\n\
-EXIT STATUS:\n    0 when the trace ran; 3 when it ran but lost events (everything is written; the \
+EXIT STATUS:\n    With -- CMD, the job's status (its exit code, or 128 + the signal that killed it). \
+Otherwise 0 when the trace ran; 3 when it ran but lost events (everything is written; the \
 report marks the figures that are lower bounds); 1 with a one-line error otherwise (no such \
 process, not root, BPF unavailable, a required tracepoint missing, a recording that could not be \
 written)."
@@ -140,6 +145,9 @@ fn main() {
             })
         });
     if let Err(e) = result {
+        if let Some(cmd::JobExit(code)) = e.downcast_ref::<cmd::JobExit>() {
+            std::process::exit(*code);
+        }
         if let Some(lost) = e.downcast_ref::<cmd::LostEvents>() {
             say!("gpustall: warning: {lost}");
             std::process::exit(3);

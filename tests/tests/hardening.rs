@@ -134,7 +134,7 @@ fn a_recording_that_cannot_be_written_fails_the_trace_after_writing_the_rest() {
     );
     let dir = tests::TempDir::new("devfull");
     let summary = dir.path("summary.json");
-    let t = Command::new(tests::gpustall_bin())
+    let mut t = Command::new(tests::gpustall_bin())
         .args([
             "trace",
             "--quiet",
@@ -150,13 +150,26 @@ fn a_recording_that_cannot_be_written_fails_the_trace_after_writing_the_rest() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("trace");
-    std::thread::sleep(Duration::from_secs(3));
+    // Released once gpustall traces it (a fixed wait loses the race on a loaded machine).
+    let mut lines =
+        std::io::BufRead::lines(std::io::BufReader::new(t.stderr.take().expect("stderr")));
+    let mut err = String::new();
+    for line in lines.by_ref().map_while(Result::ok) {
+        err.push_str(&line);
+        err.push('\n');
+        if line.starts_with("gpustall: tracing") {
+            break;
+        }
+    }
     w.go();
     let (code, _) = w.wait(Duration::from_secs(30));
     assert_eq!(code, Some(0));
-    let out = t.wait_with_output().expect("trace ends with the job");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{err}");
+    for line in lines.map_while(Result::ok) {
+        err.push_str(&line);
+        err.push('\n');
+    }
+    let status = t.wait().expect("trace ends with the job");
+    assert_eq!(status.code(), Some(1), "{err}");
     assert!(err.contains("/dev/full is incomplete"), "{err}");
     assert!(err.contains("No space left on device"), "{err}");
     let s: serde_json::Value = serde_json::from_str(

@@ -32,6 +32,11 @@ pub trait Beat {
     fn session(&mut self) -> &mut Session;
     /// `Some(reason)` ends the loop.
     fn beat(&mut self, maps: &mut KernelMaps, now_ns: u64) -> Option<Stop>;
+    /// A signal arrived; `true` ends the loop (the default). `trace -- CMD` passes it to the
+    /// job instead and goes on until the job has exited.
+    fn on_signal(&mut self, _sig: i32) -> bool {
+        true
+    }
 }
 
 /// Why the loop ended.
@@ -131,9 +136,9 @@ pub async fn run(
                 }
             }
             _ = sleep_until(deadline) => break Stop::Deadline,
-            _ = sigint.recv() => break Stop::Signal("SIGINT"),
-            _ = sigterm.recv() => break Stop::Signal("SIGTERM"),
-            _ = sighup.recv() => break Stop::Signal("SIGHUP"),
+            _ = sigint.recv() => if cmd.on_signal(libc::SIGINT) { break Stop::Signal("SIGINT") },
+            _ = sigterm.recv() => if cmd.on_signal(libc::SIGTERM) { break Stop::Signal("SIGTERM") },
+            _ = sighup.recv() => if cmd.on_signal(libc::SIGHUP) { break Stop::Signal("SIGHUP") },
         }
     };
     rings.drain(cmd.session());

@@ -4,6 +4,7 @@
 pub mod event_loop;
 pub mod export;
 pub mod gpu;
+pub mod launch;
 pub mod merge;
 pub mod report;
 pub mod session;
@@ -16,3 +17,9 @@ pub mod watch;
 #[derive(Debug, thiserror::Error)]
 #[error("{0} events were lost: the report marks the figures that are lower bounds")]
 pub struct LostEvents(pub u64);
+
+/// `trace -- CMD`: everything is written; gpustall exits with the job's status (its exit
+/// code, or 128 + the signal that killed it), as perf and strace do.
+#[derive(Debug, thiserror::Error)]
+#[error("the job exited with status {0}")]
+pub struct JobExit(pub i32);

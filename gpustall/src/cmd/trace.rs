@@ -16,6 +16,7 @@ use crate::{
     cmd::{
         event_loop::{self, Beat, GpuTicks, Rings, Stop},
         gpu::{GpuArgs, GpuOptions, GpuWatch},
+        launch::Launched,
         session::Session,
     },
     kernel::{
@@ -37,8 +38,13 @@ use crate::{
 #[derive(clap::Args)]
 pub struct TraceArgs {
     /// The process to trace (the trainer); its existing descendants are traced too.
-    #[arg(long, short = 'p', value_name = "PID")]
-    pid: u32,
+    #[arg(long, short = 'p', value_name = "PID", required_unless_present = "command")]
+    pid: Option<u32>,
+    /// Start CMD under the tracer instead (`gpustall trace [OPTIONS] -- torchrun ...`): traced
+    /// from its first instruction, run as the invoking user under sudo (SUDO_UID/SUDO_GID)
+    /// with gpustall's environment, signals passed on; gpustall exits with its status.
+    #[arg(last = true, value_name = "CMD", conflicts_with = "pid")]
+    command: Vec<String>,
     /// Stop after this long (30 is seconds, as for timeout(1); or 90s, 10m, 1h30m); default: until
     /// the job exits or Ctrl-C.
     #[arg(long, short = 'd', value_name = "D", value_parser = crate::cmd::units::parse_duration)]
@@ -71,7 +77,8 @@ pub struct TraceArgs {
 impl TraceArgs {
     pub fn into_options(self) -> TraceOptions {
         TraceOptions {
-            pid: self.pid,
+            pid: self.pid.unwrap_or(0),
+            launch: self.command,
             duration: self.duration,
             record: self.record,
             summary_json: self.summary_json,
@@ -88,6 +95,8 @@ impl TraceArgs {
 /// What `trace` was asked to do (from the CLI).
 pub struct TraceOptions {
     pub pid: u32,
+    /// `-- CMD`: start it under the tracer (its pid becomes `pid`).
+    pub launch: Vec<String>,
     pub duration: Option<Duration>,
     pub record: Option<PathBuf>,
     pub summary_json: Option<PathBuf>,
@@ -102,8 +111,29 @@ pub struct TraceOptions {
     pub perfetto: Option<PathBuf>,
 }
 
-pub async fn run(opts: TraceOptions) -> anyhow::Result<()> {
-    let (mut t, mut probes, mut rings, gpu) = setup(&opts)?;
+pub async fn run(mut opts: TraceOptions) -> anyhow::Result<()> {
+    let mut launched = None;
+    if !opts.launch.is_empty() {
+        let l = Launched::spawn(&opts.launch)?;
+        opts.pid = l.pid();
+        launched = Some(l);
+    }
+    let (mut t, mut probes, mut rings, gpu) = match setup(&opts) {
+        Ok(s) => s,
+        Err(e) => {
+            if let Some(job) = launched {
+                job.abandon();
+            }
+            return Err(e);
+        }
+    };
+    if let Some(l) = launched.as_mut() {
+        // Its cmdline is gpustall's until the exec: name it by what it will run.
+        let cmdline = opts.launch.join(" ");
+        t.session.observe(Sample::Cmdline { t_ns: monotonic_ns(), pid: opts.pid, cmdline });
+        l.release()?;
+    }
+    t.launched = launched;
     let gpu =
         GpuTicks { watch: gpu, every: opts.gpu.as_ref().map_or(Duration::MAX, |g| g.interval) };
     let stop = event_loop::run(&mut t, &mut rings, &mut probes.maps, gpu, opts.duration).await?;
@@ -111,7 +141,17 @@ pub async fn run(opts: TraceOptions) -> anyhow::Result<()> {
         say!();
     }
     log::debug!("trace ended: {stop:?}");
-    finish(&opts, t, &probes)
+    let launched = t.launched.take();
+    let result = finish(&opts, t, &probes);
+    let Some(mut job) = launched else { return result };
+    match result {
+        Err(e) if e.downcast_ref::<crate::cmd::LostEvents>().is_some() => {
+            say!("gpustall: warning: {e}");
+        }
+        Err(e) => return Err(e),
+        Ok(()) => {}
+    }
+    Err(crate::cmd::JobExit(job.exit_code()).into())
 }
 
 /// What a running trace holds besides the kernel side.
@@ -122,6 +162,8 @@ struct Trace {
     record_path: Option<PathBuf>,
     scratch: Option<PathBuf>,
     startup_cpu_s: f64,
+    /// `-- CMD`: the job gpustall started.
+    launched: Option<Launched>,
 }
 
 /// State of the once-a-second work.
@@ -191,7 +233,8 @@ fn setup(opts: &TraceOptions) -> anyhow::Result<(Trace, Probes, Rings, Option<Gp
         last_summary: Instant::now(),
         periodic: Default::default(),
     };
-    Ok((Trace { session, beat, record_path, scratch, startup_cpu_s }, probes, rings, gpu))
+    let t = Trace { session, beat, record_path, scratch, startup_cpu_s, launched: None };
+    Ok((t, probes, rings, gpu))
 }
 
 /// `--record x --summary-json x` or `--log f --record f` would destroy one file with the other.
@@ -264,6 +307,18 @@ fn seed_pass(
 impl Beat for Trace {
     fn session(&mut self) -> &mut Session {
         &mut self.session
+    }
+
+    /// A job gpustall started gets the signal (Ctrl-C reaches it as it would without
+    /// gpustall); the trace goes on until it has exited.
+    fn on_signal(&mut self, sig: i32) -> bool {
+        match &self.launched {
+            Some(job) => {
+                job.forward(sig);
+                false
+            }
+            None => true,
+        }
     }
 
     /// Counters, /proc, context and log; the status line; the periodic summary.

@@ -168,9 +168,11 @@ impl Model {
                 if self.tree.get(*child_pid).is_some_and(|n| !n.alive()) {
                     // A reused pid: the earlier process's figures go to its role's totals
                     // (its OOM kill, if any, stays in `oom_kills`); the new one starts at zero.
+                    // Only then: a new child's first counters may be read before its fork
+                    // record is drained, and must not be dropped.
                     self.fold(&[*child_pid]);
+                    self.procs.remove(child_pid);
                 }
-                self.procs.remove(child_pid);
                 self.tree.on_fork(h.tgid, *child_pid, &h.comm, h.t_ns)
             }
             Event::Exit { h, exit_code } => self.tree.on_exit(h.tgid, *exit_code, h.t_ns),

@@ -1,0 +1,221 @@
+//! `gpustall trace [OPTIONS] -- CMD...`: start the job under the tracer, as `perf record --
+//! CMD` and `strace CMD` do. The job is forked and held before its exec until the kernel side
+//! tracks it, so it is traced from its first instruction and its first fork (no seeding race).
+//! Under sudo it runs as the invoking user (SUDO_UID, SUDO_GID and that user's groups), with
+//! the environment gpustall was given; signals sent to gpustall are passed to it, and gpustall
+//! exits with its status after the report.
+
+use std::{
+    ffi::CString,
+    io::Read as _,
+    os::{
+        fd::{AsRawFd as _, OwnedFd},
+        unix::ffi::OsStrExt as _,
+    },
+};
+
+use anyhow::Context as _;
+
+/// The job, started and held until [`Launched::release`].
+pub struct Launched {
+    pid: libc::pid_t,
+    /// Writing `g` to it lets the child exec.
+    go: Option<OwnedFd>,
+    reaped: Option<i32>,
+}
+
+/// Who the job runs as: the invoking user under sudo, else gpustall's own user.
+struct Credentials {
+    uid: u32,
+    gid: u32,
+    groups: Vec<libc::gid_t>,
+}
+
+impl Credentials {
+    /// From SUDO_UID / SUDO_GID / SUDO_USER, when gpustall runs as root under sudo.
+    fn of_sudo_caller() -> anyhow::Result<Option<Self>> {
+        // SAFETY: getuid has no preconditions.
+        if unsafe { libc::getuid() } != 0 {
+            return Ok(None);
+        }
+        let var = |k: &str| std::env::var(k).ok();
+        let (Some(uid), Some(gid)) = (var("SUDO_UID"), var("SUDO_GID")) else {
+            return Ok(None);
+        };
+        let uid: u32 = uid.parse().context("SUDO_UID is not a number")?;
+        let gid: u32 = gid.parse().context("SUDO_GID is not a number")?;
+        let groups = var("SUDO_USER").map(|u| group_list(&u, gid)).unwrap_or_else(|| vec![gid]);
+        Ok(Some(Self { uid, gid, groups }))
+    }
+}
+
+/// The user's supplementary groups (getgrouplist), read here: after fork only
+/// async-signal-safe calls are allowed, and reading /etc/group is not one.
+fn group_list(user: &str, gid: u32) -> Vec<libc::gid_t> {
+    let Ok(name) = CString::new(user) else { return vec![gid] };
+    let mut n: libc::c_int = 64;
+    loop {
+        let mut groups = vec![0 as libc::gid_t; n as usize];
+        // SAFETY: `groups` has room for `n` entries; getgrouplist writes at most that many
+        // and sets `n` to the count (or the count needed, returning -1).
+        let rc = unsafe { libc::getgrouplist(name.as_ptr(), gid, groups.as_mut_ptr(), &mut n) };
+        if rc >= 0 {
+            groups.truncate(n as usize);
+            return groups;
+        }
+        if n as usize <= groups.len() {
+            return vec![gid];
+        }
+    }
+}
+
+impl Launched {
+    /// Forks `argv`, held before its exec. Forked by hand: std's spawn waits for the exec,
+    /// which here only happens once gpustall lets it.
+    pub fn spawn(argv: &[String]) -> anyhow::Result<Self> {
+        let program = argv.first().context("no command after --")?;
+        let path = resolve(program)?;
+        let creds = Credentials::of_sudo_caller()?;
+        // Everything the child needs is made here: between fork and exec it may not allocate.
+        let c_path = CString::new(path.as_os_str().as_bytes()).context("a NUL in the command")?;
+        let c_args: Vec<CString> = argv
+            .iter()
+            .map(|a| CString::new(a.as_bytes()))
+            .collect::<Result<_, _>>()
+            .context("a NUL in the command's arguments")?;
+        let mut c_argv: Vec<*const libc::c_char> = c_args.iter().map(|a| a.as_ptr()).collect();
+        c_argv.push(std::ptr::null());
+        let (read, write) = pipe()?;
+        // SAFETY: fork; the child only makes async-signal-safe calls (read, setgroups, setgid,
+        // setuid, execv, _exit) on data prepared before the fork.
+        let pid = unsafe { libc::fork() };
+        if pid < 0 {
+            return Err(std::io::Error::last_os_error()).context("fork");
+        }
+        if pid == 0 {
+            // Its copy of the write end closed: if gpustall dies, the read sees the end.
+            // SAFETY: closing a descriptor this child owns a copy of.
+            unsafe { libc::close(write.as_raw_fd()) };
+            let ok = wait_for_go(read.as_raw_fd()).is_ok()
+                && creds.as_ref().is_none_or(|c| drop_to(c).is_ok());
+            if ok {
+                // SAFETY: NUL-terminated path and argv, made before the fork.
+                unsafe { libc::execv(c_path.as_ptr(), c_argv.as_ptr()) };
+            }
+            // SAFETY: leaves the child without running the parent's destructors.
+            unsafe { libc::_exit(127) };
+        }
+        drop(read);
+        Ok(Self { pid, go: Some(write), reaped: None })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.pid as u32
+    }
+
+    /// Lets the job exec: it is tracked by now.
+    pub fn release(&mut self) -> anyhow::Result<()> {
+        if let Some(fd) = self.go.take() {
+            let mut f = std::fs::File::from(fd);
+            std::io::Write::write_all(&mut f, b"g").context("releasing the job")?;
+        }
+        Ok(())
+    }
+
+    /// Passes a signal on to the job.
+    pub fn forward(&self, sig: i32) {
+        // SAFETY: a plain kill of our own child.
+        unsafe { libc::kill(self.pid, sig) };
+    }
+
+    /// The job's status as a shell reports it: its exit code, or 128 + the signal that
+    /// killed it. Reaps it (it has exited: the trace ends when every traced process has).
+    pub fn exit_code(&mut self) -> i32 {
+        if let Some(code) = self.reaped {
+            return code;
+        }
+        let mut status = 0;
+        // SAFETY: waiting for our own child.
+        let code = if unsafe { libc::waitpid(self.pid, &mut status, 0) } == self.pid {
+            if libc::WIFEXITED(status) {
+                libc::WEXITSTATUS(status)
+            } else {
+                128 + libc::WTERMSIG(status)
+            }
+        } else {
+            1
+        };
+        self.reaped = Some(code);
+        code
+    }
+
+    /// Stops a job that never ran (tracing could not start).
+    pub fn abandon(mut self) {
+        self.forward(libc::SIGKILL);
+        let _ = self.exit_code();
+    }
+}
+
+/// The program's path: as given when it has a `/`, else the first executable of that name on
+/// PATH (as execvp would find it; resolved here so that a typo is an error, not exit 127).
+fn resolve(program: &str) -> anyhow::Result<std::path::PathBuf> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let executable = |p: &std::path::Path| {
+        p.metadata().is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    if program.contains('/') {
+        let p = std::path::PathBuf::from(program);
+        anyhow::ensure!(executable(&p), "{program}: no such executable file");
+        return Ok(p);
+    }
+    let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into());
+    std::env::split_paths(&path)
+        .map(|d| d.join(program))
+        .find(|p| executable(p))
+        .with_context(|| format!("{program}: command not found on PATH"))
+}
+
+fn pipe() -> anyhow::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: `fds` has room for the two descriptors pipe2 returns.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(std::io::Error::last_os_error()).context("pipe");
+    }
+    // SAFETY: both descriptors were just created and are owned by nobody else.
+    Ok(unsafe {
+        use std::os::fd::FromRawFd as _;
+        (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1]))
+    })
+}
+
+/// In the child: blocks until gpustall writes `g`. End of file without it means gpustall
+/// died before tracing: the job must not run untraced.
+fn wait_for_go(fd: i32) -> std::io::Result<()> {
+    // SAFETY: `fd` is the pipe's read end, open in this child until exec (O_CLOEXEC).
+    let mut f = std::mem::ManuallyDrop::new(unsafe {
+        use std::os::fd::FromRawFd as _;
+        std::fs::File::from_raw_fd(fd)
+    });
+    let mut b = [0u8; 1];
+    match f.read(&mut b) {
+        Ok(1) if b[0] == b'g' => Ok(()),
+        // gpustall stopped before the job was traced (no allocation here: after fork).
+        Ok(_) => Err(std::io::Error::from_raw_os_error(libc::ECANCELED)),
+        Err(e) => Err(e),
+    }
+}
+
+/// In the child: becomes the invoking user (groups first, then gid, then uid).
+fn drop_to(c: &Credentials) -> std::io::Result<()> {
+    // SAFETY: plain syscalls on plain values; `groups` outlives the call.
+    let ok = unsafe {
+        libc::setgroups(c.groups.len(), c.groups.as_ptr()) == 0
+            && libc::setgid(c.gid) == 0
+            && libc::setuid(c.uid) == 0
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}

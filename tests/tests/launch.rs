@@ -1,0 +1,74 @@
+//! `gpustall trace -- CMD`: the job started under the tracer, as `perf record -- CMD` does.
+//! Traced from its first fork (every byte of a child's I/O counted, no seeding race), run as
+//! the invoking user under sudo, signals passed on, and gpustall exits with the job's status.
+
+use std::{
+    process::{Command, Stdio},
+    time::Duration,
+};
+
+fn summary(path: &std::path::Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(path).expect("summary")).expect("json")
+}
+
+#[test]
+fn a_launched_job_is_traced_from_its_first_fork_and_its_status_is_gpustalls() {
+    tests::require_privileged_env();
+    let dir = tests::TempDir::new_in("/var/tmp", "launch");
+    let out = dir.path("summary.json");
+    let data = dir.path("data");
+    // A child that writes at once, before any /proc scan could have found it.
+    let script = format!(
+        "dd if=/dev/zero of={} bs=1M count=16 oflag=direct status=none; exit 3",
+        data.display()
+    );
+    let o = Command::new(tests::gpustall_bin())
+        .args(["trace", "--quiet", "--no-gpu", "--summary-json"])
+        .arg(&out)
+        .args(["--", "sh", "-c", &script])
+        .env_remove("SUDO_UID")
+        .output()
+        .expect("gpustall");
+    assert_eq!(o.status.code(), Some(3), "{}", String::from_utf8_lossy(&o.stderr));
+    let s = summary(&out);
+    let dd = s["processes"].as_array().expect("processes").iter().find(|p| p["comm"] == "dd");
+    let dd = dd.unwrap_or_else(|| panic!("dd traced: {}", s["processes"]));
+    assert_eq!(dd["block_write_bytes"].as_u64(), Some(16 << 20), "{dd}");
+}
+
+#[test]
+fn under_sudo_the_job_runs_as_the_caller_and_gets_the_signals() {
+    tests::require_privileged_env();
+    let dir = tests::TempDir::new("launch-sudo");
+    let out = dir.path("summary.json");
+    // nobody's id, then a loop that leaves with 42 on SIGTERM.
+    let script = "id -u; trap 'exit 42' TERM; while :; do sleep 0.1; done";
+    let mut child = Command::new(tests::gpustall_bin())
+        .args(["trace", "--quiet", "--no-gpu", "--summary-json"])
+        .arg(&out)
+        .args(["--", "sh", "-c", script])
+        .env("SUDO_UID", "65534")
+        .env("SUDO_GID", "65534")
+        .env("SUDO_USER", "nobody")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("gpustall");
+    std::thread::sleep(Duration::from_secs(3));
+    // SAFETY: a plain kill of our own child (gpustall), which passes it on.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let end = std::time::Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("try_wait") {
+            break s;
+        }
+        assert!(std::time::Instant::now() < end, "gpustall did not end after the job");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let o = child.wait_with_output().expect("output");
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(status.code(), Some(42), "the job's status: {}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(stdout.lines().next(), Some("65534"), "runs as the caller: {stdout}");
+    let s = summary(&out);
+    assert_eq!(s["final"], true, "everything written");
+}
