@@ -294,15 +294,9 @@ fn out_of_range_flags_are_refused_by_the_cli() {
 #[test]
 fn a_full_kernel_map_is_a_counted_loss_that_reaches_the_report_and_the_exit_status() {
     tests::require_privileged_env();
-    let scratch = PathBuf::from(format!("/var/tmp/gpustall-mapfull-{}", std::process::id()));
-    std::fs::create_dir_all(&scratch).expect("scratch");
-    struct Rm(PathBuf);
-    impl Drop for Rm {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
-    let _rm = Rm(scratch.clone());
+    // O_DIRECT needs a real filesystem (/tmp may be tmpfs); removed on drop, failure too.
+    let dir = tests::TempDir::new_in("/var/tmp", "mapfull");
+    let scratch = dir.0.clone();
     // 24 children, each one O_DIRECT write of its own: 24+ (pid, dev, op) keys for 8 entries.
     let script = format!(
         "for i in $(seq 24); do dd if=/dev/zero of={}/f$i bs=4k count=1 oflag=direct status=none; done",
@@ -347,15 +341,9 @@ fn a_full_kernel_map_is_a_counted_loss_that_reaches_the_report_and_the_exit_stat
 fn a_fork_burst_is_counted_whole_and_folded_small() {
     tests::require_privileged_env();
     const N: u64 = 6000;
-    let scratch = PathBuf::from(format!("/var/tmp/gpustall-burst-{}", std::process::id()));
-    std::fs::create_dir_all(&scratch).expect("scratch");
-    struct Rm(PathBuf);
-    impl Drop for Rm {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
-    let _rm = Rm(scratch.clone());
+    // O_DIRECT needs a real filesystem (/tmp may be tmpfs); removed on drop, failure too.
+    let dir = tests::TempDir::new_in("/var/tmp", "burst");
+    let scratch = dir.0.clone();
     let bin = Path::new(env!("CARGO_BIN_EXE_gpustall-workload"));
     let mut w = Workload::start(
         bin,
