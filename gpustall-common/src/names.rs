@@ -45,4 +45,6 @@ pub mod programs {
     pub const BLOCK_IO_DONE: &str = "block_io_done";
     pub const SCHED_SWITCH: &str = "sched_switch";
     pub const SCHED_WAKING: &str = "sched_waking";
+    pub const HRTIMER_EXPIRE_ENTRY: &str = "hrtimer_expire_entry";
+    pub const HRTIMER_EXPIRE_EXIT: &str = "hrtimer_expire_exit";
 }

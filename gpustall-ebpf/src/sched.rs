@@ -6,7 +6,7 @@
 use aya_ebpf::{
     helpers::bpf_ktime_get_ns,
     macros::{map, tracepoint},
-    maps::{HashMap, LruHashMap},
+    maps::{HashMap, LruHashMap, PerCpuArray},
     programs::TracePointContext,
 };
 use gpustall_common::sched::{
@@ -50,6 +50,31 @@ pub static OFFCPU: HashMap<u32, OffCpuCounters> =
 #[map]
 pub static WAKES: HashMap<WakeKey, WakeCounters> =
     HashMap::with_max_entries(512, BPF_F_NO_PREALLOC);
+
+/// Per CPU: 1 inside an hrtimer callback. A wakeup there ends a timeout (a sleep, a poll or a
+/// timed wait running out), and `current` is only the task the timer interrupted: it must not
+/// be charged with keeping the trainer waiting.
+#[map]
+pub static IN_TIMER: PerCpuArray<u32> = PerCpuArray::with_max_entries(1, 0);
+
+#[inline(always)]
+fn set_in_timer(v: u32) -> u32 {
+    if let Some(p) = IN_TIMER.get_ptr_mut(0) {
+        // SAFETY: this CPU's slot; only this CPU writes it, with preemption off in the callback.
+        unsafe { *p = v };
+    }
+    0
+}
+
+#[tracepoint]
+pub fn hrtimer_expire_entry(_ctx: TracePointContext) -> u32 {
+    set_in_timer(1)
+}
+
+#[tracepoint]
+pub fn hrtimer_expire_exit(_ctx: TracePointContext) -> u32 {
+    set_in_timer(0)
+}
 
 /// Reports where a tracked thread ended up; exits are dropped from the map at once.
 const TASK_REPORT_DEAD: i64 = 0x10 | 0x20;
@@ -126,7 +151,9 @@ pub fn sched_waking(ctx: TracePointContext) -> u32 {
     // Who ended the wait: the task running this wakeup (a write to a pipe, a queue, a futex
     // wake), when it belongs to another tracked process.
     let (waker, _) = pid_tgid();
-    if waker != t.tgid && is_tracked(waker) {
+    // SAFETY: this CPU's slot, read only.
+    let in_timer = IN_TIMER.get(0).is_some_and(|v| *v != 0);
+    if !in_timer && waker != t.tgid && is_tracked(waker) {
         let key = WakeKey { waker, wakee: t.tgid };
         if let Some(w) = shared_value(&WAKES, &key) {
             // SAFETY: `w` is a live map value; `&raw mut` makes no reference to it.

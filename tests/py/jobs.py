@@ -15,6 +15,9 @@
   jobs.py shm [--workers 2] [--mib 6] [--wait-go]
       A trainer whose workers each put a --mib MiB batch in shared memory (/dev/shm, as
       DataLoader workers do); on a small /dev/shm one dies of SIGBUS.
+  jobs.py sleeper [--workers 2] [--idle 3] [--wait-go]
+      A trainer that only sleeps, 10 ms at a time, for --idle s while its workers spin on the
+      CPUs: nothing keeps it waiting but its own timer.
   jobs.py hog [--mib 120] [--wait-go]
       Fills --mib MiB, holds it 1 s and exits (the neighbour).
 
@@ -139,6 +142,30 @@ def shm(a):
     return 1 if reap(pids) else 0
 
 
+def sleeper(a):
+    say("trainer")
+    pids = []
+    for i in range(a.workers):
+        pid = os.fork()
+        if pid == 0:
+            ctypes.CDLL(None).prctl(15, b"pt_data_worker", 0, 0, 0)
+            say("worker", index=i)
+            end = time.monotonic() + a.idle + 1
+            while time.monotonic() < end:
+                pass
+            os._exit(0)
+        pids.append(pid)
+    slept = 0.0
+    end = time.monotonic() + a.idle
+    while time.monotonic() < end:
+        t = time.monotonic()
+        time.sleep(0.01)
+        slept += time.monotonic() - t
+    say("slept", ns=int(slept * 1e9))
+    reap(pids)
+    return 0
+
+
 def hog(a):
     say("neighbour")
     chunks = fill(a.mib)
@@ -149,7 +176,7 @@ def hog(a):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("shape", choices=["epochs", "ranks", "thrash", "hog", "shm"])
+    p.add_argument("shape", choices=["epochs", "ranks", "thrash", "hog", "shm", "sleeper"])
     p.add_argument("--workers", type=int, default=3)
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--ranks", type=int, default=2)
@@ -160,7 +187,7 @@ def main():
     a = p.parse_args()
     if a.wait_go:
         sys.stdin.readline()
-    return {"epochs": epochs, "ranks": ranks, "thrash": thrash, "hog": hog, "shm": shm}[a.shape](a)
+    return {"epochs": epochs, "ranks": ranks, "thrash": thrash, "hog": hog, "shm": shm, "sleeper": sleeper}[a.shape](a)
 
 
 if __name__ == "__main__":

@@ -100,3 +100,30 @@ fn a_cpu_bound_trainer_shows_little_data_wait() {
     // And what it did wait is what it measured (a few ms of slack: the blocks are tiny).
     assert!(data_wait <= n(&truth, "blocked_ns") + 5_000_000, "{data_wait} vs {truth}");
 }
+
+/// A trainer that only sleeps while its workers spin: each wakeup comes from its own timer,
+/// in an interrupt that lands on whatever runs on that CPU, usually a busy worker. None of it
+/// is a wait for data (before the fix, most of its sleep was charged to the workers).
+#[test]
+fn a_sleeping_trainer_is_not_kept_waiting_by_the_workers_its_timer_interrupts() {
+    tests::require_privileged_env();
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("py/jobs.py");
+    let args = ["-u", script.to_str().expect("utf-8"), "sleeper", "--idle", "3", "--wait-go"];
+    let mut w = Workload::start(std::path::Path::new("python3"), &args, None);
+    let t = Tracer::start(w.pid(), &["--quiet", "--no-gpu"]);
+    w.go();
+    let (code, lines) = w.wait(Duration::from_secs(60));
+    assert_eq!(code, Some(0));
+    let slept = lines.iter().find(|l| l["role"] == "slept").and_then(|l| l["ns"].as_u64());
+    let slept = slept.expect("the trainer says how long it slept");
+    let t = t.wait(Duration::from_secs(30));
+    let trainer = t.process(w_pid(&lines));
+    let data_wait = n(trainer, "data_wait_ns");
+    eprintln!("slept {slept} ns; data_wait_ns {data_wait}");
+    assert!(data_wait < slept / 10, "data_wait_ns {data_wait} of {slept} ns asleep: {trainer}");
+}
+
+fn w_pid(lines: &[Value]) -> u32 {
+    let trainer = lines.iter().find(|l| l["role"] == "trainer").expect("trainer line");
+    trainer["pid"].as_u64().expect("pid") as u32
+}

@@ -95,6 +95,10 @@ const PROBES: &[Probe] = &[
     // never seen without the wakeup that preceded it.
     probe(programs::SCHED_WAKING, "sched", &["sched_waking"], false),
     probe(programs::SCHED_SWITCH, "sched", &["sched_switch"], false),
+    // A wakeup inside an hrtimer callback is a timeout's, not the interrupted task's doing:
+    // the exit attaches first, so a CPU is never left marked "in a timer".
+    probe(programs::HRTIMER_EXPIRE_EXIT, "timer", &["hrtimer_expire_exit"], false),
+    probe(programs::HRTIMER_EXPIRE_ENTRY, "timer", &["hrtimer_expire_entry"], false),
 ];
 
 /// The first of `events` this kernel has (the probe table's choice), or the newest name.
