@@ -13,6 +13,7 @@ pub mod maps {
     pub const HOST: &str = "HOST";
     pub const IO_COUNTERS: &str = "IO_COUNTERS";
     pub const IO_LATENCY: &str = "IO_LATENCY";
+    pub const IO_INFLIGHT: &str = "IO_INFLIGHT";
     pub const OFFCPU_THREADS: &str = "OFFCPU_THREADS";
     pub const OFFCPU: &str = "OFFCPU";
     pub const WAKES: &str = "WAKES";

@@ -121,3 +121,9 @@ unsafe impl aya::Pod for crate::counters::IoKey {}
 #[cfg(feature = "user")]
 // SAFETY: as above.
 unsafe impl aya::Pod for crate::counters::IoCounters {}
+#[cfg(feature = "user")]
+// SAFETY: as above (explicit padding field, size pinned in counters.rs).
+unsafe impl aya::Pod for crate::counters::InflightKey {}
+#[cfg(feature = "user")]
+// SAFETY: as above (u64 then IoKey: no padding, size pinned in counters.rs).
+unsafe impl aya::Pod for crate::counters::InflightIo {}

@@ -8,20 +8,20 @@
 use aya_ebpf::{
     helpers::bpf_ktime_get_ns,
     macros::{map, tracepoint},
-    maps::{HashMap, LruHashMap, PerCpuArray},
+    maps::{HashMap, PerCpuArray},
     programs::TracePointContext,
 };
-use gpustall_common::counters::{
-    latency_bucket, HostCounter, InflightIo, InflightKey, IoCounters, IoKey, IoOp, LostCounter,
-    LATENCY_BUCKETS,
+use gpustall_common::{
+    counters::{
+        latency_bucket, HostCounter, InflightIo, InflightKey, IoCounters, IoKey, IoOp, LostCounter,
+        LATENCY_BUCKETS,
+    },
+    reclaim::ReclaimKind,
 };
 
-use crate::{
-    common::{
-        add_lost, add_per_cpu, atomic_add, field, is_tracked, offset, pid_tgid, shared_value,
-        BPF_F_NO_PREALLOC, HOST, RECLAIM_START,
-    },
-    reclaim::in_kswapd,
+use crate::common::{
+    add_lost, add_per_cpu, atomic_add, field, is_tracked, offset, pid_tgid, shared_value,
+    BPF_F_NO_PREALLOC, HOST, RECLAIM_START,
 };
 
 /// Per (process, device, op, in reclaim), one value for all CPUs (see `PROC_COUNTERS`).
@@ -29,11 +29,12 @@ use crate::{
 pub static IO_COUNTERS: HashMap<IoKey, IoCounters> =
     HashMap::with_max_entries(16384, BPF_F_NO_PREALLOC);
 
-/// Requests of tracked processes between start and done. LRU: a request whose done never comes
-/// (device removed, trace attached mid-flight) ages out instead of filling the map.
+/// Requests of tracked processes between start and done. A plain preallocated hash: its insert
+/// and delete cost half an LRU's (no LRU lists and their locks). A request whose done never
+/// comes (device removed, trace attached mid-flight, a bio that never starts a request) is
+/// deleted by the agent once it is a minute old (`KernelMaps::read`).
 #[map]
-pub static IO_INFLIGHT: LruHashMap<InflightKey, InflightIo> =
-    LruHashMap::with_max_entries(16384, 0);
+pub static IO_INFLIGHT: HashMap<InflightKey, InflightIo> = HashMap::with_max_entries(16384, 0);
 
 /// Completed-request latency, log2 buckets, per direction: `op * LATENCY_BUCKETS + bucket`.
 #[map]
@@ -55,24 +56,42 @@ fn io_op(rwbs: &[u8; 8]) -> IoOp {
     IoOp::Other
 }
 
-/// The I/O key of the current task, or `None` for an untracked one.
+/// The I/O key of the current task, or `None` for an untracked one. The tracked-set test
+/// comes first; an untracked task costs one more lookup only when it has bytes to count.
 #[inline(always)]
 fn current_key(dev: u32, rwbs: &[u8; 8], bytes: u64) -> Option<IoKey> {
     let (tgid, tid) = pid_tgid();
-    // SAFETY: presence test.
-    let in_reclaim = unsafe { RECLAIM_START.get(tid) }.is_some();
     if !is_tracked(tgid) {
-        if in_reclaim && bytes > 0 {
-            let idx = if in_kswapd(tid) {
-                HostCounter::KswapdIoBytes
-            } else {
-                HostCounter::OtherReclaimIoBytes
-            };
-            add_per_cpu(&HOST, idx as u32, bytes);
+        if bytes > 0 {
+            // SAFETY: read-only peek, one lookup for "in reclaim" and "is kswapd".
+            if let Some(s) = unsafe { RECLAIM_START.get(tid) } {
+                let idx = if s.kind == ReclaimKind::Kswapd as u32 {
+                    HostCounter::KswapdIoBytes
+                } else {
+                    HostCounter::OtherReclaimIoBytes
+                };
+                add_per_cpu(&HOST, idx as u32, bytes);
+            }
         }
         return None;
     }
+    // SAFETY: presence test.
+    let in_reclaim = unsafe { RECLAIM_START.get(tid) }.is_some();
     Some(IoKey { tgid, dev, op: io_op(rwbs) as u32, in_reclaim: in_reclaim as u32 })
+}
+
+/// The last tracked bio each CPU queued: block_io_start, which follows in the same task for the
+/// bio that starts a request, takes its key from here instead of two hash lookups.
+#[map]
+pub static LAST_BIO: PerCpuArray<LastBio> = PerCpuArray::with_max_entries(1, 0);
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct LastBio {
+    tid: u32,
+    dev: u32,
+    sector: u64,
+    key: IoKey,
 }
 
 #[tracepoint]
@@ -81,6 +100,14 @@ pub fn block_bio_queue(ctx: TracePointContext) -> u32 {
     let dev: u32 = field(&ctx, offset!(bio_dev)).unwrap_or(0);
     let rwbs: [u8; 8] = field(&ctx, offset!(bio_rwbs)).unwrap_or([0; 8]);
     if let Some(key) = current_key(dev, &rwbs, bytes) {
+        if offset!(bio_starts_io) == 0 {
+            if let Some(slot) = LAST_BIO.get_ptr_mut(0) {
+                let sector: u64 = field(&ctx, offset!(bio_sector)).unwrap_or(0);
+                let tid = key_tid();
+                // SAFETY: this CPU's slot; no other program runs on this CPU meanwhile.
+                unsafe { *slot = LastBio { tid, dev, sector, key } };
+            }
+        }
         if let Some(c) = shared_value(&IO_COUNTERS, &key) {
             // SAFETY: a live map value; `&raw mut` makes no reference to it.
             unsafe {
@@ -104,12 +131,31 @@ fn start_io(dev: u32, sector: u64, key: IoKey) {
     }
 }
 
+#[inline(always)]
+fn key_tid() -> u32 {
+    pid_tgid().1
+}
+
 #[tracepoint]
 pub fn block_io_start(ctx: TracePointContext) -> u32 {
     let dev: u32 = field(&ctx, offset!(rq_dev)).unwrap_or(0);
+    let sector: u64 = field(&ctx, offset!(rq_sector)).unwrap_or(0);
     let rwbs: [u8; 8] = field(&ctx, offset!(rq_rwbs)).unwrap_or([0; 8]);
+    // The request's first bio, queued just before by this task on this CPU: its key (cleared
+    // once taken). A bio merged into another request leaves its slot until the next tracked
+    // bio here; it matches no request but one this thread starts at that very sector.
+    if let Some(slot) = LAST_BIO.get_ptr_mut(0) {
+        // SAFETY: this CPU's slot; no other program runs on this CPU meanwhile.
+        let last = unsafe { &mut *slot };
+        if last.tid != 0 && last.tid == key_tid() && last.dev == dev && last.sector == sector {
+            last.tid = 0;
+            let key = IoKey { op: io_op(&rwbs) as u32, ..last.key };
+            start_io(dev, sector, key);
+            return 0;
+        }
+    }
     if let Some(key) = current_key(dev, &rwbs, 0) {
-        start_io(dev, field(&ctx, offset!(rq_sector)).unwrap_or(0), key);
+        start_io(dev, sector, key);
     }
     0
 }

@@ -88,13 +88,19 @@ pub fn add_per_cpu(map: &PerCpuArray<u64>, index: u32, n: u64) {
 
 #[inline(always)]
 pub fn header(kind: EventKind, tgid: u32, tid: u32) -> EventHeader {
+    // SAFETY: plain helper call.
+    header_at(kind, tgid, tid, unsafe { bpf_ktime_get_ns() })
+}
+
+/// A record header stamped with a time the program already read (one clock read less).
+#[inline(always)]
+pub fn header_at(kind: EventKind, tgid: u32, tid: u32, t_ns: u64) -> EventHeader {
     EventHeader {
         kind: kind as u32,
         tgid,
         tid,
         _pad: 0,
-        // SAFETY: plain helper call.
-        t_ns: unsafe { bpf_ktime_get_ns() },
+        t_ns,
         comm: bpf_get_current_comm().unwrap_or([0; 16]),
     }
 }

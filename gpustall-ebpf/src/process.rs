@@ -50,7 +50,12 @@ pub fn task_newtask(ctx: TracePointContext) -> u32 {
 pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
     let (tgid, tid) = pid_tgid();
     // A thread can die inside reclaim (SIGKILL during an allocation): drop its pairing state.
-    let _ = RECLAIM_START.remove(tid);
+    // A lookup first: a delete takes the bucket lock even when there is nothing to delete,
+    // and almost no thread exits inside reclaim.
+    // SAFETY: presence test.
+    if unsafe { RECLAIM_START.get(tid) }.is_some() {
+        let _ = RECLAIM_START.remove(tid);
+    }
     if !is_tracked(tgid) {
         return 0;
     }

@@ -9,7 +9,7 @@ use gpustall_common::{
 };
 
 use crate::common::{
-    add_per_cpu, emit_bulk, field, header, is_tracked, offset, pid_tgid, proc_add, HOST,
+    add_per_cpu, emit_bulk, field, header, header_at, is_tracked, offset, pid_tgid, proc_add, HOST,
     RECLAIM_START,
 };
 
@@ -35,20 +35,30 @@ fn end(ctx: &TracePointContext) -> u32 {
         EndOutcome::Complete { kind, start_ns, duration_ns } => (kind, start_ns, duration_ns),
     };
     let _ = RECLAIM_START.remove(tid);
-    let nr_reclaimed: u64 = field(ctx, offset!(reclaim_end_nr_reclaimed)).unwrap_or(0);
     if kind == ReclaimKind::Kswapd as u32 {
         // Only kswapd_sleep ends a kswapd episode (see kswapd_sleep).
         return 0;
     }
     if is_tracked(tgid) {
+        let nr_reclaimed: u64 = field(ctx, offset!(reclaim_end_nr_reclaimed)).unwrap_or(0);
+        // One lookup of the process's counters for all three adds.
         if kind == ReclaimKind::Memcg as u32 {
-            proc_add!(tgid, memcg_reclaim_count += 1, memcg_reclaim_ns += duration_ns);
+            proc_add!(
+                tgid,
+                memcg_reclaim_count += 1,
+                memcg_reclaim_ns += duration_ns,
+                reclaimed_pages += nr_reclaimed
+            );
         } else {
-            proc_add!(tgid, direct_reclaim_count += 1, direct_reclaim_ns += duration_ns);
+            proc_add!(
+                tgid,
+                direct_reclaim_count += 1,
+                direct_reclaim_ns += duration_ns,
+                reclaimed_pages += nr_reclaimed
+            );
         }
-        proc_add!(tgid, reclaimed_pages += nr_reclaimed);
         emit_bulk(ReclaimEvent {
-            header: header(EventKind::Reclaim, tgid, tid),
+            header: header_at(EventKind::Reclaim, tgid, tid, now),
             kind,
             _pad: 0,
             start_ns,

@@ -7,7 +7,8 @@ use aya::{
     Ebpf, EbpfLoader,
 };
 use gpustall_common::counters::{
-    IoCounters, IoKey, ProcCounters, HOST_COUNTERS, LATENCY_BUCKETS, LOST_COUNTERS,
+    InflightIo, InflightKey, IoCounters, IoKey, ProcCounters, HOST_COUNTERS, LATENCY_BUCKETS,
+    LOST_COUNTERS,
 };
 use gpustall_common::names::{self, maps, programs};
 use gpustall_common::offsets::{TracepointOffsets, MISSING};
@@ -165,8 +166,15 @@ pub struct KernelMaps {
     host: PerCpuArray<MapData, u64>,
     lost: PerCpuArray<MapData, u64>,
     io_latency: PerCpuArray<MapData, u64>,
+    /// Requests in flight (the kernel pairs start and done); read here only to delete the ones
+    /// whose done never came (see [`KernelMaps::read`]).
+    io_inflight: std::sync::Mutex<HashMap<MapData, InflightKey, InflightIo>>,
     sched: crate::kernel::offcpu::SchedMaps,
 }
+
+/// A request in flight this long lost its completion (no block device takes a minute without
+/// the kernel's own timeout ending the request): its kernel entry is deleted.
+const INFLIGHT_STALE_NS: u64 = 60_000_000_000;
 
 fn take<T>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, LoadError>
 where
@@ -243,6 +251,7 @@ pub fn load(tracefs: &Tracefs, task_exit_code: Option<u32>) -> Result<Probes, Lo
         host: take(&mut ebpf, maps::HOST)?,
         lost: take(&mut ebpf, maps::LOST)?,
         io_latency: take(&mut ebpf, maps::IO_LATENCY)?,
+        io_inflight: std::sync::Mutex::new(take(&mut ebpf, maps::IO_INFLIGHT)?),
         sched: crate::kernel::offcpu::SchedMaps::take(&mut ebpf)?,
     };
     let critical = take(&mut ebpf, maps::CRITICAL)?;
@@ -329,7 +338,22 @@ impl KernelMaps {
         out.lost = read_array(&self.lost, LOST_COUNTERS);
         let lat = read_array(&self.io_latency, 3 * LATENCY_BUCKETS);
         out.io_latency = lat.chunks(LATENCY_BUCKETS as usize).map(<[u64]>::to_vec).collect();
+        self.drop_stale_inflight(t_ns);
         out
+    }
+
+    /// Deletes requests whose completion never came, so the in-flight map never fills.
+    fn drop_stale_inflight(&self, now_ns: u64) {
+        let Ok(mut map) = self.io_inflight.lock() else { return };
+        let stale: Vec<InflightKey> = map
+            .iter()
+            .filter_map(Result::ok)
+            .filter(|(_, io)| now_ns.saturating_sub(io.start_ns) > INFLIGHT_STALE_NS)
+            .map(|(k, _)| k)
+            .collect();
+        for k in stale {
+            let _ = map.remove(&k);
+        }
     }
 }
 
@@ -357,6 +381,7 @@ mod tests {
             maps::HOST,
             maps::IO_COUNTERS,
             maps::IO_LATENCY,
+            maps::IO_INFLIGHT,
             maps::OFFCPU_THREADS,
             maps::OFFCPU,
             maps::WAKES,

@@ -177,7 +177,7 @@ mod tests {
     fn the_formula_matches_what_6_18_charged() {
         assert_eq!(kernel_bytes(&def(HASH, 4, 4, 32768, 0), 2), 2_622_544, "TRACKED");
         assert_eq!(kernel_bytes(&def(HASH, 4, 16, 16384, 0), 2), 1_442_912, "RECLAIM_START");
-        assert_eq!(kernel_bytes(&def(LRU_HASH, 16, 24, 16384, 0), 2), 1_704_896, "IO_INFLIGHT");
+        assert_eq!(kernel_bytes(&def(LRU_HASH, 16, 24, 16384, 0), 2), 1_704_896, "LRU 16384");
         assert_eq!(kernel_bytes(&def(PERCPU_ARRAY, 4, 8, 120, 0), 2), 3_192, "IO_LATENCY");
         assert_eq!(kernel_bytes(&def(RINGBUF, 0, 0, 1 << 20, 0), 2), 1_065_288, "CRITICAL");
         assert_eq!(kernel_bytes(&def(RINGBUF, 0, 0, 4 << 20, 0), 2), 4_223_304, "BULK at 4 MiB");
