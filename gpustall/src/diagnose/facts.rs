@@ -126,7 +126,7 @@ pub struct CgroupFacts {
     /// `None`: no limit.
     pub limit_bytes: Option<u64>,
     pub peak_usage_bytes: u64,
-    /// Its own OOM-kill count, where the kernel keeps one.
+    /// Its own OOM kills during the trace, where the kernel keeps a count.
     pub oom_kills: Option<u64>,
 }
 
@@ -264,7 +264,7 @@ pub fn from_model(m: &Model, now_ns: u64) -> Facts {
             path: c.path.clone(),
             limit_bytes: c.limit_bytes,
             peak_usage_bytes: ctx.cgroup_peak_usage,
-            oom_kills: c.oom_kills,
+            oom_kills: ctx.cgroup_oom_kills(),
         }),
         host_mem_total_kb: ctx.host_last.as_ref().map(|h| h.mem_total_kb),
         host_min_available_kb: ctx.host_min_available_kb,

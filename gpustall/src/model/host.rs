@@ -171,6 +171,8 @@ pub struct HostContext {
     pub samples: u64,
     pub cgroup_last: Option<CgroupMem>,
     pub cgroup_peak_usage: u64,
+    /// The cgroup's OOM-kill count at its first sample: kills before the trace are not news.
+    pub cgroup_oom_kills_before: Option<u64>,
     pub host_last: Option<HostMem>,
     pub host_min_available_kb: Option<u64>,
     pub vm_before: BTreeMap<String, u64>,
@@ -187,6 +189,12 @@ pub struct HostContext {
 }
 
 impl HostContext {
+    /// The cgroup's OOM kills during the trace (its counter is the cgroup's lifetime's).
+    pub fn cgroup_oom_kills(&self) -> Option<u64> {
+        let last = self.cgroup_last.as_ref()?.oom_kills?;
+        Some(last.saturating_sub(self.cgroup_oom_kills_before.unwrap_or(0)))
+    }
+
     pub fn apply(&mut self, s: &ContextSample) {
         if self.samples == 0 {
             self.vm_before = s.vmstat.clone();
@@ -197,6 +205,9 @@ impl HostContext {
         }
         self.samples += 1;
         if let Some(m) = &s.cgroup {
+            if self.cgroup_oom_kills_before.is_none() {
+                self.cgroup_oom_kills_before = m.oom_kills;
+            }
             self.cgroup_peak_usage =
                 self.cgroup_peak_usage.max(m.peak_bytes.unwrap_or(0)).max(m.usage_bytes);
             self.cgroup_last = Some(m.clone());
@@ -302,6 +313,26 @@ mod tests {
         assert_eq!(w.idle_since_ns, Some(2_000_000_000));
         c.apply(&at(4, vec![task('S', 12)]));
         assert_eq!((c.tasks[&5].stuck_since_ns, c.tasks[&5].idle_since_ns), (None, None));
+    }
+
+    #[test]
+    fn only_the_cgroups_oom_kills_during_the_trace_count() {
+        let cg = |kills| CgroupMem {
+            path: "/job".into(),
+            version: 2,
+            limit_bytes: Some(1 << 30),
+            usage_bytes: 0,
+            peak_bytes: None,
+            swap_usage_bytes: None,
+            oom_kills: Some(kills),
+            failcnt: None,
+        };
+        let mut c = HostContext::default();
+        // Three kills from an earlier run of the job, then one during the trace.
+        c.apply(&ContextSample { cgroup: Some(cg(3)), ..Default::default() });
+        assert_eq!(c.cgroup_oom_kills(), Some(0));
+        c.apply(&ContextSample { cgroup: Some(cg(4)), ..Default::default() });
+        assert_eq!(c.cgroup_oom_kills(), Some(1));
     }
 
     #[test]
