@@ -386,8 +386,8 @@ fn print_table(
 
 /// gpustall tracing an idle job while `load` runs outside it: each program's runs and ns/run.
 fn outside(label: &str, load: &mut dyn FnMut() -> String) -> anyhow::Result<Value> {
-    let mut idle = Workload::start(&bin("gpustall-workload"), &["spawn", "sleep", "600"], None);
-    idle.go();
+    // A job waiting for its input (never released: no child left behind when it is dropped).
+    let idle = Workload::start(&bin("gpustall-workload"), &["spawn", "sleep", "600"], None);
     let tracer = Tracer::start(idle.pid(), &["--quiet"]);
     let what = load();
     let result = tracer.stop();
