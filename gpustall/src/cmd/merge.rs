@@ -6,7 +6,6 @@
 //! alignment and the job-level answer are new, and they live in `diagnose::job` (pure).
 
 use std::{
-    io::BufReader,
     path::{Path, PathBuf},
     time::Duration,
 };
@@ -20,7 +19,7 @@ use crate::{
         summary::Summary,
         timeline,
     },
-    recording::{header::Header, replay::replay},
+    recording::header::Header,
 };
 
 #[derive(clap::Args)]
@@ -74,17 +73,7 @@ fn tag(h: &Header, input: &Path) -> String {
 /// One recording replayed: its lane (label filled in later) and whether it stopped early.
 fn load(input: &Path) -> anyhow::Result<(Lane, Option<String>)> {
     let file = recording_of(input)?;
-    let f = std::fs::File::open(&file)
-        .with_context(|| format!("cannot open the recording {}", file.display()))?;
-    let r = replay(BufReader::new(f));
-    for w in &r.warnings {
-        say!("gpustall: warning: {}: {w}", file.display());
-    }
-    if r.lines == 0 {
-        let why =
-            r.error.map_or("it is empty".to_string(), |e| format!("line {}: {}", e.line, e.why));
-        anyhow::bail!("{} is not a gpustall recording: {why}", file.display());
-    }
+    let r = crate::cmd::report::open_recording(&file)?;
     let header: Header = serde_json::from_value(r.header.clone())
         .with_context(|| format!("{}: the header does not parse", file.display()))?;
     anyhow::ensure!(

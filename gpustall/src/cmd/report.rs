@@ -6,7 +6,7 @@ use anyhow::Context as _;
 
 use crate::{
     output::{html, summary::Summary, text, timeline},
-    recording::replay::replay,
+    recording::replay::{replay, Replay},
 };
 
 #[derive(clap::Args)]
@@ -30,17 +30,7 @@ pub fn run(args: &ReportArgs) -> anyhow::Result<()> {
             .filter_map(|(flag, p)| p.as_deref().map(|p| (flag, p)))
             .collect();
     crate::output::files::refuse_clashes(&[file], &outputs)?;
-    let f = std::fs::File::open(file)
-        .with_context(|| format!("cannot open the recording {}", file.display()))?;
-    let r = replay(BufReader::new(f));
-    for w in &r.warnings {
-        say!("gpustall: warning: {}: {w}", file.display());
-    }
-    if r.lines == 0 {
-        let why =
-            r.error.map_or("it is empty".to_string(), |e| format!("line {}: {}", e.line, e.why));
-        anyhow::bail!("{} is not a gpustall recording: {why}", file.display());
-    }
+    let r = open_recording(file)?;
     let summary = Summary::of(&r.model, r.end_ns, true);
     if let Some(path) = &args.summary_json {
         crate::output::summary::write_json(&summary, path)?;
@@ -60,4 +50,23 @@ pub fn run(args: &ReportArgs) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// Replays the recording at `file`, saying its warnings; an error when it holds nothing that
+/// parses. A recording cut short comes back with its `error` (the caller reports what parsed).
+pub fn open_recording(file: &std::path::Path) -> anyhow::Result<Replay> {
+    let f = std::fs::File::open(file)
+        .with_context(|| format!("cannot open the recording {}", file.display()))?;
+    let r = replay(BufReader::new(f));
+    for w in &r.warnings {
+        say!("gpustall: warning: {}: {w}", file.display());
+    }
+    if r.lines == 0 {
+        let why = r
+            .error
+            .as_ref()
+            .map_or("it is empty".to_string(), |e| format!("line {}: {}", e.line, e.why));
+        anyhow::bail!("{} is not a gpustall recording: {why}", file.display());
+    }
+    Ok(r)
 }
