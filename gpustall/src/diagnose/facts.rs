@@ -4,6 +4,7 @@
 use gpustall_common::counters::IoOp;
 
 use crate::model::gpu::StallEpisode;
+use crate::model::host::{MemEvents, PsiDelta};
 use crate::model::proctree::Role;
 use crate::model::steps::DataTimeTrend;
 use crate::model::Model;
@@ -84,6 +85,8 @@ pub struct Facts {
     pub cgroup: Option<CgroupFacts>,
     pub host_mem_total_kb: Option<u64>,
     pub host_min_available_kb: Option<u64>,
+    /// /proc/pressure/memory during the trace; `None` without PSI.
+    pub host_pressure: Option<PsiDelta>,
     pub swap_total_kb: Option<u64>,
     /// pswpout / pswpin over the trace (whole host).
     pub pswpout: u64,
@@ -120,14 +123,28 @@ pub struct Stuck {
 }
 
 /// The job's memory cgroup.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct CgroupFacts {
     pub path: String,
-    /// `None`: no limit.
+    /// `None`: no limit. The smallest on the path to the root: the job's budget.
     pub limit_bytes: Option<u64>,
+    /// The ancestor that sets `limit_bytes`, when not the job's own cgroup.
+    pub limit_set_by: Option<String>,
+    pub swap_limit_bytes: Option<u64>,
     pub peak_usage_bytes: u64,
     /// Its own OOM kills during the trace, where the kernel keeps a count.
     pub oom_kills: Option<u64>,
+    /// The limiting cgroup's memory.events during the trace (v2).
+    pub events: Option<MemEvents>,
+    /// The job cgroup's memory PSI during the trace (v2 with PSI on).
+    pub pressure: Option<PsiDelta>,
+}
+
+impl CgroupFacts {
+    /// The cgroup whose limit binds: its events are that cgroup's.
+    pub fn limiting_path(&self) -> &str {
+        self.limit_set_by.as_deref().unwrap_or(&self.path)
+    }
 }
 
 /// One disk over the trace.
@@ -263,9 +280,14 @@ pub fn from_model(m: &Model, now_ns: u64) -> Facts {
         cgroup: ctx.cgroup_last.as_ref().map(|c| CgroupFacts {
             path: c.path.clone(),
             limit_bytes: c.limit_bytes,
+            limit_set_by: c.limit_set_by.clone(),
+            swap_limit_bytes: c.swap_limit_bytes,
             peak_usage_bytes: ctx.cgroup_peak_usage,
             oom_kills: ctx.cgroup_oom_kills(),
+            events: ctx.cgroup_events(),
+            pressure: ctx.cgroup_psi.delta(),
         }),
+        host_pressure: ctx.host_psi.delta(),
         host_mem_total_kb: ctx.host_last.as_ref().map(|h| h.mem_total_kb),
         host_min_available_kb: ctx.host_min_available_kb,
         swap_total_kb: ctx.host_last.as_ref().map(|h| h.swap_total_kb),

@@ -30,6 +30,130 @@ pub struct CgroupMem {
     pub oom_kills: Option<u64>,
     /// How often usage hit the limit: v1 memory.failcnt; v2 memory.events `max`.
     pub failcnt: Option<u64>,
+    /// The ancestor whose limit `limit_bytes` is, when it is smaller than the cgroup's own (a
+    /// Slurm job or a pod sets memory.max on a parent; the job's leaf says "max"). `None` when
+    /// the limit is the cgroup's own, or there is none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit_set_by: Option<String>,
+    /// The swap the job may use, the smallest over the path to the root: v2 memory.swap.max;
+    /// v1 memory.memsw.limit_in_bytes (memory + swap) less the memory limit. `None`: no limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub swap_limit_bytes: Option<u64>,
+    /// As `limit_set_by`, for the swap limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub swap_limit_set_by: Option<String>,
+    /// v2 memory.events of the cgroup that sets the limit (the leaf's when it sets none):
+    /// cumulative over the cgroup's life. `None` on v1, which has no such file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub events: Option<MemEvents>,
+    /// v2 memory.pressure of the job's cgroup; `None` on v1 or without PSI (psi=0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pressure: Option<Psi>,
+}
+
+/// v2 memory.events: how often the cgroup (or one below it) ran into each boundary.
+#[derive(Serialize, serde::Deserialize, Clone, Debug, PartialEq, Default)]
+pub struct MemEvents {
+    /// Reclaimed below memory.low (its protection was not enough).
+    pub low: u64,
+    /// Throttled and reclaimed above memory.high.
+    pub high: u64,
+    /// About to go over memory.max: reclaim was forced.
+    pub max: u64,
+    /// Reclaim failed at memory.max: the OOM killer was invoked (or the charge failed).
+    pub oom: u64,
+    pub oom_kill: u64,
+    /// Kernel 5.17+; `None` before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oom_group_kill: Option<u64>,
+}
+
+impl MemEvents {
+    /// `self - before`, counter by counter (a cgroup recreated under the same name restarts
+    /// from zero: no step is negative).
+    pub fn minus(&self, before: &MemEvents) -> MemEvents {
+        MemEvents {
+            low: self.low.saturating_sub(before.low),
+            high: self.high.saturating_sub(before.high),
+            max: self.max.saturating_sub(before.max),
+            oom: self.oom.saturating_sub(before.oom),
+            oom_kill: self.oom_kill.saturating_sub(before.oom_kill),
+            oom_group_kill: self
+                .oom_group_kill
+                .map(|a| a.saturating_sub(before.oom_group_kill.unwrap_or(0))),
+        }
+    }
+
+    pub fn is_zero(&self) -> bool {
+        self.low
+            + self.high
+            + self.max
+            + self.oom
+            + self.oom_kill
+            + self.oom_group_kill.unwrap_or(0)
+            == 0
+    }
+}
+
+/// Pressure stall information (PSI) for memory: the share of time tasks waited for memory.
+/// `some`: at least one task waited; `full`: all non-idle tasks did at once.
+#[derive(Serialize, serde::Deserialize, Clone, Debug, PartialEq, Default)]
+pub struct Psi {
+    /// Percent over the last 10 s.
+    pub some_avg10: f64,
+    /// Microseconds since boot (or since the cgroup was made).
+    pub some_total_us: u64,
+    pub full_avg10: f64,
+    pub full_total_us: u64,
+}
+
+/// PSI over the trace: stalled time and the worst 10-second average seen.
+#[derive(Serialize, serde::Deserialize, Clone, Debug, PartialEq, Default)]
+pub struct PsiDelta {
+    pub some_us: u64,
+    pub full_us: u64,
+    pub peak_some_avg10: f64,
+    pub peak_full_avg10: f64,
+}
+
+/// Folds PSI readings into a [`PsiDelta`]: the first reading is the baseline.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PsiTrack {
+    pub first: Option<Psi>,
+    pub last: Option<Psi>,
+    pub peak_some_avg10: f64,
+    pub peak_full_avg10: f64,
+}
+
+impl PsiTrack {
+    pub fn add(&mut self, p: &Psi) {
+        if self.first.is_none() {
+            self.first = Some(p.clone());
+        }
+        self.peak_some_avg10 = self.peak_some_avg10.max(p.some_avg10);
+        self.peak_full_avg10 = self.peak_full_avg10.max(p.full_avg10);
+        self.last = Some(p.clone());
+    }
+
+    /// `None` when no reading was ever made (v1, PSI off).
+    pub fn delta(&self) -> Option<PsiDelta> {
+        let (first, last) = (self.first.as_ref()?, self.last.as_ref()?);
+        Some(PsiDelta {
+            some_us: last.some_total_us.saturating_sub(first.some_total_us),
+            full_us: last.full_total_us.saturating_sub(first.full_total_us),
+            peak_some_avg10: self.peak_some_avg10,
+            peak_full_avg10: self.peak_full_avg10,
+        })
+    }
+}
+
+/// One watched job's own surroundings (`gpustall watch` follows several jobs, each in its own
+/// cgroup and mount namespace), keyed by the job's root pid.
+#[derive(Serialize, serde::Deserialize, Clone, Debug, PartialEq)]
+pub struct JobContext {
+    pub root: u32,
+    pub cgroup: Option<CgroupMem>,
+    pub filesystems: Vec<FsUsage>,
 }
 
 /// Host-wide memory: a job without a cgroup limit is squeezed by the host's MemAvailable.
@@ -186,6 +310,14 @@ pub struct HostContext {
     /// Per path, the fullest it was seen.
     pub filesystems: Vec<FsUsage>,
     pub tasks: HashMap<u32, TaskWatch>,
+    /// The limiting cgroup's memory.events at its first reading: the trace's own are the
+    /// difference (the file counts over the cgroup's life).
+    pub cgroup_events_before: Option<MemEvents>,
+    /// The job cgroup's memory.pressure and the host's /proc/pressure/memory.
+    pub cgroup_psi: PsiTrack,
+    pub host_psi: PsiTrack,
+    /// `gpustall watch`: each job's latest own context, by root pid.
+    pub jobs_last: BTreeMap<u32, JobContext>,
 }
 
 impl HostContext {
@@ -193,6 +325,12 @@ impl HostContext {
     pub fn cgroup_oom_kills(&self) -> Option<u64> {
         let last = self.cgroup_last.as_ref()?.oom_kills?;
         Some(last.saturating_sub(self.cgroup_oom_kills_before.unwrap_or(0)))
+    }
+
+    /// The limiting cgroup's memory.events during the trace (v2 only).
+    pub fn cgroup_events(&self) -> Option<MemEvents> {
+        let last = self.cgroup_last.as_ref()?.events.as_ref()?;
+        Some(last.minus(self.cgroup_events_before.as_ref().unwrap_or(&MemEvents::default())))
     }
 
     pub fn apply(&mut self, s: &ContextSample) {
@@ -208,6 +346,12 @@ impl HostContext {
             if self.cgroup_oom_kills_before.is_none() {
                 self.cgroup_oom_kills_before = m.oom_kills;
             }
+            if self.cgroup_events_before.is_none() {
+                self.cgroup_events_before = m.events.clone();
+            }
+            if let Some(p) = &m.pressure {
+                self.cgroup_psi.add(p);
+            }
             self.cgroup_peak_usage =
                 self.cgroup_peak_usage.max(m.peak_bytes.unwrap_or(0)).max(m.usage_bytes);
             self.cgroup_last = Some(m.clone());
@@ -218,6 +362,16 @@ impl HostContext {
                     .map_or(h.mem_available_kb, |m| m.min(h.mem_available_kb)),
             );
             self.host_last = Some(h.clone());
+        }
+        if let Some(p) = &s.host_pressure {
+            self.host_psi.add(p);
+        }
+        for j in &s.jobs {
+            self.jobs_last.insert(j.root, j.clone());
+        }
+        // A job that is no longer read has ended.
+        if !s.jobs.is_empty() || !self.jobs_last.is_empty() {
+            self.jobs_last.retain(|root, _| s.jobs.iter().any(|j| j.root == *root));
         }
         if !s.vmstat.is_empty() {
             self.vm_last = s.vmstat.clone();
@@ -326,6 +480,11 @@ mod tests {
             swap_usage_bytes: None,
             oom_kills: Some(kills),
             failcnt: None,
+            limit_set_by: None,
+            swap_limit_bytes: None,
+            swap_limit_set_by: None,
+            events: Some(MemEvents { max: kills * 10, oom_kill: kills, ..Default::default() }),
+            pressure: Some(Psi { some_total_us: kills * 1000, ..Default::default() }),
         };
         let mut c = HostContext::default();
         // Three kills from an earlier run of the job, then one during the trace.
@@ -333,6 +492,28 @@ mod tests {
         assert_eq!(c.cgroup_oom_kills(), Some(0));
         c.apply(&ContextSample { cgroup: Some(cg(4)), ..Default::default() });
         assert_eq!(c.cgroup_oom_kills(), Some(1));
+        let ev = c.cgroup_events().expect("v2 events");
+        assert_eq!((ev.max, ev.oom_kill, ev.oom_group_kill), (10, 1, None));
+        assert_eq!(c.cgroup_psi.delta().map(|d| d.some_us), Some(1000));
+        assert_eq!(c.host_psi.delta(), None, "no host PSI read: none reported");
+    }
+
+    #[test]
+    fn event_deltas_never_go_negative() {
+        let a = MemEvents { max: 5, oom_group_kill: Some(2), ..Default::default() };
+        let b = MemEvents { max: 7, oom_group_kill: Some(1), ..Default::default() };
+        assert_eq!(a.minus(&b), MemEvents { oom_group_kill: Some(1), ..Default::default() });
+        assert!(!a.minus(&b).is_zero());
+        assert!(b.minus(&b).is_zero());
+    }
+
+    #[test]
+    fn a_jobs_context_goes_when_it_is_no_longer_read() {
+        let job = |root| JobContext { root, cgroup: None, filesystems: vec![] };
+        let mut c = HostContext::default();
+        c.apply(&ContextSample { jobs: vec![job(1), job(2)], ..Default::default() });
+        c.apply(&ContextSample { jobs: vec![job(2)], ..Default::default() });
+        assert_eq!(c.jobs_last.keys().copied().collect::<Vec<_>>(), vec![2]);
     }
 
     #[test]

@@ -14,6 +14,7 @@ use crate::model::host::DiskStat;
 use crate::model::host::FsUsage;
 use crate::model::host::HostMem;
 use crate::model::host::TaskState;
+use crate::model::host::{JobContext, Psi};
 use crate::model::overhead::Overhead;
 use crate::model::stats::MemSample;
 
@@ -156,6 +157,13 @@ pub struct ContextSample {
     pub disks: Vec<DiskStat>,
     pub tasks: Vec<TaskState>,
     pub filesystems: Vec<FsUsage>,
+    /// /proc/pressure/memory; `None` without PSI (CONFIG_PSI off, or psi=0 on the cmdline).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_pressure: Option<Psi>,
+    /// `gpustall watch`: each job's own cgroup and filesystems (`cgroup` and `filesystems`
+    /// above are then empty: no job stands for the node).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub jobs: Vec<JobContext>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug)]

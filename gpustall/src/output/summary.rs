@@ -67,6 +67,15 @@ pub struct ContextSummary {
     /// The trainer's memory cgroup at the end, with its peak usage over the trace.
     pub cgroup: Option<crate::model::host::CgroupMem>,
     pub cgroup_peak_usage_bytes: u64,
+    /// The limiting cgroup's memory.events over the trace (v2; `null` on v1).
+    pub cgroup_memory_events: Option<crate::model::host::MemEvents>,
+    /// The job cgroup's memory PSI over the trace (v2 with PSI on).
+    pub cgroup_pressure: Option<crate::model::host::PsiDelta>,
+    /// /proc/pressure/memory over the trace (`null` without PSI).
+    pub host_pressure: Option<crate::model::host::PsiDelta>,
+    /// What could not be read, and what stands in for it.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub context_notes: Vec<String>,
     pub host_mem_total_kb: Option<u64>,
     pub host_min_available_kb: Option<u64>,
     pub swap_total_kb: Option<u64>,
@@ -265,12 +274,37 @@ pub fn write_json(s: &Summary, path: &std::path::Path) -> anyhow::Result<()> {
         .with_context(|| format!("writing the summary to {}", path.display()))
 }
 
+/// Where the kernel's own pressure figures are missing, and why (the summary says so rather
+/// than leave a silent `null`).
+fn context_notes(c: &crate::model::host::HostContext) -> Vec<String> {
+    let mut notes = Vec::new();
+    match &c.cgroup_last {
+        Some(cg) if cg.version == 1 => notes.push(
+            "memory cgroup v1: no memory.events or memory.pressure; memory.failcnt and memory.oom_control stand in".to_string(),
+        ),
+        Some(cg) if cg.pressure.is_none() => notes.push(
+            "no memory.pressure in the job's cgroup: PSI is off (psi=0 on the kernel command line) or the kernel lacks CONFIG_PSI".to_string(),
+        ),
+        _ => {}
+    }
+    if c.samples > 0 && c.host_psi.first.is_none() {
+        notes.push(
+            "no /proc/pressure/memory: PSI is off (psi=0 on the kernel command line) or the kernel lacks CONFIG_PSI".to_string(),
+        );
+    }
+    notes
+}
+
 fn context_summary(m: &Model) -> ContextSummary {
     let c = &m.ctx;
     let data_times: Vec<f64> = m.steps.iter().filter_map(|(_, s)| s.data_time_s).collect();
     ContextSummary {
         cgroup: c.cgroup_last.clone(),
         cgroup_peak_usage_bytes: c.cgroup_peak_usage,
+        cgroup_memory_events: c.cgroup_events(),
+        cgroup_pressure: c.cgroup_psi.delta(),
+        host_pressure: c.host_psi.delta(),
+        context_notes: context_notes(c),
         host_mem_total_kb: c.host_last.as_ref().map(|h| h.mem_total_kb),
         host_min_available_kb: c.host_min_available_kb,
         swap_total_kb: c.host_last.as_ref().map(|h| h.swap_total_kb),

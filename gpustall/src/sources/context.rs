@@ -6,9 +6,11 @@
 //! [`ContextReader`] reads the machine (live only); [`HostContext::apply`] folds a
 //! [`ContextSample`] into the model, the same way live and on replay.
 
-use std::path::PathBuf;
+use std::{collections::BTreeMap, path::PathBuf};
 
+use crate::model::host::{CgroupMem, FsUsage, JobContext};
 use crate::model::samples::ContextSample;
+use crate::sources::cgroup::{self, MemCgroupDir};
 use crate::sources::host;
 
 /// The vmstat counters the verdict reads (allocstall_* are summed by `vm_delta`).
@@ -25,42 +27,88 @@ fn wanted_vmstat(key: &str) -> bool {
     ) || key.starts_with("allocstall")
 }
 
-/// Reads the machine for one [`ContextSample`].
-pub struct ContextReader {
-    cgroup_dir: Option<(PathBuf, String, u8)>,
+/// One job's own surroundings: its memory cgroup and the filesystems it writes to.
+struct JobReader {
+    cgroup: Option<MemCgroupDir>,
     /// Each filesystem as the job names it, and where the agent reads it: through the
     /// target's /proc/PID/root, so a container's own /dev/shm (64 MiB by default) is the one
     /// measured, not the host's.
     fs_paths: Vec<(String, PathBuf)>,
 }
 
-impl ContextReader {
-    /// `target` is the traced process: its memory cgroup and working directory stand for the job's.
-    pub fn new(target: u32) -> Self {
+impl JobReader {
+    /// `target`'s memory cgroup and working directory stand for the job's.
+    fn new(target: u32) -> Self {
         let root = PathBuf::from(format!("/proc/{target}/root"));
         let mut fs_paths: Vec<(String, PathBuf)> =
             ["/tmp", "/dev/shm"].iter().map(|p| (p.to_string(), root.join(&p[1..]))).collect();
         if let Some(cwd) = host::cwd(target) {
             fs_paths.insert(0, (cwd.display().to_string(), format!("/proc/{target}/cwd").into()));
         }
-        Self { cgroup_dir: host::memory_cgroup_dir(target), fs_paths }
+        Self { cgroup: cgroup::memory_cgroup_dir(target), fs_paths }
+    }
+
+    fn cgroup(&self) -> Option<CgroupMem> {
+        self.cgroup.as_ref().and_then(cgroup::read_cgroup_mem)
+    }
+
+    fn filesystems(&self) -> Vec<FsUsage> {
+        self.fs_paths
+            .iter()
+            .filter_map(|(name, path)| {
+                // Once the target is gone, the agent's own view of the same path.
+                let u = host::fs_usage(path).or_else(|| host::fs_usage(name.as_ref()))?;
+                Some(FsUsage { path: name.clone(), ..u })
+            })
+            .collect()
+    }
+}
+
+/// Reads the machine for one [`ContextSample`]: the host, and the job's own context (`trace`:
+/// one target) or each watched job's (`watch`: [`ContextReader::add_job`]).
+pub struct ContextReader {
+    target: Option<JobReader>,
+    jobs: BTreeMap<u32, JobReader>,
+}
+
+impl ContextReader {
+    /// `target` is the traced process: its memory cgroup and working directory stand for the job's.
+    pub fn new(target: u32) -> Self {
+        Self { target: Some(JobReader::new(target)), jobs: BTreeMap::new() }
+    }
+
+    /// The host only, until jobs are added.
+    pub fn host_only() -> Self {
+        Self { target: None, jobs: BTreeMap::new() }
+    }
+
+    /// A watched job, by its root process: read from now on, in `ContextSample::jobs`.
+    pub fn add_job(&mut self, root: u32) {
+        self.jobs.insert(root, JobReader::new(root));
+    }
+
+    /// An ended job: no longer read.
+    pub fn remove_job(&mut self, root: u32) {
+        self.jobs.remove(&root);
     }
 
     pub fn read(&self, alive: &[u32], t_ns: u64) -> ContextSample {
         ContextSample {
             t_ns,
-            cgroup: self.cgroup_dir.as_ref().and_then(|(d, p, v)| host::read_cgroup_mem(d, p, *v)),
+            cgroup: self.target.as_ref().and_then(JobReader::cgroup),
             host: host::read_host_mem(),
             vmstat: host::read_vmstat().into_iter().filter(|(k, _)| wanted_vmstat(k)).collect(),
             disks: host::read_disks(),
             tasks: alive.iter().filter_map(|&p| host::task_state(p)).collect(),
-            filesystems: self
-                .fs_paths
+            filesystems: self.target.as_ref().map(JobReader::filesystems).unwrap_or_default(),
+            host_pressure: cgroup::read_host_psi(),
+            jobs: self
+                .jobs
                 .iter()
-                .filter_map(|(name, path)| {
-                    // Once the target is gone, the agent's own view of the same path.
-                    let u = host::fs_usage(path).or_else(|| host::fs_usage(name.as_ref()))?;
-                    Some(crate::model::host::FsUsage { path: name.clone(), ..u })
+                .map(|(&root, j)| JobContext {
+                    root,
+                    cgroup: j.cgroup(),
+                    filesystems: j.filesystems(),
                 })
                 .collect(),
         }

@@ -3,6 +3,7 @@
 //! the agent's own cost. Each reader returns the plain sample types of [`crate::model`].
 
 pub mod agent;
+pub mod cgroup;
 pub mod clock;
 pub mod context;
 pub mod host;

@@ -33,6 +33,34 @@ pub fn rebase_counters(lines: &[Value]) -> Vec<Value> {
         .collect()
 }
 
+/// The context samples of a window as the job rooted at `root` saw them: `gpustall watch` reads
+/// each job's cgroup and filesystems into `jobs`; the bundle's replay (and so its verdict)
+/// takes the incident's job's as the sample's own. Without a job (a GPU stall no process is
+/// named for) the node's context is left without a cgroup.
+pub fn context_of_job(lines: &[Value], root: Option<u32>) -> Vec<Value> {
+    lines
+        .iter()
+        .map(|v| {
+            if v["type"] != "sample" || v["kind"] != "context" {
+                return v.clone();
+            }
+            let mut v = v.clone();
+            let job = v["jobs"]
+                .as_array()
+                .and_then(|jobs| jobs.iter().find(|j| root.is_some_and(|r| j["root"] == r)))
+                .cloned();
+            if let Some(obj) = v.as_object_mut() {
+                obj.remove("jobs");
+                if let Some(job) = job {
+                    obj.insert("cgroup".into(), job["cgroup"].clone());
+                    obj.insert("filesystems".into(), job["filesystems"].clone());
+                }
+            }
+            v
+        })
+        .collect()
+}
+
 /// Writes one bundle; returns its directory and the summary.
 pub fn write(
     root: &Path,
@@ -124,6 +152,25 @@ mod tests {
         assert_eq!(left.len(), 1);
         assert!(left[0].file_name().to_string_lossy().contains("000000000004"));
         let _ = std::fs::remove_dir_all(&root);
+    }
+
+    #[test]
+    fn a_bundle_takes_its_jobs_context() {
+        let ctx = serde_json::json!({"type": "sample", "kind": "context", "t_ns": 1,
+        "cgroup": null, "filesystems": [],
+        "jobs": [
+            {"root": 10, "cgroup": {"path": "/a"}, "filesystems": [{"path": "/dev/shm"}]},
+            {"root": 20, "cgroup": {"path": "/b"}, "filesystems": []}
+        ]});
+        let other = serde_json::json!({"type": "event"});
+        let out = context_of_job(&[ctx.clone(), other.clone()], Some(20));
+        assert_eq!(out[0]["cgroup"]["path"], "/b");
+        assert!(out[0].get("jobs").is_none());
+        assert_eq!(out[1], other);
+        let out = context_of_job(&[ctx.clone()], Some(10));
+        assert_eq!(out[0]["filesystems"][0]["path"], "/dev/shm");
+        let out = context_of_job(&[ctx], None);
+        assert!(out[0]["cgroup"].is_null(), "no job, no cgroup");
     }
 
     #[test]

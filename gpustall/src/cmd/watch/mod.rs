@@ -169,10 +169,15 @@ struct Daemon {
 
 impl Daemon {
     fn job_of(&self, pid: u32) -> Option<&Job> {
+        self.jobs.get(&self.root_of(pid)?)
+    }
+
+    /// The root process of the job `pid` belongs to.
+    fn root_of(&self, pid: u32) -> Option<u32> {
         let mut cur = pid;
         for _ in 0..64 {
-            if let Some(j) = self.jobs.get(&cur) {
-                return Some(j);
+            if self.jobs.contains_key(&cur) {
+                return Some(cur);
             }
             cur = self.session.model.tree.get(cur)?.ppid;
         }
@@ -237,10 +242,8 @@ impl Daemon {
                 }
             }
             say!("gpustall: watching job {name} ({} processes)", members.len());
-            if self.jobs.is_empty() {
-                // The first job's cgroup and cwd stand for the node's context.
-                self.ctx = ContextReader::new(root);
-            }
+            // Each job is read in its own cgroup and mount namespace.
+            self.ctx.add_job(root);
             self.jobs.insert(root, Job { name });
         }
     }
@@ -303,6 +306,11 @@ impl Daemon {
         let live_jobs: BTreeSet<&str> =
             alive.iter().filter_map(|&p| self.job_of(p)).map(|j| j.name.as_str()).collect();
         self.metrics.set_watched(live_jobs.len() as u64, alive.len() as u64);
+        for (root, ctx) in &m.ctx.jobs_last {
+            if let (Some(job), Some(cg)) = (self.jobs.get(root), &ctx.cgroup) {
+                self.metrics.set_job_cgroup(&job.name, cg);
+            }
+        }
         let (cpu, rss_kb) = agent::agent_usage();
         self.metrics.set_agent(cpu, rss_kb * 1024);
         let maps = crate::kernel::mapmem::held_maps();
@@ -417,6 +425,8 @@ impl Daemon {
         }
         let parsed: Vec<Value> =
             lines.iter().filter_map(|l| serde_json::from_str(l).ok()).collect();
+        // The bundle's verdict is the incident's job's: its cgroup, its filesystems.
+        let parsed = crate::cmd::watch::bundle::context_of_job(&parsed, self.root_of(inc.pid));
         out.extend(crate::cmd::watch::bundle::rebase_counters(&parsed));
         if dropped > 0 {
             // The window is incomplete: say so in the bundle, where its summary will count it.
@@ -459,6 +469,12 @@ impl Daemon {
             .filter(|n| n.exit_ns.is_some_and(|e| e < horizon))
             .map(|n| n.pid)
             .collect();
+        // A job with no process alive is no longer read (its cgroup may be gone or reused).
+        let alive = self.session.model.tree.alive_pids();
+        let live_roots: BTreeSet<u32> = alive.iter().filter_map(|&p| self.root_of(p)).collect();
+        for root in self.jobs.keys().filter(|r| !live_roots.contains(r)) {
+            self.ctx.remove_job(*root);
+        }
         let ended_jobs: Vec<u32> =
             self.jobs.keys().copied().filter(|root| gone.contains(root)).collect();
         for root in ended_jobs {
@@ -540,7 +556,7 @@ async fn setup(opts: WatchOptions) -> anyhow::Result<(Daemon, Probes, Rings, Opt
         ..Header::new(start, &probes.attached, &probes.skipped, gpu_header)
     };
     let mut d = Daemon {
-        ctx: ContextReader::new(std::process::id()),
+        ctx: ContextReader::host_only(),
         opts,
         session,
         flight,

@@ -41,6 +41,65 @@ impl Chain {
     }
 }
 
+/// 1234567 as "1,234,567".
+pub fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// The kernel's own account of the cgroup's pressure: how often it hit its limits (v2
+/// memory.events) and how long its tasks waited for memory (PSI), and the host's PSI.
+pub fn cgroup_links(f: &Facts) -> Vec<String> {
+    let mut links = Vec::new();
+    if let Some(c) = &f.cgroup {
+        if let Some(e) = c.events.as_ref().filter(|e| !e.is_zero()) {
+            let mut parts = vec![format!(
+                "memory cgroup {} hit its limit {} times (memory.events max)",
+                c.limiting_path(),
+                thousands(e.max)
+            )];
+            if e.high > 0 {
+                parts.push(format!("went over memory.high {} times", thousands(e.high)));
+            }
+            if e.low > 0 {
+                parts.push(format!("was reclaimed below memory.low {} times", thousands(e.low)));
+            }
+            if e.oom > 0 {
+                parts.push(format!("{} OOM (reclaim could not make room)", e.oom));
+            }
+            parts.push(format!("{} OOM kills", e.oom_kill));
+            if let Some(g) = e.oom_group_kill.filter(|g| *g > 0) {
+                parts.push(format!("{g} group OOM kills"));
+            }
+            links.push(parts.join(", "));
+        }
+        if let Some(p) = c.pressure.as_ref().filter(|p| p.some_us > 0) {
+            links.push(psi_link(&format!("memory cgroup {}", c.path), p));
+        }
+    }
+    if let Some(p) = f.host_pressure.as_ref().filter(|p| p.some_us > 0) {
+        links.push(psi_link("the host", p));
+    }
+    links
+}
+
+fn psi_link(scope: &str, p: &crate::model::host::PsiDelta) -> String {
+    format!(
+        "memory pressure (PSI) in {scope}: some task waited for memory {:.2} s, all tasks at once {:.2} s over the trace (worst 10 s average {:.0} % some, {:.0} % full)",
+        p.some_us as f64 / 1e6,
+        p.full_us as f64 / 1e6,
+        p.peak_some_avg10,
+        p.peak_full_avg10
+    )
+}
+
 pub fn memory_chain(f: &Facts, chain: &mut Chain) {
     // Those that grew at least a tenth as much as the largest grower: the rest is noise.
     let max_growth =
@@ -66,18 +125,20 @@ pub fn memory_chain(f: &Facts, chain: &mut Chain) {
             ),
         );
     }
+    let first_reclaim = f.procs.iter().filter_map(|p| p.first_reclaim_ns).min().unwrap_or(f.end_ns);
     if let Some(CgroupFacts { path, limit_bytes: Some(limit), peak_usage_bytes: peak, .. }) =
         &f.cgroup
     {
+        let whose = match &f.cgroup.as_ref().and_then(|c| c.limit_set_by.clone()) {
+            Some(by) => format!("the {} limit set by its ancestor {by}", mib_b(*limit)),
+            None => format!("its {} limit", mib_b(*limit)),
+        };
         chain.push(
-            f.procs.iter().filter_map(|p| p.first_reclaim_ns).min().unwrap_or(f.end_ns),
-            format!(
-                "memory cgroup {path}: usage peaked at {} of its {} limit",
-                mib_b(*peak),
-                mib_b(*limit)
-            ),
+            first_reclaim,
+            format!("memory cgroup {path}: usage peaked at {} of {whose}", mib_b(*peak)),
         );
     }
+    chain.0.extend(cgroup_links(f).into_iter().map(|l| (first_reclaim, l)));
     let stalled: Vec<&ProcFacts> = f.procs.iter().filter(|p| p.reclaim_count > 0).collect();
     if let Some(first) = stalled.iter().filter_map(|p| p.first_reclaim_ns).min() {
         let total_ns: u64 = stalled.iter().map(|p| p.reclaim_ns).sum();

@@ -178,10 +178,14 @@ pub fn host_memory_oom(c: &Ctx) -> Option<Verdict> {
 /// container, a Slurm job, a pod), else host memory.
 fn memory_scope(f: &Facts) -> String {
     match &f.cgroup {
-        Some(CgroupFacts { path, limit_bytes: Some(limit), .. })
+        Some(CgroupFacts { path, limit_bytes: Some(limit), limit_set_by, .. })
             if f.host_mem_total_kb.is_none_or(|t| limit / 1024 < t) =>
         {
-            format!("Memory cgroup {path} (limit {})", mib_b(*limit))
+            match limit_set_by {
+                // A Slurm job or a pod sets it on a parent: say whose budget it is.
+                Some(by) => format!("Memory cgroup {path} (limit {}, set by {by})", mib_b(*limit)),
+                None => format!("Memory cgroup {path} (limit {})", mib_b(*limit)),
+            }
         }
         _ => "Host memory".to_string(),
     }

@@ -74,6 +74,7 @@ fn memory_facts() -> Facts {
         limit_bytes: Some(512 << 20),
         peak_usage_bytes: 512 << 20,
         oom_kills: Some(1),
+        ..Default::default()
     });
     f.pswpout = 41_000;
     f.gpu_stalls = vec![stall(35 * S, 20, &[])];
@@ -117,6 +118,52 @@ fn oom_kill_is_the_memory_cause_with_the_grower_first_and_evidence_in_time_order
 }
 
 /// `n` workers of `parent`, alive from `from` to `to` seconds.
+#[test]
+fn a_parents_limit_and_the_kernels_memory_events_are_named() {
+    // A Slurm step in /job/step_0 with no limit of its own; /job has 512 MiB.
+    let mut f = memory_facts();
+    f.oom_kills = vec![OomFacts {
+        t_ns: 55 * S,
+        victim_pid: 11,
+        victim_comm: "pt_data_worker".into(),
+        anon_rss_kb: Some(300_000),
+        trigger_pid: 11,
+        trigger_comm: "pt_data_worker".into(),
+        killer: None,
+    }];
+    let c = f.cgroup.as_mut().expect("fixture");
+    c.path = "/job/step_0".into();
+    c.limit_set_by = Some("/job".into());
+    c.events = Some(crate::model::host::MemEvents {
+        max: 1234,
+        oom: 3,
+        oom_kill: 3,
+        ..Default::default()
+    });
+    c.pressure = Some(crate::model::host::PsiDelta {
+        some_us: 2_500_000,
+        full_us: 1_000_000,
+        peak_some_avg10: 40.0,
+        peak_full_avg10: 12.0,
+    });
+    let v = decide(&f);
+    assert!(
+        v.text.starts_with("Memory cgroup /job/step_0 (limit 512 MiB, set by /job) ran out"),
+        "{}",
+        v.text
+    );
+    let joined = v.evidence.join("\n");
+    assert!(joined.contains("of the 512 MiB limit set by its ancestor /job"), "{joined}");
+    assert!(
+        joined.contains("memory cgroup /job hit its limit 1,234 times (memory.events max), 3 OOM (reclaim could not make room), 3 OOM kills"),
+        "{joined}"
+    );
+    assert!(
+        joined.contains("in memory cgroup /job/step_0: some task waited for memory 2.50 s"),
+        "{joined}"
+    );
+}
+
 fn generation(
     parent: u32,
     first_pid: u32,

@@ -1,5 +1,5 @@
-//! Host context that the eBPF events alone cannot give: the memory cgroup's limit and usage,
-//! host MemAvailable and swap, /proc/vmstat counters, disk busy time, free space, and the state
+//! Host context that the eBPF events alone cannot give (the memory cgroup's are in
+//! `sources::cgroup`): host MemAvailable and swap, /proc/vmstat counters, disk busy time, free space, and the state
 //! of a task (R/S/D, wchan).
 //!
 //! Why: a verdict such as "the workers hit the cgroup limit and the disk was busy with swap"
@@ -17,135 +17,10 @@ use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-use crate::model::host::{CgroupMem, DiskStat, FsUsage, HostMem, TaskState, SECTOR_BYTES};
-
-/// v1 reports "no limit" as a huge page-aligned number (PAGE_COUNTER_MAX * page size);
-/// anything this large is no real limit.
-const V1_UNLIMITED: u64 = 1 << 60;
-
-/// The memory cgroup directory of `pid` on this host: (directory, cgroup path, version).
-pub fn memory_cgroup_dir(pid: u32) -> Option<(PathBuf, String, u8)> {
-    memory_cgroup_dir_at(Path::new("/proc"), Path::new("/sys/fs/cgroup"), pid)
-}
-
-/// As [`memory_cgroup_dir`], with /proc at `proc_root` and the cgroup mount at `cgroup_root`.
-///
-/// v1 memory is preferred when its directory exists: on a hybrid host (v1 memory controller,
-/// v2 unified tree for systemd) the v2 directory holds no memory files, the v1 one does.
-pub fn memory_cgroup_dir_at(
-    proc_root: &Path,
-    cgroup_root: &Path,
-    pid: u32,
-) -> Option<(PathBuf, String, u8)> {
-    let text = std::fs::read_to_string(proc_root.join(pid.to_string()).join("cgroup")).ok()?;
-    let (v1, v2) = parse_proc_cgroup(&text);
-    if let Some(path) = v1 {
-        let dir = under(&cgroup_root.join("memory"), &path);
-        if dir.is_dir() {
-            return Some((dir, path, 1));
-        }
-    }
-    let path = v2?;
-    [cgroup_root.to_path_buf(), cgroup_root.join("unified")]
-        .iter()
-        .map(|root| under(root, &path))
-        .find(|dir| dir.join("memory.max").exists() || dir.join("memory.current").exists())
-        .map(|dir| (dir, path, 2))
-}
-
-/// The v1 memory path and the v2 path from a /proc/PID/cgroup text
-/// ("hierarchy-id:controllers:path" per line).
-fn parse_proc_cgroup(text: &str) -> (Option<String>, Option<String>) {
-    let mut v1 = None;
-    let mut v2 = None;
-    for line in text.lines() {
-        // The path may itself contain ':', so split at the first two only.
-        let mut parts = line.splitn(3, ':');
-        let (Some(id), Some(controllers), Some(path)) = (parts.next(), parts.next(), parts.next())
-        else {
-            continue;
-        };
-        if id == "0" && controllers.is_empty() {
-            v2 = Some(path.to_string());
-        } else if controllers.split(',').any(|c| c == "memory") {
-            v1 = Some(path.to_string());
-        }
-    }
-    (v1, v2)
-}
-
-/// `root` joined with an absolute cgroup path ("/" is the root itself).
-fn under(root: &Path, cgroup_path: &str) -> PathBuf {
-    let rel = cgroup_path.trim_start_matches('/');
-    if rel.is_empty() {
-        root.to_path_buf()
-    } else {
-        root.join(rel)
-    }
-}
-
-/// Reads the memory files of the cgroup directory `dir`; `None` when its usage is unreadable
-/// (the cgroup was removed, or `dir` is not a memory cgroup).
-pub fn read_cgroup_mem(dir: &Path, path: &str, version: u8) -> Option<CgroupMem> {
-    if version == 1 {
-        read_v1(dir, path)
-    } else {
-        read_v2(dir, path)
-    }
-}
-
-fn read_v1(dir: &Path, path: &str) -> Option<CgroupMem> {
-    let usage = read_u64(&dir.join("memory.usage_in_bytes"))?;
-    // memsw counts memory + swap; it exists only with swap accounting on.
-    let swap = read_u64(&dir.join("memory.memsw.usage_in_bytes")).map(|m| m.saturating_sub(usage));
-    let oom_control = read_text(&dir.join("memory.oom_control"));
-    Some(CgroupMem {
-        path: path.to_string(),
-        version: 1,
-        limit_bytes: read_u64(&dir.join("memory.limit_in_bytes")).filter(|l| *l < V1_UNLIMITED),
-        usage_bytes: usage,
-        peak_bytes: read_u64(&dir.join("memory.max_usage_in_bytes")),
-        swap_usage_bytes: swap,
-        oom_kills: oom_control.as_deref().and_then(|t| keyed_value(t, "oom_kill")),
-        failcnt: read_u64(&dir.join("memory.failcnt")),
-    })
-}
-
-fn read_v2(dir: &Path, path: &str) -> Option<CgroupMem> {
-    let usage = read_u64(&dir.join("memory.current"))?;
-    let events = read_text(&dir.join("memory.events"));
-    let event = |key| events.as_deref().and_then(|t| keyed_value(t, key));
-    Some(CgroupMem {
-        path: path.to_string(),
-        version: 2,
-        // "max" does not parse as a number: unlimited.
-        limit_bytes: read_u64(&dir.join("memory.max")),
-        usage_bytes: usage,
-        peak_bytes: read_u64(&dir.join("memory.peak")),
-        swap_usage_bytes: read_u64(&dir.join("memory.swap.current")),
-        oom_kills: event("oom_kill"),
-        failcnt: event("max"),
-    })
-}
+use crate::model::host::{DiskStat, FsUsage, HostMem, TaskState, SECTOR_BYTES};
 
 fn read_text(path: &Path) -> Option<String> {
     std::fs::read_to_string(path).ok()
-}
-
-fn read_u64(path: &Path) -> Option<u64> {
-    read_text(path)?.trim().parse().ok()
-}
-
-/// The value of `key` in "key value" lines (memory.events, memory.oom_control).
-fn keyed_value(text: &str, key: &str) -> Option<u64> {
-    text.lines().find_map(|line| {
-        let (k, v) = line.split_once(char::is_whitespace)?;
-        if k == key {
-            v.trim().parse().ok()
-        } else {
-            None
-        }
-    })
 }
 
 pub fn read_host_mem() -> Option<HostMem> {
@@ -341,4 +216,4 @@ pub fn kernel_release() -> String {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -3,10 +3,10 @@ use super::*;
 use crate::model::host::{disk_busy, vm_delta, VmDelta};
 
 /// A temp dir removed on drop, to fake /proc and /sys/fs/cgroup.
-struct FakeRoot(PathBuf);
+pub(crate) struct FakeRoot(pub PathBuf);
 
 impl FakeRoot {
-    fn new(name: &str) -> Self {
+    pub fn new(name: &str) -> Self {
         let dir =
             std::env::temp_dir().join(format!("gpustall-hostctx-{}-{name}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
@@ -14,13 +14,13 @@ impl FakeRoot {
         FakeRoot(dir)
     }
 
-    fn write(&self, rel: &str, text: &str) {
+    pub fn write(&self, rel: &str, text: &str) {
         let p = self.0.join(rel);
         std::fs::create_dir_all(p.parent().expect("test setup")).expect("test setup");
         std::fs::write(p, text).expect("test setup");
     }
 
-    fn mkdir(&self, rel: &str) {
+    pub fn mkdir(&self, rel: &str) {
         std::fs::create_dir_all(self.0.join(rel)).expect("test setup");
     }
 }
@@ -29,116 +29,6 @@ impl Drop for FakeRoot {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
-}
-
-const HYBRID: &str = "12:cpu,cpuacct:/job\n5:memory,hugetlb:/job/rank0\n0::/user.slice/x\n";
-
-#[test]
-fn v1_combined_controllers_line() {
-    let r = FakeRoot::new("cg-v1");
-    r.write("proc/42/cgroup", HYBRID);
-    r.mkdir("cg/memory/job/rank0");
-    let (dir, path, v) =
-        memory_cgroup_dir_at(&r.0.join("proc"), &r.0.join("cg"), 42).expect("test setup");
-    assert_eq!((dir, path.as_str(), v), (r.0.join("cg/memory/job/rank0"), "/job/rank0", 1));
-}
-
-#[test]
-fn v2_line_plain_and_unified() {
-    let r = FakeRoot::new("cg-v2");
-    r.write("proc/7/cgroup", "0::/gpustall-test-x\n");
-    r.write("cg/gpustall-test-x/memory.max", "max\n");
-    let got = memory_cgroup_dir_at(&r.0.join("proc"), &r.0.join("cg"), 7).expect("test setup");
-    assert_eq!(got, (r.0.join("cg/gpustall-test-x"), "/gpustall-test-x".to_string(), 2));
-
-    // Hybrid mount: the unified tree lives under cgroup_root/unified.
-    r.write("proc/8/cgroup", "0::/svc\n");
-    r.write("cg/unified/svc/memory.current", "0\n");
-    let got = memory_cgroup_dir_at(&r.0.join("proc"), &r.0.join("cg"), 8).expect("test setup");
-    assert_eq!(got.0, r.0.join("cg/unified/svc"));
-    // A v2 directory without memory files is no memory cgroup.
-    r.write("proc/9/cgroup", "0::/nomem\n");
-    r.mkdir("cg/nomem");
-    assert_eq!(memory_cgroup_dir_at(&r.0.join("proc"), &r.0.join("cg"), 9), None);
-}
-
-#[test]
-fn both_present_prefers_v1_when_its_dir_exists() {
-    let r = FakeRoot::new("cg-both");
-    r.write("proc/42/cgroup", HYBRID);
-    r.write("cg/user.slice/x/memory.current", "1\n");
-    let (proc_root, cg_root) = (r.0.join("proc"), r.0.join("cg"));
-    // No v1 memory dir: fall back to v2.
-    assert_eq!(memory_cgroup_dir_at(&proc_root, &cg_root, 42).expect("test setup").2, 2);
-    r.mkdir("cg/memory/job/rank0");
-    assert_eq!(memory_cgroup_dir_at(&proc_root, &cg_root, 42).expect("test setup").2, 1);
-    assert_eq!(memory_cgroup_dir_at(&proc_root, &cg_root, 43), None);
-}
-
-#[test]
-fn root_cgroup_path_is_the_mount_itself() {
-    let r = FakeRoot::new("cg-ns");
-    // Inside a cgroup namespace the job's cgroup shows as "/".
-    r.write("proc/1/cgroup", "0::/\n");
-    r.write("cg/memory.max", "1048576\n");
-    let got = memory_cgroup_dir_at(&r.0.join("proc"), &r.0.join("cg"), 1).expect("test setup");
-    assert_eq!(got.0, r.0.join("cg"));
-}
-
-#[test]
-fn read_v1_memsw_and_oom_control() {
-    let r = FakeRoot::new("mem-v1");
-    r.write("m/memory.limit_in_bytes", "9223372036854771712\n");
-    r.write("m/memory.usage_in_bytes", "1000\n");
-    r.write("m/memory.max_usage_in_bytes", "4000\n");
-    r.write("m/memory.memsw.usage_in_bytes", "1500\n");
-    r.write("m/memory.oom_control", "oom_kill_disable 0\nunder_oom 0\noom_kill 3\n");
-    r.write("m/memory.failcnt", "17\n");
-    let m = read_cgroup_mem(&r.0.join("m"), "/job", 1).expect("test setup");
-    let want = CgroupMem {
-        path: "/job".into(),
-        version: 1,
-        limit_bytes: None,
-        usage_bytes: 1000,
-        peak_bytes: Some(4000),
-        swap_usage_bytes: Some(500),
-        oom_kills: Some(3),
-        failcnt: Some(17),
-    };
-    assert_eq!(m, want);
-    r.write("m/memory.limit_in_bytes", "2147483648\n");
-    let m = read_cgroup_mem(&r.0.join("m"), "/job", 1).expect("test setup");
-    assert_eq!(m.limit_bytes, Some(2 << 30));
-}
-
-#[test]
-fn read_v2_max_and_events() {
-    let r = FakeRoot::new("mem-v2");
-    r.write("m/memory.max", "max\n");
-    r.write("m/memory.current", "123456\n");
-    r.write("m/memory.events", "low 0\nhigh 0\nmax 42\noom 2\noom_kill 1\noom_group_kill 0\n");
-    let m = read_cgroup_mem(&r.0.join("m"), "/x", 2).expect("test setup");
-    let want = CgroupMem {
-        path: "/x".into(),
-        version: 2,
-        limit_bytes: None,
-        usage_bytes: 123456,
-        peak_bytes: None,
-        swap_usage_bytes: None,
-        oom_kills: Some(1),
-        failcnt: Some(42),
-    };
-    assert_eq!(m, want);
-    r.write("m/memory.max", "536870912\n");
-    r.write("m/memory.peak", "600000000\n");
-    r.write("m/memory.swap.current", "4096\n");
-    let m = read_cgroup_mem(&r.0.join("m"), "/x", 2).expect("test setup");
-    assert_eq!(
-        (m.limit_bytes, m.peak_bytes, m.swap_usage_bytes),
-        (Some(512 << 20), Some(600_000_000), Some(4096))
-    );
-    // A removed cgroup reads as None.
-    assert_eq!(read_cgroup_mem(&r.0.join("gone"), "/gone", 2), None);
 }
 
 #[test]

@@ -34,6 +34,8 @@ use prometheus_client::{
 };
 use tokio::{net::TcpListener, sync::Semaphore};
 
+mod cgroup;
+
 /// Labels of per-job, per-role series. The label is `training_job`, not `job`: Prometheus sets
 /// `job` on every scrape target and would rename ours to `exported_job`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -144,6 +146,7 @@ pub struct Metrics {
     flight_recorder_bytes: ByteGauge,
     flight_recorder_dropped: Counter,
     totals: Mutex<Totals>,
+    cgroups: cgroup::CgroupFamilies,
 }
 
 impl Default for Metrics {
@@ -242,6 +245,8 @@ impl Metrics {
         // here and the fields kept in `Metrics` are the same series.
         let mut r = Registry::with_prefix("gpustall");
         jobs.register(&mut r);
+        let cgroups = cgroup::CgroupFamilies::default();
+        cgroups.register(&mut r);
         r.register_with_unit(
             "gpu_utilization",
             "GPU utilisation reported by NVML over its last sample period, 0 to 1",
@@ -327,6 +332,7 @@ impl Metrics {
             flight_recorder_bytes,
             flight_recorder_dropped,
             totals: Mutex::new(Totals::default()),
+            cgroups,
         }
     }
 
@@ -445,8 +451,14 @@ impl Metrics {
         t.flight_recorder_dropped = dropped_total;
     }
 
+    /// One reading of a job's own memory cgroup (`cgroup::CgroupFamilies`).
+    pub fn set_job_cgroup(&self, job: &str, c: &crate::model::host::CgroupMem) {
+        self.cgroups.update(job, c);
+    }
+
     /// Removes every series whose job label is `job`.
     pub fn forget_job(&self, job: &str) {
+        self.cgroups.forget(job);
         let mut known = lock(&self.known);
         known.retain(|labels| {
             if labels.training_job == job {

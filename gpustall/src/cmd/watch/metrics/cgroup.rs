@@ -1,0 +1,187 @@
+//! Per-job memory cgroup series: the effective limit and usage, and the kernel's own account of
+//! pressure (v2 memory.events, PSI). The cgroup files count over the cgroup's life; a job's
+//! counters count from when the agent first read them, so a restarted agent or a reused cgroup
+//! never shows a jump.
+
+use std::{
+    collections::HashMap,
+    sync::{atomic::AtomicU64, Mutex},
+};
+
+use prometheus_client::{
+    encoding::EncodeLabelSet,
+    metrics::{counter::Counter, family::Family, gauge::Gauge},
+    registry::{Registry, Unit},
+};
+
+use crate::model::host::{CgroupMem, MemEvents, Psi};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct JobLabel {
+    pub training_job: String,
+}
+
+/// A memory.events counter (`event`: low, high, max, oom, oom_kill, oom_group_kill) or a PSI
+/// share (`event`: some, full).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct JobEvent {
+    pub training_job: String,
+    pub event: String,
+}
+
+type SecondsCounter = Counter<f64, AtomicU64>;
+
+#[derive(Default)]
+pub struct CgroupFamilies {
+    limit_bytes: Family<JobLabel, Gauge<u64, AtomicU64>>,
+    usage_bytes: Family<JobLabel, Gauge<u64, AtomicU64>>,
+    events: Family<JobEvent, Counter>,
+    pressure_seconds: Family<JobEvent, SecondsCounter>,
+    /// Each job's last reading, to turn the files' totals into increments.
+    last: Mutex<HashMap<String, (Option<MemEvents>, Option<Psi>)>>,
+}
+
+/// The memory.events counters by name.
+fn event_counts(e: &MemEvents) -> Vec<(&'static str, u64)> {
+    let mut v = vec![
+        ("low", e.low),
+        ("high", e.high),
+        ("max", e.max),
+        ("oom", e.oom),
+        ("oom_kill", e.oom_kill),
+    ];
+    if let Some(g) = e.oom_group_kill {
+        v.push(("oom_group_kill", g));
+    }
+    v
+}
+
+impl CgroupFamilies {
+    pub fn register(&self, r: &mut Registry) {
+        r.register_with_unit(
+            "job_memory_limit",
+            "The job's effective memory limit: the smallest memory.max (v1 limit_in_bytes) from its cgroup up to the root",
+            Unit::Bytes,
+            self.limit_bytes.clone(),
+        );
+        r.register_with_unit(
+            "job_memory_cgroup_usage",
+            "Memory charged to the job's cgroup (memory.current, v1 usage_in_bytes)",
+            Unit::Bytes,
+            self.usage_bytes.clone(),
+        );
+        r.register(
+            "job_memory_events",
+            "cgroup v2 memory.events of the cgroup that sets the job's limit, counted from when the agent first read it",
+            self.events.clone(),
+        );
+        r.register_with_unit(
+            "job_memory_pressure",
+            "Time the job cgroup's tasks waited for memory (PSI: some = at least one, full = all at once)",
+            Unit::Seconds,
+            self.pressure_seconds.clone(),
+        );
+    }
+
+    /// Takes one reading of `job`'s cgroup.
+    pub fn update(&self, job: &str, c: &CgroupMem) {
+        let label = JobLabel { training_job: job.to_string() };
+        match c.limit_bytes {
+            Some(l) => {
+                self.limit_bytes.get_or_create(&label).set(l);
+            }
+            None => {
+                self.limit_bytes.remove(&label);
+            }
+        }
+        self.usage_bytes.get_or_create(&label).set(c.usage_bytes);
+        let mut last = self.last.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let (prev_events, prev_psi) = last.entry(job.to_string()).or_insert_with(|| {
+            // The first reading is the base: the series start at zero.
+            (c.events.clone(), c.pressure.clone())
+        });
+        let ev = |event: &str| JobEvent { training_job: job.to_string(), event: event.into() };
+        if let Some(e) = &c.events {
+            let d = e.minus(prev_events.as_ref().unwrap_or(e));
+            for (name, n) in event_counts(&d) {
+                self.events.get_or_create(&ev(name)).inc_by(n);
+            }
+            *prev_events = Some(e.clone());
+        }
+        if let Some(p) = &c.pressure {
+            let base = prev_psi.as_ref().unwrap_or(p);
+            let some = p.some_total_us.saturating_sub(base.some_total_us) as f64 / 1e6;
+            let full = p.full_total_us.saturating_sub(base.full_total_us) as f64 / 1e6;
+            self.pressure_seconds.get_or_create(&ev("some")).inc_by(some);
+            self.pressure_seconds.get_or_create(&ev("full")).inc_by(full);
+            *prev_psi = Some(p.clone());
+        }
+    }
+
+    /// Removes every series of `job`.
+    pub fn forget(&self, job: &str) {
+        let label = JobLabel { training_job: job.to_string() };
+        self.limit_bytes.remove(&label);
+        self.usage_bytes.remove(&label);
+        for event in ["low", "high", "max", "oom", "oom_kill", "oom_group_kill", "some", "full"] {
+            let l = JobEvent { training_job: job.to_string(), event: event.into() };
+            self.events.remove(&l);
+            self.pressure_seconds.remove(&l);
+        }
+        self.last.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(job);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prometheus_client::encoding::text::encode;
+
+    fn cg(max: u64, some_us: u64) -> CgroupMem {
+        CgroupMem {
+            path: "/job".into(),
+            version: 2,
+            limit_bytes: Some(1 << 30),
+            usage_bytes: 5,
+            peak_bytes: None,
+            swap_usage_bytes: None,
+            oom_kills: None,
+            failcnt: None,
+            limit_set_by: Some("/".into()),
+            swap_limit_bytes: None,
+            swap_limit_set_by: None,
+            events: Some(MemEvents { max, ..Default::default() }),
+            pressure: Some(Psi { some_total_us: some_us, ..Default::default() }),
+        }
+    }
+
+    #[test]
+    fn counts_from_the_first_reading_and_forgets_the_job() {
+        let f = CgroupFamilies::default();
+        let mut r = Registry::with_prefix("gpustall");
+        f.register(&mut r);
+        // 100 limit hits and 9 s of pressure before the agent looked: not this job's news.
+        f.update("a-1", &cg(100, 9_000_000));
+        f.update("a-1", &cg(130, 11_500_000));
+        let mut out = String::new();
+        encode(&mut out, &r).expect("encode");
+        assert!(
+            out.contains(r#"gpustall_job_memory_events_total{training_job="a-1",event="max"} 30"#),
+            "{out}"
+        );
+        assert!(
+            out.contains(
+                r#"gpustall_job_memory_pressure_seconds_total{training_job="a-1",event="some"} 2.5"#
+            ),
+            "{out}"
+        );
+        assert!(
+            out.contains(r#"gpustall_job_memory_limit_bytes{training_job="a-1"} 1073741824"#),
+            "{out}"
+        );
+        f.forget("a-1");
+        let mut out = String::new();
+        encode(&mut out, &r).expect("encode");
+        assert!(!out.contains("a-1"), "{out}");
+    }
+}
