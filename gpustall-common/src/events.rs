@@ -107,10 +107,15 @@ pub struct OomVictimEvent {
     pub oom_score_adj: i32,
     pub uid: u32,
     pub victim_comm: [u8; COMM_LEN],
+    /// The thread the OOM killer marked (`victim_pid` is its process): not the main thread
+    /// when that one had already exited.
+    pub victim_tid: u32,
+    pub _pad2: u32,
 }
-const _: () = assert!(core::mem::size_of::<OomVictimEvent>() == 104);
+const _: () = assert!(core::mem::size_of::<OomVictimEvent>() == 112);
 
-/// `signal:signal_generate` of a fatal signal to a tracked task. The header is the sender.
+/// `signal:signal_generate` of a fatal signal to a task of a tracked process. The header is the
+/// sender.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct SignalEvent {
@@ -121,9 +126,14 @@ pub struct SignalEvent {
     pub target_pid: u32,
     /// TRACE_SIGNAL_DELIVERED (0), IGNORED (1), ALREADY_PENDING (2), ...
     pub result: i32,
+    /// The target thread's name.
     pub target_comm: [u8; COMM_LEN],
+    /// The thread the signal was aimed at (`target_pid` is its process; the same where the
+    /// kernel gave only the thread, see the loader's degradations).
+    pub target_tid: u32,
+    pub _pad: u32,
 }
-const _: () = assert!(core::mem::size_of::<SignalEvent>() == 72);
+const _: () = assert!(core::mem::size_of::<SignalEvent>() == 80);
 
 /// One completed reclaim stall of a tracked thread (paired begin/end in the kernel), or one
 /// kswapd wake/sleep episode (host level; `kind` = [`crate::reclaim::ReclaimKind::Kswapd`]).

@@ -11,6 +11,7 @@ pub mod names;
 pub mod offsets;
 pub mod reclaim;
 pub mod sched;
+pub mod task;
 
 /// Length of a kernel task name (`TASK_COMM_LEN`).
 pub const COMM_LEN: usize = 16;

@@ -17,12 +17,15 @@ pub mod maps {
     pub const OFFCPU_THREADS: &str = "OFFCPU_THREADS";
     pub const OFFCPU: &str = "OFFCPU";
     pub const WAKES: &str = "WAKES";
+    pub const KILLED_THREADS: &str = "KILLED_THREADS";
 }
 
 /// The global holding this kernel's tracepoint field offsets.
 pub const OFFSETS: &str = "OFFSETS";
 /// The global holding the sched_switch / sched_waking field offsets.
 pub const SCHED_OFFSETS: &str = "SCHED_OFFSETS";
+/// The global holding task_struct/signal_struct/siginfo offsets (`task::TaskOffsets`, from BTF).
+pub const TASK_OFFSETS: &str = "TASK_OFFSETS";
 
 /// Program names (one per tracepoint family member).
 pub mod programs {
@@ -32,6 +35,9 @@ pub mod programs {
     pub const SCHED_PROCESS_EXEC: &str = "sched_process_exec";
     pub const MARK_VICTIM: &str = "mark_victim";
     pub const SIGNAL_GENERATE: &str = "signal_generate";
+    /// The raw tracepoint twin of SIGNAL_GENERATE (reads the target task's tgid); the classic one
+    /// is its fallback.
+    pub const SIGNAL_GENERATE_RAW: &str = "signal_generate_raw";
     pub const DIRECT_RECLAIM_BEGIN: &str = "mm_vmscan_direct_reclaim_begin";
     pub const DIRECT_RECLAIM_END: &str = "mm_vmscan_direct_reclaim_end";
     pub const MEMCG_RECLAIM_BEGIN: &str = "mm_vmscan_memcg_reclaim_begin";

@@ -11,11 +11,37 @@ use gpustall_common::{
     events::{EventHeader, EventKind},
     offsets::{TracepointOffsets, MISSING},
     reclaim::ReclaimStart,
+    task::{TaskOffsets, UNKNOWN as TASK_UNKNOWN},
 };
 
 /// Written by the agent before load (`EbpfLoader::set_global`).
 #[unsafe(no_mangle)]
 pub static OFFSETS: TracepointOffsets = TracepointOffsets::missing();
+
+/// Written by the agent before load: struct offsets from the kernel's BTF, for the programs
+/// that get the kernel's pointers (raw tracepoints) and for reading the exiting task.
+#[unsafe(no_mangle)]
+pub static TASK_OFFSETS: TaskOffsets = TaskOffsets::unknown();
+
+/// Reads one offset from `TASK_OFFSETS` (volatile, as `offset!`).
+macro_rules! task_offset {
+    ($field:ident) => {
+        // SAFETY: TASK_OFFSETS is a plain static of integers; the loader rewrites it before load.
+        unsafe { core::ptr::read_volatile(&$crate::common::TASK_OFFSETS.$field) }
+    };
+}
+pub(crate) use task_offset;
+
+/// Reads a `T` at `base + off` in kernel memory, `off` from BTF: `None` when the offset is
+/// unknown or the read faults.
+#[inline(always)]
+pub fn kread<T>(base: *const u8, off: u32) -> Option<T> {
+    if off == TASK_UNKNOWN || base.is_null() {
+        return None;
+    }
+    // SAFETY: bpf_probe_read_kernel checks the address; a bad one is an error, not a fault.
+    unsafe { aya_ebpf::helpers::bpf_probe_read_kernel(base.add(off as usize) as *const T) }.ok()
+}
 
 /// Reads one offset from `OFFSETS`; volatile so the compiler does not fold the default in.
 macro_rules! offset {

@@ -1,6 +1,11 @@
 //! The process tree (newtask, exit, rename, exec) and how processes die (OOM kill, signals).
 
-use aya_ebpf::{helpers::bpf_get_current_task, macros::tracepoint, programs::TracePointContext};
+use aya_ebpf::{
+    helpers::bpf_get_current_task,
+    macros::{map, raw_tracepoint, tracepoint},
+    maps::LruHashMap,
+    programs::{RawTracePointContext, TracePointContext},
+};
 use gpustall_common::{
     counters::LostCounter,
     events::{
@@ -9,8 +14,8 @@ use gpustall_common::{
 };
 
 use crate::common::{
-    comm_field, data_loc_str, emit, field, header, is_tracked, offset, pid_tgid, Wake,
-    RECLAIM_START, TRACKED,
+    comm_field, data_loc_str, emit, field, header, is_tracked, kread, offset, pid_tgid,
+    task_offset, Wake, RECLAIM_START, TRACKED,
 };
 
 const CLONE_THREAD: u64 = 0x0001_0000;
@@ -127,15 +132,41 @@ pub fn sched_process_exec(ctx: TracePointContext) -> u32 {
     0
 }
 
+/// Threads other than their process's main one that the kernel sent SIGKILL (tid -> tgid), from
+/// signal_generate_raw for mark_victim, whose `pid` is the marked thread (the main thread may
+/// have exited already). The OOM killer sends its SIGKILL just before it marks the victim, in
+/// the same task; LRU, so that a SIGKILL never followed by a mark ages out.
+#[map]
+pub static KILLED_THREADS: LruHashMap<u32, u32> = LruHashMap::with_max_entries(256, 0);
+
+/// The process of the thread the OOM killer marked: the invoker itself (a task already dying
+/// marks itself), or the process signal_generate_raw saw that thread's SIGKILL for, or the
+/// thread id as it is (its own process's main thread, or a kernel without the raw program).
+#[inline(always)]
+fn victim_process(victim_tid: u32, tgid: u32, tid: u32) -> u32 {
+    if victim_tid == tid {
+        return tgid;
+    }
+    // SAFETY: a plain value copied out at once.
+    match unsafe { KILLED_THREADS.get(victim_tid) } {
+        Some(&process) => {
+            let _ = KILLED_THREADS.remove(victim_tid);
+            process
+        }
+        None => victim_tid,
+    }
+}
+
 /// oom:mark_victim runs in the task that invoked the OOM killer. Recorded when either the
 /// trigger or the victim is tracked: a worker of the job can be killed for another's allocation.
 #[tracepoint]
 pub fn mark_victim(ctx: TracePointContext) -> u32 {
     let (tgid, tid) = pid_tgid();
-    let Some(victim) = field::<i32>(&ctx, offset!(oom_pid)) else {
+    let Some(victim_tid) = field::<i32>(&ctx, offset!(oom_pid)) else {
         return 0;
     };
-    let victim = victim as u32;
+    let victim_tid = victim_tid as u32;
+    let victim = victim_process(victim_tid, tgid, tid);
     if !is_tracked(tgid) && !is_tracked(victim) {
         return 0;
     }
@@ -152,6 +183,8 @@ pub fn mark_victim(ctx: TracePointContext) -> u32 {
             oom_score_adj: field::<i16>(&ctx, offset!(oom_score_adj)).unwrap_or(0) as i32,
             uid: field(&ctx, offset!(oom_uid)).unwrap_or(0),
             victim_comm: data_loc_str::<16>(&ctx, offset!(oom_comm)),
+            victim_tid,
+            _pad2: 0,
         },
         Wake::Now,
     );
@@ -161,29 +194,93 @@ pub fn mark_victim(ctx: TracePointContext) -> u32 {
 /// Signals that end processes: SIGINT, SIGABRT, SIGBUS, SIGKILL, SIGSEGV, SIGTERM.
 const FATAL_SIGNALS: u64 = (1 << 2) | (1 << 6) | (1 << 7) | (1 << 9) | (1 << 11) | (1 << 15);
 
+const SIGKILL: i32 = 9;
+/// `si_code` of a signal sent with SEND_SIG_NOINFO (kill(2) semantics) and with SEND_SIG_PRIV
+/// (the kernel: the OOM killer), as the tracepoint's TP_STORE_SIGINFO records them.
+const SI_USER: i32 = 0;
+const SI_KERNEL: i32 = 0x80;
+
+#[inline(always)]
+fn is_fatal(sig: i32) -> bool {
+    (0..64).contains(&sig) && FATAL_SIGNALS & (1u64 << sig) != 0
+}
+
+/// What signal_generate tells about a fatal signal to a task of a tracked process.
+struct Target {
+    process: u32,
+    thread: u32,
+    comm: [u8; 16],
+}
+
+#[inline(always)]
+fn record_signal(sig: i32, code: i32, result: i32, target: Target) {
+    let (tgid, tid) = pid_tgid();
+    emit(
+        SignalEvent {
+            header: header(EventKind::Signal, tgid, tid),
+            sig,
+            code,
+            target_pid: target.process,
+            result,
+            target_comm: target.comm,
+            target_tid: target.thread,
+            _pad: 0,
+        },
+        Wake::Now,
+    );
+}
+
 /// signal:signal_generate runs in the sender: who killed whom (OOM killer, systemd-oomd,
-/// kubelet, Slurm, torchrun).
+/// kubelet, Slurm, torchrun). The classic record names only the target thread: this program
+/// runs where the kernel has no raw tracepoint for signal_generate_raw (no BTF), and then
+/// misses a signal aimed at a thread other than the main one.
 #[tracepoint]
 pub fn signal_generate(ctx: TracePointContext) -> u32 {
     let sig = field::<i32>(&ctx, offset!(sig_sig)).unwrap_or(0);
-    if !(0..64).contains(&sig) || FATAL_SIGNALS & (1u64 << sig) == 0 {
+    if !is_fatal(sig) {
         return 0;
     }
     let target = field::<i32>(&ctx, offset!(sig_pid)).unwrap_or(0) as u32;
     if !is_tracked(target) {
         return 0;
     }
-    let (tgid, tid) = pid_tgid();
-    emit(
-        SignalEvent {
-            header: header(EventKind::Signal, tgid, tid),
-            sig,
-            code: field(&ctx, offset!(sig_code)).unwrap_or(0),
-            target_pid: target,
-            result: field(&ctx, offset!(sig_result)).unwrap_or(0),
-            target_comm: comm_field(&ctx, offset!(sig_comm)),
-        },
-        Wake::Now,
+    record_signal(
+        sig,
+        field(&ctx, offset!(sig_code)).unwrap_or(0),
+        field(&ctx, offset!(sig_result)).unwrap_or(0),
+        Target { process: target, thread: target, comm: comm_field(&ctx, offset!(sig_comm)) },
     );
+    0
+}
+
+/// The same event as a raw tracepoint: (int sig, struct kernel_siginfo *info, struct
+/// task_struct *task, int group, int result), the prototype the loader checks in BTF. The
+/// target task's tgid resolves a thread-directed signal (tgkill, abort() or a fault in a
+/// thread, NCCL's watchdog) to its process. No record is built for it, so it costs less too.
+#[raw_tracepoint(tracepoint = "signal_generate")]
+pub fn signal_generate_raw(ctx: RawTracePointContext) -> u32 {
+    let sig = ctx.arg::<u64>(0) as i32;
+    if !is_fatal(sig) {
+        return 0;
+    }
+    let task = ctx.arg::<u64>(2) as *const u8;
+    let Some(process) = kread::<u32>(task, task_offset!(task_tgid)) else {
+        return 0;
+    };
+    if !is_tracked(process) {
+        return 0;
+    }
+    let thread = kread::<u32>(task, task_offset!(task_pid)).unwrap_or(process);
+    let code = match ctx.arg::<u64>(1) {
+        0 => SI_USER,
+        1 => SI_KERNEL,
+        info => kread::<i32>(info as *const u8, task_offset!(siginfo_code)).unwrap_or(0),
+    };
+    if sig == SIGKILL && code == SI_KERNEL && thread != process {
+        // For mark_victim, which names only the thread (see KILLED_THREADS).
+        let _ = KILLED_THREADS.insert(thread, process, 0);
+    }
+    let comm = kread::<[u8; 16]>(task, task_offset!(task_comm)).unwrap_or([0; 16]);
+    record_signal(sig, code, ctx.arg::<u64>(4) as i32, Target { process, thread, comm });
     0
 }

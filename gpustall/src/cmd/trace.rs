@@ -370,7 +370,7 @@ fn finish(opts: &TraceOptions, mut t: Trace, probes: &Probes) -> anyhow::Result<
     let maps = crate::kernel::mapmem::held_maps();
     let overhead = Overhead {
         bpf_stats_enabled: agent::bpf_stats_enabled(),
-        programs: loader::program_stats(&probes.ebpf, &probes.attached),
+        programs: loader::program_stats(&probes.ebpf, &probes.programs),
         agent_startup_cpu_s: t.startup_cpu_s,
         agent_cpu_s: cpu,
         agent_peak_rss_kb: rss,

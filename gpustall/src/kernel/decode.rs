@@ -69,6 +69,7 @@ pub fn decode(bytes: &[u8]) -> Result<Event, DecodeError> {
             Event::OomVictim {
                 h: header(&e.header),
                 victim_pid: e.victim_pid,
+                victim_tid: Some(e.victim_tid),
                 victim_comm: c_str(&e.victim_comm),
                 rss: (e.has_rss != 0).then_some(OomRss {
                     total_vm_kb: e.total_vm_kb,
@@ -87,6 +88,7 @@ pub fn decode(bytes: &[u8]) -> Result<Event, DecodeError> {
                 sig: e.sig,
                 code: e.code,
                 target_pid: e.target_pid,
+                target_tid: Some(e.target_tid),
                 result: e.result,
                 target_comm: c_str(&e.target_comm),
             }
@@ -147,9 +149,12 @@ mod tests {
             oom_score_adj: 0,
             uid: 0,
             victim_comm,
+            victim_tid: 4243,
+            _pad2: 0,
         };
         match decode(&as_bytes(&e)).expect("decodes") {
-            Event::OomVictim { h, victim_pid, victim_comm, rss, .. } => {
+            Event::OomVictim { h, victim_pid, victim_tid, victim_comm, rss, .. } => {
+                assert_eq!(victim_tid, Some(4243), "the marked thread, beside its process");
                 assert_eq!((h.tgid, h.tid, h.comm.as_str()), (100, 101, "python"));
                 assert_eq!(victim_pid, 4242);
                 assert_eq!(victim_comm, "pt_data_worker");
@@ -172,6 +177,8 @@ mod tests {
             oom_score_adj: 0,
             uid: 0,
             victim_comm: [0; 16],
+            victim_tid: 1,
+            _pad2: 0,
         };
         assert!(matches!(decode(&as_bytes(&e)), Ok(Event::OomVictim { rss: None, .. })));
     }

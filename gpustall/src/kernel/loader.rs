@@ -3,7 +3,7 @@
 
 use aya::{
     maps::{HashMap, MapData, PerCpuArray, RingBuf},
-    programs::TracePoint,
+    programs::{BtfTracePoint, RawTracePoint, TracePoint},
     Ebpf, EbpfLoader,
 };
 use gpustall_common::counters::{
@@ -12,6 +12,7 @@ use gpustall_common::counters::{
 };
 use gpustall_common::names::{self, maps, programs};
 use gpustall_common::offsets::{TracepointOffsets, MISSING};
+use gpustall_common::task::TaskOffsets;
 
 use crate::kernel::tracefs::Tracefs;
 use crate::model::samples::CountersSample;
@@ -52,6 +53,8 @@ struct Probe {
     events: &'static [&'static str],
     /// Tracing is meaningless without it: its absence is an error, not a warning.
     required: bool,
+    /// A typed program on the same event, attached instead of `program` where it can run.
+    typed: Option<Typed>,
 }
 
 const fn probe(
@@ -60,7 +63,89 @@ const fn probe(
     events: &'static [&'static str],
     required: bool,
 ) -> Probe {
-    Probe { program, category, events, required }
+    Probe { program, category, events, required, typed: None }
+}
+
+impl Probe {
+    /// The same probe with a typed program preferred to its classic one.
+    const fn or_typed(self, typed: Typed) -> Probe {
+        Probe { typed: Some(typed), ..self }
+    }
+}
+
+/// A BTF-typed (`tp_btf`) or raw tracepoint program on a probe's event. The kernel hands it
+/// the tracepoint's own arguments (pointers to its structs, read at offsets from BTF) instead
+/// of the classic record, which it does not build: the program sees more (`task->tgid` of a
+/// signal's target thread) and costs less. It is attached instead of the probe's classic
+/// program when this kernel's BTF declares the event with the arguments it reads and gives the
+/// offsets it needs ([`typed_ready`]); otherwise the classic program runs and `fallback` is said
+/// among the degradations, with the reason.
+#[derive(Clone, Copy, Debug)]
+struct Typed {
+    /// Its name in the object.
+    program: &'static str,
+    kind: TypedKind,
+    /// The event's leading arguments the program reads, as BTF spells their types
+    /// (`btf_trace_<event>`, less `void *__data`): another prototype means another meaning.
+    args: &'static [&'static str],
+    /// What it needs from [`Layouts`] that this kernel's BTF did not give, if anything.
+    blocker: fn(&Layouts) -> Option<&'static str>,
+    /// What the classic program cannot see, said when it runs instead.
+    fallback: &'static str,
+}
+
+/// How a typed program attaches. Both run from the tracepoint itself (bpf_trace_run), with the
+/// same arguments; `tp_btf` needs the kernel's BTF and has the verifier check the arguments'
+/// types, `raw_tp` attaches by name alone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[allow(dead_code, reason = "both kinds are offered to the probe table; not every kind is in use")]
+enum TypedKind {
+    Btf,
+    Raw,
+}
+
+/// What this kernel's BTF says about its structs: written into the programs' globals before
+/// load, and what decides whether a typed program can run.
+#[derive(Clone, Copy, Debug)]
+pub struct Layouts {
+    pub task: TaskOffsets,
+}
+
+impl Layouts {
+    /// Nothing known (no BTF): every typed program falls back.
+    pub const fn unknown() -> Self {
+        Self { task: TaskOffsets::unknown() }
+    }
+
+    pub fn from_btf(btf: &btf_rs::Btf) -> Self {
+        Self { task: crate::kernel::btf::task_offsets(btf) }
+    }
+}
+
+/// Whether `typed` can run on this kernel (`Ok`), or why the classic program runs instead.
+/// `args` is the event's prototype from BTF: `Err` when BTF is unreadable, `Ok(None)` when it
+/// has no such tracepoint.
+fn typed_ready(
+    typed: &Typed,
+    args: Result<Option<Vec<String>>, &str>,
+    layouts: &Layouts,
+) -> Result<(), String> {
+    let args = match args {
+        Err(why) => return Err(why.to_string()),
+        Ok(None) => return Err("the kernel's BTF has no typed tracepoint for it".to_string()),
+        Ok(Some(a)) => a,
+    };
+    if !crate::kernel::btf::prototype_matches(&args, typed.args) {
+        return Err(format!(
+            "its arguments are ({}) on this kernel, not ({}, ..)",
+            args.join(", "),
+            typed.args.join(", ")
+        ));
+    }
+    match (typed.blocker)(layouts) {
+        Some(missing) => Err(format!("BTF does not give {missing}")),
+        None => Ok(()),
+    }
 }
 
 const PROBES: &[Probe] = &[
@@ -69,7 +154,14 @@ const PROBES: &[Probe] = &[
     probe(programs::TASK_RENAME, "task", &["task_rename"], false),
     probe(programs::SCHED_PROCESS_EXEC, "sched", &["sched_process_exec"], false),
     probe(programs::MARK_VICTIM, "oom", &["mark_victim"], false),
-    probe(programs::SIGNAL_GENERATE, "signal", &["signal_generate"], false),
+    probe(programs::SIGNAL_GENERATE, "signal", &["signal_generate"], false).or_typed(Typed {
+        program: programs::SIGNAL_GENERATE_RAW,
+        kind: TypedKind::Raw,
+        // (int sig, struct kernel_siginfo *info, struct task_struct *task, int group, int result)
+        args: &["int", "struct kernel_siginfo *", "struct task_struct *", "int", "int"],
+        blocker: |l| (!l.task.knows_signal_target()).then_some("task_struct.tgid/pid/comm"),
+        fallback: "a fatal signal aimed at a thread other than a process's main thread (tgkill, abort() in a thread) is not seen, nor an OOM kill of such a thread",
+    }),
     // Ends attach before their begins (the table is the attach order): a begin seen without
     // its end program would leave the thread "in reclaim" until its next begin.
     probe(programs::DIRECT_RECLAIM_END, "vmscan", &["mm_vmscan_direct_reclaim_end"], false),
@@ -109,9 +201,10 @@ fn chosen<'a>(tracefs: &Tracefs, category: &str, events: &[&'a str]) -> &'a str 
 
 /// What this kernel makes gpustall measure from its next-best source, in words (printed as
 /// notes at start-up; the end-to-end tests report them per kernel).
-fn degradations(tracefs: &Tracefs, offsets: &TracepointOffsets) -> Vec<String> {
+fn degradations(tracefs: &Tracefs, offsets: &TracepointOffsets, layouts: &Layouts) -> Vec<String> {
     let mut notes = Vec::new();
-    if offsets.exit_group_dead == MISSING {
+    // Without the field, `signal->live` (read from the exiting task) says the same.
+    if offsets.exit_group_dead == MISSING && !layouts.task.knows_group_live() {
         notes.push(
             "sched_process_exit has no group_dead on this kernel: a process is taken to end when its main thread exits"
                 .to_string(),
@@ -131,6 +224,8 @@ pub struct Probes {
     /// Kept alive: dropping it detaches every program.
     pub ebpf: Ebpf,
     pub attached: Vec<String>,
+    /// The programs attached (a probe's typed or its classic one), for their run statistics.
+    pub programs: Vec<&'static str>,
     pub skipped: Vec<String>,
     /// What this kernel lacks that gpustall measures another way (see [`degradations`]).
     pub degraded: Vec<String>,
@@ -149,7 +244,13 @@ impl Probes {
 /// Loads with this kernel's layouts and attaches; one warning per tracepoint the kernel lacks.
 pub fn load_and_warn() -> anyhow::Result<Probes> {
     let tracefs = Tracefs::open()?;
-    let probes = load(&tracefs, crate::kernel::btf::task_exit_code_offset())?;
+    let btf = crate::kernel::btf::open();
+    if let Err(e) = &btf {
+        log::warn!(
+            "{e}: exit codes will be unknown, and typed tracepoints fall back to classic ones"
+        );
+    }
+    let probes = load(&tracefs, btf.as_ref().map_err(String::as_str))?;
     for s in &probes.skipped {
         say!("gpustall: warning: tracepoint {s} is not available on this kernel; its data is missing");
     }
@@ -184,18 +285,23 @@ where
     T::try_from(map).map_err(|source| LoadError::Map { name, source })
 }
 
-pub fn load(tracefs: &Tracefs, task_exit_code: Option<u32>) -> Result<Probes, LoadError> {
+/// Loads with this kernel's layouts (tracefs formats, and `btf`: the kernel's BTF or why it is
+/// unreadable) and attaches every probe the kernel has.
+pub fn load(tracefs: &Tracefs, btf: Result<&btf_rs::Btf, &str>) -> Result<Probes, LoadError> {
     let event_of = |program: &str| {
         let p = PROBES.iter().find(|p| p.program == program).expect("in the probe table");
         chosen(tracefs, p.category, p.events)
     };
     let mut offsets =
         tracefs.offsets(event_of(programs::WRITE_FOLIO), event_of(programs::BLOCK_IO_DONE));
-    offsets.task_exit_code = task_exit_code.unwrap_or(u32::MAX);
-    let degraded = degradations(tracefs, &offsets);
+    offsets.task_exit_code =
+        btf.ok().and_then(crate::kernel::btf::task_exit_code_offset).unwrap_or(u32::MAX);
+    let layouts = btf.map_or(Layouts::unknown(), Layouts::from_btf);
+    let mut degraded = degradations(tracefs, &offsets, &layouts);
 
     let mut loader = EbpfLoader::new();
     loader.override_global(names::OFFSETS, &offsets, true);
+    loader.override_global(names::TASK_OFFSETS, &layouts.task, true);
     let sched_offsets = crate::kernel::offcpu::sched_offsets(tracefs);
     loader.override_global(names::SCHED_OFFSETS, &sched_offsets, true);
     // Tests make the per-process I/O map small to reach "map full" with a few processes, the
@@ -209,9 +315,12 @@ pub fn load(tracefs: &Tracefs, task_exit_code: Option<u32>) -> Result<Probes, Lo
         .map_err(LoadError::Load)?;
 
     let mut attached = Vec::new();
+    let mut attached_programs = Vec::new();
     let mut skipped = Vec::new();
+    // aya's own parse of the kernel's BTF, made once and only if a tp_btf program loads.
+    let mut aya_btf: Option<Result<aya::Btf, String>> = None;
     let only = std::env::var("GPUSTALL_ONLY_PROBES").ok();
-    for &Probe { program: prog, category, events, required } in PROBES {
+    for &Probe { program: prog, category, events, required, typed } in PROBES {
         if only.as_deref().is_some_and(|o| !o.split(',').any(|p| p == prog)) {
             continue;
         }
@@ -229,6 +338,25 @@ pub fn load(tracefs: &Tracefs, task_exit_code: Option<u32>) -> Result<Probes, Lo
             continue;
         };
         let name = format!("{category}:{event}");
+        if let Some(typed) = typed {
+            let args = btf.map(|b| crate::kernel::btf::tracepoint_args(b, event));
+            let ready = typed_ready(&typed, args, &layouts).and_then(|()| {
+                attach_typed(&mut ebpf, &typed, event, &mut aya_btf)
+                    .map_err(|e| format!("the kernel refused it: {e}"))
+            });
+            match ready {
+                Ok(()) => {
+                    log::debug!("{name}: typed program {} attached", typed.program);
+                    attached.push(name);
+                    attached_programs.push(typed.program);
+                    continue;
+                }
+                Err(why) => {
+                    log::debug!("{name}: no typed program ({why}): the classic one runs");
+                    degraded.push(format!("{name}: {} ({why})", typed.fallback));
+                }
+            }
+        }
         let program: &mut TracePoint = ebpf
             .program_mut(prog)
             .ok_or_else(|| LoadError::MissingRequired(format!("program {prog}")))?
@@ -236,7 +364,10 @@ pub fn load(tracefs: &Tracefs, task_exit_code: Option<u32>) -> Result<Probes, Lo
             .map_err(|source| LoadError::Attach { tracepoint: name.clone(), source })?;
         let result = program.load().and_then(|()| program.attach(category, event).map(|_| ()));
         match result {
-            Ok(()) => attached.push(name),
+            Ok(()) => {
+                attached.push(name);
+                attached_programs.push(prog);
+            }
             Err(source) if required => return Err(LoadError::Attach { tracepoint: name, source }),
             Err(e) => {
                 log::warn!("cannot attach {name}: {e}; going on without it");
@@ -256,17 +387,55 @@ pub fn load(tracefs: &Tracefs, task_exit_code: Option<u32>) -> Result<Probes, Lo
     };
     let critical = take(&mut ebpf, maps::CRITICAL)?;
     let bulk = take(&mut ebpf, maps::BULK)?;
-    Ok(Probes { ebpf, attached, skipped, degraded, maps, rings: Some((critical, bulk)) })
+    Ok(Probes {
+        ebpf,
+        attached,
+        programs: attached_programs,
+        skipped,
+        degraded,
+        maps,
+        rings: Some((critical, bulk)),
+    })
 }
 
-/// Run count and run time of each attached program (run time needs kernel.bpf_stats_enabled),
-/// sorted by name.
-pub fn program_stats(ebpf: &Ebpf, attached: &[String]) -> Vec<crate::model::overhead::ProgramStat> {
+/// Loads and attaches a typed program on `event`; `aya_btf` caches aya's parse of the
+/// kernel's BTF (tp_btf programs are loaded against the event's `btf_trace_` type).
+fn attach_typed(
+    ebpf: &mut Ebpf,
+    typed: &Typed,
+    event: &str,
+    aya_btf: &mut Option<Result<aya::Btf, String>>,
+) -> Result<(), String> {
+    let program = ebpf
+        .program_mut(typed.program)
+        .ok_or_else(|| format!("program {} is not in the object", typed.program))?;
+    match typed.kind {
+        TypedKind::Btf => {
+            let btf = aya_btf
+                .get_or_insert_with(|| aya::Btf::from_sys_fs().map_err(|e| e.to_string()))
+                .as_ref()
+                .map_err(Clone::clone)?;
+            let p: &mut BtfTracePoint = program.try_into().map_err(|e| format!("{e}"))?;
+            p.load(event, btf).map_err(|e| format!("{e}"))?;
+            p.attach().map(|_| ()).map_err(|e| format!("{e}"))
+        }
+        TypedKind::Raw => {
+            let p: &mut RawTracePoint = program.try_into().map_err(|e| format!("{e}"))?;
+            p.load().map_err(|e| format!("{e}"))?;
+            p.attach(event).map(|_| ()).map_err(|e| format!("{e}"))
+        }
+    }
+}
+
+/// Run count and run time of each attached program (`programs`: [`Probes::programs`]; run time
+/// needs kernel.bpf_stats_enabled), sorted by name.
+pub fn program_stats(
+    ebpf: &Ebpf,
+    programs: &[&'static str],
+) -> Vec<crate::model::overhead::ProgramStat> {
     let mut stats: Vec<_> = ebpf
         .programs()
-        .filter(|(name, _)| {
-            attached.iter().any(|a| a.ends_with(&format!(":{name}")) || a.contains(name))
-        })
+        .filter(|(name, _)| programs.contains(name))
         .filter_map(|(name, p)| {
             let info = p.info().ok()?;
             Some(crate::model::overhead::ProgramStat::new(
@@ -359,9 +528,12 @@ impl KernelMaps {
 
 #[cfg(test)]
 mod tests {
-    use gpustall_common::names::maps;
+    use gpustall_common::{
+        names::{maps, programs},
+        task::TaskOffsets,
+    };
 
-    use super::PROBES;
+    use super::{typed_ready, Layouts, Typed, PROBES};
 
     /// The object the agent embeds, parsed without the kernel.
     fn object() -> aya_obj::Object {
@@ -393,14 +565,51 @@ mod tests {
                 obj.maps.keys()
             );
         }
-        for p in PROBES {
-            assert!(
-                obj.programs.contains_key(p.program),
-                "program {} is not in the object",
-                p.program
-            );
+        let table: Vec<&str> = PROBES
+            .iter()
+            .flat_map(|p| [Some(p.program), p.typed.map(|t| t.program)])
+            .flatten()
+            .collect();
+        for p in &table {
+            assert!(obj.programs.contains_key(*p), "program {p} is not in the object");
         }
         // Every program of the object is attached by the table (none forgotten).
-        assert_eq!(obj.programs.len(), PROBES.len(), "{:?}", obj.programs.keys());
+        assert_eq!(obj.programs.len(), table.len(), "{:?}", obj.programs.keys());
+    }
+
+    fn signal_typed() -> Typed {
+        PROBES
+            .iter()
+            .find_map(|p| p.typed.filter(|t| t.program == programs::SIGNAL_GENERATE_RAW))
+            .expect("signal_generate has a typed program")
+    }
+
+    #[test]
+    fn a_typed_program_runs_only_where_the_kernel_can_run_it() {
+        let typed = signal_typed();
+        let known = Layouts {
+            task: TaskOffsets {
+                task_pid: 1,
+                task_tgid: 2,
+                task_comm: 3,
+                task_signal: 4,
+                signal_live: 5,
+                siginfo_code: 8,
+            },
+        };
+        let proto = |a: &[&str]| Ok(Some(a.iter().map(|s| s.to_string()).collect()));
+        let this_kernel =
+            proto(&["int", "struct kernel_siginfo *", "struct task_struct *", "int", "int"]);
+        assert_eq!(typed_ready(&typed, this_kernel.clone(), &known), Ok(()));
+        // No BTF at all, or no such tracepoint in it: the classic program, with the reason.
+        let no_btf = typed_ready(&typed, Err("cannot read /sys/kernel/btf/vmlinux"), &known);
+        assert!(no_btf.unwrap_err().contains("vmlinux"));
+        assert!(typed_ready(&typed, Ok(None), &known).is_err());
+        // Another prototype (the task moved): never read a pointer where an int is.
+        let other = typed_ready(&typed, proto(&["int", "struct task_struct *"]), &known);
+        assert!(other.unwrap_err().contains("not (int"), "the reason names both prototypes");
+        // The prototype fits but BTF did not give the task's offsets.
+        let blocked = typed_ready(&typed, this_kernel, &Layouts::unknown());
+        assert!(blocked.unwrap_err().contains("tgid"));
     }
 }

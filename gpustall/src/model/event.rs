@@ -56,6 +56,9 @@ pub enum Event {
         #[serde(flatten)]
         h: Header,
         victim_pid: u32,
+        /// The thread the killer marked, where the kernel said (older recordings lack it).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        victim_tid: Option<u32>,
         victim_comm: String,
         /// `None` on kernels whose mark_victim has only `pid`.
         #[serde(flatten, with = "oom_rss")]
@@ -71,6 +74,9 @@ pub enum Event {
         #[serde(rename = "si_code")]
         code: i32,
         target_pid: u32,
+        /// The thread it was aimed at (tgkill, a fault in a thread), where the kernel said.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        target_tid: Option<u32>,
         result: i32,
         target_comm: String,
     },

@@ -256,6 +256,7 @@ mod tests {
         m.apply(&Event::OomVictim {
             h: h(10, "trainer", 4),
             victim_pid: 11,
+            victim_tid: None,
             victim_comm: "pt_data_worker".into(),
             rss: Some(OomRss {
                 total_vm_kb: 1,
@@ -271,6 +272,7 @@ mod tests {
             sig: 9,
             code: 0x80,
             target_pid: 11,
+            target_tid: Some(11),
             result: 0,
             target_comm: "pt_data_worker".into(),
         });

@@ -204,6 +204,7 @@ mod tests {
             Event::OomVictim {
                 h: h(5),
                 victim_pid: 12,
+                victim_tid: Some(13),
                 victim_comm: "w".into(),
                 rss: Some(OomRss {
                     total_vm_kb: 1,
@@ -217,6 +218,7 @@ mod tests {
             Event::OomVictim {
                 h: h(5),
                 victim_pid: 12,
+                victim_tid: None,
                 victim_comm: "w".into(),
                 rss: None,
                 oom_score_adj: 0,
@@ -227,6 +229,7 @@ mod tests {
                 sig: 9,
                 code: 0x80,
                 target_pid: 12,
+                target_tid: Some(12),
                 result: 0,
                 target_comm: "w".into(),
             },
