@@ -65,6 +65,40 @@ impl MemCgroup {
         cg
     }
 
+    /// A child cgroup with no limit of its own: the parent's binds it (a Slurm step under its
+    /// job, a container under its pod). On v1 the parent's charges reach it through
+    /// memory.use_hierarchy, set here (always on since Linux 5.11). Drop it before the parent.
+    pub fn child(&self, tag: &str) -> Self {
+        if self.v2 {
+            write(&self.path.join("cgroup.subtree_control"), "+memory");
+        } else {
+            // Writable only while the cgroup has no children; reads 1 and refuses 0 on 5.11+.
+            let _ = std::fs::write(self.path.join("memory.use_hierarchy"), "1");
+        }
+        let path = self.path.join(format!("{tag}-{}", crate::unique()));
+        std::fs::create_dir(&path).unwrap_or_else(|e| panic!("mkdir {}: {e}", path.display()));
+        Self { path, v2: self.v2 }
+    }
+
+    pub fn is_v2(&self) -> bool {
+        self.v2
+    }
+
+    /// Its path as /proc/PID/cgroup shows it from the host ("/gpustall-test-x/child").
+    pub fn cgroup_path(&self) -> String {
+        let root = if self.v2 { "/sys/fs/cgroup" } else { "/sys/fs/cgroup/memory" };
+        let rel = self.path.strip_prefix(root).expect("under the cgroup mount");
+        format!("/{}", rel.display())
+    }
+
+    /// One counter of its v2 memory.events (`None` on v1, or without that key).
+    pub fn memory_event(&self, key: &str) -> Option<u64> {
+        std::fs::read_to_string(self.path.join("memory.events"))
+            .ok()?
+            .lines()
+            .find_map(|l| l.strip_prefix(key)?.strip_prefix(' ')?.trim().parse().ok())
+    }
+
     pub fn add(&self, pid: u32) {
         write(&self.path.join("cgroup.procs"), &pid.to_string());
     }

@@ -172,8 +172,19 @@ impl Tracer {
     }
 
     pub fn start_with_env(pid: u32, extra: &[&str], env: &[(&str, &str)]) -> Self {
+        Self::launch(Command::new(crate::gpustall_bin()), pid, extra, env)
+    }
+
+    /// As [`Tracer::start`], with gpustall run by `wrapper` (a program and its arguments that
+    /// end by exec'ing the path appended after them, e.g. `unshare --cgroup`).
+    pub fn start_wrapped(wrapper: &[&str], pid: u32, extra: &[&str]) -> Self {
+        let mut cmd = Command::new(wrapper[0]);
+        cmd.args(&wrapper[1..]).arg(crate::gpustall_bin());
+        Self::launch(cmd, pid, extra, &[])
+    }
+
+    fn launch(mut cmd: Command, pid: u32, extra: &[&str], env: &[(&str, &str)]) -> Self {
         let dir = TempDir::new("trace");
-        let mut cmd = Command::new(crate::gpustall_bin());
         cmd.arg("trace")
             .arg("--pid")
             .arg(pid.to_string())

@@ -341,3 +341,93 @@ fn a_flight_recorder_over_its_budget_says_what_the_bundle_lacks() {
     let lb = s["lower_bounds"].to_string();
     assert!(lb.contains("flight recorder"), "{lb}");
 }
+
+/// Two jobs in two memory cgroups and two working directories: each is read in its own, and
+/// the bundle of the second's OOM kill has the second's cgroup and cwd, not the first job's
+/// (which `watch` used for every job before).
+#[test]
+fn each_watched_job_keeps_its_own_cgroup_and_cwd() {
+    tests::require_privileged_env();
+    let _lock = tests::pressure_lock();
+    let bundles = tests::TempDir::new("bundles-2jobs");
+    let dir = bundles.0.to_str().expect("utf-8").to_string();
+    let (idle_comm, oom_comm) = (unique_comm(), unique_comm());
+    let rule = format!("comm:^({idle_comm}|{oom_comm})$");
+    let mut w = Watcher::start(&[
+        "--match",
+        &rule,
+        "--bundle-dir",
+        &dir,
+        "--listen",
+        "127.0.0.1:0",
+        "--no-gpu",
+        "--after",
+        "2s",
+        "--scan-every",
+        "500ms",
+    ]);
+    let started = w.wait_for("metrics on http://", Duration::from_secs(60));
+    let addr = started.split("http://").nth(1).and_then(|r| r.split('/').next()).expect("address");
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_gpustall-workload"));
+    // The first job found: an idle one in a 512 MiB cgroup.
+    let idle_cg = MemCgroup::new("watch-idle", 512, false);
+    let idle_cwd = tests::TempDir::new("watch-idle-cwd");
+    let mut idle = Workload::start_named(
+        &idle_comm,
+        bin,
+        &["spawn", "sleep", "60"],
+        Some(&idle_cg),
+        Some(&idle_cwd.0),
+    );
+    w.wait_for(&format!("watching job {idle_comm}-{}", idle.pid()), Duration::from_secs(20));
+    idle.go();
+    // The second: an OOM in a 256 MiB cgroup.
+    let oom_cg = MemCgroup::new("watch-oom", 256, false);
+    let oom_cwd = tests::TempDir::new("watch-oom-cwd");
+    let mut kmsg = Kmsg::open_at_end();
+    let mut job = Workload::start_named(
+        &oom_comm,
+        bin,
+        &["hog", "600,40,40", "8", "3000"],
+        Some(&oom_cg),
+        Some(&oom_cwd.0),
+    );
+    let oom_job = format!("{oom_comm}-{}", job.pid());
+    w.wait_for(&format!("watching job {oom_job}"), Duration::from_secs(20));
+    // Both jobs' limits, each its own, once a beat has read them.
+    std::thread::sleep(Duration::from_millis(2500));
+    let metrics = scrape(addr);
+    let limit = |job: &str| {
+        value(&metrics, &format!("gpustall_job_memory_limit_bytes{{training_job=\"{job}\"}}"))
+    };
+    assert_eq!(limit(&format!("{idle_comm}-{}", idle.pid())), Some((512u64 << 20) as f64));
+    assert_eq!(limit(&oom_job), Some((256u64 << 20) as f64), "{metrics}");
+    job.go();
+    let (code, lines) = job.wait(Duration::from_secs(120));
+    assert_eq!(code, Some(1), "a worker was OOM-killed");
+    let pids: Vec<u32> = lines.iter().filter_map(|l| l["pid"].as_u64()).map(|p| p as u32).collect();
+    let victim = tests::kernel::oom_kills_among(&kmsg.read_new(), &pids);
+    assert_eq!(victim.len(), 1, "one process of the job was OOM-killed");
+    let victim = victim[0].pid;
+    w.wait_for(&format!("oom_kill-{victim}"), Duration::from_secs(30));
+    let bundle = std::fs::read_dir(&bundles.0)
+        .expect("bundles")
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .find(|p| p.to_string_lossy().contains(&format!("oom_kill-{victim}")))
+        .expect("the bundle directory");
+    let summary: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(bundle.join("summary.json")).expect("summary.json"),
+    )
+    .expect("json");
+    let ctx = &summary["context"];
+    assert_eq!(ctx["cgroup"]["path"], oom_cg.cgroup_path(), "the OOM job's cgroup: {ctx:#}");
+    assert_eq!(ctx["cgroup"]["limit_bytes"], 256u64 << 20, "{ctx:#}");
+    let fs = ctx["filesystems"].to_string();
+    let cwd = |d: &tests::TempDir| d.0.to_str().expect("utf-8").to_string();
+    assert!(fs.contains(&cwd(&oom_cwd)), "the OOM job's cwd: {fs}");
+    assert!(!fs.contains(&cwd(&idle_cwd)), "not the first job's cwd: {fs}");
+    let want = format!("Memory cgroup {} (limit 256 MiB)", oom_cg.cgroup_path());
+    let text = summary["verdict"]["text"].as_str().unwrap_or_default().to_string();
+    assert!(text.starts_with(&want), "{text}");
+}
