@@ -26,6 +26,12 @@ pub struct ProcFacts {
     /// trainer count once across the job); else resident + swapped, which counts them in each.
     pub mem_is_pss: bool,
     pub worker_index: Option<usize>,
+    /// A worker's DataLoader: the trainer or rank it serves (its parent, or the owner of the
+    /// forkserver that started it). Its advice is per DataLoader.
+    pub dataloader_pid: Option<u32>,
+    /// A trainer or rank with a pin-memory thread (`pt_data_pin`): that thread, not the main
+    /// one, waits for the workers, and the kernel counts its waits as its process's.
+    pub pin_memory_thread: bool,
     /// Memory held at the first sample and at the peak seen during the trace (never VmHWM,
     /// which may predate it): proportional where smaps_rollup was read, else resident +
     /// swapped out.
@@ -191,6 +197,10 @@ fn proc_facts(m: &Model, n: &crate::model::proctree::ProcNode, now_ns: u64) -> P
         exit_ns: n.exit_ns,
         mem_is_pss: p.peak_pss_kb.is_some(),
         worker_index: m.tree.worker_index(n.pid),
+        dataloader_pid: m.tree.dataloader_of(n.pid),
+        pin_memory_thread: n
+            .thread_roles()
+            .any(|(_, r)| r == crate::model::proctree::ThreadRole::PinMemory),
         first_mem_kb: first_kb,
         first_mem_ns: first_ns,
         peak_mem_kb: peak_kb,

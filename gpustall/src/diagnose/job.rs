@@ -148,17 +148,13 @@ pub fn onsets(m: &Model) -> Vec<Onset> {
 /// The rank (or trainer) a process belongs to: its nearest ancestor that is a rank, else the
 /// root of its tree. The rank number itself is not in a recording, its process is.
 pub fn rank_of(m: &Model, pid: u32) -> Option<String> {
-    let mut cur = m.tree.get(pid)?;
-    let mut root = cur;
-    for _ in 0..64 {
+    let mut root = m.tree.get(pid)?;
+    // A bounded walk that a reused pid cannot send into another process's tree.
+    for cur in m.tree.ancestors(pid) {
         if matches!(role_name(m, cur.pid).as_str(), "rank" | "trainer") {
             return Some(format!("{} pid {} ({})", role_name(m, cur.pid), cur.pid, cur.comm));
         }
         root = cur;
-        match m.tree.get(cur.ppid) {
-            Some(p) => cur = p,
-            None => break,
-        }
     }
     Some(format!("process tree of pid {} ({})", root.pid, comm_of(m, root.pid)))
 }

@@ -48,11 +48,12 @@ pub struct SchedMaps {
 }
 
 /// The `TRACKED` value a process of `role` gets: trainers and ranks wait for data, the other
-/// roles of the job (workers, pin-memory, forkserver) are accounted, the rest only followed.
+/// roles of the job (workers, forkserver) are accounted, the rest only followed. A pin-memory
+/// thread is its trainer's or rank's: accounted with its process.
 pub fn level_of(role: Role) -> Option<u32> {
     match role {
         Role::Trainer | Role::Rank => Some(ACCOUNT_WAITS),
-        Role::DataloaderWorker | Role::PinMemory | Role::Forkserver => Some(ACCOUNT),
+        Role::DataloaderWorker | Role::Forkserver => Some(ACCOUNT),
         Role::Other => None,
     }
 }

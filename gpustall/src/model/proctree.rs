@@ -3,22 +3,9 @@
 
 use std::collections::BTreeMap;
 
-/// What a process is to the training job.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Role {
-    /// The `--pid` given to gpustall.
-    Trainer,
-    /// A training process started by torchrun / torch.distributed (elastic agent's child).
-    Rank,
-    /// A PyTorch DataLoader worker process (`pt_data_worker`, `pt_multiprocess`).
-    DataloaderWorker,
-    /// A process named like PyTorch's pin-memory thread (`pt_data_pin`).
-    PinMemory,
-    /// multiprocessing's forkserver (Python 3.14's default start method): workers hang off it.
-    Forkserver,
-    Other,
-}
+mod roles;
+
+pub use roles::{Role, ThreadRole};
 
 /// How a process was ended by someone else.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
@@ -65,34 +52,6 @@ impl ProcNode {
     pub fn exit_status(&self) -> Option<i32> {
         self.exit_code.filter(|c| c & 0x7f == 0).map(|c| ((c >> 8) & 0xff) as i32)
     }
-}
-
-/// PyTorch names its DataLoader worker processes `pt_data_worker` (older releases) or
-/// `pt_multiprocess` (newer); comm is cut at 15 bytes.
-pub fn is_worker_name(comm: &str) -> bool {
-    comm.starts_with("pt_data_worker") || comm.starts_with("pt_multiprocess")
-}
-
-/// torchrun and the elastic agent, whose children are the ranks.
-fn is_launcher(n: &ProcNode) -> bool {
-    n.comm == "torchrun"
-        || n.cmdline.as_deref().is_some_and(|c| {
-            c.contains("torchrun")
-                || c.contains("torch.distributed.run")
-                || c.contains("torch.distributed.launch")
-        })
-}
-
-fn is_forkserver(n: &ProcNode) -> bool {
-    n.cmdline.as_deref().is_some_and(|c| c.contains("multiprocessing.forkserver"))
-}
-
-/// multiprocessing's spawn start method: fork + exec of `python -c 'from multiprocessing.spawn
-/// import spawn_main; ...'`.
-fn is_spawned(n: &ProcNode) -> bool {
-    n.cmdline
-        .as_deref()
-        .is_some_and(|c| c.contains("multiprocessing.spawn") || c.contains("spawn_main"))
 }
 
 #[derive(Default)]
@@ -216,53 +175,6 @@ impl ProcessTree {
             n.cmdline = Some(cmdline);
         }
     }
-
-    /// Names first (PyTorch names its processes), then the tree: the children of a launcher
-    /// are ranks; a spawned multiprocessing child of the trainer, a rank or the forkserver is
-    /// taken for a worker (a guess: other multiprocessing pools look the same).
-    pub fn role(&self, pid: u32) -> Role {
-        let Some(n) = self.nodes.get(&pid) else {
-            return Role::Other;
-        };
-        if n.is_target {
-            return Role::Trainer;
-        }
-        if is_worker_name(&n.comm) {
-            return Role::DataloaderWorker;
-        }
-        if n.comm.starts_with("pt_data_pin") {
-            return Role::PinMemory;
-        }
-        if is_forkserver(n) {
-            return Role::Forkserver;
-        }
-        let parent = self.nodes.get(&n.ppid);
-        if parent.is_some_and(is_launcher) {
-            return Role::Rank;
-        }
-        let parent_role = parent.map(|p| self.role(p.pid));
-        if is_spawned(n)
-            && matches!(parent_role, Some(Role::Trainer | Role::Rank | Role::Forkserver))
-        {
-            return Role::DataloaderWorker;
-        }
-        Role::Other
-    }
-
-    /// Index of a DataLoader worker among its parent's workers, by start order.
-    pub fn worker_index(&self, pid: u32) -> Option<usize> {
-        let n = self.nodes.get(&pid)?;
-        if self.role(pid) != Role::DataloaderWorker {
-            return None;
-        }
-        let mut siblings: Vec<&ProcNode> = self
-            .nodes
-            .values()
-            .filter(|s| s.ppid == n.ppid && self.role(s.pid) == Role::DataloaderWorker)
-            .collect();
-        siblings.sort_by_key(|s| s.order);
-        siblings.iter().position(|s| s.pid == pid)
-    }
 }
 
 #[cfg(test)]
@@ -284,53 +196,6 @@ mod tests {
         assert_eq!(t.get(300).map(|n| (n.ppid, n.comm.as_str())), Some((200, "python")));
         assert_eq!(t.role(100), Role::Trainer);
         assert_eq!(t.alive_pids(), vec![100, 200, 201, 300]);
-    }
-
-    #[test]
-    fn rename_of_main_thread_renames_process_and_sets_role() {
-        let mut t = tree();
-        t.on_rename(201, 201, "pt_data_worker");
-        t.on_rename(200, 200, "pt_data_worker");
-        assert_eq!(t.role(201), Role::DataloaderWorker);
-        // Index by start order, not by rename order.
-        assert_eq!(t.worker_index(200), Some(0));
-        assert_eq!(t.worker_index(201), Some(1));
-        assert_eq!(t.worker_index(100), None);
-    }
-
-    #[test]
-    fn torchrun_children_are_ranks_and_forkserver_children_are_workers() {
-        let mut t = ProcessTree::default();
-        t.seed(1, 0, "torchrun", true, 0);
-        t.on_fork(1, 2, "torchrun", 0);
-        t.on_exec(2, "python3", "/usr/bin/python3");
-        t.set_cmdline(2, "python3 train.py --local-rank 0".into());
-        assert_eq!(t.role(2), Role::Rank);
-        t.on_fork(2, 3, "python3", 0);
-        t.set_cmdline(
-            3,
-            "python3 -c from multiprocessing.forkserver import main; main(5, 6)".into(),
-        );
-        assert_eq!(t.role(3), Role::Forkserver);
-        t.on_fork(3, 4, "python3", 0);
-        t.on_rename(4, 4, "pt_data_worker");
-        t.on_fork(3, 5, "python3", 0);
-        t.on_rename(5, 5, "pt_data_worker");
-        assert_eq!(
-            (t.role(4), t.worker_index(4), t.worker_index(5)),
-            (Role::DataloaderWorker, Some(0), Some(1))
-        );
-        // spawn: fork + exec of spawn_main, found by the tree when unnamed.
-        t.on_fork(2, 6, "python3", 0);
-        t.set_cmdline(
-            6,
-            "python3 -c from multiprocessing.spawn import spawn_main; spawn_main(tracker_fd=7)"
-                .into(),
-        );
-        assert_eq!(t.role(6), Role::DataloaderWorker);
-        t.on_fork(1, 7, "torchrun", 0);
-        t.set_cmdline(7, "python3 -c from multiprocessing.spawn import spawn_main".into());
-        assert_eq!(t.role(7), Role::Rank, "a launcher's child is a rank first");
     }
 
     #[test]

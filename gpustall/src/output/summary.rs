@@ -170,7 +170,14 @@ pub struct ProcessSummary {
     pub role: Role,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub worker_index: Option<usize>,
+    /// A worker's DataLoader: the trainer or rank it serves (its parent, or the owner of the
+    /// forkserver that started it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dataloader_of: Option<u32>,
     pub thread_names: Vec<String>,
+    /// Threads PyTorch named for a role (the pin-memory thread, `pt_data_pin`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub thread_roles: Vec<ThreadRoleSummary>,
     pub block_read_bytes: u64,
     pub block_write_bytes: u64,
     pub reclaim_io_bytes: u64,
@@ -225,6 +232,13 @@ pub struct OomKillSummary {
     pub oom_score_adj: i32,
     pub trigger_pid: u32,
     pub trigger_comm: String,
+}
+
+/// A thread with a role in its process.
+#[derive(Serialize, Debug, Clone, PartialEq, Eq)]
+pub struct ThreadRoleSummary {
+    pub tid: u32,
+    pub role: crate::model::proctree::ThreadRole,
 }
 
 #[derive(Serialize, Debug, Clone)]
@@ -375,7 +389,9 @@ fn process_summary(m: &Model, n: &crate::model::proctree::ProcNode) -> ProcessSu
         comm: n.comm.clone(),
         role: m.tree.role(n.pid),
         worker_index: m.tree.worker_index(n.pid),
+        dataloader_of: m.tree.dataloader_of(n.pid),
         thread_names: n.thread_names.values().cloned().collect(),
+        thread_roles: n.thread_roles().map(|(tid, role)| ThreadRoleSummary { tid, role }).collect(),
         block_read_bytes: p.io_bytes(IoOp::Read, None),
         block_write_bytes: p.io_bytes(IoOp::Write, None),
         reclaim_io_bytes: p.io.iter().filter(|(k, _)| k.in_reclaim).map(|(_, c)| c.bytes).sum(),

@@ -68,9 +68,11 @@ fn role_name(p: &crate::output::summary::ProcessSummary) -> String {
         .ok()
         .and_then(|v| v.as_str().map(String::from))
         .unwrap_or_default();
+    // A pin-memory thread is a thread of the trainer or rank, not a process of its own.
+    let pin = if p.thread_roles.is_empty() { "" } else { "+pin" };
     match p.worker_index {
-        Some(i) => format!("{role}#{i}"),
-        None => role,
+        Some(i) => format!("{role}#{i}{pin}"),
+        None => format!("{role}{pin}"),
     }
 }
 

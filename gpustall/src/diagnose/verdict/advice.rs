@@ -36,11 +36,12 @@ fn most_alive_at_once(workers: &[&ProcFacts]) -> u64 {
         .unwrap_or(0)
 }
 
-/// Workers grouped by the process that started them, in parent order.
+/// Workers grouped by the trainer or rank whose DataLoader they serve (their parent, or the
+/// owner of the forkserver that started them), in that process's pid order.
 fn loaders(f: &Facts) -> Vec<Loader<'_>> {
     let mut by_parent: std::collections::BTreeMap<u32, Vec<&ProcFacts>> = Default::default();
     for w in f.procs.iter().filter(|p| p.is_worker) {
-        by_parent.entry(w.ppid).or_default().push(w);
+        by_parent.entry(w.dataloader_pid.unwrap_or(w.ppid)).or_default().push(w);
     }
     by_parent
         .into_iter()

@@ -87,10 +87,17 @@ pub fn links(f: &Facts, chain: &mut Chain) {
     let total: u64 = w.iter().map(|(_, wait, _)| wait).sum();
     for &(p, wait, share) in &w {
         let count = p.offcpu.as_ref().and_then(|o| o.data_wait_count).unwrap_or(0);
+        // The kernel sums waits per process: with pin_memory=True the pin-memory thread, not
+        // the main thread, waits for the workers, ahead of the main thread.
+        let pin = if p.pin_memory_thread {
+            "; its pin-memory thread (pt_data_pin) waits for the workers on its behalf, ahead of its main thread, and counts in this"
+        } else {
+            ""
+        };
         chain.push(
             p.started_ns.max(f.start_ns),
             format!(
-                "{}: {} waited for data {:.2} s ({:.0} % of its time, {count} waits ended by other processes of the job)",
+                "{}: {} waited for data {:.2} s ({:.0} % of its time, {count} waits ended by other processes of the job{pin})",
                 at(f, p.started_ns.max(f.start_ns)),
                 name(p),
                 wait as f64 / 1e9,
@@ -202,5 +209,21 @@ mod tests {
         assert!(c.contains("rarely waited for data (2 % of its time)"), "{c}");
         assert_eq!(clause(&facts(200_000_000, 0, 0)), "", "no stall to explain");
         assert_eq!(clause(&Facts::default()), "", "nothing measured");
+    }
+
+    #[test]
+    fn a_pin_memory_thread_is_said_to_wait_for_its_trainer() {
+        let mut f = facts(7_400_000_000, 0, 0);
+        let mut chain = Chain(Vec::new());
+        links(&f, &mut chain);
+        assert!(!chain.done().join("\n").contains("pin-memory"));
+        f.procs[0].pin_memory_thread = true;
+        let mut chain = Chain(Vec::new());
+        links(&f, &mut chain);
+        let text = chain.done().join("\n");
+        assert!(
+            text.contains("its pin-memory thread (pt_data_pin) waits for the workers"),
+            "{text}"
+        );
     }
 }

@@ -218,6 +218,27 @@ fn two_ranks_each_with_three_workers_get_advice_per_rank_and_for_the_job() {
 }
 
 #[test]
+fn forkserver_started_workers_are_advised_as_their_owners_dataloader() {
+    // Two ranks, each with a forkserver (pids 15, 16) that started its workers: the workers'
+    // parent is the forkserver, their DataLoader the rank's.
+    let mut f = memory_facts();
+    let rank = |pid| ProcFacts { is_trainer: false, is_rank: true, ppid: 5, ..trainer(pid) };
+    let mut procs = vec![rank(10), rank(11)];
+    for (owner, forkserver, first) in [(10, 15, 20), (11, 16, 30)] {
+        procs.extend(
+            generation(forkserver, first, 3, 0, 60, 60_000)
+                .into_iter()
+                .map(|w| ProcFacts { dataloader_pid: Some(owner), ..w }),
+        );
+    }
+    f.procs = procs;
+    let a = decide(&f).advice.join("\n");
+    assert!(a.contains("pid 10's DataLoader: num_workers=3"), "{a}");
+    assert!(a.contains("pid 11's DataLoader: num_workers=3"), "{a}");
+    assert!(!a.contains("pid 15"), "the forkserver is no DataLoader: {a}");
+}
+
+#[test]
 fn advice_computes_the_worker_count_that_fits() {
     let v = decide(&memory_facts());
     assert_eq!(v.cause.as_str(), "host_memory_pressure");
