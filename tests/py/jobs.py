@@ -9,6 +9,17 @@
       Run through a file named `torchrun` (as torch.distributed.run is), a launcher that forks
       --ranks ranks; each forks --workers workers that grow to --mib MiB and hold it.
 
+  jobs.py spawn-ranks [--ranks 2] [--workers 3] [--mib 60] [--worker-start fork|spawn] [--wait-go]
+      torch.multiprocessing.spawn / Lightning ddp_spawn: the script starts --ranks ranks with
+      multiprocessing's spawn start method (an exec of `python -c 'from multiprocessing.spawn
+      import spawn_main; ...'`); each rank has a pin-memory thread and starts --workers
+      DataLoader workers that grow to --mib MiB: forked (DataLoader's default on Linux) or
+      spawned (multiprocessing_context="spawn").
+  jobs.py forkserver [--workers 3] [--mib 120] [--unnamed] [--wait-go]
+      A trainer whose DataLoader workers are started by multiprocessing's forkserver (Python
+      3.14's default start method): forks of the forkserver, with its command line. --unnamed:
+      workers that never rename (PyTorch releases before the rename, plain multiprocessing).
+
   jobs.py thrash [--mib 100] [--idle 4] [--touch 4] [--wait-go]
       Fills --mib MiB, idles --idle s (a neighbour may push it out to swap meanwhile), then
       reads through it again and again for --touch s.
@@ -21,9 +32,10 @@
   jobs.py hog [--mib 120] [--wait-go]
       Fills --mib MiB, holds it 1 s and exits (the neighbour).
 
-Workers name themselves `pt_data_worker`, as PyTorch's do. A worker killed by a signal makes
-its trainer or rank fail the way a DataLoader does. Every process prints one JSON line
-{"role": ..., "pid": ..., "ppid": ...}.
+Workers name themselves `pt_data_worker`, as PyTorch's do; a process that would import torch
+names itself `pt_main_thread` (torch does on import), and a pin-memory thread `pt_data_pin`. A
+worker killed by a signal makes its trainer or rank fail the way a DataLoader does. Every
+process prints one JSON line {"role": ..., "pid": ..., "ppid": ...}.
 """
 import argparse
 import ctypes
@@ -34,13 +46,38 @@ import sys
 import time
 
 
+PR_SET_NAME = 15
+
+
+def set_name(name):
+    """Names the calling thread (the process, from its main thread), as torch does."""
+    ctypes.CDLL(None).prctl(PR_SET_NAME, name.encode(), 0, 0, 0)
+
+
+def import_torch():
+    """What importing torch does to the process's name."""
+    set_name("pt_main_thread")
+
+
+def pin_memory_thread():
+    """A DataLoader's pin-memory thread (pin_memory=True): a thread, not a process."""
+    import threading
+
+    def run():
+        set_name("pt_data_pin")
+        threading.Event().wait()
+
+    threading.Thread(target=run, daemon=True).start()
+
+
 def say(role, **fields):
     fields.update(role=role, pid=os.getpid(), ppid=os.getppid())
     os.write(1, (json.dumps(fields) + "\n").encode())
 
 
-def worker(mib, hold_s, index):
-    ctypes.CDLL(None).prctl(15, b"pt_data_worker", 0, 0, 0)
+def worker(mib, hold_s, index, rename=True):
+    if rename:
+        set_name("pt_data_worker")
     say("worker", index=index)
     chunks = []
     for _ in range(mib // 4):
@@ -98,6 +135,69 @@ def ranks(a):
         _, status = os.waitpid(pid, 0)
         failed |= status != 0
     return 1 if failed else 0
+
+
+def worker_main(mib, hold_s, index, rename=True):
+    """A worker started by multiprocessing (spawn or forkserver): exits like a forked one."""
+    if rename:
+        import_torch()
+        time.sleep(0.2)  # importing torch takes a while before the worker loop names itself
+    worker(mib, hold_s, index, rename)
+
+
+def join(procs, what):
+    """Waits for multiprocessing children; True when one was killed by a signal."""
+    killed = False
+    for p in procs:
+        p.join()
+        if p.exitcode is not None and p.exitcode < 0:
+            killed = True
+            sys.stderr.write(f"RuntimeError: {what} (pid {p.pid}) is killed by signal: "
+                             f"{signal.Signals(-p.exitcode).name}\n")
+        elif p.exitcode:
+            killed = True
+    return killed
+
+
+def spawned_rank(a, index):
+    import multiprocessing as mp
+    import_torch()
+    pin_memory_thread()
+    say("rank", index=index)
+    if a.worker_start == "fork":
+        return 1 if reap(fork_workers(a.workers, a.mib, 1.0)) else 0
+    ctx = mp.get_context("spawn")  # DataLoader(multiprocessing_context="spawn")
+    procs = [ctx.Process(target=worker_main, args=(a.mib, 1.0, i)) for i in range(a.workers)]
+    for p in procs:
+        p.start()
+    return 1 if join(procs, "DataLoader worker") else 0
+
+
+def spawned_rank_main(a, index):
+    sys.exit(spawned_rank(a, index))
+
+
+def spawn_ranks(a):
+    import multiprocessing as mp
+    import_torch()
+    say("launcher")
+    ctx = mp.get_context("spawn")  # torch.multiprocessing.spawn's
+    procs = [ctx.Process(target=spawned_rank_main, args=(a, r)) for r in range(a.ranks)]
+    for p in procs:
+        p.start()
+    return 1 if join(procs, "process") else 0
+
+
+def forkserver(a):
+    import multiprocessing as mp
+    import_torch()
+    say("trainer")
+    ctx = mp.get_context("forkserver")
+    procs = [ctx.Process(target=worker_main, args=(a.mib, 1.0, i, not a.unnamed))
+             for i in range(a.workers)]
+    for p in procs:
+        p.start()
+    return 1 if join(procs, "DataLoader worker") else 0
 
 
 def fill(mib):
@@ -176,18 +276,23 @@ def hog(a):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("shape", choices=["epochs", "ranks", "thrash", "hog", "shm", "sleeper"])
+    shapes = {"epochs": epochs, "ranks": ranks, "spawn-ranks": spawn_ranks,
+              "forkserver": forkserver, "thrash": thrash, "hog": hog, "shm": shm,
+              "sleeper": sleeper}
+    p.add_argument("shape", choices=list(shapes))
     p.add_argument("--workers", type=int, default=3)
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--ranks", type=int, default=2)
     p.add_argument("--mib", type=int, default=40)
     p.add_argument("--idle", type=float, default=4.0)
     p.add_argument("--touch", type=float, default=4.0)
+    p.add_argument("--worker-start", choices=["fork", "spawn"], default="fork")
+    p.add_argument("--unnamed", action="store_true")
     p.add_argument("--wait-go", action="store_true", help="read a line from stdin first")
     a = p.parse_args()
     if a.wait_go:
         sys.stdin.readline()
-    return {"epochs": epochs, "ranks": ranks, "thrash": thrash, "hog": hog, "shm": shm, "sleeper": sleeper}[a.shape](a)
+    return shapes[a.shape](a)
 
 
 if __name__ == "__main__":
