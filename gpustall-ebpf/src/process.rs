@@ -64,13 +64,8 @@ pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
     if !is_tracked(tgid) {
         return 0;
     }
-    // The process is gone when its last thread exits; kernels without `group_dead` in the
-    // format get the leader's exit instead.
-    let group_dead = match field::<u8>(&ctx, offset!(exit_group_dead)) {
-        Some(v) => v != 0,
-        None => tid == tgid,
-    };
-    if !group_dead {
+    // The process is gone when its last thread exits.
+    if !group_dead(&ctx, tgid, tid) {
         return 0;
     }
     let off = offset!(task_exit_code);
@@ -92,6 +87,26 @@ pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
     );
     let _ = TRACKED.remove(tgid);
     0
+}
+
+/// Whether the exiting thread is its process's last. The format's `group_dead` where the kernel
+/// has it (6.16+); else the thread group's count of live threads, which do_exit decrements
+/// before this tracepoint (`signal->live`, offsets from BTF: a leader that exits while other
+/// threads run, e.g. killed by de_thread() when another thread execs, leaves a live process);
+/// else, without BTF, the leader's exit.
+#[inline(always)]
+fn group_dead(ctx: &TracePointContext, tgid: u32, tid: u32) -> bool {
+    if let Some(v) = field::<u8>(ctx, offset!(exit_group_dead)) {
+        return v != 0;
+    }
+    // SAFETY: plain helper call; the pointer is only read through bpf_probe_read_kernel.
+    let task = unsafe { bpf_get_current_task() } as *const u8;
+    let live = kread::<u64>(task, task_offset!(task_signal))
+        .and_then(|signal| kread::<i32>(signal as *const u8, task_offset!(signal_live)));
+    match live {
+        Some(n) => n <= 0,
+        None => tid == tgid,
+    }
 }
 
 /// task:task_rename: PR_SET_NAME (how PyTorch names its workers), /proc/PID/comm writes, exec.
