@@ -7,10 +7,14 @@
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[cfg_attr(feature = "user", derive(serde::Serialize, serde::Deserialize))]
 pub struct ProcCounters {
-    /// `mm_vmscan_write_folio` hits with the anon flag, in this process's reclaim: swap-out.
-    pub swapout_anon_folios: u64,
+    /// Pages of the anonymous folios this process's reclaim wrote out (`mm_vmscan_write_folio`):
+    /// swap-out, in kernel pages (a 2 MiB THP is 512 of 4 KiB), as pswpout counts. Recordings
+    /// before the BTF-typed program named it `swapout_anon_folios` (one per folio).
+    #[cfg_attr(feature = "user", serde(alias = "swapout_anon_folios"))]
+    pub swapout_anon_pages: u64,
     /// The same for file folios (dirty page cache written back by reclaim).
-    pub writeback_file_folios: u64,
+    #[cfg_attr(feature = "user", serde(alias = "writeback_file_folios"))]
+    pub writeback_file_pages: u64,
     /// `mm_vmscan_wakeup_kswapd` hit in this process's allocations.
     pub kswapd_wakeups: u64,
     /// Direct and memcg reclaim totals (the episodes also go to the ring; these survive losses).
@@ -29,10 +33,10 @@ impl ProcCounters {
     /// These totals counted from `base` (an earlier read) instead of from the start.
     pub fn since(&self, base: &Self) -> Self {
         Self {
-            swapout_anon_folios: self.swapout_anon_folios.saturating_sub(base.swapout_anon_folios),
-            writeback_file_folios: self
-                .writeback_file_folios
-                .saturating_sub(base.writeback_file_folios),
+            swapout_anon_pages: self.swapout_anon_pages.saturating_sub(base.swapout_anon_pages),
+            writeback_file_pages: self
+                .writeback_file_pages
+                .saturating_sub(base.writeback_file_pages),
             kswapd_wakeups: self.kswapd_wakeups.saturating_sub(base.kswapd_wakeups),
             direct_reclaim_count: self
                 .direct_reclaim_count

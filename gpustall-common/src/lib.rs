@@ -7,6 +7,7 @@
 
 pub mod counters;
 pub mod events;
+pub mod folio;
 pub mod names;
 pub mod offsets;
 pub mod reclaim;

@@ -26,6 +26,8 @@ pub const OFFSETS: &str = "OFFSETS";
 pub const SCHED_OFFSETS: &str = "SCHED_OFFSETS";
 /// The global holding task_struct/signal_struct/siginfo offsets (`task::TaskOffsets`, from BTF).
 pub const TASK_OFFSETS: &str = "TASK_OFFSETS";
+/// The global holding where a folio's flags and order are (`folio::FolioLayout`, from BTF).
+pub const FOLIO_LAYOUT: &str = "FOLIO_LAYOUT";
 
 /// Program names (one per tracepoint family member).
 pub mod programs {
@@ -45,6 +47,9 @@ pub mod programs {
     pub const KSWAPD_WAKE: &str = "mm_vmscan_kswapd_wake";
     pub const KSWAPD_SLEEP: &str = "mm_vmscan_kswapd_sleep";
     pub const WRITE_FOLIO: &str = "mm_vmscan_write_folio";
+    /// The BTF-typed twin of WRITE_FOLIO (reads the folio's order); the classic one is its
+    /// fallback.
+    pub const WRITE_FOLIO_BTF: &str = "mm_vmscan_write_folio_btf";
     pub const WAKEUP_KSWAPD: &str = "mm_vmscan_wakeup_kswapd";
     pub const THROTTLED: &str = "mm_vmscan_throttled";
     pub const BLOCK_BIO_QUEUE: &str = "block_bio_queue";

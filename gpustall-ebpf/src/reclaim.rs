@@ -1,10 +1,15 @@
 //! The memory-pressure chain: reclaim stalls paired per thread, swap-out counted per process,
 //! kswapd wakeups and reclaim throttling.
 
-use aya_ebpf::{helpers::bpf_ktime_get_ns, macros::tracepoint, programs::TracePointContext};
+use aya_ebpf::{
+    helpers::{bpf_ktime_get_ns, bpf_probe_read_kernel},
+    macros::{btf_tracepoint, tracepoint},
+    programs::{BtfTracePointContext, TracePointContext},
+};
 use gpustall_common::{
     counters::{HostCounter, LostCounter},
     events::{EventKind, ReclaimEvent, ThrottledEvent},
+    folio::{pages, FolioLayout},
     reclaim::{on_begin, on_end, on_kswapd_wake, EndOutcome, ReclaimKind},
 };
 
@@ -138,20 +143,22 @@ pub fn in_kswapd(tid: u32) -> bool {
 
 const RECLAIM_WB_ANON: i32 = 0x1;
 
-/// mm_vmscan_write_folio fires once per folio that reclaim writes out: counted here per
-/// process, never sent as a record.
-#[tracepoint]
-pub fn mm_vmscan_write_folio(ctx: TracePointContext) -> u32 {
+/// Written by the agent before load (`EbpfLoader::override_global`): where this kernel keeps a
+/// folio's flags and order, from its BTF.
+#[unsafe(no_mangle)]
+pub static FOLIO_LAYOUT: FolioLayout = FolioLayout::unknown();
+
+/// One folio written out by reclaim, `pages` long: counted per process, never sent as a record.
+#[inline(always)]
+fn count_write(anon: bool, pages: u64) {
     let (tgid, tid) = pid_tgid();
-    let flags: i32 = field(&ctx, offset!(write_folio_flags)).unwrap_or(0);
-    let anon = flags & RECLAIM_WB_ANON != 0;
     if is_tracked(tgid) {
         if anon {
-            proc_add!(tgid, swapout_anon_folios += 1);
+            proc_add!(tgid, swapout_anon_pages += pages);
         } else {
-            proc_add!(tgid, writeback_file_folios += 1);
+            proc_add!(tgid, writeback_file_pages += pages);
         }
-        return 0;
+        return;
     }
     let idx = match (in_kswapd(tid), anon) {
         (true, true) => HostCounter::KswapdSwapoutAnon,
@@ -159,7 +166,38 @@ pub fn mm_vmscan_write_folio(ctx: TracePointContext) -> u32 {
         (false, true) => HostCounter::OtherSwapoutAnon,
         (false, false) => HostCounter::OtherWritebackFile,
     };
-    add_per_cpu(&HOST, idx as u32, 1);
+    add_per_cpu(&HOST, idx as u32, pages);
+}
+
+/// The fallback where the kernel has no BTF: the classic record has no order, so a folio
+/// counts one page (the loader says so in its degradations).
+#[tracepoint]
+pub fn mm_vmscan_write_folio(ctx: TracePointContext) -> u32 {
+    let flags: i32 = field(&ctx, offset!(write_folio_flags)).unwrap_or(0);
+    count_write(flags & RECLAIM_WB_ANON != 0, 1);
+    0
+}
+
+/// The same event, BTF-typed: its argument is the folio (the page before 5.18), whose order
+/// gives the pages written (a 2 MiB THP is 512 pages, one hit). One read of the flags word
+/// (large? swap-backed?), and a second of the order byte for a large folio only.
+#[btf_tracepoint(function = "mm_vmscan_write_folio")]
+pub fn mm_vmscan_write_folio_btf(ctx: BtfTracePointContext) -> i32 {
+    // The tracepoint's first argument: the folio (or the page), only ever read through the helper.
+    let folio: *const u8 = ctx.arg(0);
+    // SAFETY: FOLIO_LAYOUT is a plain static of integers the loader rewrites before load.
+    let layout = unsafe { core::ptr::read_volatile(&FOLIO_LAYOUT) };
+    // SAFETY: kernel memory read through the helper; a fault gives an error, not a crash.
+    let flags: u64 =
+        unsafe { bpf_probe_read_kernel(folio.wrapping_add(layout.flags as usize) as *const u64) }
+            .unwrap_or(0);
+    let order = if layout.is_large(flags) {
+        // SAFETY: as above; the head of a large folio has its second page right after it.
+        unsafe { bpf_probe_read_kernel(folio.wrapping_add(layout.order as usize)) }.ok()
+    } else {
+        None
+    };
+    count_write(layout.is_anon(flags), pages(order));
     0
 }
 

@@ -6,6 +6,7 @@
 
 pub mod cgroup;
 pub mod kernel;
+pub mod mm;
 pub mod procs;
 
 use std::path::PathBuf;

@@ -164,6 +164,8 @@ pub fn run(only: Option<&str>) -> anyhow::Result<()> {
             .unwrap_or(0)
     };
     let records = s["events"].as_u64().unwrap_or(0);
+    // The BTF-typed program where the kernel has BTF, else its classic fallback.
+    let write_folio_hits = hits("mm_vmscan_write_folio") + hits("mm_vmscan_write_folio_btf");
     // CPU while tracing: without the start-up (loading and verifying the programs).
     let cpu = s["overhead"]["agent_cpu_s"].as_f64().unwrap_or(0.0)
         - s["overhead"]["agent_startup_cpu_s"].as_f64().unwrap_or(0.0);
@@ -176,8 +178,8 @@ pub fn run(only: Option<&str>) -> anyhow::Result<()> {
         "trace_duration_s": duration,
         "ring_records": records,
         "ring_records_per_s": records as f64 / duration,
-        "write_folio_hits": hits("mm_vmscan_write_folio"),
-        "write_folio_hits_per_s": hits("mm_vmscan_write_folio") as f64 / duration,
+        "write_folio_hits": write_folio_hits,
+        "write_folio_hits_per_s": write_folio_hits as f64 / duration,
         "block_bio_queue_hits_per_s": hits("block_bio_queue") as f64 / duration,
         "programs": programs,
         "agent_cpu_s_while_tracing": cpu,

@@ -94,6 +94,9 @@ pub struct Facts {
     /// /proc/pressure/memory during the trace; `None` without PSI.
     pub host_pressure: Option<PsiDelta>,
     pub swap_total_kb: Option<u64>,
+    /// The kernel's page size, the unit of swap-out pages and pswpin/pswpout (`None`: a
+    /// recording made before it was recorded, on 4 KiB pages; see [`Facts::page_bytes`]).
+    pub page_size: Option<u64>,
     /// pswpout / pswpin over the trace (whole host).
     pub pswpout: u64,
     pub pswpin: u64,
@@ -107,6 +110,16 @@ pub struct Facts {
     pub data_time: Option<DataTimeTrend>,
     /// When data_time first rose (3x baseline), from the training log.
     pub data_time_rise_ns: Option<u64>,
+}
+
+/// Page size of recordings that did not record one (all were made on 4 KiB pages).
+pub const DEFAULT_PAGE_SIZE: u64 = 4096;
+
+impl Facts {
+    /// Bytes in one of the kernel's pages: what a swap-out or pswpin page is worth.
+    pub fn page_bytes(&self) -> u64 {
+        self.page_size.unwrap_or(DEFAULT_PAGE_SIZE)
+    }
 }
 
 /// Who sent a fatal signal.
@@ -209,7 +222,7 @@ fn proc_facts(m: &Model, n: &crate::model::proctree::ProcNode, now_ns: u64) -> P
         reclaim_count: c.direct_reclaim_count + c.memcg_reclaim_count,
         reclaim_ns: c.direct_reclaim_ns + c.memcg_reclaim_ns,
         first_reclaim_ns: p.first_reclaim_ns,
-        swapout_pages: c.swapout_anon_folios,
+        swapout_pages: c.swapout_anon_pages,
         major_faults: p.mem.majflt.saturating_sub(p.first_majflt.unwrap_or(p.mem.majflt)),
         reclaim_io_bytes: p.io.iter().filter(|(k, _)| k.in_reclaim).map(|(_, v)| v.bytes).sum(),
         read_bytes: p.io_bytes(IoOp::Read, None),
@@ -301,6 +314,7 @@ pub fn from_model(m: &Model, now_ns: u64) -> Facts {
         host_mem_total_kb: ctx.host_last.as_ref().map(|h| h.mem_total_kb),
         host_min_available_kb: ctx.host_min_available_kb,
         swap_total_kb: ctx.host_last.as_ref().map(|h| h.swap_total_kb),
+        page_size: ctx.host_last.as_ref().and_then(|h| h.page_size),
         pswpout: vm.pswpout,
         pswpin: vm.pswpin,
         disks,

@@ -10,6 +10,7 @@ use gpustall_common::counters::{
     InflightIo, InflightKey, IoCounters, IoKey, ProcCounters, HOST_COUNTERS, LATENCY_BUCKETS,
     LOST_COUNTERS,
 };
+use gpustall_common::folio::FolioLayout;
 use gpustall_common::names::{self, maps, programs};
 use gpustall_common::offsets::{TracepointOffsets, MISSING};
 use gpustall_common::task::TaskOffsets;
@@ -109,16 +110,21 @@ enum TypedKind {
 #[derive(Clone, Copy, Debug)]
 pub struct Layouts {
     pub task: TaskOffsets,
+    /// Where a folio's flags and order are, or what BTF lacks for it (kernel::folio).
+    pub folio: Result<FolioLayout, &'static str>,
 }
 
 impl Layouts {
     /// Nothing known (no BTF): every typed program falls back.
     pub const fn unknown() -> Self {
-        Self { task: TaskOffsets::unknown() }
+        Self { task: TaskOffsets::unknown(), folio: Err("the folio's layout") }
     }
 
     pub fn from_btf(btf: &btf_rs::Btf) -> Self {
-        Self { task: crate::kernel::btf::task_offsets(btf) }
+        Self {
+            task: crate::kernel::btf::task_offsets(btf),
+            folio: crate::kernel::folio::from_btf(btf),
+        }
     }
 }
 
@@ -170,13 +176,22 @@ const PROBES: &[Probe] = &[
     probe(programs::DIRECT_RECLAIM_BEGIN, "vmscan", &["mm_vmscan_direct_reclaim_begin"], false),
     probe(programs::MEMCG_RECLAIM_BEGIN, "vmscan", &["mm_vmscan_memcg_reclaim_begin"], false),
     probe(programs::KSWAPD_WAKE, "vmscan", &["mm_vmscan_kswapd_wake"], false),
-    // mm_vmscan_writepage before 5.18.
+    // mm_vmscan_writepage before 5.18. Typed, it reads the folio's order: pages, not folios.
     probe(
         programs::WRITE_FOLIO,
         "vmscan",
         &["mm_vmscan_write_folio", "mm_vmscan_writepage"],
         false,
-    ),
+    )
+    .or_typed(Typed {
+        program: programs::WRITE_FOLIO_BTF,
+        kind: TypedKind::Btf,
+        // `struct folio *`, or `struct page *` for writepage: checked with the layout
+        // (kernel::folio::from_btf), since the table takes one prototype.
+        args: &[],
+        blocker: |l| l.folio.err(),
+        fallback: "swap-out counted per folio: a THP or mTHP swapped whole counts one page, not its 512 or 16",
+    }),
     probe(programs::WAKEUP_KSWAPD, "vmscan", &["mm_vmscan_wakeup_kswapd"], false),
     probe(programs::THROTTLED, "vmscan", &["mm_vmscan_throttled"], false),
     probe(programs::BLOCK_BIO_QUEUE, "block", &["block_bio_queue"], false),
@@ -308,6 +323,8 @@ pub fn load(tracefs: &Tracefs, btf: Result<&btf_rs::Btf, &str>) -> Result<Probes
     loader.override_global(names::TASK_OFFSETS, &layouts.task, true);
     let sched_offsets = crate::kernel::offcpu::sched_offsets(tracefs);
     loader.override_global(names::SCHED_OFFSETS, &sched_offsets, true);
+    let folio = layouts.folio.unwrap_or(FolioLayout::unknown());
+    loader.override_global(names::FOLIO_LAYOUT, &folio, true);
     // Tests make the per-process I/O map small to reach "map full" with a few processes, the
     // same kernel path a host with more processes than entries takes.
     if let Some(n) = std::env::var("GPUSTALL_TEST_IO_MAP_ENTRIES").ok().and_then(|v| v.parse().ok())
@@ -604,6 +621,7 @@ mod tests {
                 signal_live: 5,
                 siginfo_code: 8,
             },
+            ..Layouts::unknown()
         };
         let proto = |a: &[&str]| Ok(Some(a.iter().map(|s| s.to_string()).collect()));
         let this_kernel =
@@ -619,5 +637,27 @@ mod tests {
         // The prototype fits but BTF did not give the task's offsets.
         let blocked = typed_ready(&typed, this_kernel, &Layouts::unknown());
         assert!(blocked.unwrap_err().contains("tgid"));
+    }
+
+    /// The folio-reading write_folio runs where BTF gave the folio's layout, whatever the
+    /// event's argument (folio or page: checked with the layout); else the per-folio fallback.
+    #[test]
+    fn write_folio_counts_pages_only_with_the_folio_layout() {
+        let typed = PROBES
+            .iter()
+            .find_map(|p| p.typed.filter(|t| t.program == programs::WRITE_FOLIO_BTF))
+            .expect("write_folio has a typed program");
+        let args = || Ok(Some(vec!["struct page *".to_string()]));
+        let layout = gpustall_common::folio::FolioLayout {
+            flags: 0,
+            order: 64,
+            head_bit: 6,
+            swapbacked_bit: 17,
+        };
+        let known = Layouts { folio: Ok(layout), ..Layouts::unknown() };
+        assert_eq!(typed_ready(&typed, args(), &known), Ok(()));
+        let why = typed_ready(&typed, args(), &Layouts::unknown()).unwrap_err();
+        assert!(why.contains("folio"), "{why}");
+        assert!(typed.fallback.starts_with("swap-out counted per folio"));
     }
 }

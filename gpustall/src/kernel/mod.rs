@@ -5,6 +5,7 @@
 
 pub mod btf;
 pub mod decode;
+pub mod folio;
 pub mod loader;
 pub mod mapmem;
 pub mod offcpu;

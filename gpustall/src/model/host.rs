@@ -163,6 +163,10 @@ pub struct HostMem {
     pub mem_available_kb: u64,
     pub swap_total_kb: u64,
     pub swap_free_kb: u64,
+    /// The kernel's page size in bytes (4 KiB on x86-64, often 64 KiB on arm64): the unit of
+    /// swap-out pages and of pswpin/pswpout. Recordings without it were made with 4 KiB pages.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub page_size: Option<u64>,
 }
 
 /// Host-wide reclaim, swap and OOM activity between two /proc/vmstat readings: the evidence

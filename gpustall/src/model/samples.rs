@@ -320,7 +320,7 @@ mod tests {
             procs: vec![
                 ProcCountersRec {
                     pid: 1,
-                    counters: ProcCounters { swapout_anon_folios: 5, ..Default::default() },
+                    counters: ProcCounters { swapout_anon_pages: 5, ..Default::default() },
                 },
                 ProcCountersRec { pid: 2, ..Default::default() },
             ],
@@ -329,7 +329,7 @@ mod tests {
         };
         let mut b = a.clone();
         b.t_ns = 2;
-        b.procs[0].counters.swapout_anon_folios = 9;
+        b.procs[0].counters.swapout_anon_pages = 9;
         let d = b.changes_since(&a);
         assert_eq!(d.procs.len(), 1);
         assert_eq!(d.procs[0].pid, 1);

@@ -23,7 +23,7 @@ pub fn totals(m: &Model) -> Totals {
         t.write_bytes += p.io_bytes(IoOp::Write, None);
         t.reclaim_count += p.counters.direct_reclaim_count + p.counters.memcg_reclaim_count;
         t.reclaim_ns += p.counters.direct_reclaim_ns + p.counters.memcg_reclaim_ns;
-        t.swapout_pages += p.counters.swapout_anon_folios;
+        t.swapout_pages += p.counters.swapout_anon_pages;
     }
     t
 }

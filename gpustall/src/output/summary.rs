@@ -80,6 +80,10 @@ pub struct ContextSummary {
     pub host_min_available_kb: Option<u64>,
     pub swap_total_kb: Option<u64>,
     pub swap_free_kb: Option<u64>,
+    /// The kernel's page size in bytes: the unit of every `*_pages` figure and of pswpin and
+    /// pswpout. Absent in reports of recordings that did not record it (4 KiB pages).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub page_size: Option<u64>,
     /// /proc/vmstat deltas over the trace (whole host).
     pub vmstat: crate::model::host::VmDelta,
     /// Busy % of each disk over the trace, and at its busiest second.
@@ -190,7 +194,9 @@ pub struct ProcessSummary {
     pub reclaim_stall_p50_ns: Option<u64>,
     pub reclaim_stall_p99_ns: Option<u64>,
     pub reclaim_stall_max_ns: Option<u64>,
-    /// Anonymous folios this process's reclaim wrote to swap (4 KiB pages unless THP/mTHP).
+    /// Pages of the anonymous folios this process's reclaim wrote to swap, in the kernel's
+    /// pages (`context.page_size`), as pswpout counts them: a 2 MiB THP swapped whole is 512.
+    /// Where the kernel has no BTF, one per folio (the notes say so).
     pub swapout_pages: u64,
     pub file_writeback_pages: u64,
     pub kswapd_wakeups: u64,
@@ -323,6 +329,7 @@ fn context_summary(m: &Model) -> ContextSummary {
         host_min_available_kb: c.host_min_available_kb,
         swap_total_kb: c.host_last.as_ref().map(|h| h.swap_total_kb),
         swap_free_kb: c.host_last.as_ref().map(|h| h.swap_free_kb),
+        page_size: c.host_last.as_ref().and_then(|h| h.page_size),
         vmstat: c.vm_delta(),
         disks: c
             .disk_busy_overall()
@@ -404,8 +411,8 @@ fn process_summary(m: &Model, n: &crate::model::proctree::ProcNode) -> ProcessSu
         reclaim_stall_p50_ns: h.map(|h| h.value_at_quantile(0.5)),
         reclaim_stall_p99_ns: h.map(|h| h.value_at_quantile(0.99)),
         reclaim_stall_max_ns: h.map(|h| h.max()),
-        swapout_pages: c.swapout_anon_folios,
-        file_writeback_pages: c.writeback_file_folios,
+        swapout_pages: c.swapout_anon_pages,
+        file_writeback_pages: c.writeback_file_pages,
         kswapd_wakeups: c.kswapd_wakeups,
         throttled_count: c.throttled_count,
         throttled_us: c.throttled_us,

@@ -283,7 +283,11 @@ impl Totals {
         for p in v["procs"].as_array().into_iter().flatten() {
             self.swapout.insert(
                 p["pid"].as_u64().unwrap_or(0),
-                p["swapout_anon_folios"].as_u64().unwrap_or(0),
+                // Older recordings name it swapout_anon_folios (it counted one per folio).
+                p.get("swapout_anon_pages")
+                    .or_else(|| p.get("swapout_anon_folios"))
+                    .and_then(Value::as_u64)
+                    .unwrap_or(0),
             );
         }
         self.wait_rates(v, ts, t);
@@ -363,7 +367,7 @@ mod tests {
             json!({"type":"event","kind":"reclaim","t_ns":1500,"pid":11,"tid":11,"comm":"w","reclaim":"memcg","start_ns":1300,"duration_ns":200,"nr_reclaimed":32}),
             json!({"type":"sample","kind":"proc_mem","t_ns":2000,"pid":11,"rss_kb":2048,"swap_kb":1024}),
             json!({"type":"sample","kind":"counters","t_ns":2000,"procs":[{"pid":11,"swapout_anon_folios":0}],"io":[]}),
-            json!({"type":"sample","kind":"counters","t_ns":3000,"procs":[{"pid":11,"swapout_anon_folios":500}],"io":[{"pid":11,"dev":1,"op":1,"in_reclaim":true,"bytes":2097152}]}),
+            json!({"type":"sample","kind":"counters","t_ns":3000,"procs":[{"pid":11,"swapout_anon_pages":500}],"io":[{"pid":11,"dev":1,"op":1,"in_reclaim":true,"bytes":2097152}]}),
             json!({"type":"event","kind":"oom_kill","t_ns":4000,"pid":10,"tid":10,"comm":"python","victim_pid":11}),
             json!({"type":"sample","kind":"gpu","t_ns":4000,"gpus":[{"index":0,"name":"H200","t_ns":4000,"util_gpu_pct":0}]}),
         ];

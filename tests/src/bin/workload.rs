@@ -97,15 +97,21 @@ fn spawn(cmd: &[String]) -> i32 {
 /// Anonymous memory that the kernel must keep, swap or kill for: every page is written.
 struct Hoard {
     chunks: Vec<(*mut u8, usize)>,
+    /// Large folios (`hog .. huge`): MADV_HUGEPAGE on 2 MiB-aligned chunks, so reclaim swaps
+    /// THPs and mTHPs whole; else 4 KiB folios, one swapped folio one page.
+    huge: bool,
 }
+
+const HUGE_ALIGN: usize = 2 << 20;
 
 impl Hoard {
     fn grow(&mut self, bytes: usize) {
+        let extra = if self.huge { HUGE_ALIGN } else { 0 };
         // SAFETY: a fresh private anonymous mapping; checked for MAP_FAILED below.
         let p = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
-                bytes,
+                bytes + extra,
                 libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
                 -1,
@@ -115,8 +121,24 @@ impl Hoard {
         if p == libc::MAP_FAILED {
             panic!("mmap failed: {}", std::io::Error::last_os_error());
         }
-        // SAFETY: our own mapping. 4 KiB folios, so one swapped folio is one page (as pswpout).
-        unsafe { libc::madvise(p, bytes, libc::MADV_NOHUGEPAGE) };
+        let p = if self.huge {
+            // A 2 MiB-aligned start, the excess on both sides unmapped: every 2 MiB of the
+            // chunk can be one THP.
+            let head = (HUGE_ALIGN - p as usize % HUGE_ALIGN) % HUGE_ALIGN;
+            // SAFETY: both ranges lie inside the mapping just made.
+            unsafe {
+                if head > 0 {
+                    libc::munmap(p, head);
+                }
+                libc::munmap(p.cast::<u8>().add(head + bytes).cast(), extra - head);
+            }
+            p.cast::<u8>().wrapping_add(head).cast::<libc::c_void>()
+        } else {
+            p
+        };
+        let advice = if self.huge { libc::MADV_HUGEPAGE } else { libc::MADV_NOHUGEPAGE };
+        // SAFETY: our own mapping.
+        unsafe { libc::madvise(p, bytes, advice) };
         let p = p as *mut u8;
         Self::touch(p, bytes, 1);
         self.chunks.push((p, bytes));
@@ -139,7 +161,7 @@ impl Hoard {
 /// Workers named like PyTorch's that allocate `mib[i]` MiB in `step` MiB steps, hold it for
 /// `hold_ms` (re-writing it, so swapped pages come back and go out again), then exit 0. If one
 /// is killed, the parent stops the others and exits 1.
-fn hog(mib: &[usize], step: usize, hold_ms: u64) -> i32 {
+fn hog(mib: &[usize], step: usize, hold_ms: u64, huge: bool) -> i32 {
     wait_for_go();
     say("parent", "");
     let mut pids = Vec::new();
@@ -147,7 +169,7 @@ fn hog(mib: &[usize], step: usize, hold_ms: u64) -> i32 {
         pids.push(fork_child(move || {
             set_name("pt_data_worker");
             say("worker", &format!(",\"index\":{i}"));
-            let mut h = Hoard { chunks: Vec::new() };
+            let mut h = Hoard { chunks: Vec::new(), huge };
             let mut have = 0;
             while have < target {
                 let n = step.min(target - have);
@@ -434,17 +456,17 @@ fn main() {
             reuse(&args[1], n(2), n(3))
         }
         Some("hog") => {
-            // hog MIB[,MIB..] STEP_MIB HOLD_MS
+            // hog MIB[,MIB..] STEP_MIB HOLD_MS [huge]
             let mib: Vec<usize> = args
                 .get(1)
                 .map(|s| s.split(',').filter_map(|v| v.parse().ok()).collect())
                 .unwrap_or_default();
             let step = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(8);
             let hold = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(0);
-            hog(&mib, step, hold)
+            hog(&mib, step, hold, args.get(4).is_some_and(|a| a == "huge"))
         }
         _ => {
-            eprintln!("usage: gpustall-workload tree | spawn CMD [ARGS..] | hog MIB[,MIB..] STEP_MIB HOLD_MS | burst N DIR [HOLD_MS] | reuse DIR FIRST SECOND | pingpong MS SETTLE_MS");
+            eprintln!("usage: gpustall-workload tree | spawn CMD [ARGS..] | hog MIB[,MIB..] STEP_MIB HOLD_MS [huge] | burst N DIR [HOLD_MS] | reuse DIR FIRST SECOND | pingpong MS SETTLE_MS");
             2
         }
     };

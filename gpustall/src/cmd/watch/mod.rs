@@ -140,7 +140,7 @@ impl Totals {
         Self {
             stall_ns: c.direct_reclaim_ns + c.memcg_reclaim_ns,
             stalls: c.direct_reclaim_count + c.memcg_reclaim_count,
-            swapout: c.swapout_anon_folios,
+            swapout: c.swapout_anon_pages,
             read: p.io_bytes(gpustall_common::counters::IoOp::Read, None),
             write: p.io_bytes(gpustall_common::counters::IoOp::Write, None),
             reclaim_io: p.io.iter().filter(|(k, _)| k.in_reclaim).map(|(_, v)| v.bytes).sum(),

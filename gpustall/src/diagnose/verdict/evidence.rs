@@ -163,7 +163,7 @@ pub fn memory_chain(f: &Facts, chain: &mut Chain) {
             format!(
                 "their reclaim swapped out {} pages ({}) and submitted {} of disk I/O (host pswpout {}, pswpin {})",
                 swap,
-                mib_b(swap * 4096),
+                mib_b(swap * f.page_bytes()),
                 mib_b(rio),
                 f.pswpout,
                 f.pswpin

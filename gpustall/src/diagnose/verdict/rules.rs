@@ -10,8 +10,9 @@ use crate::diagnose::facts::{CgroupFacts, Facts, KillerFacts, OomFacts, ProcFact
 
 /// Reclaim stall time at or above this fraction of the trace is memory pressure.
 const PRESSURE_STALL_FRACTION: f64 = 0.01;
-/// Swap-out at or above this many pages (64 MiB) is memory pressure.
-const PRESSURE_SWAP_PAGES: u64 = 16_384;
+/// Swap-out at or above this many bytes is memory pressure (16,384 pages of 4 KiB, 1,024 of
+/// 64 KiB: in bytes, so that a 64 KiB-page host is not held to 16 times more).
+const PRESSURE_SWAP_BYTES: u64 = 64 << 20;
 const DISK_FULL_PCT: f64 = 98.0;
 /// A process stopped or in D state this long is hung.
 const HUNG_NS: u64 = 3_000_000_000;
@@ -30,6 +31,8 @@ pub struct Ctx<'a> {
     /// Combined reclaim stall and swap-out of the traced processes.
     pub stall_ns: u64,
     pub swap_pages: u64,
+    /// `swap_pages` in bytes (the kernel's page size).
+    pub swap_bytes: u64,
     /// Most grown first, then most stalled.
     pub by_memory: Vec<&'a ProcFacts>,
 }
@@ -43,11 +46,13 @@ impl<'a> Ctx<'a> {
                 std::cmp::Reverse(p.reclaim_ns),
             )
         });
+        let swap_pages = f.procs.iter().map(|p| p.swapout_pages).sum();
         Self {
             f,
             duration_ns: f.end_ns.saturating_sub(f.start_ns).max(1),
             stall_ns: f.procs.iter().map(|p| p.reclaim_ns).sum(),
-            swap_pages: f.procs.iter().map(|p| p.swapout_pages).sum(),
+            swap_pages,
+            swap_bytes: swap_pages.saturating_mul(f.page_bytes()),
             by_memory,
         }
     }
@@ -162,12 +167,13 @@ pub fn host_memory_oom(c: &Ctx) -> Option<Verdict> {
         _ => String::new(),
     };
     let text = format!(
-        "{} ran out, not the disk: {} was OOM-killed at {} after the job's processes stalled a combined {:.2} s in reclaim and swapped out {} pages{}.{cause} {}",
+        "{} ran out, not the disk: {} was OOM-killed at {} after the job's processes stalled a combined {:.2} s in reclaim and swapped out {} pages ({}){}.{cause} {}",
         memory_scope(f),
         victim.map_or(format!("pid {}", first.victim_pid), name),
         at(f, first.t_ns),
         c.stall_ns as f64 / 1e9,
         c.swap_pages,
+        mib_b(c.swap_bytes),
         gpu_clause(f),
         "A DataLoader that sees this raises \"DataLoader worker (pid N) is killed by signal: Killed\"; other ranks then time out."
     );
@@ -229,7 +235,7 @@ pub fn process_killed(c: &Ctx) -> Option<Verdict> {
     let first = killed.first()?;
     let mut chain = c.chain();
     let pressure = c.stall_ns as f64 / c.duration_ns as f64 >= PRESSURE_STALL_FRACTION
-        || c.swap_pages >= PRESSURE_SWAP_PAGES;
+        || c.swap_bytes >= PRESSURE_SWAP_BYTES;
     if pressure {
         memory_chain(f, &mut chain);
     }
@@ -292,7 +298,7 @@ pub fn disk_full(c: &Ctx) -> Option<Verdict> {
 /// Traced processes stalled in reclaim and swapped, with no kill (yet).
 pub fn host_memory_pressure(c: &Ctx) -> Option<Verdict> {
     let pressure = c.stall_ns as f64 / c.duration_ns as f64 >= PRESSURE_STALL_FRACTION
-        || c.swap_pages >= PRESSURE_SWAP_PAGES;
+        || c.swap_bytes >= PRESSURE_SWAP_BYTES;
     if !pressure {
         return swap_thrash(c);
     }
@@ -302,10 +308,11 @@ pub fn host_memory_pressure(c: &Ctx) -> Option<Verdict> {
     let mut culprits: Vec<u32> = significant(&c.by_memory);
     dedup(&mut culprits);
     let text = format!(
-        "Memory pressure, not the disk: the job's processes stalled a combined {:.2} s in reclaim over a {:.1} s trace and swapped out {} pages{}. No OOM kill yet.",
+        "Memory pressure, not the disk: the job's processes stalled a combined {:.2} s in reclaim over a {:.1} s trace and swapped out {} pages ({}){}. No OOM kill yet.",
         c.stall_ns as f64 / 1e9,
         c.duration_ns as f64 / 1e9,
         c.swap_pages,
+        mib_b(c.swap_bytes),
         gpu_clause(f)
     );
     Some(c.verdict(Cause::HostMemoryPressure, text, culprits, chain, memory_advice(f)))
@@ -323,9 +330,10 @@ const SWAP_READAHEAD_PAGES: u64 = 8;
 fn swap_thrash(c: &Ctx) -> Option<Verdict> {
     let f = c.f;
     let faults: u64 = f.procs.iter().map(|p| p.major_faults).sum();
-    let read_pages: u64 = f.procs.iter().map(|p| p.read_bytes / 4096).sum();
+    let page = f.page_bytes();
+    let read_pages: u64 = f.procs.iter().map(|p| p.read_bytes / page).sum();
     let swapped_in = (faults * SWAP_READAHEAD_PAGES).min(read_pages).min(f.pswpin);
-    if swapped_in < PRESSURE_SWAP_PAGES {
+    if swapped_in * page < PRESSURE_SWAP_BYTES {
         return None;
     }
     let mut by_faults: Vec<&ProcFacts> = f.procs.iter().filter(|p| p.major_faults > 0).collect();
@@ -344,7 +352,7 @@ fn swap_thrash(c: &Ctx) -> Option<Verdict> {
     let text = format!(
         "Memory pressure, not the disk: the job's memory had been pushed out to swap and faults back in ({} major faults, about {} read back from swap){}. The job itself neither stalled in reclaim nor swapped out: kswapd or another process in its cgroup took its memory. Its reads are swap-ins, not its data pipeline.",
         faults,
-        mib_b(swapped_in * 4096),
+        mib_b(swapped_in * page),
         gpu_clause(f)
     );
     let advice = vec![

@@ -33,7 +33,15 @@ pub fn read_host_mem() -> Option<HostMem> {
         mem_available_kb: m.mem_available.unwrap_or(m.mem_free) / 1024,
         swap_total_kb: m.swap_total / 1024,
         swap_free_kb: m.swap_free / 1024,
+        page_size: page_size(),
     })
+}
+
+/// The kernel's page size (sysconf PAGESIZE), `None` if it cannot say.
+pub fn page_size() -> Option<u64> {
+    // SAFETY: sysconf reads a constant of the running system.
+    let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    u64::try_from(n).ok().filter(|&n| n > 0)
 }
 
 /// /proc/vmstat as name -> value; lines that do not parse are skipped.
