@@ -38,7 +38,7 @@ pub const CI_TESTS: &[&str] = &[
 ];
 
 /// Tests run where the memory cgroup is v1 (`SERIES:v1`): those that read the cgroup.
-const CGROUP_TESTS: &[&str] = &["memory_pressure", "oom_kill", "verdict"];
+const CGROUP_TESTS: &[&str] = &["memory_pressure", "oom_kill", "verdict", "cgroups"];
 
 #[derive(clap::Args)]
 pub struct Args {

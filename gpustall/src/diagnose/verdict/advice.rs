@@ -93,7 +93,7 @@ fn fit_advice(f: &Facts, loaders: &[Loader], limit_kb: u64) -> Vec<String> {
     let mut out = Vec::new();
     if let [l] = loaders {
         out.push(format!(
-            "num_workers={}{}: {} {} + {} workers x up to {} = {} at peak ({kind} memory), against a {} limit. With 10% headroom ({}), {verdict}",
+            "num_workers={}{}: {} {} + {} workers x up to {} = {} at peak ({kind} memory), against {}. With 10% headroom ({}), {verdict}",
             l.num_workers,
             epochs(l),
             mains_name(&mains),
@@ -101,7 +101,7 @@ fn fit_advice(f: &Facts, loaders: &[Loader], limit_kb: u64) -> Vec<String> {
             l.num_workers,
             mib_kb(l.per_worker_kb),
             mib_kb(need),
-            mib_kb(limit_kb),
+            limit_name(f, limit_kb),
             mib_kb(budget),
         ));
     } else {
@@ -115,20 +115,40 @@ fn fit_advice(f: &Facts, loaders: &[Loader], limit_kb: u64) -> Vec<String> {
             ));
         }
         out.push(format!(
-            "the job: {} {} + {} DataLoaders' workers = {} at peak ({kind} memory), against a {} limit. With 10% headroom ({}), per DataLoader {verdict}",
+            "the job: {} {} + {} DataLoaders' workers = {} at peak ({kind} memory), against {}. With 10% headroom ({}), per DataLoader {verdict}",
             mains_name(&mains),
             mib_kb(mains_kb),
             loaders.len(),
             mib_kb(need),
-            mib_kb(limit_kb),
+            limit_name(f, limit_kb),
             mib_kb(budget),
         ));
     }
+    let whose = match f.cgroup.as_ref().and_then(|c| c.limit_set_by.as_deref()) {
+        // Raising the job's own memory.max changes nothing: the parent's binds.
+        Some(by) => format!(
+            " (the limit is {by}'s: raise it there, or ask for more in the job's allocation)"
+        ),
+        None => String::new(),
+    };
     out.push(format!(
-        "or give the job at least {} of memory (its peak + 10%)",
+        "or give the job at least {} of memory (its peak + 10%){whose}",
         mib_kb((need as f64 * 1.1) as u64)
     ));
     out
+}
+
+/// "a 512 MiB limit", or "the 512 MiB limit set by /job" when an ancestor's cgroup sets it.
+fn limit_name(f: &Facts, limit_kb: u64) -> String {
+    match f
+        .cgroup
+        .as_ref()
+        .filter(|c| c.limit_bytes.is_some())
+        .and_then(|c| c.limit_set_by.as_deref())
+    {
+        Some(by) => format!("the {} limit set by {by}", mib_kb(limit_kb)),
+        None => format!("a {} limit", mib_kb(limit_kb)),
+    }
 }
 
 /// ", 3 epochs of non-persistent workers (9 processes)" when workers came and went.

@@ -162,6 +162,9 @@ fn a_parents_limit_and_the_kernels_memory_events_are_named() {
         joined.contains("in memory cgroup /job/step_0: some task waited for memory 2.50 s"),
         "{joined}"
     );
+    let advice = v.advice.join("\n");
+    assert!(advice.contains("against the 512 MiB limit set by /job"), "{advice}");
+    assert!(advice.contains("the limit is /job's: raise it there"), "{advice}");
 }
 
 fn generation(

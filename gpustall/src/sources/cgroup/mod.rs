@@ -66,7 +66,7 @@ pub fn memory_cgroup_dir_in(
         let Some(seen) = seen else { continue };
         for m in mounts.iter().filter(|m| m.version == version) {
             let base = if mounts::lexical(&m.root).ups > 0 {
-                own_ns_root(proc_root, m, own_pid)
+                cached_ns_root(proc_root, m, own_pid)
             } else {
                 None
             };
@@ -89,6 +89,24 @@ pub fn memory_cgroup_dir_in(
         }
     }
     None
+}
+
+/// [`own_ns_root`], searched once per mount: the agent does not move, and the search reads
+/// every cgroup.procs of a tree that may hold thousands of cgroups.
+fn cached_ns_root(proc_root: &Path, mount: &CgroupMount, own_pid: u32) -> Option<String> {
+    type Key = (PathBuf, PathBuf, u32);
+    static FOUND: std::sync::Mutex<Vec<(Key, Option<String>)>> = std::sync::Mutex::new(Vec::new());
+    let key = (proc_root.to_path_buf(), mount.mount_point.clone(), own_pid);
+    let mut found = FOUND.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some((_, root)) = found.iter().find(|(k, _)| *k == key) {
+        return root.clone();
+    }
+    let root = own_ns_root(proc_root, mount, own_pid);
+    // Not found (yet) is not remembered: the next job looks again.
+    if root.is_some() {
+        found.push((key, root.clone()));
+    }
+    root
 }
 
 /// Where the agent's cgroup namespace root lies under `mount`: its own cgroup is the directory
