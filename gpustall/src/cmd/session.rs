@@ -258,7 +258,7 @@ impl Session {
         self.counters(maps, now);
         let batch = self.proc_batch();
         self.sample_proc(&batch, now);
-        self.observe(Sample::Context(ctx.read(&batch, now)));
+        self.observe(Sample::Context(Box::new(ctx.read(&batch, now))));
         if let Some(log) = log {
             self.read_log(log, now);
         }

@@ -194,7 +194,9 @@ pub enum Sample {
         cmdline: String,
     },
     Counters(CountersSample),
-    Context(ContextSample),
+    /// Boxed: the largest sample by far (a cgroup with its limits, events and PSI, every
+    /// watched job's), and the rarest (one a second).
+    Context(Box<ContextSample>),
     /// One NVML read of every GPU.
     Gpu {
         t_ns: u64,

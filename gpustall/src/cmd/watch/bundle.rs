@@ -167,7 +167,7 @@ mod tests {
         assert_eq!(out[0]["cgroup"]["path"], "/b");
         assert!(out[0].get("jobs").is_none());
         assert_eq!(out[1], other);
-        let out = context_of_job(&[ctx.clone()], Some(10));
+        let out = context_of_job(std::slice::from_ref(&ctx), Some(10));
         assert_eq!(out[0]["filesystems"][0]["path"], "/dev/shm");
         let out = context_of_job(&[ctx], None);
         assert!(out[0]["cgroup"].is_null(), "no job, no cgroup");

@@ -20,10 +20,13 @@ pub struct Level {
     pub hierarchical: bool,
 }
 
+/// A limit in bytes, and the index of the level that sets it.
+pub type Bound = (u64, usize);
+
 /// The smallest of `value` over the levels the job's charges reach (`levels[0]` is the job's
 /// own cgroup, then its parent, ...), with the index of the level that sets it.
-pub fn smallest(levels: &[Level], value: impl Fn(&Level) -> Option<u64>) -> Option<(u64, usize)> {
-    let mut best: Option<(u64, usize)> = None;
+pub fn smallest(levels: &[Level], value: impl Fn(&Level) -> Option<u64>) -> Option<Bound> {
+    let mut best: Option<Bound> = None;
     for (i, l) in levels.iter().enumerate() {
         // A v1 parent without use_hierarchy does not see its children's charges: neither it
         // nor anything above it limits them.
@@ -41,7 +44,7 @@ pub fn smallest(levels: &[Level], value: impl Fn(&Level) -> Option<u64>) -> Opti
 
 /// The job's effective limits: (memory, its setter's index), (swap, its setter's index). On
 /// v1 the swap allowed is the memory+swap limit less the memory limit.
-pub fn effective(levels: &[Level], version: u8) -> (Option<(u64, usize)>, Option<(u64, usize)>) {
+pub fn effective(levels: &[Level], version: u8) -> (Option<Bound>, Option<Bound>) {
     let mem = smallest(levels, |l| l.limit);
     let swap = smallest(levels, |l| l.swap_limit);
     let swap = if version == 1 {

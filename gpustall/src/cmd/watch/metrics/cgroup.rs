@@ -31,6 +31,9 @@ pub struct JobEvent {
 
 type SecondsCounter = Counter<f64, AtomicU64>;
 
+/// A job's memory.events and PSI at its previous reading.
+type LastReading = (Option<MemEvents>, Option<Psi>);
+
 #[derive(Default)]
 pub struct CgroupFamilies {
     limit_bytes: Family<JobLabel, Gauge<u64, AtomicU64>>,
@@ -38,7 +41,7 @@ pub struct CgroupFamilies {
     events: Family<JobEvent, Counter>,
     pressure_seconds: Family<JobEvent, SecondsCounter>,
     /// Each job's last reading, to turn the files' totals into increments.
-    last: Mutex<HashMap<String, (Option<MemEvents>, Option<Psi>)>>,
+    last: Mutex<HashMap<String, LastReading>>,
 }
 
 /// The memory.events counters by name.
