@@ -12,6 +12,7 @@ pub mod names;
 pub mod offsets;
 pub mod reclaim;
 pub mod sched;
+pub mod stacked;
 pub mod task;
 
 /// Length of a kernel task name (`TASK_COMM_LEN`).

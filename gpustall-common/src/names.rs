@@ -53,6 +53,7 @@ pub mod programs {
     pub const WAKEUP_KSWAPD: &str = "mm_vmscan_wakeup_kswapd";
     pub const THROTTLED: &str = "mm_vmscan_throttled";
     pub const BLOCK_BIO_QUEUE: &str = "block_bio_queue";
+    pub const BLOCK_BIO_REMAP: &str = "block_bio_remap";
     pub const BLOCK_IO_START: &str = "block_io_start";
     pub const BLOCK_IO_DONE: &str = "block_io_done";
     pub const SCHED_SWITCH: &str = "sched_switch";

@@ -59,10 +59,15 @@ pub struct TracepointOffsets {
     /// 1 when the kernel has no block_io_start (before 6.5): latency is then measured from
     /// block_bio_queue (in the submitter too) to the request's completion.
     pub bio_starts_io: u16,
+    // block:block_bio_remap: a stacked device's clone (or a partition's bio) moves down
+    pub remap_dev: u16,
+    pub remap_sector: u16,
+    pub remap_old_dev: u16,
+    pub remap_old_sector: u16,
     /// Offset of `exit_code` in `struct task_struct`, from the kernel's BTF; `u32::MAX` if unknown.
     pub task_exit_code: u32,
 }
-const _: () = assert!(core::mem::size_of::<TracepointOffsets>() == 76);
+const _: () = assert!(core::mem::size_of::<TracepointOffsets>() == 84);
 
 impl TracepointOffsets {
     /// All fields missing: the state before the agent has read the format files.
@@ -104,6 +109,10 @@ impl TracepointOffsets {
             done_dev: MISSING,
             done_sector: MISSING,
             bio_starts_io: 0,
+            remap_dev: MISSING,
+            remap_sector: MISSING,
+            remap_old_dev: MISSING,
+            remap_old_sector: MISSING,
             task_exit_code: u32::MAX,
         }
     }

@@ -4,6 +4,10 @@
 //! (dev, sector) from block_io_start (also in the submitter) to block_io_done; kernels before
 //! 6.5 have neither, and pair from block_bio_queue to block_rq_complete instead (the agent
 //! sets `bio_starts_io` and points `done_*` at block_rq_complete's fields).
+//!
+//! Stacked devices (dm, md) queue a clone of each bio again, on the device below, in the same
+//! task: block_bio_remap announces it, and the clone is not counted again; its request's
+//! latency goes to the device the process used (`gpustall_common::stacked`).
 
 use aya_ebpf::{
     helpers::bpf_ktime_get_ns,
@@ -17,6 +21,7 @@ use gpustall_common::{
         LATENCY_BUCKETS,
     },
     reclaim::ReclaimKind,
+    stacked::{Queued, StackSlot},
 };
 
 use crate::common::{
@@ -80,44 +85,74 @@ fn current_key(dev: u32, rwbs: &[u8; 8], bytes: u64) -> Option<IoKey> {
     Some(IoKey { tgid, dev, op: io_op(rwbs) as u32, in_reclaim: in_reclaim as u32 })
 }
 
-/// The last tracked bio each CPU queued: block_io_start, which follows in the same task for the
-/// bio that starts a request, takes its key from here instead of two hash lookups.
+/// Per CPU, the tracked thread that last queued a bio there: the key of its last counted bio,
+/// the device of its last queued one, and the clones of counted bios that stacked devices
+/// announced (block_bio_remap) and have not queued yet (`gpustall_common::stacked`).
+/// block_io_start, which follows in the same task for the bio that starts a request, takes its
+/// key from here too instead of two hash lookups.
 #[map]
-pub static LAST_BIO: PerCpuArray<LastBio> = PerCpuArray::with_max_entries(1, 0);
-
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct LastBio {
-    tid: u32,
-    dev: u32,
-    sector: u64,
-    key: IoKey,
-}
+pub static LAST_BIO: PerCpuArray<StackSlot> = PerCpuArray::with_max_entries(1, 0);
 
 #[tracepoint]
 pub fn block_bio_queue(ctx: TracePointContext) -> u32 {
-    let bytes = field::<u32>(&ctx, offset!(bio_nr_sector)).unwrap_or(0) as u64 * 512;
+    let sectors = field::<u32>(&ctx, offset!(bio_nr_sector)).unwrap_or(0) as u64;
+    let bytes = sectors * 512;
     let dev: u32 = field(&ctx, offset!(bio_dev)).unwrap_or(0);
     let rwbs: [u8; 8] = field(&ctx, offset!(bio_rwbs)).unwrap_or([0; 8]);
-    if let Some(key) = current_key(dev, &rwbs, bytes) {
-        if offset!(bio_starts_io) == 0 {
-            if let Some(slot) = LAST_BIO.get_ptr_mut(0) {
-                let sector: u64 = field(&ctx, offset!(bio_sector)).unwrap_or(0);
-                let tid = key_tid();
-                // SAFETY: this CPU's slot; no other program runs on this CPU meanwhile.
-                unsafe { *slot = LastBio { tid, dev, sector, key } };
+    let Some(own) = current_key(dev, &rwbs, bytes) else {
+        return 0;
+    };
+    let sector: u64 = field(&ctx, offset!(bio_sector)).unwrap_or(0);
+    let Some(slot) = LAST_BIO.get_ptr_mut(0) else {
+        return 0;
+    };
+    // SAFETY: this CPU's slot; no other program runs on this CPU meanwhile.
+    let queued = unsafe { (*slot).on_queue(key_tid(), dev, sector, sectors, own) };
+    let key = match queued {
+        Queued::Own => {
+            if let Some(c) = shared_value(&IO_COUNTERS, &own) {
+                // SAFETY: a live map value; `&raw mut` makes no reference to it.
+                unsafe {
+                    atomic_add(&raw mut (*c).bytes, bytes);
+                    atomic_add(&raw mut (*c).bios, 1);
+                }
             }
+            own
         }
-        if let Some(c) = shared_value(&IO_COUNTERS, &key) {
-            // SAFETY: a live map value; `&raw mut` makes no reference to it.
-            unsafe {
-                atomic_add(&raw mut (*c).bytes, bytes);
-                atomic_add(&raw mut (*c).bios, 1);
-            }
-        }
-        if offset!(bio_starts_io) == 1 {
-            let sector: u64 = field(&ctx, offset!(bio_sector)).unwrap_or(0);
-            start_io(dev, sector, key);
+        // A stacked device's clone of a bio counted on the device above: its bytes are
+        // counted there; its request (the one real request) is timed under that key.
+        Queued::Clone(above) => IoKey { op: own.op, ..above },
+    };
+    if offset!(bio_starts_io) == 1 {
+        start_io(dev, sector, key);
+    }
+    0
+}
+
+/// A stacked device's clone moves to the device below (or a partition's bio to its disk): the
+/// slot learns of it before the clone is queued. Only for tracked threads.
+#[tracepoint]
+pub fn block_bio_remap(ctx: TracePointContext) -> u32 {
+    let (tgid, tid) = pid_tgid();
+    if !is_tracked(tgid) {
+        return 0;
+    }
+    let dev: u32 = field(&ctx, offset!(remap_dev)).unwrap_or(0);
+    let sector: u64 = field(&ctx, offset!(remap_sector)).unwrap_or(0);
+    let old_dev: u32 = field(&ctx, offset!(remap_old_dev)).unwrap_or(0);
+    let old_sector: u64 = field(&ctx, offset!(remap_old_sector)).unwrap_or(0);
+    let Some(slot) = LAST_BIO.get_ptr_mut(0) else {
+        return 0;
+    };
+    // SAFETY: this CPU's slot; no other program runs on this CPU meanwhile.
+    let clone = unsafe { (*slot).on_remap(tid, dev, sector, old_dev, old_sector) };
+    if clone && offset!(bio_starts_io) == 1 {
+        // Before 6.5 the bio above started a latency entry at queue; a bio-based device never
+        // completes it as a request. Look first: a delete locks the bucket even on a miss.
+        let k = InflightKey { dev: old_dev, _pad: 0, sector: old_sector };
+        // SAFETY: presence test.
+        if unsafe { IO_INFLIGHT.get(k) }.is_some() {
+            let _ = IO_INFLIGHT.remove(k);
         }
     }
     0
@@ -141,16 +176,13 @@ pub fn block_io_start(ctx: TracePointContext) -> u32 {
     let dev: u32 = field(&ctx, offset!(rq_dev)).unwrap_or(0);
     let sector: u64 = field(&ctx, offset!(rq_sector)).unwrap_or(0);
     let rwbs: [u8; 8] = field(&ctx, offset!(rq_rwbs)).unwrap_or([0; 8]);
-    // The request's first bio, queued just before by this task on this CPU: its key (cleared
-    // once taken). A bio merged into another request leaves its slot until the next tracked
-    // bio here; it matches no request but one this thread starts at that very sector.
+    // The bio that starts this request (or, split below, a part of it), queued just before by
+    // this task on this CPU: its key. A bio merged into another request leaves the slot until
+    // the next tracked bio here; it matches no request but one this thread starts inside it.
     if let Some(slot) = LAST_BIO.get_ptr_mut(0) {
         // SAFETY: this CPU's slot; no other program runs on this CPU meanwhile.
-        let last = unsafe { &mut *slot };
-        if last.tid != 0 && last.tid == key_tid() && last.dev == dev && last.sector == sector {
-            last.tid = 0;
-            let key = IoKey { op: io_op(&rwbs) as u32, ..last.key };
-            start_io(dev, sector, key);
+        if let Some(key) = unsafe { (*slot).take_request(key_tid(), dev, sector) } {
+            start_io(dev, sector, IoKey { op: io_op(&rwbs) as u32, ..key });
             return 0;
         }
     }

@@ -194,6 +194,10 @@ const PROBES: &[Probe] = &[
     }),
     probe(programs::WAKEUP_KSWAPD, "vmscan", &["mm_vmscan_wakeup_kswapd"], false),
     probe(programs::THROTTLED, "vmscan", &["mm_vmscan_throttled"], false),
+    // Stacked devices (dm, md, NVMe multipath) announce each clone here before queueing it on
+    // the device below: attached before block_bio_queue, so that no clone is queued unseen
+    // (it would count twice).
+    probe(programs::BLOCK_BIO_REMAP, "block", &["block_bio_remap"], false),
     probe(programs::BLOCK_BIO_QUEUE, "block", &["block_bio_queue"], false),
     // 6.5+. Before, block_bio_queue starts the latency (`bio_starts_io`) and block_rq_complete
     // ends it: block_io_start's absence is then no loss.

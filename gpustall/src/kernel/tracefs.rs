@@ -123,6 +123,10 @@ impl Tracefs {
         o.done_dev = find("block", io_done_event, "dev");
         o.done_sector = find("block", io_done_event, "sector");
         o.bio_starts_io = u16::from(!self.exists("block", "block_io_start"));
+        o.remap_dev = find("block", "block_bio_remap", "dev");
+        o.remap_sector = find("block", "block_bio_remap", "sector");
+        o.remap_old_dev = find("block", "block_bio_remap", "old_dev");
+        o.remap_old_sector = find("block", "block_bio_remap", "old_sector");
         o
     }
 }

@@ -214,6 +214,10 @@ pub struct DiskStat {
     pub write_bytes: u64,
     /// Milliseconds the device had I/O in flight (field 10 of the documented layout).
     pub io_ticks_ms: u64,
+    /// The devices this one is stacked on (/sys/block/NAME/slaves: dm, md), empty for a plain
+    /// disk. Absent from recordings made before it existed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub lower: Vec<String>,
 }
 
 /// A disk's activity over an interval: 100% busy with reclaim I/O is the "disk is the problem"

@@ -7,6 +7,7 @@ use serde::Serialize;
 use gpustall_common::counters::{HostCounter, IoOp, LostCounter};
 
 use crate::diagnose::verdict::Verdict;
+use crate::model::host::DiskStat;
 use crate::model::proctree::Role;
 use crate::model::stats::log2_percentile;
 use crate::model::stats::sum_io;
@@ -155,8 +156,15 @@ impl LostSummary {
 
 #[derive(Serialize, Debug, Clone)]
 pub struct DeviceIo {
-    /// `major:minor`.
+    /// `major:minor`. On a stacked device (dm, md) this is the device the process used: the
+    /// clones queued below it are counted once, here.
     pub dev: String,
+    /// The kernel's name for it (`dm-0`, `md0`, `nvme0n1`), when the host's disk list has it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// What a stacked device sits on (`/sys/block/NAME/slaves`): where its requests really went.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub lower: Vec<String>,
     pub read_bytes: u64,
     pub write_bytes: u64,
     /// Submitted while the process was inside reclaim (swap-out, writeback under pressure).
@@ -354,10 +362,43 @@ fn dev_name(dev: u32) -> String {
     format!("{}:{}", dev >> 20, dev & 0xfffff)
 }
 
-fn device_io(p: &crate::model::stats::ProcStats) -> Vec<DeviceIo> {
+/// A device's kernel name and what it is stacked on, from the host's disk samples.
+fn device_names(dev: u32, disks: &[DiskStat]) -> (Option<String>, Vec<String>) {
+    disks
+        .iter()
+        .find(|d| d.major == dev >> 20 && d.minor == dev & 0xfffff)
+        .map(|d| (Some(d.name.clone()), d.lower.clone()))
+        .unwrap_or_default()
+}
+
+/// The device whose row shows `dev`'s figures: `dev` itself, or, for a device the process only
+/// has request latency on (no bytes) that sits under a stacked device it did use, that device.
+/// Such a request is a clone's that the kernel side could not tie to its bio (the task started
+/// it after queueing its next bio); its bytes are already counted above.
+fn row_dev(dev: u32, bytes_on: impl Fn(u32) -> u64, devs: &[u32], disks: &[DiskStat]) -> u32 {
+    if bytes_on(dev) > 0 {
+        return dev;
+    }
+    let Some(name) = device_names(dev, disks).0 else { return dev };
+    devs.iter()
+        .copied()
+        .find(|&top| top != dev && bytes_on(top) > 0 && device_names(top, disks).1.contains(&name))
+        .unwrap_or(dev)
+}
+
+fn device_io(p: &crate::model::stats::ProcStats, disks: &[DiskStat]) -> Vec<DeviceIo> {
     let mut devs: Vec<u32> = p.io.keys().map(|k| k.dev).collect();
+    devs.sort_unstable();
     devs.dedup();
-    devs.into_iter()
+    let bytes_on =
+        |dev: u32| -> u64 { p.io.iter().filter(|(k, _)| k.dev == dev).map(|(_, c)| c.bytes).sum() };
+    let row_of: Vec<(u32, u32)> =
+        devs.iter().map(|&d| (d, row_dev(d, bytes_on, &devs, disks))).collect();
+    let in_row = |dev: u32, row: u32| row_of.iter().any(|&(d, r)| d == dev && r == row);
+    let mut rows: Vec<u32> = row_of.iter().map(|&(_, r)| r).collect();
+    rows.sort_unstable();
+    rows.dedup();
+    rows.into_iter()
         .map(|dev| {
             let of = |op: IoOp| -> u64 {
                 p.io.iter()
@@ -365,9 +406,12 @@ fn device_io(p: &crate::model::stats::ProcStats) -> Vec<DeviceIo> {
                     .map(|(_, c)| c.bytes)
                     .sum()
             };
-            let all = sum_io(p.io.iter().filter(|(k, _)| k.dev == dev).map(|(_, c)| c));
+            let all = sum_io(p.io.iter().filter(|(k, _)| in_row(k.dev, dev)).map(|(_, c)| c));
+            let (name, lower) = device_names(dev, disks);
             DeviceIo {
                 dev: dev_name(dev),
+                name,
+                lower,
                 read_bytes: of(IoOp::Read),
                 write_bytes: of(IoOp::Write),
                 reclaim_bytes: p
@@ -402,7 +446,7 @@ fn process_summary(m: &Model, n: &crate::model::proctree::ProcNode) -> ProcessSu
         block_read_bytes: p.io_bytes(IoOp::Read, None),
         block_write_bytes: p.io_bytes(IoOp::Write, None),
         reclaim_io_bytes: p.io.iter().filter(|(k, _)| k.in_reclaim).map(|(_, c)| c.bytes).sum(),
-        io_by_device: device_io(p),
+        io_by_device: device_io(p, &m.ctx.disks_last),
         direct_reclaim_count: c.direct_reclaim_count,
         direct_reclaim_ns: c.direct_reclaim_ns,
         memcg_reclaim_count: c.memcg_reclaim_count,
@@ -602,5 +646,49 @@ mod tests {
             "{lb:?}"
         );
         assert!(lb[1].contains("flight recorder"), "{lb:?}");
+    }
+
+    #[test]
+    fn a_stack_reports_on_the_device_used_with_its_lower_devices_latency() {
+        use gpustall_common::counters::{IoCounters, IoOp};
+
+        use crate::model::{host::DiskStat, stats::IoSlot};
+        let disk = |name: &str, major, minor, lower: &[&str]| DiskStat {
+            name: name.into(),
+            major,
+            minor,
+            read_bytes: 0,
+            write_bytes: 0,
+            io_ticks_ms: 0,
+            lower: lower.iter().map(|s| s.to_string()).collect(),
+        };
+        let disks =
+            [disk("loop0", 7, 0, &[]), disk("dm-0", 253, 0, &["loop0"]), disk("vda", 254, 0, &[])];
+        let (loop0, dm0, vda) = (7 << 20, 253 << 20, 254 << 20);
+        let mut p = crate::model::stats::ProcStats::default();
+        let slot = |dev, op: IoOp| IoSlot { dev, op: op as u32, in_reclaim: false };
+        let c = |bytes, bios, completed, lat| IoCounters {
+            bytes,
+            bios,
+            completed,
+            latency_ns_sum: lat * completed,
+            latency_ns_max: lat,
+        };
+        p.io.insert(slot(dm0, IoOp::Write), c(4 << 20, 4, 3, 1_000_000));
+        // One clone's request the kernel side could not tie to its bio: latency, no bytes.
+        p.io.insert(slot(loop0, IoOp::Write), c(0, 0, 1, 5_000_000));
+        p.io.insert(slot(vda, IoOp::Read), c(8192, 2, 2, 100_000));
+        let rows = super::device_io(&p, &disks);
+        assert_eq!(rows.len(), 2, "{rows:?}");
+        let dm = rows.iter().find(|r| r.dev == "253:0").expect("dm-0 row");
+        assert_eq!(
+            (dm.name.as_deref(), dm.lower.as_slice()),
+            (Some("dm-0"), &["loop0".to_string()][..])
+        );
+        assert_eq!((dm.write_bytes, dm.bios), (4 << 20, 4));
+        assert_eq!(dm.avg_latency_us, Some(2000.0), "4 requests: 3 x 1 ms and 1 x 5 ms");
+        assert_eq!(dm.max_latency_us, Some(5000.0));
+        let v = rows.iter().find(|r| r.dev == "254:0").expect("vda row");
+        assert!(v.lower.is_empty() && v.read_bytes == 8192);
     }
 }

@@ -80,6 +80,7 @@ fn parse_diskstats_line(line: &str) -> Option<DiskStat> {
         read_bytes: num(5)?.saturating_mul(SECTOR_BYTES),
         write_bytes: num(9)?.saturating_mul(SECTOR_BYTES),
         io_ticks_ms: num(12)?,
+        lower: Vec::new(),
     })
 }
 
@@ -91,7 +92,7 @@ pub fn read_disks() -> Vec<DiskStat> {
 }
 
 /// Keeps the devices that have an entry in `sys_block` (whole disks; partitions have none),
-/// dropping loop* and ram* devices that never did I/O.
+/// dropping loop* and ram* devices that never did I/O, with the devices each is stacked on.
 pub fn whole_disks(all: Vec<DiskStat>, sys_block: &Path) -> Vec<DiskStat> {
     all.into_iter()
         .filter(|d| {
@@ -102,7 +103,23 @@ pub fn whole_disks(all: Vec<DiskStat>, sys_block: &Path) -> Vec<DiskStat> {
             let virtual_dev = d.name.starts_with("loop") || d.name.starts_with("ram");
             !(virtual_dev && d.read_bytes == 0 && d.write_bytes == 0)
         })
+        .map(|d| DiskStat { lower: lower_devices(sys_block, &d.name), ..d })
         .collect()
+}
+
+/// What a stacked device (dm, md) sits on: the names in `sys_block/NAME/slaves`, sorted.
+fn lower_devices(sys_block: &Path, name: &str) -> Vec<String> {
+    let dir = sys_block.join(name.replace('/', "!")).join("slaves");
+    let mut lower: Vec<String> = std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .filter_map(Result::ok)
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    lower.sort();
+    lower
 }
 
 pub fn fs_usage(path: &Path) -> Option<FsUsage> {

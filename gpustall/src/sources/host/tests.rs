@@ -86,6 +86,7 @@ fn diskstats_parse_and_busy() {
             read_bytes: 2048 * 512,
             write_bytes: 4096 * 512,
             io_ticks_ms: 1000,
+            lower: vec![],
         }
     );
     let after = parse_diskstats(DISKSTATS_2);
@@ -109,6 +110,21 @@ fn whole_disks_drop_partitions_and_idle_loops() {
     let kept = whole_disks(parse_diskstats(DISKSTATS_2), &r.0.join("block"));
     let names: Vec<&str> = kept.iter().map(|d| d.name.as_str()).collect();
     assert_eq!(names, ["nvme0n1", "sda"]);
+}
+
+#[test]
+fn stacked_devices_name_what_they_sit_on() {
+    let r = FakeRoot::new("sysblock-stacked");
+    for d in ["block/nvme0n1", "block/sda", "block/sda/slaves"] {
+        r.mkdir(d);
+    }
+    // A RAID1 (or LVM) over two partitions: slaves/ holds one entry per lower device.
+    r.mkdir("block/sda/slaves/sdb1");
+    r.mkdir("block/sda/slaves/nvme0n1p1");
+    let kept = whole_disks(parse_diskstats(DISKSTATS_2), &r.0.join("block"));
+    let sda = kept.iter().find(|d| d.name == "sda").expect("sda kept");
+    assert_eq!(sda.lower, ["nvme0n1p1", "sdb1"]);
+    assert!(kept.iter().find(|d| d.name == "nvme0n1").is_some_and(|d| d.lower.is_empty()));
 }
 
 #[test]
