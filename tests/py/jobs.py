@@ -9,13 +9,15 @@
       Run through a file named `torchrun` (as torch.distributed.run is), a launcher that forks
       --ranks ranks; each forks --workers workers that grow to --mib MiB and hold it.
 
-  jobs.py spawn-ranks [--ranks 2] [--workers 3] [--mib 60] [--worker-start fork|spawn] [--wait-go]
+  jobs.py spawn-ranks [--ranks 2] [--workers 3] [--mib 60] [--worker-start fork|spawn]
+                      [--hold 1] [--wait-go]
       torch.multiprocessing.spawn / Lightning ddp_spawn: the script starts --ranks ranks with
       multiprocessing's spawn start method (an exec of `python -c 'from multiprocessing.spawn
       import spawn_main; ...'`); each rank has a pin-memory thread and starts --workers
       DataLoader workers that grow to --mib MiB: forked (DataLoader's default on Linux) or
-      spawned (multiprocessing_context="spawn").
-  jobs.py forkserver [--workers 3] [--mib 120] [--unnamed] [--wait-go]
+      spawned (multiprocessing_context="spawn"), and hold it --hold s (spawned interpreters start
+      slowly under emulation: a longer hold keeps them alive together).
+  jobs.py forkserver [--workers 3] [--mib 120] [--unnamed] [--hold 1] [--wait-go]
       A trainer whose DataLoader workers are started by multiprocessing's forkserver (Python
       3.14's default start method): forks of the forkserver, with its command line. --unnamed:
       workers that never rename (PyTorch releases before the rename, plain multiprocessing).
@@ -165,9 +167,9 @@ def spawned_rank(a, index):
     pin_memory_thread()
     say("rank", index=index)
     if a.worker_start == "fork":
-        return 1 if reap(fork_workers(a.workers, a.mib, 1.0)) else 0
+        return 1 if reap(fork_workers(a.workers, a.mib, a.hold)) else 0
     ctx = mp.get_context("spawn")  # DataLoader(multiprocessing_context="spawn")
-    procs = [ctx.Process(target=worker_main, args=(a.mib, 1.0, i)) for i in range(a.workers)]
+    procs = [ctx.Process(target=worker_main, args=(a.mib, a.hold, i)) for i in range(a.workers)]
     for p in procs:
         p.start()
     return 1 if join(procs, "DataLoader worker") else 0
@@ -193,7 +195,7 @@ def forkserver(a):
     import_torch()
     say("trainer")
     ctx = mp.get_context("forkserver")
-    procs = [ctx.Process(target=worker_main, args=(a.mib, 1.0, i, not a.unnamed))
+    procs = [ctx.Process(target=worker_main, args=(a.mib, a.hold, i, not a.unnamed))
              for i in range(a.workers)]
     for p in procs:
         p.start()
@@ -288,6 +290,7 @@ def main():
     p.add_argument("--touch", type=float, default=4.0)
     p.add_argument("--worker-start", choices=["fork", "spawn"], default="fork")
     p.add_argument("--unnamed", action="store_true")
+    p.add_argument("--hold", type=float, default=1.0)
     p.add_argument("--wait-go", action="store_true", help="read a line from stdin first")
     a = p.parse_args()
     if a.wait_go:

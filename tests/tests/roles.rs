@@ -74,7 +74,10 @@ fn workers_of(t: &TraceResult, owner: u32) -> Vec<u32> {
 /// and each rank's workers are its own DataLoader.
 fn spawned_ranks(start: &str, tag: &str) {
     tests::require_privileged_env();
-    let (t, lines) = traced(&["spawn-ranks", "--worker-start", start, "--mib", "60"], tag, 256);
+    // Workers hold their memory 5 s: spawned interpreters start slowly under emulation, and
+    // the OOM kill needs them alive together.
+    let args = ["spawn-ranks", "--worker-start", start, "--mib", "60", "--hold", "5"];
+    let (t, lines) = traced(&args, tag, 256);
     let script = pids(&lines, "launcher")[0];
     let ranks = pids(&lines, "rank");
     assert_eq!(ranks.len(), 2, "{lines:?}");
@@ -121,7 +124,8 @@ fn spawned_ranks_with_spawn_context_workers() {
 #[test]
 fn forkserver_started_workers_are_the_trainers_dataloader() {
     tests::require_privileged_env();
-    let (t, lines) = traced(&["forkserver", "--mib", "120", "--unnamed"], "roles-forkserver", 256);
+    let args = ["forkserver", "--mib", "120", "--unnamed", "--hold", "5"];
+    let (t, lines) = traced(&args, "roles-forkserver", 256);
     let trainer = pids(&lines, "trainer")[0];
     let mut workers = pids(&lines, "worker");
     workers.sort();
