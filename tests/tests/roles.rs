@@ -74,9 +74,10 @@ fn workers_of(t: &TraceResult, owner: u32) -> Vec<u32> {
 /// and each rank's workers are its own DataLoader.
 fn spawned_ranks(start: &str, tag: &str) {
     tests::require_privileged_env();
-    // Workers hold their memory 5 s: spawned interpreters start slowly under emulation, and
-    // the OOM kill needs them alive together.
-    let args = ["spawn-ranks", "--worker-start", start, "--mib", "60", "--hold", "5"];
+    // One rank's 3 workers of 120 MiB alone exceed the 256 MiB + 64 MiB of swap: under
+    // emulation spawned interpreters start seconds apart, and an OOM kill that needed both
+    // ranks' workers alive together did not always come.
+    let args = ["spawn-ranks", "--worker-start", start, "--mib", "120", "--hold", "5"];
     let (t, lines) = traced(&args, tag, 256);
     let script = pids(&lines, "launcher")[0];
     let ranks = pids(&lines, "rank");
