@@ -152,3 +152,56 @@ impl Drop for TraceInstance {
         let _ = std::fs::remove_dir(&self.dir);
     }
 }
+
+/// An md RAID1 array (mdadm, no bitmap, no resync), stopped on drop.
+pub struct MdArray {
+    /// `mdN`.
+    name: String,
+}
+
+impl MdArray {
+    /// The kernel has md RAID1 now (after loading raid1 where it is a module) and mdadm is here.
+    pub fn available() -> bool {
+        modprobe("raid1");
+        let personality = std::fs::read_to_string("/proc/mdstat")
+            .is_ok_and(|s| s.lines().next().is_some_and(|l| l.contains("raid1")));
+        personality && run("mdadm", &["--version"]).is_ok()
+    }
+
+    /// A RAID1 of `devices`, on the first free `md1xx`.
+    pub fn raid1(devices: &[&str]) -> Result<Self, String> {
+        let n = (100..127)
+            .find(|n| !Path::new(&format!("/sys/block/md{n}")).exists())
+            .ok_or("no free md number in md100..md126")?;
+        let md = Self { name: format!("md{n}") };
+        let count = devices.len().to_string();
+        let mut args = vec!["--create", "/dev/X", "--run", "--quiet", "--level=1"];
+        let path = md.path();
+        args[1] = &path;
+        let count_arg = format!("--raid-devices={count}");
+        args.extend([count_arg.as_str(), "--metadata=1.2", "--assume-clean", "--bitmap=none"]);
+        args.extend(devices);
+        run("mdadm", &args)?;
+        Ok(md)
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn path(&self) -> String {
+        format!("/dev/{}", self.name)
+    }
+}
+
+impl Drop for MdArray {
+    fn drop(&mut self) {
+        for _ in 0..20 {
+            if run("mdadm", &["--stop", &self.path()]).is_ok() {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        eprintln!("could not stop md array {}", self.name);
+    }
+}

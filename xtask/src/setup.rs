@@ -93,7 +93,8 @@ pub fn run_setup(quiet: bool) -> anyhow::Result<()> {
         let _ = std::fs::create_dir_all("/sys/kernel/tracing");
         run_cmd(Command::new("mount").args(["-t", "tracefs", "nodev", "/sys/kernel/tracing"]))?;
     }
-    // What the tests and the demo run: util-linux/coreutils tools and python3 (the demo workload).
+    // What the tests and the demo run: util-linux/coreutils tools, python3 (the demo workload),
+    // dmsetup and mdadm.
     for (tool, package) in [
         ("setpriv", "util-linux"),
         ("mkswap", "util-linux"),
@@ -101,11 +102,19 @@ pub fn run_setup(quiet: bool) -> anyhow::Result<()> {
         ("fallocate", "util-linux"),
         ("dd", "coreutils"),
         ("python3", "python3"),
+        // The stacked-device tests (dm-linear and md RAID1 over loop devices, in the matrix's
+        // VMs, which run the host's tools).
+        ("dmsetup", "dmsetup"),
+        ("mdadm", "mdadm"),
     ] {
         if output(Command::new("sh").args(["-c", &format!("command -v {tool}")])).is_none() {
             eprintln!("xtask: {tool} is missing: installing {package}");
             let _ = run_cmd(Command::new("apt-get").arg("update"));
-            run_cmd(Command::new("apt-get").args(["install", "-y", package]))?;
+            run_cmd(
+                Command::new("apt-get")
+                    .env("DEBIAN_FRONTEND", "noninteractive")
+                    .args(["install", "-y", package]),
+            )?;
         }
     }
     if !quiet {
