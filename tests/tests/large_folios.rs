@@ -53,29 +53,50 @@ fn swap_large_folios(size_kb: u64) {
     let bin = std::path::Path::new(env!("CARGO_BIN_EXE_gpustall-workload"));
     let mut w = Workload::start(bin, &["hog", "100,100", "8", "1500", "huge"], Some(&cg));
     let tracer = Tracer::start(w.pid(), &["--quiet"]);
+    // Beside it, the path of a kernel without BTF: the classic tracepoint, one per folio.
+    let classic =
+        Tracer::start_with_env(w.pid(), &["--quiet"], &[("GPUSTALL_TEST_CLASSIC_ONLY", "1")]);
     let before = swap_counters(size_kb);
     w.go();
     let (code, _lines) = w.wait(Duration::from_secs(180));
     let after = swap_counters(size_kb);
     let t = tracer.wait(Duration::from_secs(30));
+    let c = classic.wait(Duration::from_secs(30));
     assert_eq!(code, Some(0), "the workers exit normally (swap, no OOM)");
 
     let pswpout = after.pswpout - before.pswpout;
     let zero = after.zero - before.zero;
     let large = after.large - before.large;
     let large_pages = large * size_kb * 1024 / page_size();
-    let traced: u64 = t.processes().iter().map(|p| p["swapout_pages"].as_u64().unwrap_or(0)).sum();
-    let host = &t.summary["host"];
-    let host_swap = host["kswapd_swapout_pages"].as_u64().unwrap_or(0)
-        + host["other_swapout_pages"].as_u64().unwrap_or(0);
+    let swapout = |r: &tests::procs::TraceResult| {
+        let traced: u64 =
+            r.processes().iter().map(|p| p["swapout_pages"].as_u64().unwrap_or(0)).sum();
+        let host = &r.summary["host"];
+        let host_swap = host["kswapd_swapout_pages"].as_u64().unwrap_or(0)
+            + host["other_swapout_pages"].as_u64().unwrap_or(0);
+        (traced, host_swap)
+    };
+    let (traced, host_swap) = swapout(&t);
     let total = traced + host_swap;
+    let (c_traced, c_host) = swapout(&c);
+    let per_folio = c_traced + c_host;
     let kernel = pswpout + zero;
     let error = (total as f64 - kernel as f64).abs() / kernel.max(1) as f64;
     eprintln!(
-        "{size_kb} kB folios: pswpout {pswpout} + swpout_zero {zero} pages; {large} folios of {size_kb} kB swapped whole ({large_pages} pages, {:.0}% of pswpout); gpustall: traced {traced} + host {host_swap} = {total} ({:.2}% off); one per folio would have counted about {}",
+        "{size_kb} kB folios: pswpout {pswpout} + swpout_zero {zero} pages; {large} folios of {size_kb} kB swapped whole ({large_pages} pages, {:.0}% of pswpout); gpustall: traced {traced} + host {host_swap} = {total} ({:.2}% off); the classic fallback (one per folio): {per_folio}",
         100.0 * large_pages as f64 / pswpout.max(1) as f64,
         100.0 * error,
-        total.saturating_sub(large_pages) + large,
+    );
+    assert!(
+        c.stderr.contains("swap-out counted per folio"),
+        "the fallback says what it cannot count: {}",
+        c.stderr
+    );
+    // The same hits, each large folio counted once instead of its pages.
+    let expected = total.saturating_sub(large_pages) + large;
+    assert!(
+        per_folio.abs_diff(expected) <= expected / 50,
+        "the classic fallback counts folios: {per_folio}, expected about {expected}"
     );
     assert_eq!(t.summary["context"]["page_size"].as_u64(), Some(page_size()), "the page size");
     assert!(pswpout > 10_000, "the workload must really swap (pswpout delta {pswpout})");
