@@ -197,6 +197,41 @@ impl StackSlot {
     }
 }
 
+/// The last clone any CPU announced, shared by all CPUs: a thread moved to another CPU between
+/// a clone's remap and its queue finds it here (one clone: dm, a RAID1 read; written without a
+/// lock, so two CPUs announcing at once may leave a mark that matches nothing: that clone
+/// counts again, as without it).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct MovedClone {
+    pub tid: u32,
+    pub dev: u32,
+    pub sector: u64,
+    pub key: IoKey,
+}
+const _: () = assert!(core::mem::size_of::<MovedClone>() == 32);
+
+impl MovedClone {
+    /// The key above when (`tid`, `dev`, `sector`) is this clone (then forgotten).
+    #[inline(always)]
+    pub fn take(&mut self, tid: u32, dev: u32, sector: u64) -> Option<IoKey> {
+        if self.tid != 0 && self.tid == tid && self.dev == dev && self.sector == sector {
+            self.tid = 0;
+            return Some(self.key);
+        }
+        None
+    }
+}
+
+impl StackSlot {
+    /// After a queued bio turned out to be a clone announced on another CPU: its request is
+    /// timed under `key`, the device above.
+    #[inline(always)]
+    pub fn adopt(&mut self, key: IoKey) {
+        self.key = key;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -383,6 +418,21 @@ mod tests {
             s.on_remap(TID, PATH, i * 8, HEAD, i * 8);
             assert_eq!(s.take_request(TID, PATH, i * 8), Some(key(HEAD)));
         }
+    }
+
+    #[test]
+    fn a_clone_queued_after_its_thread_moved_cpu_is_found_in_the_shared_mark() {
+        // Announced on CPU A, queued on CPU B whose slot knows nothing of it.
+        let (mut a, mut b) = (StackSlot::empty(), StackSlot::empty());
+        a.on_queue(TID, MD0, 0, 2048, key(MD0));
+        assert!(a.on_remap(TID, SDA, 2048, MD0, 0));
+        let mut mark = MovedClone { tid: TID, dev: SDA, sector: 2048, key: a.key };
+        assert_eq!(b.on_queue(TID, SDA, 2048, 2048, key(SDA)), Queued::Own, "B's slot misses");
+        assert_eq!(mark.take(TID + 1, SDA, 2048), None, "another thread");
+        assert_eq!(mark.take(TID, SDA, 2048), Some(key(MD0)));
+        assert_eq!(mark.take(TID, SDA, 2048), None, "taken once");
+        b.adopt(key(MD0));
+        assert_eq!(b.take_request(TID, SDA, 2048), Some(key(MD0)));
     }
 
     #[test]

@@ -12,7 +12,7 @@
 use aya_ebpf::{
     helpers::bpf_ktime_get_ns,
     macros::{map, tracepoint},
-    maps::{HashMap, PerCpuArray},
+    maps::{Array, HashMap, PerCpuArray},
     programs::TracePointContext,
 };
 use gpustall_common::{
@@ -21,7 +21,7 @@ use gpustall_common::{
         LATENCY_BUCKETS,
     },
     reclaim::ReclaimKind,
-    stacked::{Queued, StackSlot},
+    stacked::{MovedClone, Queued, StackSlot},
 };
 
 use crate::common::{
@@ -93,6 +93,11 @@ fn current_key(dev: u32, rwbs: &[u8; 8], bytes: u64) -> Option<IoKey> {
 #[map]
 pub static LAST_BIO: PerCpuArray<StackSlot> = PerCpuArray::with_max_entries(1, 0);
 
+/// The last clone announced on any CPU (`MovedClone`): for a thread that moved CPU between a
+/// clone's remap and its queue. One entry shared by all CPUs, an array lookup (inlined).
+#[map]
+pub static MOVED_CLONE: Array<MovedClone> = Array::with_max_entries(1, 0);
+
 #[tracepoint]
 pub fn block_bio_queue(ctx: TracePointContext) -> u32 {
     let sectors = field::<u32>(&ctx, offset!(bio_nr_sector)).unwrap_or(0) as u64;
@@ -107,7 +112,18 @@ pub fn block_bio_queue(ctx: TracePointContext) -> u32 {
         return 0;
     };
     // SAFETY: this CPU's slot; no other program runs on this CPU meanwhile.
-    let queued = unsafe { (*slot).on_queue(key_tid(), dev, sector, sectors, own) };
+    let tid = key_tid();
+    let mut queued = unsafe { (*slot).on_queue(tid, dev, sector, sectors, own) };
+    if queued == Queued::Own {
+        if let Some(mark) = MOVED_CLONE.get_ptr_mut(0) {
+            // SAFETY: a live map value; a torn read matches nothing (see MovedClone).
+            if let Some(above) = unsafe { (*mark).take(tid, dev, sector) } {
+                // SAFETY: this CPU's slot, as above.
+                unsafe { (*slot).adopt(above) };
+                queued = Queued::Clone(above);
+            }
+        }
+    }
     let key = match queued {
         Queued::Own => {
             if let Some(c) = shared_value(&IO_COUNTERS, &own) {
@@ -146,6 +162,12 @@ pub fn block_bio_remap(ctx: TracePointContext) -> u32 {
     };
     // SAFETY: this CPU's slot; no other program runs on this CPU meanwhile.
     let clone = unsafe { (*slot).on_remap(tid, dev, sector, old_dev, old_sector) };
+    if clone {
+        if let Some(mark) = MOVED_CLONE.get_ptr_mut(0) {
+            // SAFETY: a live map value; racing writers may tear it (see MovedClone).
+            unsafe { *mark = MovedClone { tid, dev, sector, key: (*slot).key } };
+        }
+    }
     if clone && offset!(bio_starts_io) == 1 {
         // Before 6.5 the bio above started a latency entry at queue; a bio-based device never
         // completes it as a request. Look first: a delete locks the bucket even on a miss.
