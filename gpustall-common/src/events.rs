@@ -16,6 +16,7 @@ pub enum EventKind {
     Signal = 6,
     Reclaim = 7,
     Throttled = 8,
+    DataWait = 9,
 }
 
 impl TryFrom<u32> for EventKind {
@@ -30,6 +31,7 @@ impl TryFrom<u32> for EventKind {
             6 => Self::Signal,
             7 => Self::Reclaim,
             8 => Self::Throttled,
+            9 => Self::DataWait,
             other => return Err(other),
         })
     }
@@ -160,3 +162,19 @@ pub struct ThrottledEvent {
     pub nid: i32,
 }
 const _: () = assert!(core::mem::size_of::<ThrottledEvent>() == 56);
+
+/// One long wait for data: a trainer's or rank's thread (`wakee_*`) blocked interruptibly for at
+/// least [`crate::sched::LONG_WAIT_NS`] until a thread of another tracked process (the header:
+/// the waker, e.g. the DataLoader worker that delivered the batch) woke it. Shorter waits are
+/// only summed (`sched::WakeCounters`); these few draw each wait and who ended it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct DataWaitEvent {
+    pub header: EventHeader,
+    pub wakee_tgid: u32,
+    pub wakee_tid: u32,
+    /// When the wakee blocked (its switch-out); the wait ends at the header's `t_ns`.
+    pub start_ns: u64,
+    pub duration_ns: u64,
+}
+const _: () = assert!(core::mem::size_of::<DataWaitEvent>() == 64);

@@ -41,6 +41,11 @@ pub const ACCOUNT_WAITS: u32 = 3;
 /// off-CPU map).
 pub const OFFCPU_PROCESSES: u32 = 1024;
 
+/// A data wait at least this long is also sent as a record (`events::DataWaitEvent`), drawn as
+/// a slice with an arrow from the worker that ended it. 10 ms: a batch that late is a visible
+/// gap on a GPU timeline, and at most 100 records a second per waiting thread.
+pub const LONG_WAIT_NS: u64 = 10_000_000;
+
 /// Where a tracked thread is, as the scheduler last showed it.
 pub mod state {
     /// On a CPU (switched in since its last switch-out).

@@ -1,7 +1,8 @@
 //! Off-CPU accounting of tracked threads (sched_switch, sched_waking): the hottest tracepoints
 //! there are, so each program does one map lookup for a thread that is not tracked and sends
-//! no record: blocks, run-queue waits and who ended them are summed in maps the agent reads
-//! once a second (see `gpustall_common::sched`).
+//! no record per switch: blocks, run-queue waits and who ended them are summed in maps the
+//! agent reads once a second (see `gpustall_common::sched`). Only a trainer's wait for data
+//! that a worker ended after `LONG_WAIT_NS` or more is also sent, to be drawn one by one.
 
 use aya_ebpf::{
     helpers::bpf_ktime_get_ns,
@@ -9,14 +10,18 @@ use aya_ebpf::{
     maps::{HashMap, LruHashMap, PerCpuArray},
     programs::TracePointContext,
 };
-use gpustall_common::sched::{
-    classify, on_switch_in, on_waking, state, wake_bucket, OffCpuCounters, OffCpuThread,
-    SchedOffsets, WakeCounters, WakeKey, WakeOutcome, ACCOUNT, ACCOUNT_WAITS, OFFCPU_PROCESSES,
-    WAKE_BUCKETS,
+use gpustall_common::{
+    events::{DataWaitEvent, EventKind},
+    sched::{
+        classify, on_switch_in, on_waking, state, wake_bucket, OffCpuCounters, OffCpuThread,
+        SchedOffsets, WakeCounters, WakeKey, WakeOutcome, ACCOUNT, ACCOUNT_WAITS, LONG_WAIT_NS,
+        OFFCPU_PROCESSES, WAKE_BUCKETS,
+    },
 };
 
 use crate::common::{
-    atomic_add, field, is_tracked, pid_tgid, shared_value, BPF_F_NO_PREALLOC, TRACKED,
+    atomic_add, emit_bulk, field, header_at, is_tracked, pid_tgid, shared_value, BPF_F_NO_PREALLOC,
+    TRACKED,
 };
 
 /// Written by the agent before load, from the sched_switch and sched_waking format files.
@@ -150,10 +155,19 @@ pub fn sched_waking(ctx: TracePointContext) -> u32 {
     }
     // Who ended the wait: the task running this wakeup (a write to a pipe, a queue, a futex
     // wake), when it belongs to another tracked process.
-    let (waker, _) = pid_tgid();
+    let (waker, waker_tid) = pid_tgid();
     // SAFETY: this CPU's slot, read only.
     let in_timer = IN_TIMER.get(0).is_some_and(|v| *v != 0);
     if !in_timer && waker != t.tgid && is_tracked(waker) {
+        if ns >= LONG_WAIT_NS {
+            emit_bulk(DataWaitEvent {
+                header: header_at(EventKind::DataWait, waker, waker_tid, now),
+                wakee_tgid: t.tgid,
+                wakee_tid: wakee,
+                start_ns: t.since_ns,
+                duration_ns: ns,
+            });
+        }
         let key = WakeKey { waker, wakee: t.tgid };
         if let Some(w) = shared_value(&WAKES, &key) {
             // SAFETY: `w` is a live map value; `&raw mut` makes no reference to it.

@@ -68,6 +68,43 @@ fn the_slow_worker_kept_the_trainer_waiting_as_long_as_it_blocked() {
     let slow_pid = format!("(pid {}) kept the trainer waiting", slow["pid"]);
     assert!(evidence.contains(&slow_pid), "{evidence}");
 
+    // Each wait for a batch (80 ms, over the 10 ms threshold) came as a record of its own,
+    // ended by the slow worker: as many as it ended, summing to exactly what the kernel summed.
+    let waits: Vec<Value> = std::fs::read_to_string(t.record_path())
+        .expect("the recording")
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v["kind"] == "data_wait")
+        .collect();
+    let from_slow: Vec<&Value> = waits.iter().filter(|w| w["pid"] == slow["pid"]).collect();
+    assert_eq!(from_slow.len() as u64, BATCHES, "{waits:?}");
+    let sum: u64 = from_slow.iter().map(|w| n(w, "duration_ns")).sum();
+    assert_eq!(sum, kept_slow, "the records' waits against the kernel's sum");
+    assert!(from_slow.iter().all(|w| w["wakee_pid"] == trainer["pid"]));
+    let long = &slow["long_waits"];
+    assert_eq!((n(long, "count"), n(long, "ns")), (BATCHES, kept_slow), "{slow}");
+    assert_eq!(n(long, "in_reclaim_ns"), 0, "the slow worker slept, it did not reclaim");
+
+    // In Perfetto: a slice per wait on the trainer, an arrow from the worker to each.
+    let trace_path = t.record_path().with_file_name("trace.json");
+    let ok = std::process::Command::new(tests::gpustall_bin())
+        .arg("export")
+        .arg("--perfetto")
+        .arg(&trace_path)
+        .arg(t.record_path())
+        .stdout(std::process::Stdio::null())
+        .status()
+        .expect("gpustall export");
+    assert!(ok.success());
+    let trace: Value =
+        serde_json::from_str(&std::fs::read_to_string(&trace_path).expect("trace")).expect("json");
+    let ev = trace["traceEvents"].as_array().expect("events");
+    let slices =
+        ev.iter().filter(|e| e["name"] == "waiting for data" && e["pid"] == trainer["pid"]);
+    assert_eq!(slices.count() as u64, waits.len() as u64);
+    let arrows = ev.iter().filter(|e| e["ph"] == "s" && e["pid"] == slow["pid"]).count();
+    assert_eq!(arrows as u64, BATCHES);
+
     // The recording replays to the same figures.
     let out = t.record_path().with_file_name("replayed.json");
     let rc = std::process::Command::new(tests::gpustall_bin())
@@ -88,6 +125,11 @@ fn the_slow_worker_kept_the_trainer_waiting_as_long_as_it_blocked() {
     for f in ["data_wait_ns", "offcpu_wait_ns", "offcpu_io_ns", "runqueue_ns"] {
         assert_eq!(again[f], trainer[f], "{f}");
     }
+    let slow_again = replayed["processes"]
+        .as_array()
+        .and_then(|ps| ps.iter().find(|p| p["pid"] == slow["pid"]))
+        .expect("the slow worker in the replay");
+    assert_eq!(slow_again["long_waits"], slow["long_waits"]);
 }
 
 #[test]

@@ -3,8 +3,8 @@
 
 use gpustall_common::{
     events::{
-        EventHeader, EventKind, ExecEvent, ExitEvent, ForkEvent, OomVictimEvent, ReclaimEvent,
-        RenameEvent, SignalEvent, ThrottledEvent,
+        DataWaitEvent, EventHeader, EventKind, ExecEvent, ExitEvent, ForkEvent, OomVictimEvent,
+        ReclaimEvent, RenameEvent, SignalEvent, ThrottledEvent,
     },
     reclaim::ReclaimKind,
 };
@@ -111,6 +111,16 @@ pub fn decode(bytes: &[u8]) -> Result<Event, DecodeError> {
                 usec_delayed: e.usec_delayed,
                 reason: e.reason,
                 nid: e.nid,
+            }
+        }
+        EventKind::DataWait => {
+            let e: DataWaitEvent = read(bytes, "data wait")?;
+            Event::DataWait {
+                h: header(&e.header),
+                wakee_pid: e.wakee_tgid,
+                wakee_tid: e.wakee_tid,
+                start_ns: e.start_ns,
+                duration_ns: e.duration_ns,
             }
         }
     })

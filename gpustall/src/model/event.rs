@@ -98,6 +98,16 @@ pub enum Event {
         reason: i32,
         nid: i32,
     },
+    /// A trainer's or rank's long wait for data (`sched::LONG_WAIT_NS` or more) that another
+    /// process of the job ended. The header is the waker; the wait ends at its `t_ns`.
+    DataWait {
+        #[serde(flatten)]
+        h: Header,
+        wakee_pid: u32,
+        wakee_tid: u32,
+        start_ns: u64,
+        duration_ns: u64,
+    },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -118,7 +128,8 @@ impl Event {
             | Event::OomVictim { h, .. }
             | Event::Signal { h, .. }
             | Event::Reclaim { h, .. }
-            | Event::Throttled { h, .. } => h,
+            | Event::Throttled { h, .. }
+            | Event::DataWait { h, .. } => h,
         }
     }
 }

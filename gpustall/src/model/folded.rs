@@ -77,6 +77,7 @@ impl Model {
                 t.block_write_bytes += p.io_bytes(IoOp::Write, None);
                 t.io_wait_ns += p.io.values().map(|v| v.latency_ns_sum).sum::<u64>();
             }
+            self.offcpu.long.forget(pid);
             self.tree.remove(pid);
         }
     }

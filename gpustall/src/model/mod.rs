@@ -7,6 +7,7 @@ pub mod event;
 pub mod folded;
 pub mod gpu;
 pub mod host;
+pub mod longwait;
 pub mod offcpu;
 pub mod overhead;
 pub mod proctree;
@@ -217,12 +218,24 @@ impl Model {
                 self.host.kswapd_ns += duration_ns;
             }
             Event::Reclaim { h, duration_ns, start_ns, .. } => {
+                self.offcpu.long.note_reclaim(h.tgid, *start_ns, *duration_ns);
                 let p = self.proc_mut(h.tgid);
                 p.record_stall(*duration_ns);
                 p.first_reclaim_ns =
                     Some(p.first_reclaim_ns.map_or(*start_ns, |f| f.min(*start_ns)));
             }
             Event::Throttled { .. } => {}
+            Event::DataWait { h, wakee_pid, wakee_tid, start_ns, duration_ns } => {
+                self.offcpu.long.note_wait(crate::model::longwait::LongWait {
+                    t_ns: h.t_ns,
+                    start_ns: *start_ns,
+                    duration_ns: *duration_ns,
+                    waker: h.tgid,
+                    wakee: *wakee_pid,
+                    wakee_tid: *wakee_tid,
+                    waker_reclaim_ns: 0,
+                })
+            }
         }
     }
 }

@@ -38,6 +38,8 @@ impl WakeRec {
 pub struct OffCpu {
     pub procs: BTreeMap<u32, OffCpuCounters>,
     pub wakes: BTreeMap<WakeKey, WakeCounters>,
+    /// The long waits one by one, with the waker's reclaim during each.
+    pub long: crate::model::longwait::LongWaits,
 }
 
 impl OffCpu {
@@ -95,6 +97,10 @@ pub struct OffCpuSummary {
     pub data_wait_ns: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub data_wait_count: Option<u64>,
+    /// The waits of `LONG_WAIT_NS` (10 ms) or more that this process ended, and how much of
+    /// them it spent stalled in reclaim itself.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub long_waits: Option<crate::model::longwait::LongWaitSummary>,
 }
 
 impl OffCpu {
@@ -119,6 +125,7 @@ impl OffCpu {
             kept_waiting_max_ns: (kept.count > 0).then_some(kept.max_ns),
             data_wait_ns: data.map(|d| d.ns),
             data_wait_count: data.map(|d| d.count),
+            long_waits: self.long.of(pid),
         })
     }
 }

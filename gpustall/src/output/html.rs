@@ -364,7 +364,7 @@ fn kept_waiting_table(o: &mut String, summary: &Summary) {
             100.0 * ms(w.data_wait_ns.unwrap_or(0)) / 1e3 / summary.duration_s.max(1e-9)
         );
     }
-    o.push_str("</table><p></p><table><tr><th>pid</th><th>comm</th><th>role</th><th>kept it waiting ms</th><th>share of the wait</th><th></th><th>waits</th><th>p99 ms</th><th>longest ms</th></tr>");
+    o.push_str("</table><p></p><table><tr><th>pid</th><th>comm</th><th>role</th><th>kept it waiting ms</th><th>share of the wait</th><th></th><th>waits</th><th>p99 ms</th><th>longest ms</th><th>in reclaim during waits &ge; 10 ms</th></tr>");
     let mut keepers: Vec<_> =
         summary.processes.iter().filter(|p| of(p).kept_waiting_ns > 0).collect();
     keepers.sort_by_key(|p| std::cmp::Reverse(of(p).kept_waiting_ns));
@@ -373,7 +373,7 @@ fn kept_waiting_table(o: &mut String, summary: &Summary) {
         let share = 100.0 * k.kept_waiting_ns as f64 / total as f64;
         let _ = write!(
             o,
-            r##"<tr><td>{}</td><td>{}</td><td>{}</td><td>{:.1}</td><td>{share:.1} %</td><td style="text-align:left"><svg width="120" height="10"><rect width="{:.1}" height="10" fill="#d62728"/></svg></td><td>{}</td><td>{}</td><td>{}</td></tr>"##,
+            r##"<tr><td>{}</td><td>{}</td><td>{}</td><td>{:.1}</td><td>{share:.1} %</td><td style="text-align:left"><svg width="120" height="10"><rect width="{:.1}" height="10" fill="#d62728"/></svg></td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>"##,
             p.pid,
             esc(&p.comm),
             esc(&role(p)),
@@ -381,7 +381,13 @@ fn kept_waiting_table(o: &mut String, summary: &Summary) {
             1.2 * share.min(100.0),
             k.kept_waiting_count,
             k.kept_waiting_p99_ns.map_or("".into(), |n| format!("{:.1}", ms(n))),
-            k.kept_waiting_max_ns.map_or("".into(), |n| format!("{:.1}", ms(n)))
+            k.kept_waiting_max_ns.map_or("".into(), |n| format!("{:.1}", ms(n))),
+            // Of the long waits it ended, the time it was itself stalled in reclaim.
+            k.long_waits.map_or("".into(), |l| format!(
+                "{:.1} of {:.1} ms",
+                ms(l.in_reclaim_ns),
+                ms(l.ns)
+            ))
         );
     }
     o.push_str("</table>");

@@ -32,6 +32,10 @@ pub fn to_wall(t: &mut Timeline, wall: impl Fn(u64) -> u64) {
     for i in &mut t.instants {
         i.t_ns = wall(i.t_ns);
     }
+    for f in &mut t.flows {
+        f.from.2 = wall(f.from.2);
+        f.to.2 = wall(f.to.2);
+    }
     for series in t.counters.values_mut() {
         for p in &mut series.points {
             p.0 = wall(p.0);
@@ -48,6 +52,7 @@ fn on_axis(tl: &Timeline, t0: u64, t1: u64) -> Timeline {
         gpus: tl.gpus.clone(),
         slices: tl.slices.clone(),
         instants: tl.instants.clone(),
+        flows: tl.flows.clone(),
         counters: tl.counters.clone(),
         verdict: None,
     }
@@ -337,6 +342,11 @@ fn regroup<'a>(events: impl Iterator<Item = &'a Value>, group: u64) -> Vec<Value
                 }
                 Some("X") => {
                     e["args"]["tid"] = e["tid"].clone();
+                    e["tid"] = json!(track);
+                }
+                Some("s" | "f") => {
+                    // Flow ids are trace-wide: the lane's number keeps them apart.
+                    e["id"] = json!((group << 32) | e["id"].as_u64().unwrap_or(0));
                     e["tid"] = json!(track);
                 }
                 Some("i") => {

@@ -3,8 +3,8 @@
 //! instants, counter tracks for RSS, GPU utilisation, swap, disk throughput and data_time.
 //! The trainer's and ranks' wait for data (`data_wait_ms_s`) and each worker's share of it
 //! (`kept_waiting_ms_s`) are per-second counters on their process tracks, the trainers and
-//! ranks placed next to the GPUs; they are no slices with flow arrows because the kernel sums
-//! the waits (no record per wait: see `timeline`).
+//! ranks placed next to the GPUs; each long wait (10 ms or more) is also a slice on the waiting
+//! thread with a flow arrow from the worker's wakeup that ended it.
 
 use serde_json::{json, Value};
 
@@ -40,6 +40,13 @@ pub fn render(t: &Timeline) -> Value {
     for s in &t.slices {
         ev.push(json!({"ph": "X", "name": s.name, "cat": "stall", "pid": s.pid, "tid": s.tid,
             "ts": us(t, s.start_ns), "dur": s.dur_ns as f64 / 1e3, "args": s.args}));
+    }
+    // Flow v1 events: "s" binds to the slice enclosing it on the waker's thread, "f" with
+    // "bp": "e" to the slice enclosing it on the waiting thread.
+    for (id, f) in t.flows.iter().enumerate() {
+        let ((fp, ft, fts), (tp, tt, tts)) = (f.from, f.to);
+        ev.push(json!({"ph": "s", "id": id, "name": f.name, "cat": "data_wait", "pid": fp, "tid": ft, "ts": us(t, fts)}));
+        ev.push(json!({"ph": "f", "bp": "e", "id": id, "name": f.name, "cat": "data_wait", "pid": tp, "tid": tt, "ts": us(t, tts)}));
     }
     for i in &t.instants {
         let scope = if i.name == "OOM kill" { "g" } else { "p" };
@@ -121,6 +128,32 @@ mod tests {
         let kept = ev.iter().find(|e| e["name"] == "kept_waiting_ms_s").expect("the worker's");
         assert_eq!(kept["pid"], 11);
         assert!(ev.iter().any(|e| e["name"] == "process_sort_index" && e["pid"] == 10));
-        assert!(!ev.iter().any(|e| e["ph"] == "s" || e["ph"] == "f"), "no flows: no single waits");
+        assert!(!ev.iter().any(|e| e["ph"] == "s" || e["ph"] == "f"), "no long wait, no flow");
+    }
+
+    #[test]
+    fn a_long_wait_is_a_slice_with_an_arrow_from_the_worker_that_ended_it() {
+        let lines = vec![
+            json!({"type":"header","start_ns":0}),
+            json!({"type":"event","kind":"data_wait","t_ns":90_000_000u64,"pid":11,"tid":11,"comm":"pt_data_worker",
+                "wakee_pid":10,"wakee_tid":10,"start_ns":10_000_000u64,"duration_ns":80_000_000u64}),
+        ];
+        let v = render(&build(&lines));
+        let ev = v["traceEvents"].as_array().expect("events");
+        let wait = ev.iter().find(|e| e["name"] == "waiting for data").expect("the wait");
+        assert_eq!(
+            (wait["pid"].as_u64(), wait["ts"].as_f64(), wait["dur"].as_f64()),
+            (Some(10), Some(10_000.0), Some(80_000.0))
+        );
+        let blip = ev.iter().find(|e| e["ph"] == "X" && e["pid"] == 11).expect("the wakeup");
+        let (s, f) = (
+            ev.iter().find(|e| e["ph"] == "s").expect("flow start"),
+            ev.iter().find(|e| e["ph"] == "f").expect("flow end"),
+        );
+        assert_eq!((s["pid"].as_u64(), s["ts"].as_f64()), (Some(11), blip["ts"].as_f64()));
+        assert_eq!((f["pid"].as_u64(), f["id"].clone()), (Some(10), s["id"].clone()));
+        let end = wait["ts"].as_f64().unwrap_or(0.0) + wait["dur"].as_f64().unwrap_or(0.0);
+        let land = f["ts"].as_f64().unwrap_or(0.0);
+        assert!(land < end && land > wait["ts"].as_f64().unwrap_or(0.0), "inside the wait: {land}");
     }
 }

@@ -7,9 +7,10 @@
 //! The wait for data comes from the kernel's sums per (waker, trainer or rank) pair, recorded
 //! in the counters samples (about once a second): per second, how much waiting of a trainer's
 //! or rank's threads ended (`data_wait_ms_s` on its track) and how much of it each worker ended
-//! (`kept_waiting_ms_s` on the worker's track). The kernel aggregates (no record per wait), so
-//! there is no individual wait to draw as a slice or to link with a flow arrow; a wait is
-//! counted in the second it ended, whole (a 3 s wait is 3000 ms in one second).
+//! (`kept_waiting_ms_s` on the worker's track); a wait is counted in the second it ended, whole
+//! (a 3 s wait is 3000 ms in one second). The long waits (10 ms or more) also come one by one
+//! (`data_wait` events): each is a slice on the waiting thread's track and a [`Flow`] from the
+//! thread that ended it, with how long that process was stalled in reclaim meanwhile.
 
 use std::collections::BTreeMap;
 
@@ -31,6 +32,15 @@ pub struct Instant {
     pub name: String,
     pub t_ns: u64,
     pub args: Value,
+}
+
+/// An arrow from one thread's moment to another's: the worker's wakeup that ended a wait
+/// (`from`) to the end of the waiting thread's slice (`to`). (pid, tid, t_ns) each.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Flow {
+    pub from: (u32, u32, u64),
+    pub to: (u32, u32, u64),
+    pub name: String,
 }
 
 /// A named series of (time, value) on a track (`pid`, or a host/GPU pseudo-track).
@@ -56,6 +66,7 @@ pub struct Timeline {
     pub gpus: BTreeMap<u32, String>,
     pub slices: Vec<Slice>,
     pub instants: Vec<Instant>,
+    pub flows: Vec<Flow>,
     /// (track, counter name) -> series.
     pub counters: BTreeMap<(Track, String), Series>,
     pub verdict: Option<Value>,
@@ -66,6 +77,9 @@ impl Timeline {
         self.counters.entry((track, name.to_string())).or_default().points.push((t, v));
     }
 }
+
+/// Length of the slice drawn for a wakeup (an instant has no extent for an arrow to leave).
+const WAKE_BLIP_NS: u64 = 1_000;
 
 /// Job-wide cumulative counters, to turn into per-second rates.
 #[derive(Default)]
@@ -180,6 +194,7 @@ impl Timeline {
                     args: serde_json::json!({"nr_reclaimed": v["nr_reclaimed"]}),
                 });
             }
+            Some("data_wait") => self.data_wait(v, ts, pid),
             Some("gpu_stall") => {
                 let gpu = v["gpu_index"].as_u64().unwrap_or(0) as u32;
                 self.slices.push(Slice {
@@ -193,6 +208,41 @@ impl Timeline {
             }
             _ => {}
         }
+    }
+
+    /// A long wait for data: a slice on the waiting thread, a blip on the waker's thread (the
+    /// wakeup: a flow needs a slice at each end) and the arrow between them. `waker` is the
+    /// event's process (its header).
+    fn data_wait(&mut self, v: &Value, ts: u64, waker: u32) {
+        let field = |k: &str| v[k].as_u64().unwrap_or(0);
+        let (wakee, wakee_tid, waker_tid) =
+            (field("wakee_pid") as u32, field("wakee_tid") as u32, field("tid") as u32);
+        let dur_ns = field("duration_ns");
+        let start_ns = v["start_ns"].as_u64().unwrap_or(ts.saturating_sub(dur_ns));
+        let args = serde_json::json!({"waker_pid": waker, "waker_comm": v["comm"], "ms": dur_ns as f64 / 1e6});
+        self.slices.push(Slice {
+            pid: wakee,
+            tid: wakee_tid,
+            name: "waiting for data".into(),
+            start_ns,
+            dur_ns,
+            args,
+        });
+        self.slices.push(Slice {
+            pid: waker,
+            tid: waker_tid,
+            name: "delivered (woke the trainer)".into(),
+            start_ns: ts,
+            dur_ns: WAKE_BLIP_NS,
+            args: serde_json::json!({"wakee_pid": wakee, "waited_ms": dur_ns as f64 / 1e6}),
+        });
+        // The arrow lands just inside the wait's end so that it binds to that slice.
+        let land = start_ns + dur_ns.saturating_sub(WAKE_BLIP_NS);
+        self.flows.push(Flow {
+            from: (waker, waker_tid, ts),
+            to: (wakee, wakee_tid, land),
+            name: "batch".into(),
+        });
     }
 
     /// A sample line: names (seeds) and counter series.

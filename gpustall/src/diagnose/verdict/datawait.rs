@@ -52,6 +52,23 @@ fn doing(p: &ProcFacts) -> String {
     }
 }
 
+/// The long waits a worker ended, wait by wait against its own reclaim stalls: how much of
+/// the time it kept the trainer waiting it was itself stalled in reclaim, and the longest wait.
+fn long_waits(f: &Facts, o: &crate::model::offcpu::OffCpuSummary) -> String {
+    let Some(l) = o.long_waits.filter(|l| l.in_reclaim_ns > 0) else {
+        return String::new();
+    };
+    format!(
+        "; during the {} waits over 10 ms it ended ({:.2} s) it was itself stalled in reclaim {:.2} s, the longest wait {:.0} ms (ended {}) with {:.0} ms of it in reclaim",
+        l.count,
+        l.ns as f64 / 1e9,
+        l.in_reclaim_ns as f64 / 1e9,
+        l.longest_ns as f64 / 1e6,
+        at(f, l.longest_at_ns),
+        l.longest_in_reclaim_ns as f64 / 1e6
+    )
+}
+
 /// A clause for the verdict's text: who kept the trainer waiting, or that it rarely waited.
 pub fn clause(f: &Facts) -> String {
     let w = waiters(f);
@@ -117,12 +134,13 @@ pub fn links(f: &Facts, chain: &mut Chain) {
         chain.push(
             k.started_ns.max(f.start_ns),
             format!(
-                "{}: {} kept the trainer waiting {:.2} s ({} waits{p99}){}",
+                "{}: {} kept the trainer waiting {:.2} s ({} waits{p99}){}{}",
                 at(f, k.started_ns.max(f.start_ns)),
                 name(k),
                 kept as f64 / 1e9,
                 o.kept_waiting_count,
-                doing(k)
+                doing(k),
+                long_waits(f, &o)
             ),
         );
     }
@@ -185,6 +203,28 @@ mod tests {
         let text = chain.done().join("\n");
         assert!(text.contains("kept the trainer waiting 6.66 s"), "{text}");
         assert!(text.contains("DataLoader worker 0 (pid 11) kept"), "a tenth: {text}");
+        assert!(!text.contains("over 10 ms"), "no long waits recorded: {text}");
+    }
+
+    #[test]
+    fn the_reclaim_inside_each_long_wait_is_told() {
+        let mut f = facts(7_400_000_000, 6_000_000_000, 0);
+        let worker = f.procs[2].offcpu.as_mut().expect("off-CPU figures");
+        worker.long_waits = Some(crate::model::longwait::LongWaitSummary {
+            count: 9,
+            ns: 6_600_000_000,
+            in_reclaim_ns: 5_400_000_000,
+            longest_at_ns: 8_300_000_000,
+            longest_ns: 740_000_000,
+            longest_in_reclaim_ns: 600_000_000,
+        });
+        let mut chain = Chain(Vec::new());
+        links(&f, &mut chain);
+        let text = chain.done().join("\n");
+        assert!(
+            text.contains("during the 9 waits over 10 ms it ended (6.60 s) it was itself stalled in reclaim 5.40 s, the longest wait 740 ms (ended +8.3s) with 600 ms of it in reclaim"),
+            "{text}"
+        );
     }
 
     #[test]
