@@ -265,6 +265,39 @@ fn oom_facts(m: &Model, o: &crate::model::OomKill) -> OomFacts {
     }
 }
 
+/// OOM kills whose oom:mark_victim record never came (a full ring, a kernel without the
+/// tracepoint, a trace started between the victim's choice and its SIGKILL): a traced process
+/// killed by SIGKILL that the kernel itself sent (SI_KERNEL), while the kernel's own counters
+/// (/proc/vmstat oom_kill, the cgroup's oom_kill) moved during the trace. Its RSS is unknown.
+fn lost_oom_kills(m: &Model, recorded: &[OomFacts], counted: bool) -> Vec<OomFacts> {
+    if !counted {
+        return Vec::new();
+    }
+    m.tree
+        .iter()
+        .filter(|n| !recorded.iter().any(|o| o.victim_pid == n.pid))
+        .filter_map(|n| {
+            let k = n.killed_by.as_ref().filter(|k| k.sig == 9 && k.si_code == SI_KERNEL)?;
+            Some(OomFacts {
+                t_ns: k.t_ns,
+                victim_pid: n.pid,
+                victim_comm: n.comm.clone(),
+                anon_rss_kb: None,
+                trigger_pid: k.sender_pid,
+                trigger_comm: k.sender_comm.clone(),
+                killer: Some(KillerFacts {
+                    pid: k.sender_pid,
+                    comm: k.sender_comm.clone(),
+                    si_code: k.si_code,
+                }),
+            })
+        })
+        .collect()
+}
+
+/// SI_KERNEL: the kernel itself sent the signal (the OOM killer's SIGKILL).
+const SI_KERNEL: i32 = 0x80;
+
 pub fn from_model(m: &Model, now_ns: u64) -> Facts {
     let mut procs: Vec<ProcFacts> = m.tree.iter().map(|n| proc_facts(m, n, now_ns)).collect();
     // Folded processes still count for the disk: as one process of all their I/O and lives.
@@ -278,9 +311,14 @@ pub fn from_model(m: &Model, now_ns: u64) -> Facts {
             ..Default::default()
         });
     }
-    let oom_kills = m.oom_kills.iter().map(|o| oom_facts(m, o)).collect();
     let ctx = &m.ctx;
     let vm = ctx.vm_delta();
+    let mut oom_kills: Vec<OomFacts> = m.oom_kills.iter().map(|o| oom_facts(m, o)).collect();
+    let counted = vm.oom_kill > 0 || ctx.cgroup_oom_kills().is_some_and(|k| k > 0);
+    oom_kills.extend(lost_oom_kills(m, &oom_kills, counted));
+    for p in &mut procs {
+        p.oom_killed |= oom_kills.iter().any(|o| o.victim_pid == p.pid);
+    }
     let peaks = &ctx.disk_peak_busy;
     let disks = ctx
         .disk_busy_overall()
@@ -334,5 +372,47 @@ pub fn from_model(m: &Model, now_ns: u64) -> Facts {
         gpu_throttle_reasons: m.gpu.throttle_reasons.iter().cloned().collect(),
         data_time,
         data_time_rise_ns,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::event::{Event, Header};
+    use crate::model::samples::Sample;
+
+    /// A traced worker killed by the kernel's SIGKILL, with no mark_victim record.
+    fn killed(si_code: i32) -> Model {
+        let mut m = Model::default();
+        let seed = |pid, ppid| Sample::Seed {
+            t_ns: 0,
+            pid,
+            ppid,
+            comm: "python".into(),
+            is_target: pid == 10,
+        };
+        m.observe(&seed(10, 1));
+        m.observe(&seed(11, 10));
+        m.apply(&Event::Signal {
+            h: Header { t_ns: 5, tgid: 11, tid: 11, comm: "python".into() },
+            sig: 9,
+            code: si_code,
+            target_pid: 11,
+            target_tid: Some(11),
+            result: 0,
+            target_comm: "python".into(),
+        });
+        m
+    }
+
+    #[test]
+    fn a_kernel_sigkill_with_the_oom_counter_moved_is_an_oom_kill_whose_record_was_lost() {
+        let m = killed(SI_KERNEL);
+        let lost = lost_oom_kills(&m, &[], true);
+        assert_eq!(lost.len(), 1);
+        assert_eq!((lost[0].victim_pid, lost[0].anon_rss_kb, lost[0].t_ns), (11, None, 5));
+        assert!(lost_oom_kills(&m, &[], false).is_empty(), "no kernel counter moved");
+        assert!(lost_oom_kills(&m, &lost, true).is_empty(), "already recorded");
+        assert!(lost_oom_kills(&killed(0), &[], true).is_empty(), "a kill(2) from user space");
     }
 }
