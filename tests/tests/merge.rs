@@ -150,7 +150,16 @@ fn two_nodes_merge_on_their_wall_clocks() {
     let same = dir.path("same-host-ahead.jsonl");
     as_node(&b.record_path(), &same, "node-a", 90 * S);
     let m = merge(&dir, "same", &[&na, &same]);
-    assert!(warnings(&m).contains("clocks disagree by 90.000 s"), "{}", warnings(&m));
+    // The two recordings' own (wall - monotonic) offsets differ by how long each agent took
+    // between its two clock reads at start (milliseconds on a loaded machine): 90 s give or take.
+    let w = warnings(&m);
+    let by = w
+        .split("clocks disagree by ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("no clock disagreement said: {w}"));
+    assert!((by - 90.0).abs() < 0.5, "{w}");
     let labels: Vec<&str> = m.summary["nodes"]
         .as_array()
         .expect("nodes")

@@ -59,6 +59,15 @@ pub struct IncidentHeader {
     pub pid: u32,
 }
 
+/// The wall clock at monotonic time `start_ns` (taken earlier, before the programs loaded):
+/// both clocks read back to back now, and the wall one moved back by the time since. Reading
+/// the wall clock only now would shift the node on a merged timeline by the start-up time.
+fn wall_at(start_ns: u64) -> u64 {
+    let mono = crate::sources::clock::monotonic_ns();
+    let wall = crate::sources::clock::wall_ns();
+    wall.saturating_sub(mono.saturating_sub(start_ns))
+}
+
 impl Header {
     /// A header for a recording made on this machine now.
     pub fn new(start_ns: u64, attached: &[String], skipped: &[String], gpu: GpuHeader) -> Self {
@@ -71,7 +80,7 @@ impl Header {
             kernel: crate::sources::host::kernel_release(),
             clock: "CLOCK_MONOTONIC".into(),
             start_ns,
-            wall_clock_at_start_ns: crate::sources::clock::wall_ns(),
+            wall_clock_at_start_ns: wall_at(start_ns),
             targets: None,
             attached: attached.to_vec(),
             skipped: skipped.to_vec(),
