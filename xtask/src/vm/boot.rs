@@ -107,6 +107,8 @@ pub struct Boot<'a> {
     pub disk: &'a Path,
     pub extra_cmdline: &'a str,
     pub timeout: Duration,
+    /// A guest silent this long (no console line) is hung: stopped, and said so (`hung`).
+    pub silence: Duration,
     /// Every console line goes here too.
     pub log: &'a Path,
 }
@@ -116,6 +118,8 @@ pub struct Boot<'a> {
 pub struct Console {
     pub lines: Vec<String>,
     pub finished: bool,
+    /// Stopped for printing nothing for `Boot::silence`.
+    pub hung: bool,
     pub wall: Duration,
 }
 
@@ -169,9 +173,12 @@ pub fn boot(b: &Boot, show: impl Fn(&str) -> bool) -> anyhow::Result<Console> {
     let mut log = std::fs::File::create(b.log)?;
     let mut lines = Vec::new();
     let end = start + b.timeout;
+    let mut last_line = Instant::now();
+    let mut hung = false;
     let finished = loop {
         match rx.recv_timeout(Duration::from_millis(200)) {
             Ok(line) => {
+                last_line = Instant::now();
                 use std::io::Write as _;
                 let _ = writeln!(log, "{line}");
                 if show(&line) {
@@ -184,9 +191,14 @@ pub fn boot(b: &Boot, show: impl Fn(&str) -> bool) -> anyhow::Result<Console> {
                 let _ = child.kill();
                 break false;
             }
+            Err(mpsc::RecvTimeoutError::Timeout) if last_line.elapsed() > b.silence => {
+                let _ = child.kill();
+                hung = true;
+                break false;
+            }
             Err(mpsc::RecvTimeoutError::Timeout) => {}
         }
     };
     let _ = child.wait();
-    Ok(Console { lines, finished, wall: start.elapsed() })
+    Ok(Console { lines, finished, hung, wall: start.elapsed() })
 }

@@ -37,6 +37,10 @@ pub struct Run {
     pub bin_secs: BTreeMap<String, f64>,
     pub wall: Duration,
     pub log: PathBuf,
+    /// Its guest printed nothing for minutes and was stopped.
+    pub hung: bool,
+    /// This is a second boot, after the first one's guest hung.
+    pub retried_after_hang: bool,
 }
 
 impl Run {
@@ -122,6 +126,8 @@ pub fn parse(spec: &str, release: &str, lines: &[String], selected: &[(String, S
         bin_secs,
         wall: Duration::ZERO,
         log: PathBuf::new(),
+        hung: false,
+        retried_after_hang: false,
     }
 }
 
@@ -174,6 +180,9 @@ pub fn table(runs: &[Run], total: Duration) -> Table {
         all.dedup();
         for d in all {
             notes.push_str(&format!("\n    degraded: {d}"));
+        }
+        if r.retried_after_hang {
+            notes.push_str("\n    retried: the first boot's guest hung (console-hung.log)");
         }
     }
     notes.push_str(&format!("\nmatrix: {:.0} s", total.as_secs_f64()));
