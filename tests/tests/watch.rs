@@ -69,6 +69,28 @@ impl Drop for Watcher {
     }
 }
 
+/// `watch` for the jobs `rule` matches, bundling into `dir` 2 s after an incident and serving
+/// metrics on a free port: the watcher, once it serves, and that address.
+fn bundling_watcher(rule: &str, dir: &str) -> (Watcher, String) {
+    let mut w = Watcher::start(&[
+        "--match",
+        rule,
+        "--bundle-dir",
+        dir,
+        "--listen",
+        "127.0.0.1:0",
+        "--no-gpu",
+        "--after",
+        "2s",
+        "--scan-every",
+        "500ms",
+    ]);
+    let started = w.wait_for("metrics on http://", Duration::from_secs(60));
+    let addr = started.split("http://").nth(1).and_then(|r| r.split('/').next()).expect("address");
+    let addr = addr.to_string();
+    (w, addr)
+}
+
 fn scrape(addr: &str) -> String {
     let mut s = std::net::TcpStream::connect(addr).expect("connect to the metrics endpoint");
     s.write_all(
@@ -95,26 +117,7 @@ fn watch_finds_a_later_job_bundles_its_oom_kill_and_serves_metrics() {
     // The rule matches this test's workload only: another test's job must never be watched here.
     let comm = unique_comm();
     let rule = format!("comm:^{comm}$");
-    let mut w = Watcher::start(&[
-        "--match",
-        &rule,
-        "--bundle-dir",
-        &dir,
-        "--listen",
-        "127.0.0.1:0",
-        "--no-gpu",
-        "--after",
-        "2s",
-        "--scan-every",
-        "500ms",
-    ]);
-    let started = w.wait_for("metrics on http://", Duration::from_secs(60));
-    let addr = started
-        .split("http://")
-        .nth(1)
-        .and_then(|r| r.split('/').next())
-        .expect("address")
-        .to_string();
+    let (mut w, addr) = bundling_watcher(&rule, &dir);
     let before = scrape(&addr);
     assert_eq!(value(&before, "gpustall_watched_jobs"), Some(0.0), "{before}");
 
@@ -353,21 +356,7 @@ fn each_watched_job_keeps_its_own_cgroup_and_cwd() {
     let dir = bundles.0.to_str().expect("utf-8").to_string();
     let (idle_comm, oom_comm) = (unique_comm(), unique_comm());
     let rule = format!("comm:^({idle_comm}|{oom_comm})$");
-    let mut w = Watcher::start(&[
-        "--match",
-        &rule,
-        "--bundle-dir",
-        &dir,
-        "--listen",
-        "127.0.0.1:0",
-        "--no-gpu",
-        "--after",
-        "2s",
-        "--scan-every",
-        "500ms",
-    ]);
-    let started = w.wait_for("metrics on http://", Duration::from_secs(60));
-    let addr = started.split("http://").nth(1).and_then(|r| r.split('/').next()).expect("address");
+    let (mut w, addr) = bundling_watcher(&rule, &dir);
     let bin = std::path::Path::new(env!("CARGO_BIN_EXE_gpustall-workload"));
     // The first job found: an idle one in a 512 MiB cgroup.
     let idle_cg = MemCgroup::new("watch-idle", 512, false);
@@ -396,7 +385,7 @@ fn each_watched_job_keeps_its_own_cgroup_and_cwd() {
     w.wait_for(&format!("watching job {oom_job}"), Duration::from_secs(20));
     // Both jobs' limits, each its own, once a beat has read them.
     std::thread::sleep(Duration::from_millis(2500));
-    let metrics = scrape(addr);
+    let metrics = scrape(&addr);
     let limit = |job: &str| {
         value(&metrics, &format!("gpustall_job_memory_limit_bytes{{training_job=\"{job}\"}}"))
     };
