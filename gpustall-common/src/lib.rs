@@ -5,6 +5,7 @@
 //! assertion: changing a layout is a deliberate act that breaks the build until both sides agree.
 #![no_std]
 
+pub mod blocklayout;
 pub mod counters;
 pub mod events;
 pub mod folio;

@@ -28,6 +28,8 @@ pub const SCHED_OFFSETS: &str = "SCHED_OFFSETS";
 pub const TASK_OFFSETS: &str = "TASK_OFFSETS";
 /// The global holding where a folio's flags and order are (`folio::FolioLayout`, from BTF).
 pub const FOLIO_LAYOUT: &str = "FOLIO_LAYOUT";
+/// The typed block programs' `BlockLayout` global.
+pub const BLOCK_LAYOUT: &str = "BLOCK_LAYOUT";
 
 /// Program names (one per tracepoint family member).
 pub mod programs {
@@ -56,6 +58,11 @@ pub mod programs {
     pub const BLOCK_BIO_REMAP: &str = "block_bio_remap";
     pub const BLOCK_IO_START: &str = "block_io_start";
     pub const BLOCK_IO_DONE: &str = "block_io_done";
+    pub const BLOCK_BIO_QUEUE_BTF: &str = "block_bio_queue_btf";
+    pub const BLOCK_IO_START_BTF: &str = "block_io_start_btf";
+    pub const BLOCK_IO_DONE_BTF: &str = "block_io_done_btf";
+    pub const SCHED_SWITCH_BTF: &str = "sched_switch_btf";
+    pub const SCHED_WAKING_BTF: &str = "sched_waking_btf";
     pub const SCHED_SWITCH: &str = "sched_switch";
     pub const SCHED_WAKING: &str = "sched_waking";
     pub const HRTIMER_EXPIRE_ENTRY: &str = "hrtimer_expire_entry";

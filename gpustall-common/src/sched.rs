@@ -77,6 +77,36 @@ pub fn classify(prev_state: i64) -> u16 {
     }
 }
 
+/// The `prev_state` the classic sched_switch record would carry ([`classify`]'s input), from
+/// what the typed tracepoint gets (5.18+): `preempt` and the task's raw `__state`. As
+/// `__trace_sched_switch_state`: a preempted task is `TASK_REPORT_MAX`; `TASK_IDLE` is I;
+/// `TASK_RTLOCK_WAIT` is D; else the highest of the `TASK_REPORT` bits. A task switching out
+/// for the last time is `TASK_DEAD` (0x80), reported with its exit state (X or Z): X here, as
+/// both mean "gone".
+#[inline(always)]
+pub fn report_state(preempt: bool, raw: u32) -> i64 {
+    const TASK_REPORT: u32 = 0x7f;
+    const TASK_DEAD: u32 = 0x80;
+    const TASK_IDLE: u32 = 0x402;
+    const TASK_RTLOCK_WAIT: u32 = 0x1000;
+    if preempt {
+        return 0x100;
+    }
+    if raw & TASK_DEAD != 0 {
+        return 0x10;
+    }
+    let s = match raw {
+        TASK_IDLE => return 0x80,
+        TASK_RTLOCK_WAIT => 0x2,
+        r => r & TASK_REPORT,
+    };
+    if s == 0 {
+        0
+    } else {
+        1i64 << (31 - s.leading_zeros())
+    }
+}
+
 /// A thread that has left the CPU (key: thread id).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -227,6 +257,24 @@ unsafe impl aya::Pod for WakeCounters {}
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn typed_states_report_as_the_classic_record() {
+        assert_eq!(report_state(true, 0x1), 0x100); // preempted while going to sleep: runnable
+        assert_eq!(report_state(false, 0), 0);
+        assert_eq!(report_state(false, 0x1), 0x1); // TASK_INTERRUPTIBLE: S
+        assert_eq!(report_state(false, 0x2), 0x2); // TASK_UNINTERRUPTIBLE: D
+        assert_eq!(report_state(false, 0x102), 0x2); // TASK_KILLABLE: D
+        assert_eq!(report_state(false, 0x2001), 0x1); // TASK_FREEZABLE | S: S
+        assert_eq!(report_state(false, 0x402), 0x80); // TASK_IDLE: I, not D
+        assert_eq!(report_state(false, 0x1000), 0x2); // TASK_RTLOCK_WAIT: D
+        assert_eq!(report_state(false, 0x104), 0x4); // TASK_STOPPED: T
+        assert_eq!(report_state(false, 0x40), 0x40); // TASK_PARKED: P
+        assert_eq!(report_state(false, 0x80), 0x10); // TASK_DEAD: gone
+        for (raw, class) in [(0x1, state::WAIT), (0x2, state::IO), (0x402, state::OTHER)] {
+            assert_eq!(classify(report_state(false, raw)), class);
+        }
+    }
 
     #[test]
     fn prev_state_classes() {

@@ -11,23 +11,49 @@
 
 use aya_ebpf::{
     helpers::bpf_ktime_get_ns,
-    macros::{map, tracepoint},
+    macros::{btf_tracepoint, map, tracepoint},
     maps::{Array, HashMap, PerCpuArray},
-    programs::TracePointContext,
+    programs::{BtfTracePointContext, TracePointContext},
 };
 use gpustall_common::{
+    blocklayout::{disk_devt, op_of, BlockLayout},
     counters::{
-        latency_bucket, HostCounter, InflightIo, InflightKey, IoCounters, IoKey, IoOp, LostCounter,
-        LATENCY_BUCKETS,
+        latency_bucket, slot_indexes, HostCounter, InflightIo, InflightKey, InflightSlot,
+        IoCounters, IoKey, IoOp, LostCounter, IO_SLOTS, LATENCY_BUCKETS,
     },
     reclaim::ReclaimKind,
     stacked::{MovedClone, Queued, StackSlot},
 };
 
 use crate::common::{
-    add_lost, add_per_cpu, atomic_add, field, is_tracked, offset, pid_tgid, shared_value,
+    add_lost, add_per_cpu, atomic_add, field, is_tracked, kload, offset, pid_tgid, shared_value,
     BPF_F_NO_PREALLOC, HOST, RECLAIM_START,
 };
+
+/// Written by the agent before load, from BTF: where the typed programs find a bio's and a
+/// request's fields (only attached where all of them are known).
+#[unsafe(no_mangle)]
+pub static BLOCK_LAYOUT: BlockLayout = BlockLayout::unknown();
+
+macro_rules! layout {
+    ($field:ident) => {
+        // SAFETY: a plain static of integers; the loader rewrites it before load.
+        unsafe { core::ptr::read_volatile(&BLOCK_LAYOUT.$field) }
+    };
+}
+
+/// The disk's `dev_t` behind a `struct gendisk *`, as the classic records give it.
+#[inline(always)]
+fn disk_dev(disk: *const u8) -> u32 {
+    disk_devt(kload(disk, layout!(disk_major)), kload(disk, layout!(disk_first_minor)))
+}
+
+/// The disk's `dev_t` of a request (`rq->q->disk`).
+#[inline(always)]
+fn rq_dev(rq: *const u8) -> u32 {
+    let q: *const u8 = kload(rq, layout!(rq_q));
+    disk_dev(kload(q, layout!(q_disk)))
+}
 
 /// Per (process, device, op, in reclaim), one value for all CPUs (see `PROC_COUNTERS`).
 #[map]
@@ -40,6 +66,11 @@ pub static IO_COUNTERS: HashMap<IoKey, IoCounters> =
 /// deleted by the agent once it is a minute old (`KernelMaps::read`).
 #[map]
 pub static IO_INFLIGHT: HashMap<InflightKey, InflightIo> = HashMap::with_max_entries(16384, 0);
+
+/// The same for the typed programs (6.5+ with BTF), by the request's address: see
+/// `InflightSlot`. Stale slots are taken over in the kernel; the agent never scans it.
+#[map]
+pub static IO_SLOTS_MAP: Array<InflightSlot> = Array::with_max_entries(IO_SLOTS, 0);
 
 /// Completed-request latency, log2 buckets, per direction: `op * LATENCY_BUCKETS + bucket`.
 #[map]
@@ -64,7 +95,7 @@ fn io_op(rwbs: &[u8; 8]) -> IoOp {
 /// The I/O key of the current task, or `None` for an untracked one. The tracked-set test
 /// comes first; an untracked task costs one more lookup only when it has bytes to count.
 #[inline(always)]
-fn current_key(dev: u32, rwbs: &[u8; 8], bytes: u64) -> Option<IoKey> {
+fn current_key(dev: u32, op: u32, bytes: u64) -> Option<IoKey> {
     let (tgid, tid) = pid_tgid();
     if !is_tracked(tgid) {
         if bytes > 0 {
@@ -82,7 +113,7 @@ fn current_key(dev: u32, rwbs: &[u8; 8], bytes: u64) -> Option<IoKey> {
     }
     // SAFETY: presence test.
     let in_reclaim = unsafe { RECLAIM_START.get(tid) }.is_some();
-    Some(IoKey { tgid, dev, op: io_op(rwbs) as u32, in_reclaim: in_reclaim as u32 })
+    Some(IoKey { tgid, dev, op, in_reclaim: in_reclaim as u32 })
 }
 
 /// Per CPU, the tracked thread that last queued a bio there: the key of its last counted bio,
@@ -101,13 +132,33 @@ pub static MOVED_CLONE: Array<MovedClone> = Array::with_max_entries(1, 0);
 #[tracepoint]
 pub fn block_bio_queue(ctx: TracePointContext) -> u32 {
     let sectors = field::<u32>(&ctx, offset!(bio_nr_sector)).unwrap_or(0) as u64;
-    let bytes = sectors * 512;
     let dev: u32 = field(&ctx, offset!(bio_dev)).unwrap_or(0);
     let rwbs: [u8; 8] = field(&ctx, offset!(bio_rwbs)).unwrap_or([0; 8]);
-    let Some(own) = current_key(dev, &rwbs, bytes) else {
+    on_bio_queue(dev, io_op(&rwbs) as u32, sectors, || {
+        field(&ctx, offset!(bio_sector)).unwrap_or(0)
+    })
+}
+
+/// The same, BTF-typed: the bio's fields are plain loads.
+#[btf_tracepoint(function = "block_bio_queue")]
+pub fn block_bio_queue_btf(ctx: BtfTracePointContext) -> i32 {
+    let bio: *const u8 = ctx.arg(0);
+    let bytes: u32 = kload(bio, layout!(bio_size));
+    let opf: u32 = kload(bio, layout!(bio_opf));
+    let bdev: *const u8 = kload(bio, layout!(bio_bdev));
+    let dev = disk_dev(kload(bdev, layout!(bdev_disk)));
+    on_bio_queue(dev, op_of(opf), (bytes / 512) as u64, || kload(bio, layout!(bio_sector)));
+    0
+}
+
+/// A bio queued: its bytes to the submitting process (`sector` read only for a tracked one).
+#[inline(always)]
+fn on_bio_queue(dev: u32, op: u32, sectors: u64, sector: impl FnOnce() -> u64) -> u32 {
+    let bytes = sectors * 512;
+    let Some(own) = current_key(dev, op, bytes) else {
         return 0;
     };
-    let sector: u64 = field(&ctx, offset!(bio_sector)).unwrap_or(0);
+    let sector = sector();
     let Some(slot) = LAST_BIO.get_ptr_mut(0) else {
         return 0;
     };
@@ -198,18 +249,63 @@ pub fn block_io_start(ctx: TracePointContext) -> u32 {
     let dev: u32 = field(&ctx, offset!(rq_dev)).unwrap_or(0);
     let sector: u64 = field(&ctx, offset!(rq_sector)).unwrap_or(0);
     let rwbs: [u8; 8] = field(&ctx, offset!(rq_rwbs)).unwrap_or([0; 8]);
+    on_io_start(dev, sector, io_op(&rwbs) as u32, |key| start_io(dev, sector, key))
+}
+
+/// The same, BTF-typed: the request's fields are plain loads.
+#[btf_tracepoint(function = "block_io_start")]
+pub fn block_io_start_btf(ctx: BtfTracePointContext) -> i32 {
+    let rq: *const u8 = ctx.arg(0);
+    let flags: u32 = kload(rq, layout!(rq_cmd_flags));
+    let (dev, sector) = (rq_dev(rq), kload(rq, layout!(rq_sector)));
+    on_io_start(dev, sector, op_of(flags), |key| start_slot(dev, sector, key));
+    0
+}
+
+/// Puts a tracked request in one of its two slots. With both held by other requests in
+/// flight, the first is taken over: that request's latency is lost, and counted as such.
+#[inline(always)]
+fn start_slot(dev: u32, sector: u64, key: IoKey) {
+    // SAFETY: plain helper call.
+    let start_ns = unsafe { bpf_ktime_get_ns() };
+    let (a, b) = slot_indexes(dev, sector);
+    let mut chosen = None;
+    for i in [a, b] {
+        if let Some(p) = IO_SLOTS_MAP.get_ptr_mut(i) {
+            // SAFETY: a live map value, read only.
+            if chosen.is_none() && unsafe { (*p).claimable(dev, sector, start_ns) } {
+                chosen = Some(p);
+            }
+        }
+    }
+    let p = match chosen {
+        Some(p) => p,
+        None => {
+            add_lost(LostCounter::MapFull);
+            match IO_SLOTS_MAP.get_ptr_mut(a) {
+                Some(p) => p,
+                None => return,
+            }
+        }
+    };
+    // SAFETY: a live map value; only this request's start and done write it meanwhile.
+    unsafe { *p = InflightSlot { dev, used: 1, sector, start_ns, key } };
+}
+
+#[inline(always)]
+fn on_io_start(dev: u32, sector: u64, op: u32, start: impl FnOnce(IoKey)) -> u32 {
     // The bio that starts this request (or, split below, a part of it), queued just before by
     // this task on this CPU: its key. A bio merged into another request leaves the slot until
     // the next tracked bio here; it matches no request but one this thread starts inside it.
     if let Some(slot) = LAST_BIO.get_ptr_mut(0) {
         // SAFETY: this CPU's slot; no other program runs on this CPU meanwhile.
         if let Some(key) = unsafe { (*slot).take_request(key_tid(), dev, sector) } {
-            start_io(dev, sector, IoKey { op: io_op(&rwbs) as u32, ..key });
+            start(IoKey { op, ..key });
             return 0;
         }
     }
-    if let Some(key) = current_key(dev, &rwbs, 0) {
-        start_io(dev, sector, key);
+    if let Some(key) = current_key(dev, op, 0) {
+        start(key);
     }
     0
 }
@@ -220,14 +316,46 @@ pub fn block_io_start(ctx: TracePointContext) -> u32 {
 pub fn block_io_done(ctx: TracePointContext) -> u32 {
     let dev: u32 = field(&ctx, offset!(done_dev)).unwrap_or(0);
     let sector: u64 = field(&ctx, offset!(done_sector)).unwrap_or(0);
+    on_io_done(dev, sector)
+}
+
+/// The same, BTF-typed (block_io_done, or block_rq_complete before 6.5: both take the request
+/// first).
+#[btf_tracepoint(function = "block_io_done")]
+pub fn block_io_done_btf(ctx: BtfTracePointContext) -> i32 {
+    let rq: *const u8 = ctx.arg(0);
+    let (dev, sector) = (rq_dev(rq), kload(rq, layout!(rq_sector)));
+    let (a, b) = slot_indexes(dev, sector);
+    for i in [a, b] {
+        let Some(p) = IO_SLOTS_MAP.get_ptr_mut(i) else { continue };
+        // SAFETY: a live map value: copied out, then freed.
+        let slot = unsafe { *p };
+        if slot.holds(dev, sector) {
+            unsafe { (*p).used = 0 };
+            done(slot.key, slot.start_ns);
+            break;
+        }
+    }
+    0
+}
+
+#[inline(always)]
+fn on_io_done(dev: u32, sector: u64) -> u32 {
     let k = InflightKey { dev, _pad: 0, sector };
     // SAFETY: copied out at once.
     let Some(io) = (unsafe { IO_INFLIGHT.get(k) }).copied() else {
         return 0;
     };
     let _ = IO_INFLIGHT.remove(k);
-    let lat = unsafe { bpf_ktime_get_ns() }.saturating_sub(io.start_ns);
-    if let Some(c) = shared_value(&IO_COUNTERS, &io.key) {
+    done(io.key, io.start_ns);
+    0
+}
+
+/// A tracked request completed: its latency to its process and the host histogram.
+#[inline(always)]
+fn done(key: IoKey, start_ns: u64) {
+    let lat = unsafe { bpf_ktime_get_ns() }.saturating_sub(start_ns);
+    if let Some(c) = shared_value(&IO_COUNTERS, &key) {
         // SAFETY: a live map value; `&raw mut` makes no reference to it.
         unsafe {
             atomic_add(&raw mut (*c).completed, 1);
@@ -240,7 +368,6 @@ pub fn block_io_done(ctx: TracePointContext) -> u32 {
             }
         }
     }
-    let op = if io.key.op > 2 { 2 } else { io.key.op };
+    let op = if key.op > 2 { 2 } else { key.op };
     add_per_cpu(&IO_LATENCY, op * LATENCY_BUCKETS + latency_bucket(lat), 1);
-    0
 }

@@ -43,6 +43,17 @@ pub fn kread<T>(base: *const u8, off: u32) -> Option<T> {
     unsafe { aya_ebpf::helpers::bpf_probe_read_kernel(base.add(off as usize) as *const T) }.ok()
 }
 
+/// A plain load of a `T` at `base + off` from a pointer a BTF-typed program got from the
+/// kernel: no helper call. `off` must come from a read-only global the loader wrote (the
+/// verifier knows its value, checks the access against BTF and turns it into a load that
+/// reads 0 instead of faulting); [`TASK_UNKNOWN`]-like offsets are never loaded: the loader
+/// only attaches a typed program whose offsets BTF gave.
+#[inline(always)]
+pub fn kload<T>(base: *const u8, off: u32) -> T {
+    // SAFETY: see above; `wrapping_add` since `base` may be null (the load then reads 0).
+    unsafe { core::ptr::read_volatile(base.wrapping_add(off as usize) as *const T) }
+}
+
 /// Reads one offset from `OFFSETS`; volatile so the compiler does not fold the default in.
 macro_rules! offset {
     ($field:ident) => {

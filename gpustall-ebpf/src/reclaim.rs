@@ -189,8 +189,7 @@ pub fn mm_vmscan_write_folio_btf(ctx: BtfTracePointContext) -> i32 {
     let layout = unsafe { core::ptr::read_volatile(&FOLIO_LAYOUT) };
     // SAFETY: kernel memory read through the helper; a fault gives an error, not a crash.
     let flags: u64 =
-        unsafe { bpf_probe_read_kernel(folio.wrapping_add(layout.flags as usize) as *const u64) }
-            .unwrap_or(0);
+        unsafe { core::ptr::read_volatile(folio.add(layout.flags as usize) as *const u64) };
     let order = if layout.is_large(flags) {
         // SAFETY: as above; the head of a large folio has its second page right after it.
         unsafe { bpf_probe_read_kernel(folio.wrapping_add(layout.order as usize)) }.ok()

@@ -6,22 +6,22 @@
 
 use aya_ebpf::{
     helpers::bpf_ktime_get_ns,
-    macros::{map, tracepoint},
+    macros::{btf_tracepoint, map, tracepoint},
     maps::{HashMap, LruHashMap, PerCpuArray},
-    programs::TracePointContext,
+    programs::{BtfTracePointContext, TracePointContext},
 };
 use gpustall_common::{
     events::{DataWaitEvent, EventKind},
     sched::{
-        classify, on_switch_in, on_waking, state, wake_bucket, OffCpuCounters, OffCpuThread,
-        SchedOffsets, WakeCounters, WakeKey, WakeOutcome, ACCOUNT, ACCOUNT_WAITS, LONG_WAIT_NS,
-        OFFCPU_PROCESSES, WAKE_BUCKETS,
+        classify, on_switch_in, on_waking, report_state, state, wake_bucket, OffCpuCounters,
+        OffCpuThread, SchedOffsets, WakeCounters, WakeKey, WakeOutcome, ACCOUNT, ACCOUNT_WAITS,
+        LONG_WAIT_NS, OFFCPU_PROCESSES, WAKE_BUCKETS,
     },
 };
 
 use crate::common::{
-    atomic_add, emit_bulk, field, header_at, is_tracked, pid_tgid, shared_value, BPF_F_NO_PREALLOC,
-    TRACKED,
+    atomic_add, emit_bulk, field, header_at, is_tracked, kload, pid_tgid, shared_value,
+    task_offset, BPF_F_NO_PREALLOC, TRACKED,
 };
 
 /// Written by the agent before load, from the sched_switch and sched_waking format files.
@@ -86,7 +86,31 @@ const TASK_REPORT_DEAD: i64 = 0x10 | 0x20;
 
 #[tracepoint]
 pub fn sched_switch(ctx: TracePointContext) -> u32 {
-    // The thread leaving the CPU is the current one.
+    on_switch(
+        || field(&ctx, sched_offset!(switch_prev_state)).unwrap_or(0),
+        || field(&ctx, sched_offset!(switch_next_pid)).unwrap_or(0),
+    )
+}
+
+/// The same, BTF-typed (5.18+: `prev_state` is an argument): the next thread's id is a plain
+/// load from its task, not a field copied out of a record the kernel built first.
+#[btf_tracepoint(function = "sched_switch")]
+pub fn sched_switch_btf(ctx: BtfTracePointContext) -> i32 {
+    // (bool preempt, struct task_struct *prev, struct task_struct *next, unsigned int prev_state)
+    let preempt: u64 = ctx.arg(0);
+    let next: *const u8 = ctx.arg(2);
+    let raw_state: u64 = ctx.arg(3);
+    on_switch(
+        || report_state(preempt as u8 != 0, raw_state as u32),
+        || kload(next, task_offset!(task_pid)),
+    );
+    0
+}
+
+/// The thread leaving the CPU is the current one; its state and the next thread's id are read
+/// only when needed (`prev_state` for an accounted thread only).
+#[inline(always)]
+fn on_switch(prev_state: impl FnOnce() -> i64, next_pid: impl FnOnce() -> u32) -> u32 {
     let (tgid, tid) = pid_tgid();
     let mut now = 0;
     // SAFETY: the value is copied out at once.
@@ -94,7 +118,7 @@ pub fn sched_switch(ctx: TracePointContext) -> u32 {
     if level >= ACCOUNT {
         // SAFETY: plain helper call.
         now = unsafe { bpf_ktime_get_ns() };
-        let prev_state: i64 = field(&ctx, sched_offset!(switch_prev_state)).unwrap_or(0);
+        let prev_state = prev_state();
         if prev_state & TASK_REPORT_DEAD != 0 && prev_state < 0x100 {
             let _ = OFFCPU_THREADS.remove(tid);
         } else {
@@ -107,7 +131,7 @@ pub fn sched_switch(ctx: TracePointContext) -> u32 {
             let _ = OFFCPU_THREADS.insert(tid, t, 0);
         }
     }
-    let next: u32 = field(&ctx, sched_offset!(switch_next_pid)).unwrap_or(0);
+    let next = next_pid();
     if next == 0 {
         return 0;
     }
@@ -130,7 +154,19 @@ pub fn sched_switch(ctx: TracePointContext) -> u32 {
 
 #[tracepoint]
 pub fn sched_waking(ctx: TracePointContext) -> u32 {
-    let wakee: u32 = field(&ctx, sched_offset!(waking_pid)).unwrap_or(0);
+    on_waking_of(field(&ctx, sched_offset!(waking_pid)).unwrap_or(0))
+}
+
+/// The same, BTF-typed: the woken thread's id is a plain load from its task.
+#[btf_tracepoint(function = "sched_waking")]
+pub fn sched_waking_btf(ctx: BtfTracePointContext) -> i32 {
+    let p: *const u8 = ctx.arg(0);
+    on_waking_of(kload(p, task_offset!(task_pid)));
+    0
+}
+
+#[inline(always)]
+fn on_waking_of(wakee: u32) -> u32 {
     if wakee == 0 {
         return 0;
     }

@@ -62,6 +62,28 @@ pub fn task_offsets(btf: &Btf) -> gpustall_common::task::TaskOffsets {
     }
 }
 
+/// The block-layer fields the typed block programs read (see `gpustall_common::blocklayout`).
+pub fn block_layout(btf: &Btf) -> gpustall_common::blocklayout::BlockLayout {
+    use gpustall_common::blocklayout::{BlockLayout, UNKNOWN};
+    let at = |s: &str, m: &str| member_offset(btf, s, m);
+    // `bio.bi_iter` is a `struct bvec_iter`: its fields' offsets add to the iterator's.
+    let in_iter = |m: &str| Some(at("bio", "bi_iter")? + at("bvec_iter", m)?);
+    let or_unknown = |o: Option<u32>| o.unwrap_or(UNKNOWN);
+    BlockLayout {
+        bio_bdev: or_unknown(at("bio", "bi_bdev")),
+        bio_opf: or_unknown(at("bio", "bi_opf")),
+        bio_sector: or_unknown(in_iter("bi_sector")),
+        bio_size: or_unknown(in_iter("bi_size")),
+        bdev_disk: or_unknown(at("block_device", "bd_disk")),
+        disk_major: or_unknown(at("gendisk", "major")),
+        disk_first_minor: or_unknown(at("gendisk", "first_minor")),
+        rq_q: or_unknown(at("request", "q")),
+        q_disk: or_unknown(at("request_queue", "disk")),
+        rq_sector: or_unknown(at("request", "__sector")),
+        rq_cmd_flags: or_unknown(at("request", "cmd_flags")),
+    }
+}
+
 /// The C types of a tracepoint's arguments as this kernel declares them (its
 /// `btf_trace_<event>` typedef, less the leading `void *__data`), e.g. `["int",
 /// "struct kernel_siginfo *", "struct task_struct *", "int", "int"]` for signal_generate;

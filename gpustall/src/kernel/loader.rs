@@ -6,6 +6,7 @@ use aya::{
     programs::{BtfTracePoint, RawTracePoint, TracePoint},
     Ebpf, EbpfLoader,
 };
+use gpustall_common::blocklayout::BlockLayout;
 use gpustall_common::counters::{
     InflightIo, InflightKey, IoCounters, IoKey, ProcCounters, HOST_COUNTERS, LATENCY_BUCKETS,
     LOST_COUNTERS,
@@ -13,7 +14,7 @@ use gpustall_common::counters::{
 use gpustall_common::folio::FolioLayout;
 use gpustall_common::names::{self, maps, programs};
 use gpustall_common::offsets::{TracepointOffsets, MISSING};
-use gpustall_common::task::TaskOffsets;
+use gpustall_common::task::{TaskOffsets, UNKNOWN as TASK_UNKNOWN};
 
 use crate::kernel::tracefs::Tracefs;
 use crate::model::samples::CountersSample;
@@ -91,9 +92,22 @@ struct Typed {
     args: &'static [&'static str],
     /// What it needs from [`Layouts`] that this kernel's BTF did not give, if anything.
     blocker: fn(&Layouts) -> Option<&'static str>,
-    /// What the classic program cannot see, said when it runs instead.
-    fallback: &'static str,
+    /// What the classic program cannot see, said when it runs instead; `None` where it sees
+    /// the same and only costs more (the typed program is there to be cheaper).
+    fallback: Option<&'static str>,
+    /// Where it keeps state its partner reads: attached only if that typed program (attached
+    /// earlier in the table) was, and only on these events (empty: any).
+    pairs: Pairing,
 }
+
+/// A typed program that shares state with another (the block request's start and done).
+#[derive(Clone, Copy, Debug)]
+struct Pairing {
+    requires: Option<&'static str>,
+    events: &'static [&'static str],
+}
+
+const UNPAIRED: Pairing = Pairing { requires: None, events: &[] };
 
 /// How a typed program attaches. Both run from the tracepoint itself (bpf_trace_run), with the
 /// same arguments; `tp_btf` needs the kernel's BTF and has the verifier check the arguments'
@@ -112,18 +126,24 @@ pub struct Layouts {
     pub task: TaskOffsets,
     /// Where a folio's flags and order are, or what BTF lacks for it (kernel::folio).
     pub folio: Result<FolioLayout, &'static str>,
+    pub block: BlockLayout,
 }
 
 impl Layouts {
     /// Nothing known (no BTF): every typed program falls back.
     pub const fn unknown() -> Self {
-        Self { task: TaskOffsets::unknown(), folio: Err("the folio's layout") }
+        Self {
+            task: TaskOffsets::unknown(),
+            folio: Err("the folio's layout"),
+            block: BlockLayout::unknown(),
+        }
     }
 
     pub fn from_btf(btf: &btf_rs::Btf) -> Self {
         Self {
             task: crate::kernel::btf::task_offsets(btf),
             folio: crate::kernel::folio::from_btf(btf),
+            block: crate::kernel::btf::block_layout(btf),
         }
     }
 }
@@ -154,6 +174,19 @@ fn typed_ready(
     }
 }
 
+/// Whether a typed program's pairing allows it here (see [`Pairing`]).
+fn paired(pairs: &Pairing, event: &str, attached: &[&str]) -> Result<(), String> {
+    if !pairs.events.is_empty() && !pairs.events.contains(&event) {
+        return Err(format!("its partner has no typed program on {event}"));
+    }
+    match pairs.requires {
+        Some(partner) if !attached.contains(&partner) => {
+            Err(format!("its partner {partner} runs classic"))
+        }
+        _ => Ok(()),
+    }
+}
+
 const PROBES: &[Probe] = &[
     probe(programs::TASK_NEWTASK, "task", &["task_newtask"], true),
     probe(programs::SCHED_PROCESS_EXIT, "sched", &["sched_process_exit"], true),
@@ -166,7 +199,8 @@ const PROBES: &[Probe] = &[
         // (int sig, struct kernel_siginfo *info, struct task_struct *task, int group, int result)
         args: &["int", "struct kernel_siginfo *", "struct task_struct *", "int", "int"],
         blocker: |l| (!l.task.knows_signal_target()).then_some("task_struct.tgid/pid/comm"),
-        fallback: "a fatal signal aimed at a thread other than a process's main thread (tgkill, abort() in a thread) is not seen, nor an OOM kill of such a thread",
+        fallback: Some("a fatal signal aimed at a thread other than a process's main thread (tgkill, abort() in a thread) is not seen, nor an OOM kill of such a thread"),
+        pairs: UNPAIRED,
     }),
     // Ends attach before their begins (the table is the attach order): a begin seen without
     // its end program would leave the thread "in reclaim" until its next begin.
@@ -190,7 +224,10 @@ const PROBES: &[Probe] = &[
         // (kernel::folio::from_btf), since the table takes one prototype.
         args: &[],
         blocker: |l| l.folio.err(),
-        fallback: "swap-out counted per folio: a THP or mTHP swapped whole counts one page, not its 512 or 16",
+        fallback: Some(
+            "swap-out counted per folio: a THP or mTHP swapped whole counts one page, not its 512 or 16",
+        ),
+        pairs: UNPAIRED,
     }),
     probe(programs::WAKEUP_KSWAPD, "vmscan", &["mm_vmscan_wakeup_kswapd"], false),
     probe(programs::THROTTLED, "vmscan", &["mm_vmscan_throttled"], false),
@@ -198,15 +235,58 @@ const PROBES: &[Probe] = &[
     // the device below: attached before block_bio_queue, so that no clone is queued unseen
     // (it would count twice).
     probe(programs::BLOCK_BIO_REMAP, "block", &["block_bio_remap"], false),
-    probe(programs::BLOCK_BIO_QUEUE, "block", &["block_bio_queue"], false),
+    // The block and scheduler programs run per bio, request and context switch: their typed
+    // twins read the kernel's structs with plain loads instead of copying fields out of a
+    // record the kernel built first (see `gpustall_common::blocklayout`). Same data.
+    probe(programs::BLOCK_BIO_QUEUE, "block", &["block_bio_queue"], false).or_typed(Typed {
+        program: programs::BLOCK_BIO_QUEUE_BTF,
+        kind: TypedKind::Btf,
+        args: &["struct bio *"],
+        blocker: |l| (!l.block.knows_bio()).then_some("bio.bi_bdev/bi_iter, gendisk.major"),
+        fallback: None,
+        pairs: UNPAIRED,
+    }),
     // 6.5+. Before, block_bio_queue starts the latency (`bio_starts_io`) and block_rq_complete
     // ends it: block_io_start's absence is then no loss.
-    probe(programs::BLOCK_IO_START, "block", &["block_io_start"], false),
-    probe(programs::BLOCK_IO_DONE, "block", &["block_io_done", "block_rq_complete"], false),
+    // Typed, both keep the request in flight in an array slot by its address (IO_SLOTS_MAP),
+    // not in the classic hash: the done attaches first (no start without its done), the start
+    // only where the done did.
+    probe(programs::BLOCK_IO_DONE, "block", &["block_io_done", "block_rq_complete"], false)
+        .or_typed(Typed {
+            program: programs::BLOCK_IO_DONE_BTF,
+            kind: TypedKind::Btf,
+            args: &["struct request *"],
+            blocker: |l| (!l.block.knows_request()).then_some("request.q/__sector, queue.disk"),
+            fallback: None,
+            pairs: Pairing { requires: None, events: &["block_io_done"] },
+        }),
+    probe(programs::BLOCK_IO_START, "block", &["block_io_start"], false).or_typed(Typed {
+        program: programs::BLOCK_IO_START_BTF,
+        kind: TypedKind::Btf,
+        args: &["struct request *"],
+        blocker: |l| (!l.block.knows_request()).then_some("request.q/__sector, queue.disk"),
+        fallback: None,
+        pairs: Pairing { requires: Some(programs::BLOCK_IO_DONE_BTF), events: &[] },
+    }),
     // Off-CPU accounting (kernel::offcpu): wakeups before switches, so that a switch-in is
     // never seen without the wakeup that preceded it.
-    probe(programs::SCHED_WAKING, "sched", &["sched_waking"], false),
-    probe(programs::SCHED_SWITCH, "sched", &["sched_switch"], false),
+    probe(programs::SCHED_WAKING, "sched", &["sched_waking"], false).or_typed(Typed {
+        program: programs::SCHED_WAKING_BTF,
+        kind: TypedKind::Btf,
+        args: &["struct task_struct *"],
+        blocker: |l| (l.task.task_pid == TASK_UNKNOWN).then_some("task_struct.pid"),
+        fallback: None,
+        pairs: UNPAIRED,
+    }),
+    // (bool preempt, prev, next, unsigned int prev_state): the state is an argument since 5.18.
+    probe(programs::SCHED_SWITCH, "sched", &["sched_switch"], false).or_typed(Typed {
+        program: programs::SCHED_SWITCH_BTF,
+        kind: TypedKind::Btf,
+        args: &["bool", "struct task_struct *", "struct task_struct *", "unsigned int"],
+        blocker: |l| (l.task.task_pid == TASK_UNKNOWN).then_some("task_struct.pid"),
+        fallback: None,
+        pairs: UNPAIRED,
+    }),
     // A wakeup inside an hrtimer callback is a timeout's, not the interrupted task's doing:
     // the exit attaches first, so a CPU is never left marked "in a timer".
     probe(programs::HRTIMER_EXPIRE_EXIT, "timer", &["hrtimer_expire_exit"], false),
@@ -329,6 +409,7 @@ pub fn load(tracefs: &Tracefs, btf: Result<&btf_rs::Btf, &str>) -> Result<Probes
     loader.override_global(names::SCHED_OFFSETS, &sched_offsets, true);
     let folio = layouts.folio.unwrap_or(FolioLayout::unknown());
     loader.override_global(names::FOLIO_LAYOUT, &folio, true);
+    loader.override_global(names::BLOCK_LAYOUT, &layouts.block, true);
     // Tests make the per-process I/O map small to reach "map full" with a few processes, the
     // same kernel path a host with more processes than entries takes.
     if let Some(n) = std::env::var("GPUSTALL_TEST_IO_MAP_ENTRIES").ok().and_then(|v| v.parse().ok())
@@ -369,10 +450,12 @@ pub fn load(tracefs: &Tracefs, btf: Result<&btf_rs::Btf, &str>) -> Result<Probes
                 Some(_) => Err("GPUSTALL_TEST_CLASSIC_ONLY is set"),
                 None => btf.map(|b| crate::kernel::btf::tracepoint_args(b, event)),
             };
-            let ready = typed_ready(&typed, args, &layouts).and_then(|()| {
-                attach_typed(&mut ebpf, &typed, event, &mut aya_btf)
-                    .map_err(|e| format!("the kernel refused it: {e}"))
-            });
+            let ready = typed_ready(&typed, args, &layouts)
+                .and_then(|()| paired(&typed.pairs, event, &attached_programs))
+                .and_then(|()| {
+                    attach_typed(&mut ebpf, &typed, event, &mut aya_btf)
+                        .map_err(|e| format!("the kernel refused it: {e}"))
+                });
             match ready {
                 Ok(()) => {
                     log::debug!("{name}: typed program {} attached", typed.program);
@@ -382,7 +465,17 @@ pub fn load(tracefs: &Tracefs, btf: Result<&btf_rs::Btf, &str>) -> Result<Probes
                 }
                 Err(why) => {
                     log::debug!("{name}: no typed program ({why}): the classic one runs");
-                    degraded.push(format!("{name}: {} ({why})", typed.fallback));
+                    if let Some(fallback) = typed.fallback {
+                        degraded.push(format!("{name}: {fallback} ({why})"));
+                    }
+                    // Its partner, attached already, reads state this one will not keep.
+                    if let Some(partner) = typed.pairs.requires {
+                        if attached_programs.contains(&partner) {
+                            degraded.push(format!(
+                                "{name}: block request latency is not measured ({why})"
+                            ));
+                        }
+                    }
                 }
             }
         }
@@ -662,6 +755,6 @@ mod tests {
         assert_eq!(typed_ready(&typed, args(), &known), Ok(()));
         let why = typed_ready(&typed, args(), &Layouts::unknown()).unwrap_err();
         assert!(why.contains("folio"), "{why}");
-        assert!(typed.fallback.starts_with("swap-out counted per folio"));
+        assert!(typed.fallback.unwrap().starts_with("swap-out counted per folio"));
     }
 }
