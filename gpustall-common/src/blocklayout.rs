@@ -37,8 +37,11 @@ pub struct BlockLayout {
     pub rq_sector: u32,
     /// `request.cmd_flags` (the op in its low 8 bits).
     pub rq_cmd_flags: u32,
+    /// `request.start_time_ns`: when the request was made (`ktime_get_ns`, 0 where the queue
+    /// keeps no I/O statistics): the start of its latency, with no clock read of gpustall's.
+    pub rq_start_time: u32,
 }
-const _: () = assert!(core::mem::size_of::<BlockLayout>() == 44);
+const _: () = assert!(core::mem::size_of::<BlockLayout>() == 48);
 
 /// `REQ_OP_MASK`: the operation in `bi_opf` / `cmd_flags` (8 bits since 4.10).
 pub const REQ_OP_MASK: u32 = 0xff;
@@ -61,6 +64,7 @@ impl BlockLayout {
             q_disk: UNKNOWN,
             rq_sector: UNKNOWN,
             rq_cmd_flags: UNKNOWN,
+            rq_start_time: UNKNOWN,
         }
     }
 
@@ -79,6 +83,7 @@ impl BlockLayout {
             && self.q_disk != UNKNOWN
             && self.rq_sector != UNKNOWN
             && self.rq_cmd_flags != UNKNOWN
+            && self.rq_start_time != UNKNOWN
             && self.knows_disk()
     }
 

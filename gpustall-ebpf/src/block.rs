@@ -258,16 +258,19 @@ pub fn block_io_start_btf(ctx: BtfTracePointContext) -> i32 {
     let rq: *const u8 = ctx.arg(0);
     let flags: u32 = kload(rq, layout!(rq_cmd_flags));
     let (dev, sector) = (rq_dev(rq), kload(rq, layout!(rq_sector)));
-    on_io_start(dev, sector, op_of(flags), |key| start_slot(dev, sector, key));
+    on_io_start(dev, sector, op_of(flags), |key| {
+        start_slot(dev, sector, kload(rq, layout!(rq_start_time)), key)
+    });
     0
 }
 
 /// Puts a tracked request in one of its two slots. With both held by other requests in
 /// flight, the first is taken over: that request's latency is lost, and counted as such.
 #[inline(always)]
-fn start_slot(dev: u32, sector: u64, key: IoKey) {
+fn start_slot(dev: u32, sector: u64, made_ns: u64, key: IoKey) {
+    // The request's own time of making (the same clock), where its queue keeps one.
     // SAFETY: plain helper call.
-    let start_ns = unsafe { bpf_ktime_get_ns() };
+    let start_ns = if made_ns != 0 { made_ns } else { unsafe { bpf_ktime_get_ns() } };
     let (a, b) = slot_indexes(dev, sector);
     let mut chosen = None;
     for i in [a, b] {

@@ -92,10 +92,12 @@ fn swap_large_folios(size_kb: u64) {
         "the fallback says what it cannot count: {}",
         c.stderr
     );
-    // The same hits, each large folio counted once instead of its pages.
+    // The same hits, each large folio counted once instead of its pages. Two runs of the
+    // workload, not one: their swap-out differs by a few percent (2.6 % once on 7.2 under
+    // emulation), so 5 %; the per-folio count is 4x off and fails it plainly.
     let expected = total.saturating_sub(large_pages) + large;
     assert!(
-        per_folio.abs_diff(expected) <= expected / 50,
+        per_folio.abs_diff(expected) <= expected / 20,
         "the classic fallback counts folios: {per_folio}, expected about {expected}"
     );
     assert_eq!(t.summary["context"]["page_size"].as_u64(), Some(page_size()), "the page size");

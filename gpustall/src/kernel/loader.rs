@@ -8,8 +8,8 @@ use aya::{
 };
 use gpustall_common::blocklayout::BlockLayout;
 use gpustall_common::counters::{
-    InflightIo, InflightKey, IoCounters, IoKey, ProcCounters, HOST_COUNTERS, LATENCY_BUCKETS,
-    LOST_COUNTERS,
+    InflightIo, InflightKey, IoCounters, IoKey, ProcCounters, HOST_COUNTERS, INFLIGHT_STALE_NS,
+    LATENCY_BUCKETS, LOST_COUNTERS,
 };
 use gpustall_common::folio::FolioLayout;
 use gpustall_common::names::{self, maps, programs};
@@ -371,10 +371,6 @@ pub struct KernelMaps {
     io_inflight: std::sync::Mutex<HashMap<MapData, InflightKey, InflightIo>>,
     sched: crate::kernel::offcpu::SchedMaps,
 }
-
-/// A request in flight this long lost its completion (no block device takes a minute without
-/// the kernel's own timeout ending the request): its kernel entry is deleted.
-const INFLIGHT_STALE_NS: u64 = 60_000_000_000;
 
 fn take<T>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, LoadError>
 where
