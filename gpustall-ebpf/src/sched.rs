@@ -128,7 +128,16 @@ fn on_switch(prev_state: impl FnOnce() -> i64, next_pid: impl FnOnce() -> u32) -
                 state: classify(prev_state),
                 data_waiter: u16::from(level == ACCOUNT_WAITS),
             };
-            let _ = OFFCPU_THREADS.insert(tid, t, 0);
+            // In place when the thread has its entry (every switch-out but its first): an
+            // LRU insert takes the map's locks and a fresh node each time.
+            match OFFCPU_THREADS.get_ptr_mut(tid) {
+                // SAFETY: a live map value; the wakeup on another CPU may read it meanwhile,
+                // as it reads the fields written at switch-in.
+                Some(p) => unsafe { *p = t },
+                None => {
+                    let _ = OFFCPU_THREADS.insert(tid, t, 0);
+                }
+            }
         }
     }
     let next = next_pid();

@@ -105,7 +105,11 @@ fn run_once(case: Case) -> anyhow::Result<Run> {
 fn program(summary: &Value, name: &str) -> (u64, f64) {
     let p = summary["overhead"]["programs"]
         .as_array()
-        .and_then(|a| a.iter().find(|p| p["name"] == name).cloned())
+        .and_then(|a| {
+            a.iter()
+                .find(|p| p["name"].as_str().map(crate::util::tracepoint_of) == Some(name))
+                .cloned()
+        })
         .unwrap_or(Value::Null);
     let runs = p["run_count"].as_u64().unwrap_or(0);
     let ns = p["run_time_ns"].as_u64().unwrap_or(0);

@@ -224,20 +224,13 @@ fn gpustall_programs(summary: &Value) -> Vec<Prog> {
         .map(|a| {
             a.iter()
                 .map(|p| Prog {
-                    name: tracepoint_of(p["name"].as_str().unwrap_or("?")),
+                    name: crate::util::tracepoint_of(p["name"].as_str().unwrap_or("?")).to_string(),
                     runs: p["run_count"].as_u64().unwrap_or(0),
                     run_ns: p["run_time_ns"].as_u64().unwrap_or(0),
                 })
                 .collect()
         })
         .unwrap_or_default()
-}
-
-/// The tracepoint a gpustall program serves: its typed twins (`_btf`, `_raw`) line up with the
-/// classic program and the peer's on the same event.
-fn tracepoint_of(program: &str) -> String {
-    let name = program.strip_suffix("_btf").or_else(|| program.strip_suffix("_raw"));
-    name.unwrap_or(program).to_string()
 }
 
 /// The agent's CPU while tracing (start-up, loading and verifying, not counted).

@@ -34,3 +34,10 @@ pub fn cargo() -> Command {
     c.current_dir(workspace_root());
     c
 }
+
+/// The tracepoint a gpustall program serves: its typed twins (`_btf`, `_raw`) line up with the
+/// classic program (and a peer's) on the same event.
+pub fn tracepoint_of(program: &str) -> &str {
+    let name = program.strip_suffix("_btf").or_else(|| program.strip_suffix("_raw"));
+    name.unwrap_or(program)
+}
