@@ -40,8 +40,29 @@ pub struct BlockLayout {
     /// `request.start_time_ns`: when the request was made (`ktime_get_ns`, 0 where the queue
     /// keeps no I/O statistics): the start of its latency, with no clock read of gpustall's.
     pub rq_start_time: u32,
+    /// `task_struct.flags` of the submitting task: `PF_MEMALLOC` says it is reclaiming.
+    pub task_flags: u32,
 }
-const _: () = assert!(core::mem::size_of::<BlockLayout>() == 48);
+const _: () = assert!(core::mem::size_of::<BlockLayout>() == 52);
+
+/// `PF_MEMALLOC`: set on a task while it reclaims memory: direct and memcg reclaim (the
+/// tracepoints' begin to end, `memalloc_noreclaim_save`), and kswapd always. The same flag
+/// lets the reclaimer's own allocations dip into reserves, which is why the kernel keeps it
+/// exact. `PF_KSWAPD` marks kswapd. Values of include/linux/sched.h, the same 5.10 to 7.2.
+pub const PF_MEMALLOC: u32 = 0x0000_0800;
+pub const PF_KSWAPD: u32 = 0x0002_0000;
+
+/// Whether a bio's submitter was reclaiming, from its task flags: `None` when not, else
+/// whether it is kswapd. The typed block_bio_queue reads this instead of looking the thread up
+/// in the reclaim-pairing map (a hash lookup per bio).
+#[inline(always)]
+pub const fn reclaiming(task_flags: u32) -> Option<bool> {
+    if task_flags & PF_MEMALLOC == 0 {
+        None
+    } else {
+        Some(task_flags & PF_KSWAPD != 0)
+    }
+}
 
 /// `REQ_OP_MASK`: the operation in `bi_opf` / `cmd_flags` (8 bits since 4.10).
 pub const REQ_OP_MASK: u32 = 0xff;
@@ -65,6 +86,7 @@ impl BlockLayout {
             rq_sector: UNKNOWN,
             rq_cmd_flags: UNKNOWN,
             rq_start_time: UNKNOWN,
+            task_flags: UNKNOWN,
         }
     }
 
@@ -74,6 +96,7 @@ impl BlockLayout {
             && self.bio_opf != UNKNOWN
             && self.bio_sector != UNKNOWN
             && self.bio_size != UNKNOWN
+            && self.task_flags != UNKNOWN
             && self.knows_disk()
     }
 
@@ -137,6 +160,14 @@ mod tests {
     }
 
     #[test]
+    fn reclaimers_are_told_by_their_flags() {
+        assert_eq!(reclaiming(0x0040_0040), None); // PF_FORKNOEXEC | PF_RANDOMIZE-like bits
+        assert_eq!(reclaiming(PF_MEMALLOC | 0x40), Some(false)); // a direct reclaimer
+        assert_eq!(reclaiming(PF_MEMALLOC | PF_KSWAPD | 0x0020_0000), Some(true));
+        // kswapd
+    }
+
+    #[test]
     fn a_layout_is_usable_only_whole() {
         assert!(!BlockLayout::unknown().knows_bio());
         let mut l = BlockLayout { bio_bdev: 8, ..BlockLayout::unknown() };
@@ -149,6 +180,7 @@ mod tests {
             bdev_disk: 0,
             disk_major: 0,
             disk_first_minor: 4,
+            task_flags: 44,
             ..l
         };
         assert!(l.knows_bio());

@@ -10,13 +10,13 @@
 //! latency goes to the device the process used (`gpustall_common::stacked`).
 
 use aya_ebpf::{
-    helpers::bpf_ktime_get_ns,
+    helpers::{bpf_get_current_task_btf, bpf_ktime_get_ns},
     macros::{btf_tracepoint, map, tracepoint},
     maps::{Array, HashMap, PerCpuArray},
     programs::{BtfTracePointContext, TracePointContext},
 };
 use gpustall_common::{
-    blocklayout::{disk_devt, op_of, BlockLayout},
+    blocklayout::{disk_devt, op_of, reclaiming, BlockLayout},
     counters::{
         latency_bucket, slot_indexes, HostCounter, InflightIo, InflightKey, InflightSlot,
         IoCounters, IoKey, IoOp, LostCounter, IO_SLOTS, LATENCY_BUCKETS,
@@ -96,12 +96,26 @@ fn io_op(rwbs: &[u8; 8]) -> IoOp {
 /// comes first; an untracked task costs one more lookup only when it has bytes to count.
 #[inline(always)]
 fn current_key(dev: u32, op: u32, bytes: u64) -> Option<IoKey> {
+    current_key_with(dev, op, bytes, |tid| {
+        // SAFETY: read-only peek, one lookup for "in reclaim" and "is kswapd".
+        unsafe { RECLAIM_START.get(tid) }.map(|s| s.kind == ReclaimKind::Kswapd as u32)
+    })
+}
+
+/// The same, told whether the thread is reclaiming (`Some(is kswapd)`) by `reclaiming`: the
+/// reclaim-pairing map, or the task's flags in a typed program.
+#[inline(always)]
+fn current_key_with(
+    dev: u32,
+    op: u32,
+    bytes: u64,
+    reclaiming: impl Fn(u32) -> Option<bool>,
+) -> Option<IoKey> {
     let (tgid, tid) = pid_tgid();
     if !is_tracked(tgid) {
         if bytes > 0 {
-            // SAFETY: read-only peek, one lookup for "in reclaim" and "is kswapd".
-            if let Some(s) = unsafe { RECLAIM_START.get(tid) } {
-                let idx = if s.kind == ReclaimKind::Kswapd as u32 {
+            if let Some(kswapd) = reclaiming(tid) {
+                let idx = if kswapd {
                     HostCounter::KswapdIoBytes
                 } else {
                     HostCounter::OtherReclaimIoBytes
@@ -111,9 +125,16 @@ fn current_key(dev: u32, op: u32, bytes: u64) -> Option<IoKey> {
         }
         return None;
     }
-    // SAFETY: presence test.
-    let in_reclaim = unsafe { RECLAIM_START.get(tid) }.is_some();
+    let in_reclaim = reclaiming(tid).is_some();
     Some(IoKey { tgid, dev, op, in_reclaim: in_reclaim as u32 })
+}
+
+/// Whether the current task is reclaiming, from its flags (typed programs).
+#[inline(always)]
+fn reclaiming_now() -> Option<bool> {
+    // SAFETY: plain helper call: the current task, a pointer the verifier types by BTF.
+    let task = unsafe { bpf_get_current_task_btf() } as *const u8;
+    reclaiming(kload(task, layout!(task_flags)))
 }
 
 /// Per CPU, the tracked thread that last queued a bio there: the key of its last counted bio,
@@ -134,9 +155,8 @@ pub fn block_bio_queue(ctx: TracePointContext) -> u32 {
     let sectors = field::<u32>(&ctx, offset!(bio_nr_sector)).unwrap_or(0) as u64;
     let dev: u32 = field(&ctx, offset!(bio_dev)).unwrap_or(0);
     let rwbs: [u8; 8] = field(&ctx, offset!(bio_rwbs)).unwrap_or([0; 8]);
-    on_bio_queue(dev, io_op(&rwbs) as u32, sectors, || {
-        field(&ctx, offset!(bio_sector)).unwrap_or(0)
-    })
+    let own = current_key(dev, io_op(&rwbs) as u32, sectors * 512);
+    on_bio_queue(own, dev, sectors, || field(&ctx, offset!(bio_sector)).unwrap_or(0))
 }
 
 /// The same, BTF-typed: the bio's fields are plain loads.
@@ -147,15 +167,16 @@ pub fn block_bio_queue_btf(ctx: BtfTracePointContext) -> i32 {
     let opf: u32 = kload(bio, layout!(bio_opf));
     let bdev: *const u8 = kload(bio, layout!(bio_bdev));
     let dev = disk_dev(kload(bdev, layout!(bdev_disk)));
-    on_bio_queue(dev, op_of(opf), (bytes / 512) as u64, || kload(bio, layout!(bio_sector)));
+    let own = current_key_with(dev, op_of(opf), bytes as u64, |_| reclaiming_now());
+    on_bio_queue(own, dev, (bytes / 512) as u64, || kload(bio, layout!(bio_sector)));
     0
 }
 
 /// A bio queued: its bytes to the submitting process (`sector` read only for a tracked one).
 #[inline(always)]
-fn on_bio_queue(dev: u32, op: u32, sectors: u64, sector: impl FnOnce() -> u64) -> u32 {
+fn on_bio_queue(own: Option<IoKey>, dev: u32, sectors: u64, sector: impl FnOnce() -> u64) -> u32 {
     let bytes = sectors * 512;
-    let Some(own) = current_key(dev, op, bytes) else {
+    let Some(own) = own else {
         return 0;
     };
     let sector = sector();

@@ -84,6 +84,17 @@ fn reclaim_and_swapout_per_worker_match_the_kernel() {
     let reclaim_io: u64 = workers.iter().map(|&w| t.u64_of(w, "reclaim_io_bytes")).sum();
     eprintln!("traced workers' reclaim I/O: {:.1} MiB", reclaim_io as f64 / 1048576.0);
     assert!(reclaim_io > 0, "swap writes submitted inside reclaim are marked as reclaim I/O");
+    // Every page a worker wrote out in its reclaim was a bio of its own, submitted while it was
+    // reclaiming: the bytes marked as reclaim I/O are those pages (4 KiB here: no THP asked).
+    let written: u64 = workers
+        .iter()
+        .map(|&w| t.u64_of(w, "swapout_pages") + t.u64_of(w, "file_writeback_pages"))
+        .sum::<u64>()
+        * 4096;
+    assert!(
+        reclaim_io.abs_diff(written) <= written / 20,
+        "reclaim I/O {reclaim_io} bytes, pages written out in reclaim {written} bytes"
+    );
     assert!(
         matches!(t.summary["verdict"]["cause"].as_str(), Some("host_memory_pressure")),
         "{}",
