@@ -62,6 +62,8 @@ pub mod programs {
     pub const BLOCK_IO_START_BTF: &str = "block_io_start_btf";
     pub const BLOCK_IO_DONE_BTF: &str = "block_io_done_btf";
     pub const SCHED_SWITCH_BTF: &str = "sched_switch_btf";
+    pub const DIRECT_RECLAIM_END_BTF: &str = "mm_vmscan_direct_reclaim_end_btf";
+    pub const MEMCG_RECLAIM_END_BTF: &str = "mm_vmscan_memcg_reclaim_end_btf";
     pub const SCHED_WAKING_BTF: &str = "sched_waking_btf";
     pub const SCHED_SWITCH: &str = "sched_switch";
     pub const SCHED_WAKING: &str = "sched_waking";

@@ -29,8 +29,9 @@ fn begin(kind: ReclaimKind) -> u32 {
     0
 }
 
+/// A reclaim ends: `nr_reclaimed` is read only for a tracked thread.
 #[inline(always)]
-fn end(ctx: &TracePointContext) -> u32 {
+fn end(nr_reclaimed: impl FnOnce() -> u64) -> u32 {
     let (tgid, tid) = pid_tgid();
     // SAFETY: the value is copied out at once.
     let existing = unsafe { RECLAIM_START.get(tid) }.copied();
@@ -45,7 +46,7 @@ fn end(ctx: &TracePointContext) -> u32 {
         return 0;
     }
     if is_tracked(tgid) {
-        let nr_reclaimed: u64 = field(ctx, offset!(reclaim_end_nr_reclaimed)).unwrap_or(0);
+        let nr_reclaimed = nr_reclaimed();
         // One lookup of the process's counters for all three adds.
         if kind == ReclaimKind::Memcg as u32 {
             proc_add!(
@@ -87,7 +88,15 @@ pub fn mm_vmscan_direct_reclaim_begin(_ctx: TracePointContext) -> u32 {
 
 #[tracepoint]
 pub fn mm_vmscan_direct_reclaim_end(ctx: TracePointContext) -> u32 {
-    end(&ctx)
+    end(|| field(&ctx, offset!(reclaim_end_nr_reclaimed)).unwrap_or(0))
+}
+
+/// The same, BTF-typed: `nr_reclaimed` is the tracepoint's argument, not a field copied out.
+#[btf_tracepoint(function = "mm_vmscan_direct_reclaim_end")]
+pub fn mm_vmscan_direct_reclaim_end_btf(ctx: BtfTracePointContext) -> i32 {
+    let nr: u64 = ctx.arg(0);
+    end(|| nr);
+    0
 }
 
 #[tracepoint]
@@ -97,7 +106,15 @@ pub fn mm_vmscan_memcg_reclaim_begin(_ctx: TracePointContext) -> u32 {
 
 #[tracepoint]
 pub fn mm_vmscan_memcg_reclaim_end(ctx: TracePointContext) -> u32 {
-    end(&ctx)
+    end(|| field(&ctx, offset!(reclaim_end_nr_reclaimed)).unwrap_or(0))
+}
+
+/// The same, BTF-typed.
+#[btf_tracepoint(function = "mm_vmscan_memcg_reclaim_end")]
+pub fn mm_vmscan_memcg_reclaim_end_btf(ctx: BtfTracePointContext) -> i32 {
+    let nr: u64 = ctx.arg(0);
+    end(|| nr);
+    0
 }
 
 /// kswapd wakes to balance a node: its swap-out and I/O until it sleeps are background reclaim.

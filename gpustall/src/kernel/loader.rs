@@ -187,6 +187,18 @@ fn paired(pairs: &Pairing, event: &str, attached: &[&str]) -> Result<(), String>
     }
 }
 
+/// A reclaim end's typed twin: `nr_reclaimed` is its argument (no field copied out).
+const fn reclaim_end(program: &'static str) -> Typed {
+    Typed {
+        program,
+        kind: TypedKind::Btf,
+        args: &["long unsigned int"],
+        blocker: |_| None,
+        fallback: None,
+        pairs: UNPAIRED,
+    }
+}
+
 const PROBES: &[Probe] = &[
     probe(programs::TASK_NEWTASK, "task", &["task_newtask"], true),
     probe(programs::SCHED_PROCESS_EXIT, "sched", &["sched_process_exit"], true),
@@ -204,8 +216,10 @@ const PROBES: &[Probe] = &[
     }),
     // Ends attach before their begins (the table is the attach order): a begin seen without
     // its end program would leave the thread "in reclaim" until its next begin.
-    probe(programs::DIRECT_RECLAIM_END, "vmscan", &["mm_vmscan_direct_reclaim_end"], false),
-    probe(programs::MEMCG_RECLAIM_END, "vmscan", &["mm_vmscan_memcg_reclaim_end"], false),
+    probe(programs::DIRECT_RECLAIM_END, "vmscan", &["mm_vmscan_direct_reclaim_end"], false)
+        .or_typed(reclaim_end(programs::DIRECT_RECLAIM_END_BTF)),
+    probe(programs::MEMCG_RECLAIM_END, "vmscan", &["mm_vmscan_memcg_reclaim_end"], false)
+        .or_typed(reclaim_end(programs::MEMCG_RECLAIM_END_BTF)),
     probe(programs::KSWAPD_SLEEP, "vmscan", &["mm_vmscan_kswapd_sleep"], false),
     probe(programs::DIRECT_RECLAIM_BEGIN, "vmscan", &["mm_vmscan_direct_reclaim_begin"], false),
     probe(programs::MEMCG_RECLAIM_BEGIN, "vmscan", &["mm_vmscan_memcg_reclaim_begin"], false),
