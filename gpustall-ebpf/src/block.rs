@@ -63,9 +63,10 @@ pub static IO_COUNTERS: HashMap<IoKey, IoCounters> =
 /// Requests of tracked processes between start and done. A plain preallocated hash: its insert
 /// and delete cost half an LRU's (no LRU lists and their locks). A request whose done never
 /// comes (device removed, trace attached mid-flight, a bio that never starts a request) is
-/// deleted by the agent once it is a minute old (`KernelMaps::read`).
+/// deleted by the agent once it is a minute old (`KernelMaps::read`). The classic programs'
+/// (no BTF, or before 6.5): 8192 tracked requests in flight at once, as the typed array.
 #[map]
-pub static IO_INFLIGHT: HashMap<InflightKey, InflightIo> = HashMap::with_max_entries(16384, 0);
+pub static IO_INFLIGHT: HashMap<InflightKey, InflightIo> = HashMap::with_max_entries(IO_SLOTS, 0);
 
 /// The same for the typed programs (6.5+ with BTF), by the request's address: see
 /// `InflightSlot`. Stale slots are taken over in the kernel; the agent never scans it.
