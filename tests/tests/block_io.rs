@@ -73,6 +73,14 @@ fn direct_writes_are_counted_for_the_writer_only() {
     // The kernel memory of the maps, from their fdinfo: each counter map shared by all CPUs,
     // the whole well under the 16 MiB bound (which holds at 256 CPUs too: kernel::mapmem).
     let oh = &t.summary["overhead"];
+    // Which programs ran, typed (`_btf`, `_raw`) or classic: the kernel matrix's logs show it.
+    let programs: Vec<&str> = oh["programs"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|p| p["name"].as_str())
+        .collect();
+    eprintln!("programs attached: {}", programs.join(" "));
     let maps = oh["bpf_maps"].as_array().expect("bpf_maps");
     let bytes: u64 = maps.iter().filter_map(|m| m["bytes"].as_u64()).sum();
     eprintln!(
