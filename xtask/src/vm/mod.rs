@@ -171,7 +171,14 @@ fn libtest_args(bin: &TestBin, tests: &[String]) -> Vec<String> {
 
 fn env_for_tests() -> Vec<(String, String)> {
     let bin = target_dir().join("debug/gpustall");
-    vec![("GPUSTALL_BIN".into(), bin.display().to_string()), ("RUST_BACKTRACE".into(), "0".into())]
+    let mut env = vec![
+        ("GPUSTALL_BIN".into(), bin.display().to_string()),
+        ("RUST_BACKTRACE".into(), "0".into()),
+    ];
+    // The tests' own switches (GPUSTALL_TEST_CLASSIC_ONLY=1 ...) reach the guest: the same
+    // forced paths on every kernel.
+    env.extend(std::env::vars().filter(|(k, _)| k.starts_with("GPUSTALL_TEST_")));
+    env
 }
 
 fn tests_cwd() -> PathBuf {
