@@ -136,6 +136,10 @@ pub fn at_least(major: u32, minor: u32) -> bool {
     }
 }
 
+/// What a test says where [`typed_sched_switch`] does not hold.
+pub const NO_SYSCALL_CLASS: &str =
+    "no typed sched_switch (before 5.18, or no BTF): the syscall a wait blocked in is unknown";
+
 /// gpustall runs its typed sched_switch program here, the one that reads the syscall a trainer's
 /// wait blocked in: BTF, 5.18+ (`prev_state` an argument), x86_64.
 pub fn typed_sched_switch() -> bool {

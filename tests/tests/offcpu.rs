@@ -72,7 +72,7 @@ fn the_slow_worker_kept_the_trainer_waiting_as_long_as_it_blocked() {
         let err = n(read, "ns").abs_diff(blocked) as f64 / blocked as f64;
         assert!(err < 0.10, "read waits {} ns vs {blocked} ns blocked in reads", read["ns"]);
     } else {
-        tests::degraded("no typed sched_switch (before 5.18): every wait's syscall is unknown");
+        tests::degraded(tests::kernel::NO_SYSCALL_CLASS);
         assert_eq!(n(&by_syscall["unknown"], "data_ns"), data_wait, "{by_syscall}");
     }
 

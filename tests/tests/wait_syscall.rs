@@ -36,7 +36,7 @@ fn close(measured: u64, truth: u64, tolerance: f64, what: &str) {
 
 /// On a kernel where the class cannot be read: every data wait is unknown, said as degraded.
 fn unknown_only(trainer: &Value) {
-    tests::degraded("no typed sched_switch: the syscall a wait blocked in is unknown");
+    tests::degraded(tests::kernel::NO_SYSCALL_CLASS);
     let by = &trainer["wait_by_syscall"];
     assert_eq!(n(&by["unknown"], "data_ns"), n(trainer, "data_wait_ns"), "{by}");
 }
