@@ -139,7 +139,7 @@ fn the_slow_worker_kept_the_trainer_waiting_as_long_as_it_blocked() {
         .as_array()
         .and_then(|ps| ps.iter().find(|p| p["pid"] == trainer["pid"]))
         .expect("the trainer in the replay");
-    for f in ["data_wait_ns", "offcpu_wait_ns", "offcpu_io_ns", "runqueue_ns"] {
+    for f in ["data_wait_ns", "offcpu_wait_ns", "offcpu_io_ns", "runqueue_ns", "wait_by_syscall"] {
         assert_eq!(again[f], trainer[f], "{f}");
     }
     let slow_again = replayed["processes"]
