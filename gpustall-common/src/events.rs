@@ -176,5 +176,8 @@ pub struct DataWaitEvent {
     /// When the wakee blocked (its switch-out); the wait ends at the header's `t_ns`.
     pub start_ns: u64,
     pub duration_ns: u64,
+    /// The syscall the wakee blocked in, as a `syscall::WaitClass`.
+    pub wait_class: u32,
+    pub _pad: u32,
 }
-const _: () = assert!(core::mem::size_of::<DataWaitEvent>() == 64);
+const _: () = assert!(core::mem::size_of::<DataWaitEvent>() == 72);

@@ -14,6 +14,7 @@ pub mod offsets;
 pub mod reclaim;
 pub mod sched;
 pub mod stacked;
+pub mod syscall;
 pub mod task;
 
 /// Length of a kernel task name (`TASK_COMM_LEN`).

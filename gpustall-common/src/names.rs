@@ -17,6 +17,7 @@ pub mod maps {
     pub const OFFCPU_THREADS: &str = "OFFCPU_THREADS";
     pub const OFFCPU: &str = "OFFCPU";
     pub const WAKES: &str = "WAKES";
+    pub const SYSCALL_WAITS: &str = "SYSCALL_WAITS";
     pub const KILLED_THREADS: &str = "KILLED_THREADS";
 }
 
@@ -28,6 +29,9 @@ pub const SCHED_OFFSETS: &str = "SCHED_OFFSETS";
 pub const TASK_OFFSETS: &str = "TASK_OFFSETS";
 /// The global holding where a folio's flags and order are (`folio::FolioLayout`, from BTF).
 pub const FOLIO_LAYOUT: &str = "FOLIO_LAYOUT";
+/// The global holding the offset of the syscall number in `struct pt_regs` (x86_64 `orig_ax`,
+/// from BTF; `task::UNKNOWN` elsewhere), read by the typed sched_switch program.
+pub const SYSCALL_NR_OFFSET: &str = "SYSCALL_NR_OFFSET";
 /// The typed block programs' `BlockLayout` global.
 pub const BLOCK_LAYOUT: &str = "BLOCK_LAYOUT";
 

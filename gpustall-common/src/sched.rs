@@ -117,7 +117,10 @@ pub struct OffCpuThread {
     pub state: u16,
     /// 1 when the process's interruptible waits are waits for data (a trainer or a rank: its
     /// `TRACKED` value is [`ACCOUNT_WAITS`]): who ends them is counted in the wake map.
-    pub data_waiter: u16,
+    pub data_waiter: u8,
+    /// A data waiter's interruptible wait: the class of the syscall it blocked in
+    /// (`syscall::WaitClass`, unknown where it could not be read).
+    pub wait_class: u8,
 }
 const _: () = assert!(core::mem::size_of::<OffCpuThread>() == 16);
 
@@ -289,12 +292,30 @@ mod tests {
 
     #[test]
     fn a_block_ends_at_its_wakeup_and_the_run_queue_wait_at_switch_in() {
-        let t = OffCpuThread { since_ns: 100, tgid: 7, state: state::WAIT, data_waiter: 1 };
+        let t = OffCpuThread {
+            since_ns: 100,
+            tgid: 7,
+            state: state::WAIT,
+            data_waiter: 1,
+            wait_class: 1,
+        };
         assert_eq!(on_waking(&t, 350), WakeOutcome::Ended { state: state::WAIT, ns: 250 });
-        let runq = OffCpuThread { since_ns: 350, tgid: 7, state: state::RUNQ, data_waiter: 1 };
+        let runq = OffCpuThread {
+            since_ns: 350,
+            tgid: 7,
+            state: state::RUNQ,
+            data_waiter: 1,
+            wait_class: 0,
+        };
         assert_eq!(on_waking(&runq, 400), WakeOutcome::Nothing, "already runnable");
         assert_eq!(on_switch_in(&runq, 420), Some((state::RUNQ, 70)));
-        let on = OffCpuThread { since_ns: 0, tgid: 7, state: state::ON_CPU, data_waiter: 0 };
+        let on = OffCpuThread {
+            since_ns: 0,
+            tgid: 7,
+            state: state::ON_CPU,
+            data_waiter: 0,
+            wait_class: 0,
+        };
         assert_eq!(on_switch_in(&on, 420), None);
         assert_eq!(on_waking(&on, 420), WakeOutcome::Nothing);
     }

@@ -3,9 +3,12 @@
 //! no record per switch: blocks, run-queue waits and who ended them are summed in maps the
 //! agent reads once a second (see `gpustall_common::sched`). Only a trainer's wait for data
 //! that a worker ended after `LONG_WAIT_NS` or more is also sent, to be drawn one by one.
+//! A trainer's or rank's thread going to sleep interruptibly also keeps the class of the
+//! syscall it blocked in (`gpustall_common::syscall`): a read of a worker's pipe and an ioctl
+//! into a GPU driver are told apart per class in `SYSCALL_WAITS`.
 
 use aya_ebpf::{
-    helpers::bpf_ktime_get_ns,
+    helpers::{bpf_get_current_task_btf, bpf_ktime_get_ns, bpf_task_pt_regs},
     macros::{btf_tracepoint, map, tracepoint},
     maps::{HashMap, LruHashMap, PerCpuArray},
     programs::{BtfTracePointContext, TracePointContext},
@@ -17,6 +20,8 @@ use gpustall_common::{
         OffCpuThread, SchedOffsets, WakeCounters, WakeKey, WakeOutcome, ACCOUNT, ACCOUNT_WAITS,
         LONG_WAIT_NS, OFFCPU_PROCESSES, WAKE_BUCKETS,
     },
+    syscall::{x86_64_class, SyscallWaits, WaitClass, WAIT_CLASSES},
+    task::UNKNOWN as TASK_UNKNOWN,
 };
 
 use crate::common::{
@@ -27,6 +32,11 @@ use crate::common::{
 /// Written by the agent before load, from the sched_switch and sched_waking format files.
 #[unsafe(no_mangle)]
 pub static SCHED_OFFSETS: SchedOffsets = SchedOffsets::missing();
+
+/// Written by the agent before load: where `struct pt_regs` keeps the syscall number (x86_64
+/// `orig_ax`, from BTF), or `TASK_UNKNOWN` (another architecture, no BTF): then unread.
+#[unsafe(no_mangle)]
+pub static SYSCALL_NR_OFFSET: u32 = TASK_UNKNOWN;
 
 macro_rules! sched_offset {
     ($field:ident) => {
@@ -55,6 +65,13 @@ pub static OFFCPU: HashMap<u32, OffCpuCounters> =
 #[map]
 pub static WAKES: HashMap<WakeKey, WakeCounters> =
     HashMap::with_max_entries(512, BPF_F_NO_PREALLOC);
+
+/// Trainers' and ranks' interruptible waits by the class of the syscall they blocked in. Sized
+/// for the job's data waiters (a node's ranks, a few per GPU), allocated on use: 224 bytes an
+/// entry, 43 KiB when full. Past it a new waiter's waits are counted as lost (map full).
+#[map]
+pub static SYSCALL_WAITS: HashMap<u32, SyscallWaits> =
+    HashMap::with_max_entries(128, BPF_F_NO_PREALLOC);
 
 /// Per CPU: 1 inside an hrtimer callback. A wakeup there ends a timeout (a sleep, a poll or a
 /// timed wait running out), and `current` is only the task the timer interrupted: it must not
@@ -89,6 +106,8 @@ pub fn sched_switch(ctx: TracePointContext) -> u32 {
     on_switch(
         || field(&ctx, sched_offset!(switch_prev_state)).unwrap_or(0),
         || field(&ctx, sched_offset!(switch_next_pid)).unwrap_or(0),
+        // The classic program gets no task pointer to read registers from.
+        || WaitClass::Unknown as u8,
     )
 }
 
@@ -103,14 +122,41 @@ pub fn sched_switch_btf(ctx: BtfTracePointContext) -> i32 {
     on_switch(
         || report_state(preempt as u8 != 0, raw_state as u32),
         || kload(next, task_offset!(task_pid)),
+        current_wait_class,
     );
     0
 }
 
+/// The class of the syscall the current task is in: the number its user entry saved in its
+/// `pt_regs` at the top of its kernel stack (`orig_ax`, kept for the whole syscall; a nested
+/// fault's registers are elsewhere). Typed programs only: both helpers want BTF pointers.
+#[inline(always)]
+fn current_wait_class() -> u8 {
+    // SAFETY: a plain static of an integer; the loader rewrites it before load (read-only: the
+    // verifier knows its value and drops the branch not taken).
+    let off = unsafe { core::ptr::read_volatile(&SYSCALL_NR_OFFSET) };
+    if off == TASK_UNKNOWN {
+        return WaitClass::Unknown as u8;
+    }
+    // SAFETY: helper calls; the task is the current one, never null, and `bpf_task_pt_regs`
+    // returns a BTF pointer to its `struct pt_regs`, which `kload` reads at a BTF offset.
+    let nr: u64 = unsafe {
+        let task = bpf_get_current_task_btf();
+        let regs = bpf_task_pt_regs(task) as *const u8;
+        kload(regs, off)
+    };
+    x86_64_class(nr) as u8
+}
+
 /// The thread leaving the CPU is the current one; its state and the next thread's id are read
 /// only when needed (`prev_state` for an accounted thread only).
+/// `wait_class` is only called for a trainer's or rank's thread going to sleep interruptibly.
 #[inline(always)]
-fn on_switch(prev_state: impl FnOnce() -> i64, next_pid: impl FnOnce() -> u32) -> u32 {
+fn on_switch(
+    prev_state: impl FnOnce() -> i64,
+    next_pid: impl FnOnce() -> u32,
+    wait_class: impl FnOnce() -> u8,
+) -> u32 {
     let (tgid, tid) = pid_tgid();
     let mut now = 0;
     // SAFETY: the value is copied out at once.
@@ -122,11 +168,15 @@ fn on_switch(prev_state: impl FnOnce() -> i64, next_pid: impl FnOnce() -> u32) -
         if prev_state & TASK_REPORT_DEAD != 0 && prev_state < 0x100 {
             let _ = OFFCPU_THREADS.remove(tid);
         } else {
+            let st = classify(prev_state);
+            let data_waiter = level == ACCOUNT_WAITS;
+            let class = if data_waiter && st == state::WAIT { wait_class() } else { 0 };
             let t = OffCpuThread {
                 since_ns: now,
                 tgid,
-                state: classify(prev_state),
-                data_waiter: u16::from(level == ACCOUNT_WAITS),
+                state: st,
+                data_waiter: u8::from(data_waiter),
+                wait_class: class,
             };
             // In place when the thread has its entry (every switch-out but its first): an
             // LRU insert takes the map's locks and a fresh node each time.
@@ -155,6 +205,9 @@ fn on_switch(prev_state: impl FnOnce() -> i64, next_pid: impl FnOnce() -> u32) -
     }
     if let Some((st, ns)) = on_switch_in(&t, now) {
         add_offcpu(t.tgid, st, ns);
+        if st == state::WAIT && t.data_waiter != 0 {
+            add_syscall_wait(t.tgid, t.wait_class, ns, false);
+        }
     }
     // SAFETY: as above.
     unsafe { (*p).state = state::ON_CPU };
@@ -203,7 +256,9 @@ fn on_waking_of(wakee: u32) -> u32 {
     let (waker, waker_tid) = pid_tgid();
     // SAFETY: this CPU's slot, read only.
     let in_timer = IN_TIMER.get(0).is_some_and(|v| *v != 0);
-    if !in_timer && waker != t.tgid && is_tracked(waker) {
+    let by_job = !in_timer && waker != t.tgid && is_tracked(waker);
+    add_syscall_wait(t.tgid, t.wait_class, ns, by_job);
+    if by_job {
         if ns >= LONG_WAIT_NS {
             emit_bulk(DataWaitEvent {
                 header: header_at(EventKind::DataWait, waker, waker_tid, now),
@@ -211,6 +266,8 @@ fn on_waking_of(wakee: u32) -> u32 {
                 wakee_tid: wakee,
                 start_ns: t.since_ns,
                 duration_ns: ns,
+                wait_class: u32::from(t.wait_class),
+                _pad: 0,
             });
         }
         let key = WakeKey { waker, wakee: t.tgid };
@@ -230,6 +287,23 @@ fn on_waking_of(wakee: u32) -> u32 {
         }
     }
     0
+}
+
+/// A data waiter's interruptible wait of `ns` in a syscall of `class` ended; `by_job`: another
+/// process of the job ended it (a wait for data, unless the class says a driver).
+#[inline(always)]
+fn add_syscall_wait(tgid: u32, class: u8, ns: u64, by_job: bool) {
+    let Some(c) = shared_value(&SYSCALL_WAITS, &tgid) else { return };
+    let i = (class as usize).min(WAIT_CLASSES - 1);
+    // SAFETY: `c` is a live map value; `i` is within the arrays; `&raw mut` makes no reference.
+    unsafe {
+        atomic_add((&raw mut (*c).count).cast::<u64>().add(i), 1);
+        atomic_add((&raw mut (*c).ns).cast::<u64>().add(i), ns);
+        if by_job {
+            atomic_add((&raw mut (*c).data_count).cast::<u64>().add(i), 1);
+            atomic_add((&raw mut (*c).data_ns).cast::<u64>().add(i), ns);
+        }
+    }
 }
 
 #[inline(always)]

@@ -31,6 +31,10 @@
   jobs.py sleeper [--workers 2] [--idle 3] [--wait-go]
       A trainer that only sleeps, 10 ms at a time, for --idle s while its workers spin on the
       CPUs: nothing keeps it waiting but its own timer.
+  jobs.py futex [--epochs 10] [--idle 0.15] [--wait-go]
+      A trainer that waits --epochs times on a multiprocessing semaphore its one worker
+      releases every --idle s: each wait is a futex (sem_wait) a worker ends. It reports the
+      time it spent inside the acquires.
   jobs.py hog [--mib 120] [--wait-go]
       Fills --mib MiB, holds it 1 s and exits (the neighbour).
 
@@ -268,6 +272,28 @@ def sleeper(a):
     return 0
 
 
+def futex(a):
+    import multiprocessing
+    ready = multiprocessing.get_context("fork").Semaphore(0)
+    time.sleep(1.2)  # the tracer accounts the trainer at its next beat
+    pid = os.fork()
+    if pid == 0:
+        set_name("pt_data_worker")
+        say("worker", index=0)
+        for _ in range(a.epochs):
+            time.sleep(a.idle)
+            ready.release()
+        os._exit(0)
+    blocked = 0
+    for _ in range(a.epochs):
+        t = time.monotonic_ns()
+        ready.acquire()
+        blocked += time.monotonic_ns() - t
+    say("trainer", worker_pid=pid, blocked_ns=blocked)
+    reap([pid])
+    return 0
+
+
 def hog(a):
     say("neighbour")
     chunks = fill(a.mib)
@@ -280,7 +306,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     shapes = {"epochs": epochs, "ranks": ranks, "spawn-ranks": spawn_ranks,
               "forkserver": forkserver, "thrash": thrash, "hog": hog, "shm": shm,
-              "sleeper": sleeper}
+              "sleeper": sleeper, "futex": futex}
     p.add_argument("shape", choices=list(shapes))
     p.add_argument("--workers", type=int, default=3)
     p.add_argument("--epochs", type=int, default=3)

@@ -136,6 +136,18 @@ pub fn at_least(major: u32, minor: u32) -> bool {
     }
 }
 
+/// What a test says where [`typed_sched_switch`] does not hold.
+pub const NO_SYSCALL_CLASS: &str =
+    "no typed sched_switch (before 5.18, or no BTF): the syscall a wait blocked in is unknown";
+
+/// gpustall runs its typed sched_switch program here, the one that reads the syscall a trainer's
+/// wait blocked in: BTF, 5.18+ (`prev_state` an argument), x86_64.
+pub fn typed_sched_switch() -> bool {
+    cfg!(target_arch = "x86_64")
+        && at_least(5, 18)
+        && std::path::Path::new("/sys/kernel/btf/vmlinux").exists()
+}
+
 /// Running inside `cargo xtask vm-test`'s guest (software emulation: everything is about ten
 /// times slower, so thresholds that compare waiting with computing shift).
 pub fn in_vm_test() -> bool {

@@ -63,6 +63,19 @@ fn the_slow_worker_kept_the_trainer_waiting_as_long_as_it_blocked() {
     assert!(n(trainer, "offcpu_wait_ns") >= data_wait);
     assert!(slow.get("data_wait_ns").is_none(), "{slow}");
 
+    // Each of those waits blocked in read(2) on a worker's pipe: the syscall class says so.
+    let by_syscall = &trainer["wait_by_syscall"];
+    eprintln!("trainer's waits by syscall: {by_syscall}");
+    if tests::kernel::typed_sched_switch() {
+        let read = &by_syscall["read"];
+        assert_eq!(n(read, "data_ns"), data_wait, "every data wait was in a read: {by_syscall}");
+        let err = n(read, "ns").abs_diff(blocked) as f64 / blocked as f64;
+        assert!(err < 0.10, "read waits {} ns vs {blocked} ns blocked in reads", read["ns"]);
+    } else {
+        tests::degraded(tests::kernel::NO_SYSCALL_CLASS);
+        assert_eq!(n(&by_syscall["unknown"], "data_ns"), data_wait, "{by_syscall}");
+    }
+
     // The verdict names the worker that kept the trainer waiting, with no training log.
     let evidence = t.summary["verdict"]["evidence"].to_string();
     let slow_pid = format!("(pid {}) kept the trainer waiting", slow["pid"]);
@@ -101,7 +114,11 @@ fn the_slow_worker_kept_the_trainer_waiting_as_long_as_it_blocked() {
     let ev = trace["traceEvents"].as_array().expect("events");
     let slices =
         ev.iter().filter(|e| e["name"] == "waiting for data" && e["pid"] == trainer["pid"]);
-    assert_eq!(slices.count() as u64, waits.len() as u64);
+    let slices: Vec<&Value> = slices.collect();
+    assert_eq!(slices.len() as u64, waits.len() as u64);
+    if tests::kernel::typed_sched_switch() {
+        assert!(slices.iter().all(|s| s["args"]["syscall"] == "read"), "{slices:?}");
+    }
     let arrows = ev.iter().filter(|e| e["ph"] == "s" && e["pid"] == slow["pid"]).count();
     assert_eq!(arrows as u64, BATCHES);
 
@@ -122,7 +139,7 @@ fn the_slow_worker_kept_the_trainer_waiting_as_long_as_it_blocked() {
         .as_array()
         .and_then(|ps| ps.iter().find(|p| p["pid"] == trainer["pid"]))
         .expect("the trainer in the replay");
-    for f in ["data_wait_ns", "offcpu_wait_ns", "offcpu_io_ns", "runqueue_ns"] {
+    for f in ["data_wait_ns", "offcpu_wait_ns", "offcpu_io_ns", "runqueue_ns", "wait_by_syscall"] {
         assert_eq!(again[f], trainer[f], "{f}");
     }
     let slow_again = replayed["processes"]

@@ -7,6 +7,7 @@ use gpustall_common::{
         ReclaimEvent, RenameEvent, SignalEvent, ThrottledEvent,
     },
     reclaim::ReclaimKind,
+    syscall::WaitClass,
 };
 
 use crate::model::event::{Event, Header, OomRss};
@@ -121,6 +122,7 @@ pub fn decode(bytes: &[u8]) -> Result<Event, DecodeError> {
                 wakee_tid: e.wakee_tid,
                 start_ns: e.start_ns,
                 duration_ns: e.duration_ns,
+                wait_class: Some(WaitClass::from_u8(e.wait_class as u8)),
             }
         }
     })

@@ -127,6 +127,8 @@ pub struct Layouts {
     /// Where a folio's flags and order are, or what BTF lacks for it (kernel::folio).
     pub folio: Result<FolioLayout, &'static str>,
     pub block: BlockLayout,
+    /// Where `struct pt_regs` keeps the syscall number (kernel::offcpu::syscall_nr_offset).
+    pub syscall_nr: u32,
 }
 
 impl Layouts {
@@ -136,6 +138,7 @@ impl Layouts {
             task: TaskOffsets::unknown(),
             folio: Err("the folio's layout"),
             block: BlockLayout::unknown(),
+            syscall_nr: TASK_UNKNOWN,
         }
     }
 
@@ -144,6 +147,7 @@ impl Layouts {
             task: crate::kernel::btf::task_offsets(btf),
             folio: crate::kernel::folio::from_btf(btf),
             block: crate::kernel::btf::block_layout(btf),
+            syscall_nr: crate::kernel::offcpu::syscall_nr_offset(btf).unwrap_or(TASK_UNKNOWN),
         }
     }
 }
@@ -298,7 +302,7 @@ const PROBES: &[Probe] = &[
         kind: TypedKind::Btf,
         args: &["bool", "struct task_struct *", "struct task_struct *", "unsigned int"],
         blocker: |l| (l.task.task_pid == TASK_UNKNOWN).then_some("task_struct.pid"),
-        fallback: None,
+        fallback: Some(crate::kernel::offcpu::NO_SYSCALL_CLASS),
         pairs: UNPAIRED,
     }),
     // A wakeup inside an hrtimer callback is a timeout's, not the interrupted task's doing:
@@ -329,6 +333,7 @@ fn degradations(tracefs: &Tracefs, offsets: &TracepointOffsets, layouts: &Layout
                 .to_string(),
         );
     }
+    notes.extend(crate::kernel::offcpu::syscall_degradation(layouts));
     notes
 }
 
@@ -420,6 +425,7 @@ pub fn load(tracefs: &Tracefs, btf: Result<&btf_rs::Btf, &str>) -> Result<Probes
     let folio = layouts.folio.unwrap_or(FolioLayout::unknown());
     loader.override_global(names::FOLIO_LAYOUT, &folio, true);
     loader.override_global(names::BLOCK_LAYOUT, &layouts.block, true);
+    loader.override_global(names::SYSCALL_NR_OFFSET, &layouts.syscall_nr, true);
     // Tests make the per-process I/O map small to reach "map full" with a few processes, the
     // same kernel path a host with more processes than entries takes.
     if let Some(n) = std::env::var("GPUSTALL_TEST_IO_MAP_ENTRIES").ok().and_then(|v| v.parse().ok())
@@ -689,6 +695,7 @@ mod tests {
             maps::OFFCPU_THREADS,
             maps::OFFCPU,
             maps::WAKES,
+            maps::SYSCALL_WAITS,
         ];
         for m in map_names {
             assert!(

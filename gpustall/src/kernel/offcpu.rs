@@ -1,5 +1,6 @@
-//! The off-CPU maps (sched_switch / sched_waking): their field offsets from tracefs, reading
-//! them into a counter sample, deleting a process's entries.
+//! The off-CPU maps (sched_switch / sched_waking): their field offsets from tracefs, where the
+//! syscall number is in `pt_regs` (BTF), reading them into a counter sample, deleting a
+//! process's entries.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
@@ -13,9 +14,11 @@ use gpustall_common::offsets::MISSING;
 use gpustall_common::sched::{
     OffCpuCounters, SchedOffsets, WakeCounters, WakeKey, ACCOUNT, ACCOUNT_WAITS, OFFCPU_PROCESSES,
 };
+use gpustall_common::syscall::SyscallWaits;
+use gpustall_common::task::UNKNOWN as TASK_UNKNOWN;
 
 use crate::kernel::tracefs::Tracefs;
-use crate::model::offcpu::{OffCpuRec, WakeRec};
+use crate::model::offcpu::{OffCpuRec, SyscallWaitsRec, WakeRec};
 use crate::model::proctree::{ProcessTree, Role};
 use crate::model::samples::CountersSample;
 
@@ -35,9 +38,35 @@ pub fn sched_offsets(tracefs: &Tracefs) -> SchedOffsets {
     }
 }
 
+/// Said when the classic sched_switch program runs (no BTF, or before 5.18): it gets no task
+/// pointer to read the registers from.
+pub const NO_SYSCALL_CLASS: &str = "the syscall a trainer's or rank's wait blocked in is not read (wait_by_syscall counts every wait as unknown): a wait for data and a wait in a device driver are not told apart";
+
+/// Where `struct pt_regs` keeps the syscall number on this kernel: x86_64's `orig_ax` (the
+/// syscall classes are x86_64's numbers); `None` on other architectures or without it in BTF.
+pub fn syscall_nr_offset(btf: &btf_rs::Btf) -> Option<u32> {
+    if cfg!(target_arch = "x86_64") {
+        crate::kernel::btf::member_offset(btf, "pt_regs", "orig_ax")
+    } else {
+        None
+    }
+}
+
+/// The note when the typed program can run but the syscall number's place is unknown.
+pub fn syscall_degradation(layouts: &super::loader::Layouts) -> Option<String> {
+    (layouts.task.task_pid != TASK_UNKNOWN && layouts.syscall_nr == TASK_UNKNOWN).then(|| {
+        format!(
+            "sched:sched_switch: {} (only x86_64's pt_regs.orig_ax is read; this is {})",
+            NO_SYSCALL_CLASS,
+            std::env::consts::ARCH
+        )
+    })
+}
+
 pub struct SchedMaps {
     offcpu: HashMap<MapData, u32, OffCpuCounters>,
     wakes: HashMap<MapData, WakeKey, WakeCounters>,
+    syscall_waits: HashMap<MapData, u32, SyscallWaits>,
     /// Wake pairs seen in the map, so that forgetting a process deletes its pairs without a
     /// scan of the map per process.
     known_wakes: Mutex<BTreeSet<WakeKey>>,
@@ -77,6 +106,7 @@ impl SchedMaps {
         Ok(Self {
             offcpu: take(ebpf, maps::OFFCPU)?,
             wakes: take(ebpf, maps::WAKES)?,
+            syscall_waits: take(ebpf, maps::SYSCALL_WAITS)?,
             known_wakes: Mutex::default(),
             accounted: BTreeMap::new(),
             over_cap: BTreeSet::new(),
@@ -101,8 +131,15 @@ impl SchedMaps {
                 Err(e) => log::debug!("reading WAKES: {e}"),
             }
         }
+        for item in self.syscall_waits.iter() {
+            match item {
+                Ok((pid, waits)) => out.syscall_waits.push(SyscallWaitsRec { pid, waits }),
+                Err(e) => log::debug!("reading SYSCALL_WAITS: {e}"),
+            }
+        }
         out.offcpu.sort_by_key(|r| r.pid);
         out.wakes.sort_by_key(|r| (r.waker, r.wakee));
+        out.syscall_waits.sort_by_key(|r| r.pid);
     }
 
     /// Raises `want` (pid, level) in `TRACKED` (only processes still there: BPF_EXIST), at
@@ -134,6 +171,7 @@ impl SchedMaps {
         self.accounted.remove(&pid);
         self.over_cap.remove(&pid);
         let _ = self.offcpu.remove(&pid);
+        let _ = self.syscall_waits.remove(&pid);
         let mut known = self.known_wakes.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let gone: Vec<WakeKey> =
             known.iter().filter(|k| k.waker == pid || k.wakee == pid).copied().collect();

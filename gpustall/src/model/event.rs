@@ -107,6 +107,9 @@ pub enum Event {
         wakee_tid: u32,
         start_ns: u64,
         duration_ns: u64,
+        /// The syscall the wakee blocked in (recordings before it have none).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        wait_class: Option<gpustall_common::syscall::WaitClass>,
     },
 }
 

@@ -28,6 +28,9 @@ pub struct LongWait {
     pub wakee_tid: u32,
     /// Of `duration_ns`, the time the waker's threads were stalled in reclaim.
     pub waker_reclaim_ns: u64,
+    /// The syscall the wakee blocked in, where the kernel read it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub wait_class: Option<gpustall_common::syscall::WaitClass>,
 }
 
 /// Per waker: the long waits it ended.
@@ -132,6 +135,7 @@ mod tests {
             wakee: 10,
             wakee_tid: 10,
             waker_reclaim_ns: 0,
+            wait_class: None,
         }
     }
 

@@ -143,7 +143,7 @@ impl Model {
         }
         let procs = &self.procs;
         let settled_pid = |pid| procs.get(&pid).is_some_and(|p| p.final_counters);
-        self.offcpu.apply(&c.offcpu, &c.wakes, settled_pid);
+        self.offcpu.apply(&c.offcpu, &c.wakes, &c.syscall_waits, settled_pid);
         for (dst, src) in self.host.io_latency.iter_mut().zip(&c.io_latency) {
             for (d, s) in dst.iter_mut().zip(src) {
                 *d = *s;
@@ -225,7 +225,7 @@ impl Model {
                     Some(p.first_reclaim_ns.map_or(*start_ns, |f| f.min(*start_ns)));
             }
             Event::Throttled { .. } => {}
-            Event::DataWait { h, wakee_pid, wakee_tid, start_ns, duration_ns } => {
+            Event::DataWait { h, wakee_pid, wakee_tid, start_ns, duration_ns, wait_class } => {
                 self.offcpu.long.note_wait(crate::model::longwait::LongWait {
                     t_ns: h.t_ns,
                     start_ns: *start_ns,
@@ -234,6 +234,7 @@ impl Model {
                     wakee: *wakee_pid,
                     wakee_tid: *wakee_tid,
                     waker_reclaim_ns: 0,
+                    wait_class: *wait_class,
                 })
             }
         }

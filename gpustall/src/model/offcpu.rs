@@ -3,11 +3,14 @@
 //! interruptibly (waiting on an event), uninterruptibly (disk, faults, reclaim) and runnable
 //! but not running; per (waker, wakee) pair, the interruptible blocks of the wakee's threads
 //! that the waker ended. A trainer's or rank's blocks ended by another process of the job are
-//! its wait for data; the worker that ended them kept it waiting.
+//! its wait for data; the worker that ended them kept it waiting. A trainer's or rank's waits
+//! are also summed by the class of the syscall they blocked in (`wait_by_syscall`), which tells
+//! a read of a worker's pipe from an ioctl into a device driver (the GPU).
 
 use std::collections::BTreeMap;
 
 use gpustall_common::sched::{OffCpuCounters, WakeCounters, WakeKey, WAKE_BUCKETS};
+use gpustall_common::syscall::{SyscallWaits, WaitClass};
 use serde::{Deserialize, Serialize};
 
 /// The kernel's off-CPU totals of one process, as recorded.
@@ -33,11 +36,20 @@ impl WakeRec {
     }
 }
 
+/// A trainer's or rank's waits by syscall class, as recorded.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SyscallWaitsRec {
+    pub pid: u32,
+    #[serde(flatten)]
+    pub waits: SyscallWaits,
+}
+
 /// Cumulative totals, replaced at each read (like the other kernel counters).
 #[derive(Default, Debug)]
 pub struct OffCpu {
     pub procs: BTreeMap<u32, OffCpuCounters>,
     pub wakes: BTreeMap<WakeKey, WakeCounters>,
+    pub syscalls: BTreeMap<u32, SyscallWaits>,
     /// The long waits one by one, with the waker's reclaim during each.
     pub long: crate::model::longwait::LongWaits,
 }
@@ -46,10 +58,21 @@ impl OffCpu {
     /// Folds in a counter read. `settled`: processes whose counters are final (exited, their
     /// kernel entries deleted): a late re-created entry would restart from zero, so it is not
     /// news.
-    pub fn apply(&mut self, procs: &[OffCpuRec], wakes: &[WakeRec], settled: impl Fn(u32) -> bool) {
+    pub fn apply(
+        &mut self,
+        procs: &[OffCpuRec],
+        wakes: &[WakeRec],
+        syscalls: &[SyscallWaitsRec],
+        settled: impl Fn(u32) -> bool,
+    ) {
         for p in procs {
             if !settled(p.pid) {
                 self.procs.insert(p.pid, p.counters);
+            }
+        }
+        for s in syscalls {
+            if !settled(s.pid) {
+                self.syscalls.insert(s.pid, s.waits);
             }
         }
         for w in wakes {
@@ -101,6 +124,38 @@ pub struct OffCpuSummary {
     /// them it spent stalled in reclaim itself.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub long_waits: Option<crate::model::longwait::LongWaitSummary>,
+    /// Trainer and ranks: their threads' interruptible waits by the syscall they blocked in
+    /// (classes with none left out); `None` where the kernel did not count them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub wait_by_syscall: Option<BTreeMap<WaitClass, ClassWait>>,
+}
+
+/// The waits of one syscall class: all of them, and those another process of the job ended
+/// (`data_*`, part of `data_wait_ns`).
+#[derive(Serialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ClassWait {
+    pub ns: u64,
+    pub count: u64,
+    pub data_ns: u64,
+    pub data_count: u64,
+}
+
+/// The classes a process's waits fell in, those with any.
+pub fn by_class(w: &SyscallWaits) -> BTreeMap<WaitClass, ClassWait> {
+    WaitClass::ALL
+        .iter()
+        .enumerate()
+        .map(|(i, &c)| {
+            let cw = ClassWait {
+                ns: w.ns[i],
+                count: w.count[i],
+                data_ns: w.data_ns[i],
+                data_count: w.data_count[i],
+            };
+            (c, cw)
+        })
+        .filter(|(_, cw)| cw.count > 0)
+        .collect()
 }
 
 impl OffCpu {
@@ -126,6 +181,7 @@ impl OffCpu {
             data_wait_ns: data.map(|d| d.ns),
             data_wait_count: data.map(|d| d.count),
             long_waits: self.long.of(pid),
+            wait_by_syscall: self.syscalls.get(&pid).filter(|_| is_waiter).map(by_class),
         })
     }
 }
@@ -176,6 +232,22 @@ pub fn rebase_offcpu(now: &[OffCpuRec], base: &[OffCpuRec]) -> Vec<OffCpuRec> {
         .collect()
 }
 
+/// The same for the waits by syscall class.
+pub fn rebase_syscall_waits(
+    now: &[SyscallWaitsRec],
+    base: &[SyscallWaitsRec],
+) -> Vec<SyscallWaitsRec> {
+    let base: std::collections::HashMap<u32, &SyscallWaits> =
+        base.iter().map(|b| (b.pid, &b.waits)).collect();
+    let zero = SyscallWaits::default();
+    now.iter()
+        .map(|r| SyscallWaitsRec {
+            pid: r.pid,
+            waits: r.waits.since(base.get(&r.pid).copied().unwrap_or(&zero)),
+        })
+        .collect()
+}
+
 /// The same for the wake pairs.
 pub fn rebase_wakes(now: &[WakeRec], base: &[WakeRec]) -> Vec<WakeRec> {
     let base: std::collections::HashMap<WakeKey, &WakeCounters> =
@@ -213,6 +285,7 @@ mod tests {
                 rec(12, 10, wake(10, 1_000_000, 6)),    // the fast one
                 rec(10, 11, wake(5, 50_000, 5)),        // the trainer woke a worker
             ],
+            &[],
             |_| false,
         );
         let trainer = |pid| pid == 10;
@@ -226,11 +299,40 @@ mod tests {
     }
 
     #[test]
+    fn a_waiters_waits_are_summed_by_syscall_class() {
+        let mut o = OffCpu::default();
+        let mut w = SyscallWaits::default();
+        let (read, ioctl) = (WaitClass::Read as usize, WaitClass::Ioctl as usize);
+        (w.count[read], w.ns[read], w.data_count[read], w.data_ns[read]) = (12, 900, 12, 900);
+        (w.count[ioctl], w.ns[ioctl]) = (3, 300);
+        let rec = |waits| SyscallWaitsRec { pid: 10, waits };
+        let counters = OffCpuCounters { wait_count: 15, wait_ns: 1200, ..Default::default() };
+        o.apply(&[OffCpuRec { pid: 10, counters }], &[], &[rec(w)], |_| false);
+        let trainer = |pid| pid == 10;
+        let s = o.summary(10, trainer).expect("figures");
+        let by = s.wait_by_syscall.clone().expect("the trainer's classes");
+        assert_eq!(by.len(), 2, "classes with no wait are left out: {by:?}");
+        assert_eq!(
+            by[&WaitClass::Read],
+            ClassWait { ns: 900, count: 12, data_ns: 900, data_count: 12 }
+        );
+        assert_eq!(by[&WaitClass::Ioctl].data_ns, 0, "no process of the job ended those");
+        let json = serde_json::to_value(&s).expect("json");
+        assert_eq!(json["wait_by_syscall"]["ioctl"]["ns"], 300, "{json}");
+        assert!(o.summary(11, trainer).expect("figures").wait_by_syscall.is_none(), "a worker");
+        // A bundle's window: counted from an earlier read.
+        let mut later = w;
+        later.ns[read] += 100;
+        let window = rebase_syscall_waits(&[rec(later)], &[rec(w)]);
+        assert_eq!((window[0].waits.ns[read], window[0].waits.ns[ioctl]), (100, 0));
+    }
+
+    #[test]
     fn settled_processes_keep_their_last_totals() {
         let mut o = OffCpu::default();
         let w = |ns| WakeRec { waker: 11, wakee: 10, counters: wake(1, ns, 0) };
-        o.apply(&[], &[w(500)], |_| false);
-        o.apply(&[], &[w(3)], |pid| pid == 11);
+        o.apply(&[], &[w(500)], &[], |_| false);
+        o.apply(&[], &[w(3)], &[], |pid| pid == 11);
         assert_eq!(o.data_wait(10).ns, 500);
         assert_eq!(wait_percentile_ns(&WakeCounters::default(), 0.99), None);
     }

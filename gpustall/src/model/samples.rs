@@ -57,6 +57,9 @@ pub struct CountersSample {
     pub offcpu: Vec<crate::model::offcpu::OffCpuRec>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub wakes: Vec<crate::model::offcpu::WakeRec>,
+    /// Trainers' and ranks' waits by syscall class (recordings before it have none).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub syscall_waits: Vec<crate::model::offcpu::SyscallWaitsRec>,
 }
 
 impl CountersSample {
@@ -80,6 +83,12 @@ impl CountersSample {
             },
             offcpu: self.offcpu.iter().filter(|p| !prev.offcpu.contains(p)).copied().collect(),
             wakes: self.wakes.iter().filter(|w| !prev.wakes.contains(w)).copied().collect(),
+            syscall_waits: self
+                .syscall_waits
+                .iter()
+                .filter(|w| !prev.syscall_waits.contains(w))
+                .copied()
+                .collect(),
         }
     }
 
@@ -131,6 +140,10 @@ impl CountersSample {
                 .collect(),
             offcpu: crate::model::offcpu::rebase_offcpu(&self.offcpu, &base.offcpu),
             wakes: crate::model::offcpu::rebase_wakes(&self.wakes, &base.wakes),
+            syscall_waits: crate::model::offcpu::rebase_syscall_waits(
+                &self.syscall_waits,
+                &base.syscall_waits,
+            ),
         }
     }
 
@@ -143,6 +156,7 @@ impl CountersSample {
             && self.io_latency.is_empty()
             && self.offcpu.is_empty()
             && self.wakes.is_empty()
+            && self.syscall_waits.is_empty()
     }
 }
 

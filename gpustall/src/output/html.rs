@@ -350,18 +350,19 @@ fn kept_waiting_table(o: &mut String, summary: &Summary) {
         let r = r.unwrap_or_default();
         p.worker_index.map_or(r.clone(), |i| format!("{r} {i}"))
     };
-    o.push_str("<h2>Who kept the trainer waiting</h2><table><tr><th>pid</th><th>comm</th><th>role</th><th>waited for data ms</th><th>waits</th><th>% of the trace</th></tr>");
+    o.push_str("<h2>Who kept the trainer waiting</h2><table><tr><th>pid</th><th>comm</th><th>role</th><th>waited for data ms</th><th>waits</th><th>% of the trace</th><th>blocked in (syscall: ms, of it ended by the job)</th></tr>");
     for p in &waiters {
         let w = of(p);
         let _ = write!(
             o,
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{:.1}</td><td>{}</td><td>{:.1}</td></tr>",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{:.1}</td><td>{}</td><td>{:.1}</td><td>{}</td></tr>",
             p.pid,
             esc(&p.comm),
             esc(&role(p)),
             ms(w.data_wait_ns.unwrap_or(0)),
             w.data_wait_count.unwrap_or(0),
-            100.0 * ms(w.data_wait_ns.unwrap_or(0)) / 1e3 / summary.duration_s.max(1e-9)
+            100.0 * ms(w.data_wait_ns.unwrap_or(0)) / 1e3 / summary.duration_s.max(1e-9),
+            by_syscall(&w)
         );
     }
     o.push_str("</table><p></p><table><tr><th>pid</th><th>comm</th><th>role</th><th>kept it waiting ms</th><th>share of the wait</th><th></th><th>waits</th><th>p99 ms</th><th>longest ms</th><th>in reclaim during waits &ge; 10 ms</th></tr>");
@@ -391,6 +392,21 @@ fn kept_waiting_table(o: &mut String, summary: &Summary) {
         );
     }
     o.push_str("</table>");
+}
+
+/// A waiter's waits by syscall class, e.g. `read 1096.9 (1096.9), sleep 1200.1 (0.0)`: an
+/// ioctl is a device driver's wait (the GPU), not a batch.
+fn by_syscall(w: &crate::model::offcpu::OffCpuSummary) -> String {
+    let Some(m) = &w.wait_by_syscall else { return "not read".into() };
+    let parts: Vec<String> = m
+        .iter()
+        .map(|(c, cw)| {
+            let name = serde_json::to_value(c).ok().and_then(|v| v.as_str().map(String::from));
+            let (total, data) = (cw.ns as f64 / 1e6, cw.data_ns as f64 / 1e6);
+            format!("{} {total:.1} ({data:.1})", name.unwrap_or_default())
+        })
+        .collect();
+    esc(&parts.join(", "))
 }
 
 fn process_table(o: &mut String, summary: &Summary) {

@@ -136,11 +136,12 @@ mod tests {
         let lines = vec![
             json!({"type":"header","start_ns":0}),
             json!({"type":"event","kind":"data_wait","t_ns":90_000_000u64,"pid":11,"tid":11,"comm":"pt_data_worker",
-                "wakee_pid":10,"wakee_tid":10,"start_ns":10_000_000u64,"duration_ns":80_000_000u64}),
+                "wakee_pid":10,"wakee_tid":10,"start_ns":10_000_000u64,"duration_ns":80_000_000u64,"wait_class":"read"}),
         ];
         let v = render(&build(&lines));
         let ev = v["traceEvents"].as_array().expect("events");
         let wait = ev.iter().find(|e| e["name"] == "waiting for data").expect("the wait");
+        assert_eq!(wait["args"]["syscall"], "read", "the syscall it blocked in: {wait}");
         assert_eq!(
             (wait["pid"].as_u64(), wait["ts"].as_f64(), wait["dur"].as_f64()),
             (Some(10), Some(10_000.0), Some(80_000.0))

@@ -219,7 +219,12 @@ impl Timeline {
             (field("wakee_pid") as u32, field("wakee_tid") as u32, field("tid") as u32);
         let dur_ns = field("duration_ns");
         let start_ns = v["start_ns"].as_u64().unwrap_or(ts.saturating_sub(dur_ns));
-        let args = serde_json::json!({"waker_pid": waker, "waker_comm": v["comm"], "ms": dur_ns as f64 / 1e6});
+        let mut args = serde_json::json!({"waker_pid": waker, "waker_comm": v["comm"], "ms": dur_ns as f64 / 1e6});
+        // The syscall the wait blocked in (where the kernel read it): an ioctl is a driver's
+        // wait (the GPU), not a batch.
+        if let Some(class) = v["wait_class"].as_str() {
+            args["syscall"] = class.into();
+        }
         self.slices.push(Slice {
             pid: wakee,
             tid: wakee_tid,

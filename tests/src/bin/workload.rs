@@ -369,6 +369,81 @@ fn feed(slow_ms: u64, fast_ms: u64, batches: usize, busy_ms: u64) -> i32 {
     0
 }
 
+/// A trainer that sleeps in an ioctl a worker ends, `waits` times: a seccomp user-notification
+/// listener (`SECCOMP_IOCTL_NOTIF_RECV` sleeps interruptibly until a filtered process makes the
+/// trapped syscall) and a child named like a DataLoader worker that makes that syscall every
+/// `pause_ms`. Like a blocking CUDA synchronize, the trainer waits in a driver's ioctl; unlike
+/// one, a process of the job ends each wait, as a worker's batch would: only the syscall tells
+/// it from a wait for data. Reports the time spent inside the ioctls (`blocked_ns`).
+fn ioctl_wait(pause_ms: u64, waits: usize) -> i32 {
+    // No kernel has this syscall: nothing else makes it, and the filter hands it to us.
+    const TRAPPED: u32 = 0x1234;
+    wait_for_go();
+    // The tracer raises the trainer to off-CPU accounting at its next beat (once a second).
+    sleep_ms(1200);
+    let Some(listener) = seccomp_listener(TRAPPED) else { return 1 };
+    let worker = fork_child(move || {
+        set_name("pt_data_worker");
+        say("worker", "");
+        for _ in 0..waits {
+            sleep_ms(pause_ms);
+            // SAFETY: a syscall that does not exist; the trainer answers it with 0.
+            unsafe { libc::syscall(libc::c_long::from(TRAPPED)) };
+        }
+        0
+    });
+    let mut blocked = 0u64;
+    for _ in 0..waits {
+        // SAFETY: the kernel wants a zeroed request; all-integer struct.
+        let mut req: libc::seccomp_notif = unsafe { std::mem::zeroed() };
+        let start = std::time::Instant::now();
+        // SAFETY: our listener fd and a request of the size the ioctl encodes.
+        if unsafe { libc::ioctl(listener, libc::SECCOMP_IOCTL_NOTIF_RECV, &mut req) } != 0 {
+            return 1;
+        }
+        blocked += start.elapsed().as_nanos() as u64;
+        let mut resp = libc::seccomp_notif_resp { id: req.id, val: 0, error: 0, flags: 0 };
+        // SAFETY: as above, with the response.
+        if unsafe { libc::ioctl(listener, libc::SECCOMP_IOCTL_NOTIF_SEND, &mut resp) } != 0 {
+            return 1;
+        }
+    }
+    let ok = wait_any().is_some_and(|(pid, st)| pid == worker && st == 0);
+    say("trainer", &format!(",\"worker_pid\":{worker},\"blocked_ns\":{blocked}"));
+    i32::from(!ok)
+}
+
+/// Installs a seccomp filter on this process (and the children it forks from now on) that
+/// hands syscall `nr` to a listener; returns the listener's fd.
+fn seccomp_listener(nr: u32) -> Option<i32> {
+    // Classic BPF: load the syscall number (seccomp_data.nr, offset 0); if it is `nr`, notify
+    // the listener, else allow.
+    let stmt = |code: u16, k: u32| libc::sock_filter { code, jt: 0, jf: 0, k };
+    let (ld_w_abs, jeq_k, ret_k) = (0x20, 0x15, 0x06);
+    let mut filter = [
+        stmt(ld_w_abs, 0),
+        libc::sock_filter { code: jeq_k, jt: 0, jf: 1, k: nr },
+        stmt(ret_k, libc::SECCOMP_RET_USER_NOTIF),
+        stmt(ret_k, libc::SECCOMP_RET_ALLOW),
+    ];
+    let prog = libc::sock_fprog { len: filter.len() as u16, filter: filter.as_mut_ptr() };
+    // SAFETY: prctl and seccomp with valid arguments; `prog` outlives the call.
+    let fd = unsafe {
+        libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
+        libc::syscall(
+            libc::SYS_seccomp,
+            libc::SECCOMP_SET_MODE_FILTER,
+            libc::SECCOMP_FILTER_FLAG_NEW_LISTENER,
+            &prog,
+        )
+    };
+    if fd < 0 {
+        eprintln!("seccomp listener: {}", std::io::Error::last_os_error());
+        return None;
+    }
+    Some(fd as i32)
+}
+
 /// A context-switch-heavy job: the process and a child named like a DataLoader worker pass one
 /// byte back and forth over two pipes for `ms` milliseconds, after `settle_ms` (time for a
 /// tracer's next beat to account the child). Each round trip is two blocking reads, two
@@ -439,6 +514,11 @@ fn main() {
             let n = |i: usize| args[i].parse().unwrap_or(0);
             feed(n(1), n(2), n(3) as usize, n(4))
         }
+        Some("ioctlwait") if args.len() > 2 => {
+            // ioctlwait PAUSE_MS WAITS
+            let n = |i: usize| args[i].parse().unwrap_or(0);
+            ioctl_wait(n(1), n(2) as usize)
+        }
         Some("pingpong") if args.len() > 2 => {
             // pingpong MS SETTLE_MS
             let n = |i: usize| args[i].parse().unwrap_or(0);
@@ -466,7 +546,7 @@ fn main() {
             hog(&mib, step, hold, args.get(4).is_some_and(|a| a == "huge"))
         }
         _ => {
-            eprintln!("usage: gpustall-workload tree | spawn CMD [ARGS..] | hog MIB[,MIB..] STEP_MIB HOLD_MS [huge] | burst N DIR [HOLD_MS] | reuse DIR FIRST SECOND | pingpong MS SETTLE_MS");
+            eprintln!("usage: gpustall-workload tree | spawn CMD [ARGS..] | hog MIB[,MIB..] STEP_MIB HOLD_MS [huge] | burst N DIR [HOLD_MS] | reuse DIR FIRST SECOND | pingpong MS SETTLE_MS | ioctlwait PAUSE_MS WAITS");
             2
         }
     };

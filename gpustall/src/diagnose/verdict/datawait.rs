@@ -4,23 +4,92 @@
 //! (reclaim stalls, uninterruptible I/O). Needs no training log. A disk-bound pipeline reads
 //! "waited for data ... worker k, which blocked on disk I/O", a memory-starved one "... which
 //! stalled in reclaim", a GPU-bound job "rarely waited for data".
+//!
+//! Where the kernel read the syscall each wait blocked in (`wait_by_syscall`), a wait in an
+//! ioctl is a device driver's (a blocking CUDA synchronize sleeps in the NVIDIA driver): not a
+//! wait for data even when a process of the job ended it, and said as such.
+
+use gpustall_common::syscall::WaitClass;
 
 use super::evidence::{at, name, Chain};
 use crate::diagnose::facts::{Facts, ProcFacts};
+use crate::model::offcpu::{ClassWait, OffCpuSummary};
 
 /// A trainer or rank that waited for data this share of its time was starved by its input.
 const DATA_WAIT_SHARE: f64 = 0.10;
 
-/// The trainers and ranks with their data wait, and the share of their time it took.
+/// A process's waits in an ioctl (a device driver), if the kernel counted any.
+fn in_driver(o: &OffCpuSummary) -> ClassWait {
+    o.wait_by_syscall.as_ref().and_then(|m| m.get(&WaitClass::Ioctl)).copied().unwrap_or_default()
+}
+
+/// The trainers and ranks with their data wait (less its waits in a device driver), and the
+/// share of their time it took.
 fn waiters(f: &Facts) -> Vec<(&ProcFacts, u64, f64)> {
     f.procs
         .iter()
         .filter(|p| p.is_trainer || p.is_rank)
         .filter_map(|p| {
-            let wait = p.offcpu.as_ref()?.data_wait_ns?;
+            let o = p.offcpu.as_ref()?;
+            let wait = o.data_wait_ns?.saturating_sub(in_driver(o).data_ns);
             Some((p, wait, wait as f64 / p.lifetime_ns.max(1) as f64))
         })
         .collect()
+}
+
+/// The trainers and ranks that waited in a device driver (ioctl) a tenth of their time or more,
+/// with those waits and their share of its time.
+fn driver_waiters(f: &Facts) -> Vec<(&ProcFacts, ClassWait, f64)> {
+    f.procs
+        .iter()
+        .filter(|p| p.is_trainer || p.is_rank)
+        .filter_map(|p| {
+            let w = in_driver(p.offcpu.as_ref()?);
+            let share = w.ns as f64 / p.lifetime_ns.max(1) as f64;
+            (share >= DATA_WAIT_SHARE).then_some((p, w, share))
+        })
+        .collect()
+}
+
+/// Whether the waits other processes of the job ended were mostly waits for data, not waits in
+/// a driver: only then are the processes that ended them the ones that kept the trainer
+/// waiting for data (the kernel sums per waker without the class).
+fn mostly_data(f: &Facts) -> bool {
+    let (mut data, mut all) = (0, 0);
+    for p in f.procs.iter().filter(|p| p.is_trainer || p.is_rank) {
+        if let Some(o) = &p.offcpu {
+            let total = o.data_wait_ns.unwrap_or(0);
+            all += total;
+            data += total.saturating_sub(in_driver(o).data_ns);
+        }
+    }
+    data * 2 >= all
+}
+
+/// The syscalls a waiter's data wait blocked in, longest first: "a pipe/socket read 1.10 s".
+fn data_classes(o: &OffCpuSummary) -> String {
+    let Some(m) = &o.wait_by_syscall else { return String::new() };
+    let mut v: Vec<_> =
+        m.iter().filter(|(c, w)| **c != WaitClass::Ioctl && w.data_ns > 0).collect();
+    v.sort_by_key(|(c, w)| (std::cmp::Reverse(w.data_ns), **c));
+    let parts: Vec<String> = v
+        .iter()
+        .map(|(c, w)| format!("{} {:.2} s", c.describe(), w.data_ns as f64 / 1e9))
+        .collect();
+    if parts.is_empty() {
+        String::new()
+    } else {
+        format!("; blocked in {}", parts.join(", "))
+    }
+}
+
+/// A clause for a trainer or rank that waited in a device driver.
+fn driver_clause(p: &ProcFacts, share: f64) -> String {
+    format!(
+        "; {} waited in a device driver (ioctl) {:.0} % of its time: the GPU (a blocking synchronize) or another device, not the input pipeline",
+        name(p),
+        share * 100.0
+    )
 }
 
 /// The processes that kept a trainer or rank waiting, longest first.
@@ -71,11 +140,23 @@ fn long_waits(f: &Facts, o: &crate::model::offcpu::OffCpuSummary) -> String {
 
 /// A clause for the verdict's text: who kept the trainer waiting, or that it rarely waited.
 pub fn clause(f: &Facts) -> String {
+    let driver = driver_waiters(f)
+        .into_iter()
+        .max_by_key(|(_, w, _)| w.ns)
+        .map_or(String::new(), |(p, _, share)| driver_clause(p, share));
+    data_clause(f) + &driver
+}
+
+/// The clause of the wait for data.
+fn data_clause(f: &Facts) -> String {
     let w = waiters(f);
     let Some(&(p, wait, share)) = w.iter().max_by_key(|(_, wait, _)| *wait) else {
         return String::new();
     };
     if share < DATA_WAIT_SHARE {
+        if !driver_waiters(f).is_empty() {
+            return String::new(); // the driver's clause says what it waited for
+        }
         return if f.gpu_stalls.is_empty() {
             String::new()
         } else {
@@ -87,7 +168,7 @@ pub fn clause(f: &Facts) -> String {
         };
     }
     let mut s = format!("; {} waited for data {:.0} % of its time", name(p), share * 100.0);
-    if let Some(&(k, kept)) = keepers(f).first() {
+    if let Some(&(k, kept)) = keepers(f).first().filter(|_| mostly_data(f)) {
         s.push_str(&format!(
             ", {:.0} % of it for {}{}",
             kept as f64 * 100.0 / wait.max(1) as f64,
@@ -103,7 +184,11 @@ pub fn links(f: &Facts, chain: &mut Chain) {
     let w = waiters(f);
     let total: u64 = w.iter().map(|(_, wait, _)| wait).sum();
     for &(p, wait, share) in &w {
-        let count = p.offcpu.as_ref().and_then(|o| o.data_wait_count).unwrap_or(0);
+        let o = p.offcpu.clone().unwrap_or_default();
+        if wait == 0 || (share < 0.01 && in_driver(&o).data_ns > 0) {
+            continue; // its waits that others ended were a driver's (said below)
+        }
+        let count = o.data_wait_count.unwrap_or(0).saturating_sub(in_driver(&o).data_count);
         // The kernel sums waits per process: with pin_memory=True the pin-memory thread, not
         // the main thread, waits for the workers, ahead of the main thread.
         let pin = if p.pin_memory_thread {
@@ -114,13 +199,31 @@ pub fn links(f: &Facts, chain: &mut Chain) {
         chain.push(
             p.started_ns.max(f.start_ns),
             format!(
-                "{}: {} waited for data {:.2} s ({:.0} % of its time, {count} waits ended by other processes of the job{pin})",
+                "{}: {} waited for data {:.2} s ({:.0} % of its time, {count} waits ended by other processes of the job{pin}{})",
                 at(f, p.started_ns.max(f.start_ns)),
                 name(p),
                 wait as f64 / 1e9,
-                share * 100.0
+                share * 100.0,
+                data_classes(&o)
             ),
         );
+    }
+    for (p, d, share) in driver_waiters(f) {
+        chain.push(
+            p.started_ns.max(f.start_ns),
+            format!(
+                "{}: {} waited in a device driver (ioctl) {:.2} s ({:.0} % of its time, {} waits, {} of them ended by other processes of the job): the GPU (a blocking synchronize) or another device, not the input pipeline",
+                at(f, p.started_ns.max(f.start_ns)),
+                name(p),
+                d.ns as f64 / 1e9,
+                share * 100.0,
+                d.count,
+                d.data_count
+            ),
+        );
+    }
+    if !mostly_data(f) {
+        return; // the waits others ended were mostly a driver's: no one kept it waiting for data
     }
     for (k, kept) in keepers(f) {
         if total == 0 || kept * 10 < total {
@@ -149,7 +252,6 @@ pub fn links(f: &Facts, chain: &mut Chain) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::offcpu::OffCpuSummary;
 
     fn facts(trainer_wait: u64, worker_reclaim: u64, worker_io: u64) -> Facts {
         let s = 1_000_000_000;
@@ -249,6 +351,62 @@ mod tests {
         assert!(c.contains("rarely waited for data (2 % of its time)"), "{c}");
         assert_eq!(clause(&facts(200_000_000, 0, 0)), "", "no stall to explain");
         assert_eq!(clause(&Facts::default()), "", "nothing measured");
+    }
+
+    /// The trainer's waits by syscall class: (class, all waits' ns, of them ended by the job).
+    fn classes(f: &mut Facts, classes: &[(WaitClass, u64, u64)]) {
+        let o = f.procs[0].offcpu.as_mut().expect("the trainer's figures");
+        let by = classes
+            .iter()
+            .map(|&(c, ns, data_ns)| (c, ClassWait { ns, count: 20, data_ns, data_count: 20 }));
+        o.wait_by_syscall = Some(by.collect());
+    }
+
+    #[test]
+    fn a_wait_in_a_driver_that_a_worker_ended_is_no_wait_for_data() {
+        let mut f = facts(7_400_000_000, 0, 0);
+        classes(&mut f, &[(WaitClass::Ioctl, 7_400_000_000, 7_400_000_000)]);
+        let c = clause(&f);
+        assert!(
+            c.contains(
+                "the trainer (pid 10) waited in a device driver (ioctl) 74 % of its time: the GPU"
+            ),
+            "{c}"
+        );
+        assert!(!c.contains("waited for data"), "{c}");
+        let mut chain = Chain(Vec::new());
+        links(&f, &mut chain);
+        let text = chain.done().join("\n");
+        assert!(text.contains("waited in a device driver (ioctl) 7.40 s (74 % of its time, 20 waits, 20 of them ended by other processes of the job)"), "{text}");
+        assert!(!text.contains("waited for data"), "{text}");
+        assert!(!text.contains("kept the trainer waiting"), "no worker is blamed: {text}");
+    }
+
+    #[test]
+    fn a_wait_for_data_says_the_syscalls_it_blocked_in() {
+        let mut f = facts(7_400_000_000, 0, 0);
+        classes(
+            &mut f,
+            &[
+                (WaitClass::Read, 6_000_000_000, 6_000_000_000),
+                (WaitClass::Futex, 1_400_000_000, 1_400_000_000),
+            ],
+        );
+        let c = clause(&f);
+        assert!(
+            c.contains("waited for data 74 % of its time, 90 % of it for DataLoader worker 1"),
+            "{c}"
+        );
+        let mut chain = Chain(Vec::new());
+        links(&f, &mut chain);
+        let text = chain.done().join("\n");
+        assert!(
+            text.contains(
+                "; blocked in a pipe/socket read 6.00 s, a futex (lock, queue, condition) 1.40 s)"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("DataLoader worker 1 (pid 12) kept the trainer waiting"), "{text}");
     }
 
     #[test]
