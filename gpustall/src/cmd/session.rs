@@ -128,8 +128,11 @@ impl Session {
         }
     }
 
-    pub fn drain(&mut self, ring: &mut RingBuf<MapData>) {
+    /// Takes in what `ring` holds; returns how many records that was.
+    pub fn drain(&mut self, ring: &mut RingBuf<MapData>) -> usize {
+        let mut records = 0;
         while let Some(item) = ring.next() {
+            records += 1;
             let e = match decode(&item) {
                 Ok(e) => e,
                 Err(err) => {
@@ -177,6 +180,7 @@ impl Session {
                 }
             }
         }
+        records
     }
 
     fn counters(&mut self, maps: &loader::KernelMaps, now: u64) {
