@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 
 use aya::maps::{MapData, RingBuf};
 
+use crate::cmd::pss::PssTurns;
 use crate::kernel::decode::decode;
 use crate::kernel::loader;
 use crate::model::event::Event;
@@ -84,6 +85,8 @@ pub struct Session {
     proc_cursor: u32,
     /// Processes whose exit was drained since the last beat (see `settle_exited`).
     exited: Vec<u32>,
+    /// Whose PSS is read at the next beats.
+    pss_turns: PssTurns,
 }
 
 impl Session {
@@ -100,6 +103,7 @@ impl Session {
             zombies: std::collections::HashSet::new(),
             exited: Vec::new(),
             proc_cursor: 0,
+            pss_turns: PssTurns::default(),
         }
     }
 
@@ -196,12 +200,20 @@ impl Session {
     /// /proc memory of live processes; processes that vanished without an exit event (lost)
     /// are marked gone so the trace can end.
     fn sample_proc(&mut self, batch: &[u32], now: u64) {
-        self.zombies.retain(|p| self.model.tree.get(*p).is_some_and(|n| n.alive()));
+        let alive = |p: u32| self.model.tree.get(p).is_some_and(|n| n.alive());
+        self.zombies.retain(|p| alive(*p));
+        self.pss_turns.retain(alive);
+        // PSS for the job's own processes only, in turns when their walks are costly.
+        let roles: Vec<u32> =
+            batch.iter().copied().filter(|&p| self.model.tree.role(p) != Role::Other).collect();
+        let pss_due = self.pss_turns.due(&roles);
         for &pid in batch {
             match procfs::sample_mem(pid) {
                 Some(mut mem) => {
-                    if self.model.tree.role(pid) != Role::Other {
+                    if pss_due.contains(&pid) {
+                        let walk = Instant::now();
                         mem.pss_kb = procfs::sample_pss_kb(pid);
+                        self.pss_turns.read(pid, now, walk.elapsed());
                     }
                     self.observe(Sample::ProcMem { t_ns: now, pid, mem })
                 }
@@ -255,7 +267,7 @@ impl Session {
     pub fn tick(
         &mut self,
         maps: &loader::KernelMaps,
-        ctx: &ContextReader,
+        ctx: &mut ContextReader,
         log: Option<&mut LogSource>,
         now: u64,
     ) {
