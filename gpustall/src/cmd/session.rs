@@ -15,7 +15,6 @@ use crate::model::samples::CountersSample;
 use crate::model::samples::Sample;
 use crate::model::stats::IoSlot;
 use crate::model::Model;
-use crate::recording::writer::event_json;
 use crate::recording::writer::stall_json;
 use crate::recording::writer::Sink;
 use crate::sources::context::ContextReader;
@@ -146,7 +145,7 @@ impl Session {
                 }
             };
             if let Some(r) = self.recorder.as_mut() {
-                r.write(&event_json(&e));
+                r.write_event(&e);
             }
             self.model.apply(&e);
             match &e {
