@@ -1,9 +1,11 @@
 //! The one event loop `trace` and `watch` share. It owns the two rings, the timers and the
 //! signals; what a command does once a second is its [`Beat`].
 //!
-//! The kernel side wakes the agent only for OOM kills and signals (the critical ring); every
-//! other record waits in the bulk ring, drained on a 100 ms timer and before each beat, so that
-//! a beat never sees a process as vanished while its exit event is still in a ring.
+//! The kernel side wakes the agent only for OOM kills and signals (the critical ring), and
+//! when a ring is half full; every other record waits in its ring, drained on a timer and
+//! before each beat, so that a beat never sees a process as vanished while its exit event is
+//! still in a ring. The timer is [`DrainPace`]: every 100 ms while records come, backing off
+//! while none do, so an idle job costs one wakeup a second (the beat), not eleven.
 
 use std::time::Duration;
 
@@ -21,10 +23,39 @@ use crate::{
     sources::clock::monotonic_ns,
 };
 
-/// How often the rings are drained when no wakeup came.
+/// How often the rings are drained while records come.
 const DRAIN_EVERY: Duration = Duration::from_millis(100);
+/// The longest wait between drains: past the beat's second, only the beat drains.
+const DRAIN_AT_MOST_EVERY: Duration = Duration::from_secs(2);
 /// How often a command's [`Beat`] runs.
 const BEAT_EVERY: Duration = Duration::from_secs(1);
+// Past the beat's period the timed drain of a quiet job never comes: each beat drains first
+// and pushes it back.
+const _: () = assert!(DRAIN_AT_MOST_EVERY.as_millis() > BEAT_EVERY.as_millis());
+
+/// When the rings are drained next: [`DRAIN_EVERY`] after a drain that found records, twice
+/// the last wait after one that found none, up to [`DRAIN_AT_MOST_EVERY`]. A burst after a
+/// quiet spell waits at most for the next beat, and the kernel wakes the agent at once when
+/// a ring is half full, so nothing is lost by waiting.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DrainPace {
+    wait: Duration,
+}
+
+impl Default for DrainPace {
+    fn default() -> Self {
+        Self { wait: DRAIN_EVERY }
+    }
+}
+
+impl DrainPace {
+    /// The wait before the next drain, after one that took in `records`.
+    pub fn after(&mut self, records: usize) -> Duration {
+        self.wait =
+            if records > 0 { DRAIN_EVERY } else { (self.wait * 2).min(DRAIN_AT_MOST_EVERY) };
+        self.wait
+    }
+}
 
 /// A command as the loop drives it: its session takes the records and samples, and once a
 /// second, after both rings were drained, it does its own work.
@@ -68,10 +99,9 @@ impl Rings {
         Ok(Self { critical, bulk })
     }
 
-    /// Takes in whatever both rings hold.
-    pub fn drain(&mut self, session: &mut Session) {
-        session.drain(self.critical.get_mut());
-        session.drain(self.bulk.get_mut());
+    /// Takes in whatever both rings hold; returns how many records that was.
+    pub fn drain(&mut self, session: &mut Session) -> usize {
+        session.drain(self.critical.get_mut()) + session.drain(self.bulk.get_mut())
     }
 }
 
@@ -97,7 +127,17 @@ pub async fn run(
     deadline: Option<Duration>,
 ) -> anyhow::Result<Stop> {
     let GpuTicks { watch: mut gpu, every: gpu_every } = gpu;
-    let mut drain_tick = ticker(DRAIN_EVERY);
+    let mut pace = DrainPace::default();
+    let drain_tick = tokio::time::sleep(DRAIN_EVERY);
+    tokio::pin!(drain_tick);
+    // After a drain that took in `records`: the next timed drain.
+    let mut paced = |records: usize, tick: std::pin::Pin<&mut tokio::time::Sleep>| {
+        let next = Instant::now() + pace.after(records);
+        // A wakeup's records bring the timed drain forward, never push it back.
+        if records == 0 || next < tick.deadline() {
+            tick.reset(next);
+        }
+    };
     let mut beat_tick = ticker(BEAT_EVERY);
     let mut gpu_tick = ticker(gpu_every.max(Duration::from_millis(50)));
     let deadline = deadline.and_then(|d| Instant::now().checked_add(d));
@@ -109,17 +149,26 @@ pub async fn run(
         tokio::select! {
             guard = rings.critical.readable_mut() => {
                 let mut guard = guard?;
-                cmd.session().drain(guard.get_inner_mut());
+                let records = cmd.session().drain(guard.get_inner_mut());
                 guard.clear_ready();
+                if records > 0 {
+                    paced(records, drain_tick.as_mut());
+                }
                 // An OOM kill or a fatal signal: on disk now, in case the storm takes us too.
                 cmd.session().sync_if_due();
             }
             guard = rings.bulk.readable_mut() => {
                 let mut guard = guard?;
-                cmd.session().drain(guard.get_inner_mut());
+                let records = cmd.session().drain(guard.get_inner_mut());
                 guard.clear_ready();
+                if records > 0 {
+                    paced(records, drain_tick.as_mut());
+                }
             }
-            _ = drain_tick.tick() => rings.drain(cmd.session()),
+            () = &mut drain_tick => {
+                let records = rings.drain(cmd.session());
+                paced(records, drain_tick.as_mut());
+            }
             _ = gpu_tick.tick(), if gpu.is_some() => {
                 if let Some(g) = gpu.as_mut() {
                     let gpus = g.sample();
@@ -128,7 +177,8 @@ pub async fn run(
                 }
             }
             _ = beat_tick.tick() => {
-                rings.drain(cmd.session());
+                let records = rings.drain(cmd.session());
+                paced(records, drain_tick.as_mut());
                 let stop = cmd.beat(maps, monotonic_ns());
                 cmd.session().sync_if_due();
                 if let Some(stop) = stop {
@@ -149,5 +199,19 @@ async fn sleep_until(deadline: Option<Instant>) {
     match deadline {
         Some(d) => tokio::time::sleep_until(d).await,
         None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn drains_back_off_while_quiet_and_return_at_the_first_record() {
+        let mut pace = DrainPace::default();
+        let waits: Vec<u64> = [0, 0, 0, 0, 0, 0].map(|n| pace.after(n).as_millis() as u64).into();
+        assert_eq!(waits, vec![200, 400, 800, 1600, 2000, 2000]);
+        assert_eq!(pace.after(3), DRAIN_EVERY);
+        assert_eq!(pace.after(0), DRAIN_EVERY * 2);
     }
 }

@@ -6,6 +6,7 @@ pub mod export;
 pub mod gpu;
 pub mod launch;
 pub mod merge;
+pub mod pss;
 pub mod report;
 pub mod session;
 pub mod trace;

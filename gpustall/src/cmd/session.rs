@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 
 use aya::maps::{MapData, RingBuf};
 
+use crate::cmd::pss::PssTurns;
 use crate::kernel::decode::decode;
 use crate::kernel::loader;
 use crate::model::event::Event;
@@ -14,7 +15,6 @@ use crate::model::samples::CountersSample;
 use crate::model::samples::Sample;
 use crate::model::stats::IoSlot;
 use crate::model::Model;
-use crate::recording::writer::event_json;
 use crate::recording::writer::stall_json;
 use crate::recording::writer::Sink;
 use crate::sources::context::ContextReader;
@@ -84,6 +84,8 @@ pub struct Session {
     proc_cursor: u32,
     /// Processes whose exit was drained since the last beat (see `settle_exited`).
     exited: Vec<u32>,
+    /// Whose PSS is read at the next beats.
+    pss_turns: PssTurns,
 }
 
 impl Session {
@@ -100,6 +102,7 @@ impl Session {
             zombies: std::collections::HashSet::new(),
             exited: Vec::new(),
             proc_cursor: 0,
+            pss_turns: PssTurns::default(),
         }
     }
 
@@ -128,8 +131,11 @@ impl Session {
         }
     }
 
-    pub fn drain(&mut self, ring: &mut RingBuf<MapData>) {
+    /// Takes in what `ring` holds; returns how many records that was.
+    pub fn drain(&mut self, ring: &mut RingBuf<MapData>) -> usize {
+        let mut records = 0;
         while let Some(item) = ring.next() {
+            records += 1;
             let e = match decode(&item) {
                 Ok(e) => e,
                 Err(err) => {
@@ -139,7 +145,7 @@ impl Session {
                 }
             };
             if let Some(r) = self.recorder.as_mut() {
-                r.write(&event_json(&e));
+                r.write_event(&e);
             }
             self.model.apply(&e);
             match &e {
@@ -177,6 +183,7 @@ impl Session {
                 }
             }
         }
+        records
     }
 
     fn counters(&mut self, maps: &loader::KernelMaps, now: u64) {
@@ -192,12 +199,20 @@ impl Session {
     /// /proc memory of live processes; processes that vanished without an exit event (lost)
     /// are marked gone so the trace can end.
     fn sample_proc(&mut self, batch: &[u32], now: u64) {
-        self.zombies.retain(|p| self.model.tree.get(*p).is_some_and(|n| n.alive()));
+        let alive = |p: u32| self.model.tree.get(p).is_some_and(|n| n.alive());
+        self.zombies.retain(|p| alive(*p));
+        self.pss_turns.retain(alive);
+        // PSS for the job's own processes only, in turns when their walks are costly.
+        let roles: Vec<u32> =
+            batch.iter().copied().filter(|&p| self.model.tree.role(p) != Role::Other).collect();
+        let pss_due = self.pss_turns.due(&roles);
         for &pid in batch {
             match procfs::sample_mem(pid) {
                 Some(mut mem) => {
-                    if self.model.tree.role(pid) != Role::Other {
+                    if pss_due.contains(&pid) {
+                        let walk = Instant::now();
                         mem.pss_kb = procfs::sample_pss_kb(pid);
+                        self.pss_turns.read(pid, now, walk.elapsed());
                     }
                     self.observe(Sample::ProcMem { t_ns: now, pid, mem })
                 }
@@ -251,7 +266,7 @@ impl Session {
     pub fn tick(
         &mut self,
         maps: &loader::KernelMaps,
-        ctx: &ContextReader,
+        ctx: &mut ContextReader,
         log: Option<&mut LogSource>,
         now: u64,
     ) {

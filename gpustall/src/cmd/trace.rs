@@ -324,7 +324,7 @@ impl Beat for Trace {
     /// Counters, /proc, context and log; the status line; the periodic summary.
     fn beat(&mut self, maps: &mut KernelMaps, now: u64) -> Option<Stop> {
         let (session, b) = (&mut self.session, &mut self.beat);
-        session.tick(maps, &b.ctx, b.log.as_mut(), now);
+        session.tick(maps, &mut b.ctx, b.log.as_mut(), now);
         session.settle_exited(maps, now);
         let cur = status_line::totals(&session.model);
         let alive = session.model.tree.alive_pids().len();
@@ -363,7 +363,7 @@ impl Beat for Trace {
 /// Whatever ended the trace: take in what the kernel still holds, then write it all.
 fn finish(opts: &TraceOptions, mut t: Trace, probes: &Probes) -> anyhow::Result<()> {
     let end = monotonic_ns();
-    t.session.tick(&probes.maps, &t.beat.ctx, t.beat.log.as_mut(), end);
+    t.session.tick(&probes.maps, &mut t.beat.ctx, t.beat.log.as_mut(), end);
     let ended = t.session.model.finish(end);
     t.session.stalls_ended(&ended);
     let (cpu, rss) = agent::agent_usage();

@@ -2,7 +2,7 @@
 //! attach what the kernel has, and read the kernel's counter maps into the model.
 
 use aya::{
-    maps::{HashMap, MapData, PerCpuArray, RingBuf},
+    maps::{HashMap, IterableMap as _, MapData, PerCpuArray, RingBuf},
     programs::{BtfTracePoint, RawTracePoint, TracePoint},
     Ebpf, EbpfLoader,
 };
@@ -16,6 +16,7 @@ use gpustall_common::names::{self, maps, programs};
 use gpustall_common::offsets::{TracepointOffsets, MISSING};
 use gpustall_common::task::{TaskOffsets, UNKNOWN as TASK_UNKNOWN};
 
+use crate::kernel::batch;
 use crate::kernel::tracefs::Tracefs;
 use crate::model::samples::CountersSample;
 use crate::model::samples::IoRec;
@@ -388,8 +389,13 @@ pub struct KernelMaps {
     /// Requests in flight (the kernel pairs start and done); read here only to delete the ones
     /// whose done never came (see [`KernelMaps::read`]).
     io_inflight: std::sync::Mutex<HashMap<MapData, InflightKey, InflightIo>>,
+    /// When the in-flight map was last searched for stale requests.
+    inflight_swept_ns: std::sync::atomic::AtomicU64,
     sched: crate::kernel::offcpu::SchedMaps,
 }
+
+/// How often the in-flight map is searched for stale requests.
+const INFLIGHT_SWEEP_EVERY_NS: u64 = 10_000_000_000;
 
 fn take<T>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, LoadError>
 where
@@ -521,6 +527,7 @@ pub fn load(tracefs: &Tracefs, btf: Result<&btf_rs::Btf, &str>) -> Result<Probes
         lost: take(&mut ebpf, maps::LOST)?,
         io_latency: take(&mut ebpf, maps::IO_LATENCY)?,
         io_inflight: std::sync::Mutex::new(take(&mut ebpf, maps::IO_INFLIGHT)?),
+        inflight_swept_ns: std::sync::atomic::AtomicU64::new(0),
         sched: crate::kernel::offcpu::SchedMaps::take(&mut ebpf)?,
     };
     let critical = take(&mut ebpf, maps::CRITICAL)?;
@@ -613,34 +620,30 @@ impl KernelMaps {
     }
 
     /// Reads the kernel's cumulative counters. A map read that fails is logged and retried at
-    /// the next read: never fatal while tracing.
+    /// the next read: never fatal while tracing. Each map is read in batches where the kernel
+    /// can ([`batch`]), else entry by entry.
     pub fn read(&self, t_ns: u64, undecodable: u64) -> CountersSample {
         let mut out = CountersSample { t_ns, undecodable: Some(undecodable), ..Default::default() };
-        for item in self.proc_counters.iter() {
-            match item {
-                Ok((pid, counters)) => out.procs.push(ProcCountersRec { pid, counters }),
-                Err(e) => log::debug!("reading PROC_COUNTERS: {e}"),
-            }
-        }
-        for item in self.io_counters.iter() {
-            match item {
-                Ok((k, counters)) => out.io.push(IoRec {
-                    pid: k.tgid,
-                    dev: k.dev,
-                    op: k.op,
-                    in_reclaim: k.in_reclaim != 0,
-                    counters,
-                }),
-                Err(e) => log::debug!("reading IO_COUNTERS: {e}"),
-            }
-        }
+        out.procs = batch::entries(self.proc_counters.map())
+            .unwrap_or_else(|| iterate(&self.proc_counters, maps::PROC_COUNTERS))
+            .into_iter()
+            .map(|(pid, counters)| ProcCountersRec { pid, counters })
+            .collect();
+        out.io = batch::entries(self.io_counters.map())
+            .unwrap_or_else(|| iterate(&self.io_counters, maps::IO_COUNTERS))
+            .into_iter()
+            .map(|(k, counters): (IoKey, IoCounters)| IoRec {
+                pid: k.tgid,
+                dev: k.dev,
+                op: k.op,
+                in_reclaim: k.in_reclaim != 0,
+                counters,
+            })
+            .collect();
         // Map iteration order is the kernel's: sort so that "what changed" compares like with like.
         out.procs.sort_by_key(|p| p.pid);
         out.io.sort_by_key(|r| (r.pid, r.dev, r.op, r.in_reclaim));
         self.sched.read(&mut out);
-        let read_array = |arr: &PerCpuArray<MapData, u64>, n: u32| -> Vec<u64> {
-            (0..n).map(|i| arr.get(&i, 0).map(|v| v.iter().sum()).unwrap_or(0)).collect()
-        };
         out.host = read_array(&self.host, HOST_COUNTERS);
         out.lost = read_array(&self.lost, LOST_COUNTERS);
         let lat = read_array(&self.io_latency, 3 * LATENCY_BUCKETS);
@@ -649,19 +652,45 @@ impl KernelMaps {
         out
     }
 
-    /// Deletes requests whose completion never came, so the in-flight map never fills.
+    /// Deletes requests whose completion never came, so the in-flight map never fills. The
+    /// map holds every request in flight on the host (thousands under swap): it is read at
+    /// most every [`INFLIGHT_SWEEP_EVERY_NS`], a small delay next to the minute it takes to
+    /// call a request stale.
     fn drop_stale_inflight(&self, now_ns: u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        if now_ns.saturating_sub(self.inflight_swept_ns.load(Relaxed)) < INFLIGHT_SWEEP_EVERY_NS {
+            return;
+        }
+        self.inflight_swept_ns.store(now_ns, Relaxed);
         let Ok(mut map) = self.io_inflight.lock() else { return };
-        let stale: Vec<InflightKey> = map
-            .iter()
-            .filter_map(Result::ok)
-            .filter(|(_, io)| now_ns.saturating_sub(io.start_ns) > INFLIGHT_STALE_NS)
-            .map(|(k, _)| k)
-            .collect();
+        let all = batch::entries(map.map()).unwrap_or_else(|| iterate(&map, maps::IO_INFLIGHT));
+        let stale = all
+            .into_iter()
+            .filter(|(_, io): &(InflightKey, InflightIo)| {
+                now_ns.saturating_sub(io.start_ns) > INFLIGHT_STALE_NS
+            })
+            .map(|(k, _)| k);
         for k in stale {
             let _ = map.remove(&k);
         }
     }
+}
+
+/// Every entry of a map, one lookup per key (kernels without batch lookups).
+pub(crate) fn iterate<K: aya::Pod, V: aya::Pod>(
+    map: &HashMap<MapData, K, V>,
+    name: &str,
+) -> Vec<(K, V)> {
+    map.iter()
+        .filter_map(|item| item.map_err(|e| log::debug!("reading {name}: {e}")).ok())
+        .collect()
+}
+
+/// A per-CPU counter array summed over CPUs, `n` indices.
+fn read_array(arr: &PerCpuArray<MapData, u64>, n: u32) -> Vec<u64> {
+    batch::per_cpu_sums(arr.map(), n).unwrap_or_else(|| {
+        (0..n).map(|i| arr.get(&i, 0).map(|v| v.iter().sum()).unwrap_or(0)).collect()
+    })
 }
 
 #[cfg(test)]

@@ -3,6 +3,7 @@
 //! decoded into [`crate::model::event::Event`]s and counter maps read. The only code that
 //! touches aya.
 
+pub mod batch;
 pub mod btf;
 pub mod decode;
 pub mod folio;

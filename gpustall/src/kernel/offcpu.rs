@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 
 use aya::{
-    maps::{HashMap, MapData},
+    maps::{HashMap, IterableMap as _, MapData},
     Ebpf,
 };
 use gpustall_common::names::maps;
@@ -17,6 +17,8 @@ use gpustall_common::sched::{
 use gpustall_common::syscall::SyscallWaits;
 use gpustall_common::task::UNKNOWN as TASK_UNKNOWN;
 
+use crate::kernel::batch;
+use crate::kernel::loader::iterate;
 use crate::kernel::tracefs::Tracefs;
 use crate::model::offcpu::{OffCpuRec, SyscallWaitsRec, WakeRec};
 use crate::model::proctree::{ProcessTree, Role};
@@ -115,28 +117,26 @@ impl SchedMaps {
 
     /// Adds the off-CPU totals and wake pairs to `out` (sorted, like the other counters).
     pub fn read(&self, out: &mut CountersSample) {
-        for item in self.offcpu.iter() {
-            match item {
-                Ok((pid, counters)) => out.offcpu.push(OffCpuRec { pid, counters }),
-                Err(e) => log::debug!("reading OFFCPU: {e}"),
-            }
-        }
+        let offcpu = batch::entries(self.offcpu.map())
+            .unwrap_or_else(|| iterate(&self.offcpu, maps::OFFCPU));
+        out.offcpu =
+            offcpu.into_iter().map(|(pid, counters)| OffCpuRec { pid, counters }).collect();
+        let wakes =
+            batch::entries(self.wakes.map()).unwrap_or_else(|| iterate(&self.wakes, maps::WAKES));
         let mut known = self.known_wakes.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        for item in self.wakes.iter() {
-            match item {
-                Ok((k, counters)) => {
-                    known.insert(k);
-                    out.wakes.push(WakeRec { waker: k.waker, wakee: k.wakee, counters });
-                }
-                Err(e) => log::debug!("reading WAKES: {e}"),
-            }
-        }
-        for item in self.syscall_waits.iter() {
-            match item {
-                Ok((pid, waits)) => out.syscall_waits.push(SyscallWaitsRec { pid, waits }),
-                Err(e) => log::debug!("reading SYSCALL_WAITS: {e}"),
-            }
-        }
+        out.wakes = wakes
+            .into_iter()
+            .map(|(k, counters): (WakeKey, WakeCounters)| {
+                known.insert(k);
+                WakeRec { waker: k.waker, wakee: k.wakee, counters }
+            })
+            .collect();
+        let syscall_waits = batch::entries(self.syscall_waits.map())
+            .unwrap_or_else(|| iterate(&self.syscall_waits, maps::SYSCALL_WAITS));
+        out.syscall_waits = syscall_waits
+            .into_iter()
+            .map(|(pid, waits): (u32, SyscallWaits)| SyscallWaitsRec { pid, waits })
+            .collect();
         out.offcpu.sort_by_key(|r| r.pid);
         out.wakes.sort_by_key(|r| (r.waker, r.wakee));
         out.syscall_waits.sort_by_key(|r| r.pid);

@@ -5,7 +5,8 @@ use std::collections::VecDeque;
 
 use serde_json::Value;
 
-use crate::recording::writer::Sink;
+use crate::model::event::Event;
+use crate::recording::writer::{EventLine, Sink};
 
 pub struct FlightRecorder {
     lines: VecDeque<(u64, String)>,
@@ -96,13 +97,22 @@ impl FlightSink {
     }
 }
 
-impl Sink for FlightSink {
-    fn write(&mut self, v: &Value) {
-        let t = v["t_ns"].as_u64().unwrap_or(self.last_t);
+impl FlightSink {
+    fn push(&mut self, t: Option<u64>, line: serde_json::Result<String>) {
+        let t = t.unwrap_or(self.last_t);
         self.last_t = self.last_t.max(t);
-        if let (Ok(line), Ok(mut r)) = (serde_json::to_string(v), self.recorder.lock()) {
+        if let (Ok(line), Ok(mut r)) = (line, self.recorder.lock()) {
             r.push(t, line);
         }
+    }
+}
+
+impl Sink for FlightSink {
+    fn write(&mut self, v: &Value) {
+        self.push(v["t_ns"].as_u64(), serde_json::to_string(v));
+    }
+    fn write_event(&mut self, e: &Event) {
+        self.push(Some(e.header().t_ns), serde_json::to_string(&EventLine::of(e)));
     }
 }
 

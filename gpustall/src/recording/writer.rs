@@ -18,6 +18,12 @@ use crate::model::event::Event;
 /// Where record lines go: a file (`trace --record`) or the flight recorder (`watch`).
 pub trait Sink {
     fn write(&mut self, v: &Value);
+    /// One event line. The default goes through a JSON value; a sink that writes text
+    /// serializes the event straight into its line: under reclaim the agent writes thousands
+    /// of events a second, and a map of every event's fields was built and dropped for each.
+    fn write_event(&mut self, e: &Event) {
+        self.write(&event_json(e));
+    }
     fn flush(&mut self) {}
     fn sync(&mut self) {}
     /// Why what was written is incomplete, if it is.
@@ -37,6 +43,9 @@ pub fn write_serialize<T: serde::Serialize>(sink: &mut dyn Sink, v: &T) {
 impl Sink for Recorder {
     fn write(&mut self, v: &Value) {
         Recorder::write(self, v)
+    }
+    fn write_event(&mut self, e: &Event) {
+        self.write_line(&EventLine::of(e))
     }
     fn flush(&mut self) {
         Recorder::flush(self)
@@ -76,6 +85,10 @@ impl Recorder {
     /// Writes one value as one line. A failed write is reported once per call, never fatal:
     /// tracing goes on and the summary still reaches the terminal.
     pub fn write(&mut self, v: &Value) {
+        self.write_line(v)
+    }
+
+    fn write_line<T: serde::Serialize + ?Sized>(&mut self, v: &T) {
         self.line.clear();
         let mut w = (&mut self.line).writer();
         if serde_json::to_writer(&mut w, v).is_err() {
@@ -161,15 +174,23 @@ pub fn event_from_json(v: &Value) -> Result<Option<Event>, RecordError> {
 }
 
 /// One event as a record line: `"type": "event"` beside the event's own serde form.
-pub fn event_json(e: &Event) -> Value {
-    #[derive(serde::Serialize)]
-    struct Line<'a> {
-        #[serde(rename = "type")]
-        line_type: &'static str,
-        #[serde(flatten)]
-        event: &'a Event,
+#[derive(serde::Serialize)]
+pub struct EventLine<'a> {
+    #[serde(rename = "type")]
+    line_type: &'static str,
+    #[serde(flatten)]
+    event: &'a Event,
+}
+
+impl<'a> EventLine<'a> {
+    pub fn of(event: &'a Event) -> Self {
+        Self { line_type: "event", event }
     }
-    serde_json::to_value(Line { line_type: "event", event: e }).unwrap_or_default()
+}
+
+/// One event as a record line, as a JSON value.
+pub fn event_json(e: &Event) -> Value {
+    serde_json::to_value(EventLine::of(e)).unwrap_or_default()
 }
 
 #[cfg(test)]
@@ -243,6 +264,10 @@ mod tests {
             Event::Throttled { h: h(8), usec_timeout: 100, usec_delayed: 50, reason: 1, nid: 0 },
         ];
         for e in events {
+            // Written straight from the event, the line is the value's, key for key.
+            let direct = serde_json::to_string(&EventLine::of(&e)).expect("json");
+            let direct: Value = serde_json::from_str(&direct).expect("parse");
+            assert_eq!(direct, event_json(&e));
             let line = serde_json::to_string(&event_json(&e)).expect("json");
             let back =
                 event_from_json(&serde_json::from_str(&line).expect("parse")).expect("reads back");

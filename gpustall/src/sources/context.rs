@@ -6,12 +6,15 @@
 //! [`ContextReader`] reads the machine (live only); [`HostContext::apply`] folds a
 //! [`ContextSample`] into the model, the same way live and on replay.
 
-use std::{collections::BTreeMap, path::PathBuf};
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+};
 
 use crate::model::host::{CgroupMem, FsUsage, JobContext};
 use crate::model::samples::ContextSample;
 use crate::sources::cgroup::{self, MemCgroupDir};
-use crate::sources::host;
+use crate::sources::host::{self, DiskTopology};
 
 /// The vmstat counters the verdict reads (allocstall_* are summed by `vm_delta`).
 fn wanted_vmstat(key: &str) -> bool {
@@ -69,17 +72,22 @@ impl JobReader {
 pub struct ContextReader {
     target: Option<JobReader>,
     jobs: BTreeMap<u32, JobReader>,
+    disks: DiskTopology,
 }
 
 impl ContextReader {
     /// `target` is the traced process: its memory cgroup and working directory stand for the job's.
     pub fn new(target: u32) -> Self {
-        Self { target: Some(JobReader::new(target)), jobs: BTreeMap::new() }
+        Self { target: Some(JobReader::new(target)), ..Self::host_only() }
     }
 
     /// The host only, until jobs are added.
     pub fn host_only() -> Self {
-        Self { target: None, jobs: BTreeMap::new() }
+        Self {
+            target: None,
+            jobs: BTreeMap::new(),
+            disks: DiskTopology::new(Path::new("/sys/block")),
+        }
     }
 
     /// A watched job, by its root process: read from now on, in `ContextSample::jobs`.
@@ -92,13 +100,13 @@ impl ContextReader {
         self.jobs.remove(&root);
     }
 
-    pub fn read(&self, alive: &[u32], t_ns: u64) -> ContextSample {
+    pub fn read(&mut self, alive: &[u32], t_ns: u64) -> ContextSample {
         ContextSample {
             t_ns,
             cgroup: self.target.as_ref().and_then(JobReader::cgroup),
             host: host::read_host_mem(),
-            vmstat: host::read_vmstat().into_iter().filter(|(k, _)| wanted_vmstat(k)).collect(),
-            disks: host::read_disks(),
+            vmstat: host::read_vmstat_keys(wanted_vmstat),
+            disks: self.disks.read_disks(),
             tasks: alive.iter().filter_map(|&p| host::task_state(p)).collect(),
             filesystems: self.target.as_ref().map(JobReader::filesystems).unwrap_or_default(),
             host_pressure: cgroup::read_host_psi(),

@@ -1,9 +1,13 @@
 //! /proc: the descendants that exist when tracing starts (the kernel only sees later forks),
 //! and per-process memory samples (RSS split, swap, the kernel's own peak VmHWM, major faults).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    path::Path,
+};
 
 use crate::model::stats::MemSample;
+use crate::sources::host::read_text;
 
 /// A process as /proc shows it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -58,21 +62,45 @@ pub fn is_zombie(pid: u32) -> bool {
         .is_ok_and(|s| s.state == 'Z' || s.state == 'X')
 }
 
-/// Memory of one process, or `None` once it is gone (or a zombie without an mm).
+/// Memory of one process, or `None` once it is gone (or a zombie without an mm). Read from
+/// /proc/PID/status and stat directly: the procfs crate opens the process directory and
+/// parses every line of both files into maps, several times the cost of the read itself.
 pub fn sample_mem(pid: u32) -> Option<MemSample> {
-    let p = procfs::process::Process::new(pid as i32).ok()?;
-    let st = p.status().ok()?;
-    let majflt = p.stat().map(|s| s.majflt).unwrap_or(0);
-    Some(MemSample {
-        rss_kb: st.vmrss?,
-        anon_kb: st.rssanon.unwrap_or(0),
-        file_kb: st.rssfile.unwrap_or(0),
-        shmem_kb: st.rssshmem.unwrap_or(0),
-        swap_kb: st.vmswap.unwrap_or(0),
-        hwm_kb: st.vmhwm.unwrap_or(0),
-        majflt,
-        pss_kb: None,
-    })
+    let status = read_text(Path::new(&format!("/proc/{pid}/status")))?;
+    let mut mem = parse_status_mem(&status)?;
+    let stat = read_text(Path::new(&format!("/proc/{pid}/stat")));
+    mem.majflt = stat.as_deref().and_then(crate::sources::host::stat_majflt).unwrap_or(0);
+    Some(mem)
+}
+
+/// The memory lines of a /proc/PID/status text (kB); `None` without VmRSS (a kernel thread,
+/// or a zombie whose mm is gone). Major faults come from stat.
+pub fn parse_status_mem(text: &str) -> Option<MemSample> {
+    let mut m = MemSample::default();
+    let mut rss = None;
+    for line in text.lines() {
+        let Some((key, rest)) = line.split_once(':') else { continue };
+        let slot = match key {
+            "VmRSS" => {
+                rss = kb(rest);
+                continue;
+            }
+            "RssAnon" => &mut m.anon_kb,
+            "RssFile" => &mut m.file_kb,
+            "RssShmem" => &mut m.shmem_kb,
+            "VmSwap" => &mut m.swap_kb,
+            "VmHWM" => &mut m.hwm_kb,
+            _ => continue,
+        };
+        *slot = kb(rest).unwrap_or(0);
+    }
+    m.rss_kb = rss?;
+    Some(m)
+}
+
+/// "   2044 kB" as 2044.
+fn kb(value: &str) -> Option<u64> {
+    value.split_whitespace().next()?.parse().ok()
 }
 
 /// Proportional memory of a process in kB (`MemSample::pss_kb`): Pss_Anon + Pss_Shmem +
@@ -102,6 +130,22 @@ mod tests {
         let all = vec![e(1, 0), e(10, 1), e(11, 10), e(12, 11), e(13, 10), e(20, 1), e(21, 20)];
         let pids: Vec<u32> = descendants_of(10, &all).iter().map(|p| p.pid).collect();
         assert_eq!(pids, vec![10, 11, 13, 12]);
+    }
+
+    #[test]
+    fn status_gives_the_memory_split() {
+        let text = "Name:\tpython\nVmPeak:\t  9000 kB\nVmHWM:\t    2108 kB\nVmRSS:\t    2044 kB\n\
+                    RssAnon:\t     128 kB\nRssFile:\t    1916 kB\nRssShmem:\t       0 kB\n\
+                    VmSwap:\t      12 kB\nThreads:\t1\n";
+        let m = parse_status_mem(text).expect("parses");
+        assert_eq!(
+            (m.rss_kb, m.anon_kb, m.file_kb, m.shmem_kb, m.swap_kb, m.hwm_kb),
+            (2044, 128, 1916, 0, 12, 2108)
+        );
+        // A zombie or kernel thread has no VmRSS line.
+        assert!(parse_status_mem("Name:\tkworker\nThreads:\t1\n").is_none());
+        let me = sample_mem(std::process::id()).expect("this process");
+        assert!(me.rss_kb > 0 && me.hwm_kb >= me.rss_kb);
     }
 
     #[test]

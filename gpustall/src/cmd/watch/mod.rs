@@ -593,7 +593,7 @@ impl Beat for Daemon {
             self.discover(maps, now);
             self.last_scan = Instant::now();
         }
-        self.session.tick(maps, &self.ctx, None, now);
+        self.session.tick(maps, &mut self.ctx, None, now);
         // Metrics before settling: an exited process's last counts reach its counters before
         // it can be folded away.
         self.update_metrics();

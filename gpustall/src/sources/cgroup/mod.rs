@@ -11,6 +11,7 @@ pub mod mounts;
 use std::path::{Path, PathBuf};
 
 use crate::model::host::{CgroupMem, Psi};
+use crate::sources::host::read_text;
 use limits::{keyed_value, Level};
 use mounts::CgroupMount;
 
@@ -227,7 +228,8 @@ fn read_v1(dir: &Path, path: &str) -> Option<CgroupMem> {
     Some(CgroupMem {
         path: path.to_string(),
         version: 1,
-        limit_bytes: read_u64(&dir.join("memory.limit_in_bytes")).filter(|l| *l < V1_UNLIMITED),
+        // The limits, this cgroup's and its ancestors', are read by `read_level`.
+        limit_bytes: None,
         usage_bytes: usage,
         peak_bytes: read_u64(&dir.join("memory.max_usage_in_bytes")),
         swap_usage_bytes: swap,
@@ -248,7 +250,8 @@ fn read_v2(dir: &Path, path: &str) -> Option<CgroupMem> {
     Some(CgroupMem {
         path: path.to_string(),
         version: 2,
-        limit_bytes: read_u64(&dir.join("memory.max")),
+        // The limits, this cgroup's and its ancestors', are read by `read_level`.
+        limit_bytes: None,
         usage_bytes: usage,
         peak_bytes: read_u64(&dir.join("memory.peak")),
         swap_usage_bytes: read_u64(&dir.join("memory.swap.current")),
@@ -271,10 +274,6 @@ pub fn read_psi(path: &Path) -> Option<Psi> {
 /// The host's memory pressure (/proc/pressure/memory, Linux 4.20+ with PSI on).
 pub fn read_host_psi() -> Option<Psi> {
     read_psi(Path::new("/proc/pressure/memory"))
-}
-
-fn read_text(path: &Path) -> Option<String> {
-    std::fs::read_to_string(path).ok()
 }
 
 fn read_u64(path: &Path) -> Option<u64> {

@@ -19,20 +19,44 @@ use std::path::{Path, PathBuf};
 
 use crate::model::host::{DiskStat, FsUsage, HostMem, TaskState, SECTOR_BYTES};
 
-fn read_text(path: &Path) -> Option<String> {
-    std::fs::read_to_string(path).ok()
+/// A /proc, /sys or cgroup file's text. Not `std::fs::read_to_string`: it sizes its buffer
+/// from the file's length (a statx and an lseek), which these files report as 0 or 4096; the
+/// agent reads some forty of them a second.
+pub fn read_text(path: &Path) -> Option<String> {
+    use std::io::Read as _;
+    let mut file = std::fs::File::open(path).ok()?;
+    let mut text = String::with_capacity(4096);
+    // Through `Take`, whose read_to_string asks no size.
+    file.by_ref().take(u64::MAX).read_to_string(&mut text).ok()?;
+    Some(text)
 }
 
 pub fn read_host_mem() -> Option<HostMem> {
-    use procfs::Current;
-    let m = procfs::Meminfo::current().ok()?;
-    // procfs 0.18 reports bytes; MemAvailable is missing before Linux 3.14, where free is the
-    // closest figure.
+    parse_meminfo(&read_text(Path::new("/proc/meminfo"))?)
+}
+
+/// The host memory figures of a /proc/meminfo text (kB); MemAvailable is missing before Linux
+/// 3.14, where MemFree is the closest figure. Only the five lines it needs are parsed.
+pub fn parse_meminfo(text: &str) -> Option<HostMem> {
+    let (mut total, mut avail, mut free, mut swap_total, mut swap_free) =
+        (None, None, None, None, None);
+    for line in text.lines() {
+        let Some((key, rest)) = line.split_once(':') else { continue };
+        let slot = match key {
+            "MemTotal" => &mut total,
+            "MemAvailable" => &mut avail,
+            "MemFree" => &mut free,
+            "SwapTotal" => &mut swap_total,
+            "SwapFree" => &mut swap_free,
+            _ => continue,
+        };
+        *slot = rest.split_whitespace().next().and_then(|v| v.parse::<u64>().ok());
+    }
     Some(HostMem {
-        mem_total_kb: m.mem_total / 1024,
-        mem_available_kb: m.mem_available.unwrap_or(m.mem_free) / 1024,
-        swap_total_kb: m.swap_total / 1024,
-        swap_free_kb: m.swap_free / 1024,
+        mem_total_kb: total?,
+        mem_available_kb: avail.or(free)?,
+        swap_total_kb: swap_total.unwrap_or(0),
+        swap_free_kb: swap_free.unwrap_or(0),
         page_size: page_size(),
     })
 }
@@ -44,22 +68,27 @@ pub fn page_size() -> Option<u64> {
     u64::try_from(n).ok().filter(|&n| n > 0)
 }
 
-/// /proc/vmstat as name -> value; lines that do not parse are skipped.
-pub fn parse_vmstat(text: &str) -> BTreeMap<String, u64> {
+/// /proc/vmstat as name -> value, the counters `wanted` keeps (the others, ~180 of them, are
+/// never copied); lines that do not parse are skipped.
+pub fn parse_vmstat_keys(text: &str, wanted: impl Fn(&str) -> bool) -> BTreeMap<String, u64> {
     text.lines()
         .filter_map(|line| {
             let (k, v) = line.split_once(' ')?;
+            if !wanted(k) {
+                return None;
+            }
             Some((k.to_string(), v.trim().parse().ok()?))
         })
         .collect()
 }
 
-/// /proc/vmstat now; empty when unreadable.
-pub fn read_vmstat() -> BTreeMap<String, u64> {
-    read_text(Path::new("/proc/vmstat")).map(|t| parse_vmstat(&t)).unwrap_or_default()
+/// The counters of /proc/vmstat that `wanted` keeps; empty when unreadable.
+pub fn read_vmstat_keys(wanted: impl Fn(&str) -> bool) -> BTreeMap<String, u64> {
+    read_text(Path::new("/proc/vmstat")).map(|t| parse_vmstat_keys(&t, wanted)).unwrap_or_default()
 }
 
-/// Every device of a /proc/diskstats text, partitions included (see [`read_disks`]).
+/// Every device of a /proc/diskstats text, partitions included (see
+/// [`DiskTopology::read_disks`]).
 pub fn parse_diskstats(text: &str) -> Vec<DiskStat> {
     text.lines().filter_map(parse_diskstats_line).collect()
 }
@@ -84,27 +113,63 @@ fn parse_diskstats_line(line: &str) -> Option<DiskStat> {
     })
 }
 
-/// Whole disks now: partitions would count the same I/O twice, and idle loop/ram devices are
-/// noise. Empty when /proc/diskstats is unreadable.
-pub fn read_disks() -> Vec<DiskStat> {
-    let all = read_text(Path::new("/proc/diskstats")).map(|t| parse_diskstats(&t));
-    whole_disks(all.unwrap_or_default(), Path::new("/sys/block"))
+/// Re-read /sys/block at least this often even when the device names stay the same.
+const TOPOLOGY_REFRESH: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Which devices are whole disks and what each sits on, as /sys/block says: looked up once
+/// per device name and kept, not looked up every second (a dozen stats and directory reads a
+/// beat on a small VM). Looked up again when the names in /proc/diskstats change (a device
+/// added or removed) and every [`TOPOLOGY_REFRESH`].
+pub struct DiskTopology {
+    sys_block: PathBuf,
+    /// Per device name: `None` for a partition, else the devices it is stacked on.
+    known: BTreeMap<String, Option<Vec<String>>>,
+    looked_up: Option<std::time::Instant>,
 }
 
-/// Keeps the devices that have an entry in `sys_block` (whole disks; partitions have none),
-/// dropping loop* and ram* devices that never did I/O, with the devices each is stacked on.
-pub fn whole_disks(all: Vec<DiskStat>, sys_block: &Path) -> Vec<DiskStat> {
-    all.into_iter()
-        .filter(|d| {
-            // sysfs spells '/' in a device name (cciss/c0d0) as '!'.
-            sys_block.join(d.name.replace('/', "!")).exists()
-        })
-        .filter(|d| {
-            let virtual_dev = d.name.starts_with("loop") || d.name.starts_with("ram");
-            !(virtual_dev && d.read_bytes == 0 && d.write_bytes == 0)
-        })
-        .map(|d| DiskStat { lower: lower_devices(sys_block, &d.name), ..d })
-        .collect()
+impl DiskTopology {
+    pub fn new(sys_block: &Path) -> Self {
+        Self { sys_block: sys_block.to_path_buf(), known: BTreeMap::new(), looked_up: None }
+    }
+
+    /// Whole disks now: partitions would count the same I/O twice, and idle loop/ram devices
+    /// are noise. Empty when /proc/diskstats is unreadable.
+    pub fn read_disks(&mut self) -> Vec<DiskStat> {
+        let all = read_text(Path::new("/proc/diskstats")).map(|t| parse_diskstats(&t));
+        self.whole_disks(all.unwrap_or_default())
+    }
+
+    /// Keeps the devices of `all` that have an entry in /sys/block (whole disks; partitions
+    /// have none), dropping loop* and ram* devices that never did I/O, with the devices each
+    /// is stacked on.
+    pub fn whole_disks(&mut self, all: Vec<DiskStat>) -> Vec<DiskStat> {
+        let same_names =
+            all.len() == self.known.len() && all.iter().all(|d| self.known.contains_key(&d.name));
+        let fresh = self.looked_up.is_some_and(|t| t.elapsed() < TOPOLOGY_REFRESH);
+        if !(same_names && fresh) {
+            self.known.clear();
+            self.looked_up = Some(std::time::Instant::now());
+        }
+        all.into_iter()
+            .filter_map(|d| {
+                let sys_block = &self.sys_block;
+                let lower = self
+                    .known
+                    .entry(d.name.clone())
+                    .or_insert_with(|| look_up(sys_block, &d.name))
+                    .clone()?;
+                let virtual_dev = d.name.starts_with("loop") || d.name.starts_with("ram");
+                let idle = d.read_bytes == 0 && d.write_bytes == 0;
+                (!(virtual_dev && idle)).then_some(DiskStat { lower, ..d })
+            })
+            .collect()
+    }
+}
+
+/// A device as /sys/block has it: `None` for a partition (no entry), else what it sits on.
+fn look_up(sys_block: &Path, name: &str) -> Option<Vec<String>> {
+    // sysfs spells '/' in a device name (cciss/c0d0) as '!'.
+    sys_block.join(name.replace('/', "!")).exists().then(|| lower_devices(sys_block, name))
 }
 
 /// What a stacked device (dm, md) sits on: the names in `sys_block/NAME/slaves`, sorted.
@@ -168,6 +233,11 @@ pub fn task_state_at(proc_root: &Path, pid: u32) -> Option<TaskState> {
         read_bytes: io_field("read_bytes"),
         write_bytes: io_field("write_bytes"),
     })
+}
+
+/// Major faults from a /proc/PID/stat text.
+pub fn stat_majflt(text: &str) -> Option<u64> {
+    parse_stat(text).map(|s| s.majflt)
 }
 
 struct StatFields {

@@ -33,14 +33,16 @@ impl Drop for FakeRoot {
 
 #[test]
 fn vm_delta_sums_allocstall_and_saturates() {
-    let before = parse_vmstat(
+    let before = parse_vmstat_keys(
         "pswpin 10\npswpout 100\npgmajfault 5\noom_kill 0\npgscan_direct 1000\n\
          pgsteal_direct 900\npgscan_kswapd 50\nallocstall_normal 2\nallocstall_movable 1\n",
+        |_| true,
     );
-    let after = parse_vmstat(
+    let after = parse_vmstat_keys(
         "pswpin 15\npswpout 400\npgmajfault 4\noom_kill 1\npgscan_direct 3000\n\
          pgsteal_direct 2500\npgscan_kswapd 80\nallocstall_normal 7\nallocstall_movable 3\n\
          allocstall_dma32 1\n",
+        |_| true,
     );
     let d = vm_delta(&before, &after);
     let want = VmDelta {
@@ -54,7 +56,7 @@ fn vm_delta_sums_allocstall_and_saturates() {
         allocstall: 5 + 2 + 1,
     };
     assert_eq!(d, want);
-    assert!(!read_vmstat().is_empty(), "/proc/vmstat is readable on Linux");
+    assert!(!read_vmstat_keys(|_| true).is_empty(), "/proc/vmstat is readable on Linux");
 }
 
 const DISKSTATS_1: &str = "\
@@ -107,7 +109,7 @@ fn whole_disks_drop_partitions_and_idle_loops() {
     for d in ["nvme0n1", "loop0", "sda"] {
         r.mkdir(&format!("block/{d}"));
     }
-    let kept = whole_disks(parse_diskstats(DISKSTATS_2), &r.0.join("block"));
+    let kept = DiskTopology::new(&r.0.join("block")).whole_disks(parse_diskstats(DISKSTATS_2));
     let names: Vec<&str> = kept.iter().map(|d| d.name.as_str()).collect();
     assert_eq!(names, ["nvme0n1", "sda"]);
 }
@@ -121,10 +123,45 @@ fn stacked_devices_name_what_they_sit_on() {
     // A RAID1 (or LVM) over two partitions: slaves/ holds one entry per lower device.
     r.mkdir("block/sda/slaves/sdb1");
     r.mkdir("block/sda/slaves/nvme0n1p1");
-    let kept = whole_disks(parse_diskstats(DISKSTATS_2), &r.0.join("block"));
+    let kept = DiskTopology::new(&r.0.join("block")).whole_disks(parse_diskstats(DISKSTATS_2));
     let sda = kept.iter().find(|d| d.name == "sda").expect("sda kept");
     assert_eq!(sda.lower, ["nvme0n1p1", "sdb1"]);
     assert!(kept.iter().find(|d| d.name == "nvme0n1").is_some_and(|d| d.lower.is_empty()));
+}
+
+#[test]
+fn disks_are_looked_up_again_when_the_names_change() {
+    let r = FakeRoot::new("sysblock-cache");
+    r.mkdir("block/sda");
+    let mut topo = DiskTopology::new(&r.0.join("block"));
+    let names = |d: Vec<DiskStat>| d.into_iter().map(|d| d.name).collect::<Vec<_>>();
+    let line = |name: &str| format!("8 0 {name} 1 0 8 1 1 0 8 1 0 1 2 0 0 0 0\n");
+    assert_eq!(names(topo.whole_disks(parse_diskstats(&line("sda")))), ["sda"]);
+    // The same names: /sys/block is not looked at again.
+    r.mkdir("block/sda/slaves/nvme0n1p1");
+    assert!(topo.whole_disks(parse_diskstats(&line("sda")))[0].lower.is_empty());
+    // A device appears: everything is looked up again.
+    r.mkdir("block/sdb");
+    let both = topo.whole_disks(parse_diskstats(&(line("sda") + &line("sdb"))));
+    assert_eq!(both[0].lower, ["nvme0n1p1"]);
+    assert_eq!(names(both), ["sda", "sdb"]);
+}
+
+#[test]
+fn meminfo_gives_the_host_figures() {
+    let text = "MemTotal:       24683664 kB\nMemFree:        19409396 kB\n\
+                MemAvailable:   23907756 kB\nBuffers: 1 kB\nSwapTotal: 1048572 kB\n\
+                SwapFree: 1000 kB\n";
+    let m = parse_meminfo(text).expect("parses");
+    assert_eq!(
+        (m.mem_total_kb, m.mem_available_kb, m.swap_total_kb, m.swap_free_kb),
+        (24683664, 23907756, 1048572, 1000)
+    );
+    // Before Linux 3.14: no MemAvailable, free memory stands for it.
+    let old = parse_meminfo("MemTotal: 100 kB\nMemFree: 40 kB\n").expect("parses");
+    assert_eq!((old.mem_available_kb, old.swap_total_kb), (40, 0));
+    assert!(parse_meminfo("MemFree: 40 kB\n").is_none());
+    assert!(read_host_mem().is_some_and(|m| m.mem_total_kb > 0));
 }
 
 #[test]
