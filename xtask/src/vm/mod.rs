@@ -161,7 +161,13 @@ fn select<'a>(bins: &'a [TestBin], wanted: &[String], v1: bool) -> Vec<(&'a Test
 
 /// libtest arguments for a selection: every test of the binary, or exactly the named ones.
 fn libtest_args(bin: &TestBin, tests: &[String]) -> Vec<String> {
-    let mut args = vec!["--test-threads=2".to_string(), "--color=never".to_string()];
+    // --show-output: what passing tests print (per-kernel figures, the programs attached) is
+    // in each guest's console log too, not only a failure's.
+    let mut args = vec![
+        "--test-threads=2".to_string(),
+        "--color=never".to_string(),
+        "--show-output".to_string(),
+    ];
     if tests.len() < bin.tests.len() {
         args.extend(tests.iter().cloned());
         args.push("--exact".into());
