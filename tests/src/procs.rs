@@ -327,3 +327,23 @@ impl TraceResult {
             .unwrap_or_else(|| panic!("{field} of {pid} is not a number"))
     }
 }
+
+/// Runs a job to its end under `gpustall trace --quiet --no-gpu`, both expected to exit 0:
+/// the tracer's result and the trainer's own line (the truth it measured, `"role": "trainer"`).
+pub fn trace_trainer_job(program: &Path, args: &[&str]) -> (TraceResult, Value) {
+    crate::require_privileged_env();
+    let mut w = Workload::start(program, args, None);
+    let tracer = Tracer::start(w.pid(), &["--quiet", "--no-gpu"]);
+    w.go();
+    let (code, lines) = w.wait(Duration::from_secs(60));
+    assert_eq!(code, Some(0), "{lines:?}");
+    let t = tracer.wait(Duration::from_secs(30));
+    assert_eq!(t.code, Some(0), "{}", t.stderr);
+    let trainer = lines.iter().find(|l| l["role"] == "trainer").expect("the trainer's line");
+    (t, trainer.clone())
+}
+
+/// A number field of a JSON line, or a panic naming it.
+pub fn field_u64(v: &Value, field: &str) -> u64 {
+    v[field].as_u64().unwrap_or_else(|| panic!("{field} in {v}"))
+}

@@ -6,28 +6,15 @@
 use std::time::Duration;
 
 use serde_json::Value;
-use tests::procs::{TraceResult, Tracer, Workload};
+use tests::procs::{field_u64 as n, trace_trainer_job, TraceResult, Tracer, Workload};
 
 /// Runs `feed SLOW_MS FAST_MS BATCHES BUSY_MS` under the tracer; returns the tracer's result
 /// and the trainer's own line (the truth it measured).
 fn feed(args: &[&str]) -> (TraceResult, Value) {
-    tests::require_privileged_env();
     let bin = std::path::Path::new(env!("CARGO_BIN_EXE_gpustall-workload"));
     let mut argv = vec!["feed"];
     argv.extend_from_slice(args);
-    let mut w = Workload::start(bin, &argv, None);
-    let tracer = Tracer::start(w.pid(), &["--quiet", "--no-gpu"]);
-    w.go();
-    let (code, lines) = w.wait(Duration::from_secs(60));
-    assert_eq!(code, Some(0), "{lines:?}");
-    let t = tracer.wait(Duration::from_secs(30));
-    assert_eq!(t.code, Some(0), "{}", t.stderr);
-    let trainer = lines.iter().find(|l| l["role"] == "trainer").expect("the trainer's line");
-    (t, trainer.clone())
-}
-
-fn n(v: &Value, field: &str) -> u64 {
-    v[field].as_u64().unwrap_or_else(|| panic!("{field} in {v}"))
+    trace_trainer_job(bin, &argv)
 }
 
 #[test]

@@ -4,28 +4,8 @@
 //! worker's pipe is checked in `offcpu`.) The classic sched_switch program (5.10, no BTF)
 //! cannot read the syscall: there every wait is "unknown", and the test says it degraded.
 
-use std::time::Duration;
-
 use serde_json::Value;
-use tests::procs::{TraceResult, Tracer, Workload};
-
-/// Runs `program args` under the tracer; returns the tracer's result and the trainer's line.
-fn traced(program: &std::path::Path, args: &[&str]) -> (TraceResult, Value) {
-    tests::require_privileged_env();
-    let mut w = Workload::start(program, args, None);
-    let tracer = Tracer::start(w.pid(), &["--quiet", "--no-gpu"]);
-    w.go();
-    let (code, lines) = w.wait(Duration::from_secs(60));
-    assert_eq!(code, Some(0), "{lines:?}");
-    let t = tracer.wait(Duration::from_secs(30));
-    assert_eq!(t.code, Some(0), "{}", t.stderr);
-    let trainer = lines.iter().find(|l| l["role"] == "trainer").expect("the trainer's line");
-    (t, trainer.clone())
-}
-
-fn n(v: &Value, field: &str) -> u64 {
-    v[field].as_u64().unwrap_or_else(|| panic!("{field} in {v}"))
-}
+use tests::procs::{field_u64 as n, trace_trainer_job};
 
 /// `measured` within `tolerance` of what the workload measured itself.
 fn close(measured: u64, truth: u64, tolerance: f64, what: &str) {
@@ -45,7 +25,7 @@ fn unknown_only(trainer: &Value) {
 fn a_wait_in_an_ioctl_that_a_worker_ends_is_a_drivers_not_a_wait_for_data() {
     const WAITS: u64 = 10;
     let bin = std::path::Path::new(env!("CARGO_BIN_EXE_gpustall-workload"));
-    let (t, truth) = traced(bin, &["ioctlwait", "150", &WAITS.to_string()]);
+    let (t, truth) = trace_trainer_job(bin, &["ioctlwait", "150", &WAITS.to_string()]);
     let trainer = t.process(n(&truth, "pid") as u32);
     let worker = t.process(n(&truth, "worker_pid") as u32);
     assert_eq!(trainer["role"], "trainer");
@@ -80,7 +60,7 @@ fn a_wait_on_a_semaphore_a_worker_releases_is_a_futex_wait_for_data() {
     let script = script.to_str().expect("utf-8");
     let epochs = WAITS.to_string();
     let args = ["-u", script, "futex", "--epochs", &epochs, "--idle", "0.15", "--wait-go"];
-    let (t, truth) = traced(std::path::Path::new("python3"), &args);
+    let (t, truth) = trace_trainer_job(std::path::Path::new("python3"), &args);
     let trainer = t.process(n(&truth, "pid") as u32);
     if !tests::kernel::typed_sched_switch() {
         return unknown_only(trainer);
