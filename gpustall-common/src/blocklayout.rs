@@ -37,13 +37,10 @@ pub struct BlockLayout {
     pub rq_sector: u32,
     /// `request.cmd_flags` (the op in its low 8 bits).
     pub rq_cmd_flags: u32,
-    /// `request.start_time_ns`: when the request was made (`ktime_get_ns`, 0 where the queue
-    /// keeps no I/O statistics): the start of its latency, with no clock read of gpustall's.
-    pub rq_start_time: u32,
     /// `task_struct.flags` of the submitting task: `PF_MEMALLOC` says it is reclaiming.
     pub task_flags: u32,
 }
-const _: () = assert!(core::mem::size_of::<BlockLayout>() == 52);
+const _: () = assert!(core::mem::size_of::<BlockLayout>() == 48);
 
 /// `PF_MEMALLOC`: set on a task while it reclaims memory: direct and memcg reclaim (the
 /// tracepoints' begin to end, `memalloc_noreclaim_save`), and kswapd always. The same flag
@@ -85,7 +82,6 @@ impl BlockLayout {
             q_disk: UNKNOWN,
             rq_sector: UNKNOWN,
             rq_cmd_flags: UNKNOWN,
-            rq_start_time: UNKNOWN,
             task_flags: UNKNOWN,
         }
     }
@@ -106,7 +102,6 @@ impl BlockLayout {
             && self.q_disk != UNKNOWN
             && self.rq_sector != UNKNOWN
             && self.rq_cmd_flags != UNKNOWN
-            && self.rq_start_time != UNKNOWN
             && self.knows_disk()
     }
 

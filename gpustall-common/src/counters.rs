@@ -135,61 +135,9 @@ pub struct InflightIo {
 }
 const _: () = assert!(core::mem::size_of::<InflightIo>() == 24);
 
-/// Slots of the in-flight array the typed block programs use (a power of two).
-pub const IO_SLOTS: u32 = 8192;
-
-/// A request in flight, in the typed programs' array (`IO_SLOTS`): found by hashing its
-/// (dev, sector), the classic pairing's key (the verifier lets no program hash a kernel
-/// pointer). An array slot costs a load and a store where a hash map's insert and delete each
-/// took a bucket lock and an element off a free list (~350 ns apiece on the test VM).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-pub struct InflightSlot {
-    pub dev: u32,
-    /// 1 while a request holds the slot.
-    pub used: u32,
-    pub sector: u64,
-    pub start_ns: u64,
-    pub key: IoKey,
-}
-const _: () = assert!(core::mem::size_of::<InflightSlot>() == 40);
-
-impl InflightSlot {
-    /// Whether this slot holds the request at (dev, sector).
-    #[inline(always)]
-    pub fn holds(&self, dev: u32, sector: u64) -> bool {
-        self.used != 0 && self.dev == dev && self.sector == sector
-    }
-
-    /// Whether a request starting at `now_ns` may take this slot: free, its own (a start whose
-    /// done never came), or held longer than any request lives ([`INFLIGHT_STALE_NS`]: its
-    /// done was lost).
-    #[inline(always)]
-    pub fn claimable(&self, dev: u32, sector: u64, now_ns: u64) -> bool {
-        self.used == 0
-            || (self.dev == dev && self.sector == sector)
-            || now_ns.saturating_sub(self.start_ns) > INFLIGHT_STALE_NS
-    }
-}
-
 /// A request in flight this long lost its completion (no block device takes a minute without
 /// the kernel's own timeout ending the request).
 pub const INFLIGHT_STALE_NS: u64 = 60_000_000_000;
-
-/// The two candidate slots of a request (its dev and sector hashed): a second choice makes
-/// two requests in flight that share a first slot rare to collide (one then loses its
-/// latency, counted as lost).
-#[inline(always)]
-pub fn slot_indexes(dev: u32, sector: u64) -> (u32, u32) {
-    // splitmix64's finalizer: neighbouring sectors (low bits) and disks (high bits) alike
-    // spread over all 64 bits.
-    let mut h = sector ^ (dev as u64).rotate_left(32);
-    h = (h ^ (h >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    h = (h ^ (h >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    h ^= h >> 31;
-    let mask = (IO_SLOTS - 1) as u64;
-    ((h & mask) as u32, ((h >> 32) & mask) as u32)
-}
 
 /// Buckets of the kernel-side block latency histogram: bucket `i` holds latencies in
 /// `[2^i, 2^(i+1))` ns (bucket 0 also holds 0).
@@ -239,44 +187,3 @@ pub enum LostCounter {
     MapFull = 2,
 }
 pub const LOST_COUNTERS: u32 = 3;
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_slot_is_taken_when_free_own_or_stale() {
-        let held = InflightSlot {
-            dev: 7 << 20,
-            used: 1,
-            sector: 2048,
-            start_ns: 1_000,
-            ..Default::default()
-        };
-        assert!(InflightSlot::default().claimable(7 << 20, 4096, 2_000));
-        assert!(!InflightSlot::default().holds(0, 0), "a free slot holds nothing");
-        assert!(held.holds(7 << 20, 2048) && !held.holds(8 << 20, 2048));
-        assert!(held.claimable(7 << 20, 2048, 2_000), "the same request started again");
-        assert!(!held.claimable(7 << 20, 4096, 2_000), "another request in flight");
-        assert!(held.claimable(7 << 20, 4096, 1_000 + INFLIGHT_STALE_NS + 1));
-    }
-
-    #[test]
-    fn neighbouring_requests_in_flight_find_a_free_slot() {
-        // 1,024 requests of 4 KiB in a row on one disk, all in flight at once: with two choices
-        // of slot, about 1 % find both taken (with one choice, 6 % would).
-        let mut taken = [false; IO_SLOTS as usize];
-        let mut displaced = 0;
-        for i in 0..1024 {
-            let (a, b) = slot_indexes(259 << 20, 1_000_000 + i * 8);
-            match (taken[a as usize], taken[b as usize]) {
-                (false, _) => taken[a as usize] = true,
-                (true, false) => taken[b as usize] = true,
-                (true, true) => displaced += 1,
-            }
-        }
-        assert!(displaced <= 16, "{displaced} of 1024 displaced");
-        let (a, b) = slot_indexes(8 << 20, 0);
-        assert!(a < IO_SLOTS && b < IO_SLOTS && a != b);
-    }
-}

@@ -18,8 +18,8 @@ use aya_ebpf::{
 use gpustall_common::{
     blocklayout::{disk_devt, op_of, reclaiming, BlockLayout},
     counters::{
-        latency_bucket, slot_indexes, HostCounter, InflightIo, InflightKey, InflightSlot,
-        IoCounters, IoKey, IoOp, LostCounter, IO_SLOTS, LATENCY_BUCKETS,
+        latency_bucket, HostCounter, InflightIo, InflightKey, IoCounters, IoKey, IoOp, LostCounter,
+        LATENCY_BUCKETS,
     },
     reclaim::ReclaimKind,
     stacked::{MovedClone, Queued, StackSlot},
@@ -63,15 +63,10 @@ pub static IO_COUNTERS: HashMap<IoKey, IoCounters> =
 /// Requests of tracked processes between start and done. A plain preallocated hash: its insert
 /// and delete cost half an LRU's (no LRU lists and their locks). A request whose done never
 /// comes (device removed, trace attached mid-flight, a bio that never starts a request) is
-/// deleted by the agent once it is a minute old (`KernelMaps::read`). The classic programs'
-/// (no BTF, or before 6.5): 8192 tracked requests in flight at once, as the typed array.
+/// deleted by the agent once it is a minute old (`KernelMaps::read`). Typed and classic
+/// programs key it alike, (dev, sector).
 #[map]
-pub static IO_INFLIGHT: HashMap<InflightKey, InflightIo> = HashMap::with_max_entries(IO_SLOTS, 0);
-
-/// The same for the typed programs (6.5+ with BTF), by the request's address: see
-/// `InflightSlot`. Stale slots are taken over in the kernel; the agent never scans it.
-#[map]
-pub static IO_SLOTS_MAP: Array<InflightSlot> = Array::with_max_entries(IO_SLOTS, 0);
+pub static IO_INFLIGHT: HashMap<InflightKey, InflightIo> = HashMap::with_max_entries(16384, 0);
 
 /// Completed-request latency, log2 buckets, per direction: `op * LATENCY_BUCKETS + bucket`.
 #[map]
@@ -280,41 +275,8 @@ pub fn block_io_start_btf(ctx: BtfTracePointContext) -> i32 {
     let rq: *const u8 = ctx.arg(0);
     let flags: u32 = kload(rq, layout!(rq_cmd_flags));
     let (dev, sector) = (rq_dev(rq), kload(rq, layout!(rq_sector)));
-    on_io_start(dev, sector, op_of(flags), |key| {
-        start_slot(dev, sector, kload(rq, layout!(rq_start_time)), key)
-    });
+    on_io_start(dev, sector, op_of(flags), |key| start_io(dev, sector, key));
     0
-}
-
-/// Puts a tracked request in one of its two slots. With both held by other requests in
-/// flight, the first is taken over: that request's latency is lost, and counted as such.
-#[inline(always)]
-fn start_slot(dev: u32, sector: u64, made_ns: u64, key: IoKey) {
-    // The request's own time of making (the same clock), where its queue keeps one.
-    // SAFETY: plain helper call.
-    let start_ns = if made_ns != 0 { made_ns } else { unsafe { bpf_ktime_get_ns() } };
-    let (a, b) = slot_indexes(dev, sector);
-    let mut chosen = None;
-    for i in [a, b] {
-        if let Some(p) = IO_SLOTS_MAP.get_ptr_mut(i) {
-            // SAFETY: a live map value, read only.
-            if chosen.is_none() && unsafe { (*p).claimable(dev, sector, start_ns) } {
-                chosen = Some(p);
-            }
-        }
-    }
-    let p = match chosen {
-        Some(p) => p,
-        None => {
-            add_lost(LostCounter::MapFull);
-            match IO_SLOTS_MAP.get_ptr_mut(a) {
-                Some(p) => p,
-                None => return,
-            }
-        }
-    };
-    // SAFETY: a live map value; only this request's start and done write it meanwhile.
-    unsafe { *p = InflightSlot { dev, used: 1, sector, start_ns, key } };
 }
 
 #[inline(always)]
@@ -349,18 +311,7 @@ pub fn block_io_done(ctx: TracePointContext) -> u32 {
 #[btf_tracepoint(function = "block_io_done")]
 pub fn block_io_done_btf(ctx: BtfTracePointContext) -> i32 {
     let rq: *const u8 = ctx.arg(0);
-    let (dev, sector) = (rq_dev(rq), kload(rq, layout!(rq_sector)));
-    let (a, b) = slot_indexes(dev, sector);
-    for i in [a, b] {
-        let Some(p) = IO_SLOTS_MAP.get_ptr_mut(i) else { continue };
-        // SAFETY: a live map value: copied out, then freed.
-        let slot = unsafe { *p };
-        if slot.holds(dev, sector) {
-            unsafe { (*p).used = 0 };
-            done(slot.key, slot.start_ns);
-            break;
-        }
-    }
+    on_io_done(rq_dev(rq), kload(rq, layout!(rq_sector)));
     0
 }
 

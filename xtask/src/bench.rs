@@ -159,13 +159,13 @@ pub fn run(only: Option<&str>) -> anyhow::Result<()> {
     let hits = |name: &str| {
         programs
             .iter()
-            .find(|p| p["name"] == name)
+            // The typed program where the kernel has BTF, else its classic fallback.
+            .find(|p| p["name"].as_str().map(crate::util::tracepoint_of) == Some(name))
             .and_then(|p| p["run_count"].as_u64())
             .unwrap_or(0)
     };
     let records = s["events"].as_u64().unwrap_or(0);
-    // The BTF-typed program where the kernel has BTF, else its classic fallback.
-    let write_folio_hits = hits("mm_vmscan_write_folio") + hits("mm_vmscan_write_folio_btf");
+    let write_folio_hits = hits("mm_vmscan_write_folio");
     // CPU while tracing: without the start-up (loading and verifying the programs).
     let cpu = s["overhead"]["agent_cpu_s"].as_f64().unwrap_or(0.0)
         - s["overhead"]["agent_startup_cpu_s"].as_f64().unwrap_or(0.0);

@@ -81,7 +81,6 @@ pub fn block_layout(btf: &Btf) -> gpustall_common::blocklayout::BlockLayout {
         q_disk: or_unknown(at("request_queue", "disk")),
         rq_sector: or_unknown(at("request", "__sector")),
         rq_cmd_flags: or_unknown(at("request", "cmd_flags")),
-        rq_start_time: or_unknown(at("request", "start_time_ns")),
         task_flags: or_unknown(at("task_struct", "flags")),
     }
 }

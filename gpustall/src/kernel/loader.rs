@@ -267,9 +267,8 @@ const PROBES: &[Probe] = &[
     }),
     // 6.5+. Before, block_bio_queue starts the latency (`bio_starts_io`) and block_rq_complete
     // ends it: block_io_start's absence is then no loss.
-    // Typed, both keep the request in flight in an array slot by its address (IO_SLOTS_MAP),
-    // not in the classic hash: the done attaches first (no start without its done), the start
-    // only where the done did.
+    // The done attaches first (no start without its done); the typed start only where the
+    // typed done did, so that both read the request alike.
     probe(programs::BLOCK_IO_DONE, "block", &["block_io_done", "block_rq_complete"], false)
         .or_typed(Typed {
             program: programs::BLOCK_IO_DONE_BTF,
