@@ -128,7 +128,7 @@ pub struct InflightKey {
 const _: () = assert!(core::mem::size_of::<InflightKey>() == 16);
 
 #[repr(C)]
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Default)]
 pub struct InflightIo {
     pub start_ns: u64,
     pub key: IoKey,

@@ -12,6 +12,7 @@ pub mod folio;
 pub mod names;
 pub mod offsets;
 pub mod reclaim;
+pub mod rqslot;
 pub mod sched;
 pub mod stacked;
 pub mod syscall;

@@ -1,9 +1,11 @@
 //! Block I/O attributed to the submitting process. Bytes are counted per bio at
 //! block_bio_queue, which runs in the submitter (block_rq_issue often runs in a kworker) and
-//! sees every byte once, whatever merging happens later. Request latency is paired by
-//! (dev, sector) from block_io_start (also in the submitter) to block_io_done; kernels before
-//! 6.5 have neither, and pair from block_bio_queue to block_rq_complete instead (the agent
-//! sets `bio_starts_io` and points `done_*` at block_rq_complete's fields).
+//! sees every byte once, whatever merging happens later. Request latency runs from
+//! block_io_start (also in the submitter) to block_io_done: the typed programs keep the request
+//! in an array slot found from its address (`gpustall_common::rqslot`), the classic ones, which
+//! see no address, in a hash keyed by (dev, sector). Kernels before 6.5 have neither
+//! tracepoint, and pair from block_bio_queue to block_rq_complete in the hash (the agent sets
+//! `bio_starts_io` and points `done_*` at block_rq_complete's fields).
 //!
 //! Stacked devices (dm, md) queue a clone of each bio again, on the device below, in the same
 //! task: block_bio_remap announces it, and the clone is not counted again; its request's
@@ -22,6 +24,7 @@ use gpustall_common::{
         LATENCY_BUCKETS,
     },
     reclaim::ReclaimKind,
+    rqslot::{self, RqSlot, SlotTable, Started},
     stacked::{MovedClone, Queued, StackSlot},
 };
 
@@ -60,13 +63,56 @@ fn rq_dev(rq: *const u8) -> u32 {
 pub static IO_COUNTERS: HashMap<IoKey, IoCounters> =
     HashMap::with_max_entries(16384, BPF_F_NO_PREALLOC);
 
-/// Requests of tracked processes between start and done. A plain preallocated hash: its insert
-/// and delete cost half an LRU's (no LRU lists and their locks). A request whose done never
-/// comes (device removed, trace attached mid-flight, a bio that never starts a request) is
-/// deleted by the agent once it is a minute old (`KernelMaps::read`). Typed and classic
-/// programs key it alike, (dev, sector).
+/// Requests of tracked processes between start and done, for the classic programs. A plain
+/// preallocated hash: its insert and delete cost half an LRU's (no LRU lists and their locks).
+/// A request whose done never comes (device removed, trace attached mid-flight, a bio that
+/// never starts a request) is deleted by the agent once it is a minute old
+/// (`KernelMaps::read`). The loader shrinks it where the typed programs pair in `RQ_SLOTS`.
 #[map]
 pub static IO_INFLIGHT: HashMap<InflightKey, InflightIo> = HashMap::with_max_entries(16384, 0);
+
+/// Requests of tracked processes between start and done, for the typed programs: a slot per
+/// request found from its address (`gpustall_common::rqslot`). One entry where the classic
+/// programs pair (the loader shrinks it).
+#[map]
+pub static RQ_SLOTS: Array<RqSlot> = Array::with_max_entries(rqslot::RQ_SLOTS, 0);
+
+/// One word per CPU that turns a kernel pointer into a number (see [`address`]).
+#[map]
+pub static ADDRESS: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
+/// The address of a struct the kernel handed a typed program, as a number. The verifier
+/// allows no arithmetic on a typed pointer and no narrower read of one spilled to the stack,
+/// but a map word it was stored in reads back as a scalar (a program of root, or of
+/// CAP_PERFMON, may see kernel addresses). 0 if the map is missing.
+#[inline(always)]
+fn address(p: *const u8) -> u64 {
+    let Some(word) = ADDRESS.get_ptr_mut(0) else {
+        return 0;
+    };
+    // SAFETY: this CPU's word; no other program runs on this CPU meanwhile.
+    unsafe {
+        core::ptr::write_volatile(word as *mut *const u8, p);
+        core::ptr::read_volatile(word)
+    }
+}
+
+/// `RQ_SLOTS` for `rqslot`'s probing: inlined array lookups, and BPF's cmpxchg.
+struct Slots;
+
+impl SlotTable for Slots {
+    #[inline(always)]
+    fn slot(&self, idx: u32) -> Option<*mut RqSlot> {
+        RQ_SLOTS.get_ptr_mut(idx)
+    }
+
+    #[inline(always)]
+    fn claim(&self, slot: *mut RqSlot, old: u64, new: u64) -> bool {
+        use core::intrinsics::{atomic_cxchg, AtomicOrdering::Relaxed};
+        // SAFETY: a live map value; the typed start runs on 6.5+, whose BPF has cmpxchg.
+        unsafe { atomic_cxchg::<u64, { Relaxed }, { Relaxed }>(&raw mut (*slot).rq, old, new) }.1
+    }
+}
 
 /// Completed-request latency, log2 buckets, per direction: `op * LATENCY_BUCKETS + bucket`.
 #[map]
@@ -269,32 +315,44 @@ pub fn block_io_start(ctx: TracePointContext) -> u32 {
     on_io_start(dev, sector, io_op(&rwbs) as u32, |key| start_io(dev, sector, key))
 }
 
-/// The same, BTF-typed: the request's fields are plain loads.
+/// The same, BTF-typed: the request's fields are plain loads, and the request waits for its
+/// done in a slot found from its address (no hash insert).
 #[btf_tracepoint(function = "block_io_start")]
 pub fn block_io_start_btf(ctx: BtfTracePointContext) -> i32 {
     let rq: *const u8 = ctx.arg(0);
     let flags: u32 = kload(rq, layout!(rq_cmd_flags));
     let (dev, sector) = (rq_dev(rq), kload(rq, layout!(rq_sector)));
-    on_io_start(dev, sector, op_of(flags), |key| start_io(dev, sector, key));
+    let key = io_start_key(dev, sector, op_of(flags));
+    let io = key.map(|key| InflightIo { start_ns: 0, key });
+    // SAFETY: `Slots` gives live slots of RQ_SLOTS.
+    let started = unsafe { rqslot::start(&Slots, address(rq), io, bpf_ktime_get_ns()) };
+    if started == Started::Full {
+        add_lost(LostCounter::MapFull);
+    }
     0
 }
 
 #[inline(always)]
 fn on_io_start(dev: u32, sector: u64, op: u32, start: impl FnOnce(IoKey)) -> u32 {
-    // The bio that starts this request (or, split below, a part of it), queued just before by
-    // this task on this CPU: its key. A bio merged into another request leaves the slot until
-    // the next tracked bio here; it matches no request but one this thread starts inside it.
-    if let Some(slot) = LAST_BIO.get_ptr_mut(0) {
-        // SAFETY: this CPU's slot; no other program runs on this CPU meanwhile.
-        if let Some(key) = unsafe { (*slot).take_request(key_tid(), dev, sector) } {
-            start(IoKey { op, ..key });
-            return 0;
-        }
-    }
-    if let Some(key) = current_key(dev, op, 0) {
+    if let Some(key) = io_start_key(dev, sector, op) {
         start(key);
     }
     0
+}
+
+/// Whose request starts: the key of the bio that starts it (or, split below, a part of it),
+/// queued just before by this task on this CPU, else the current task's if it is tracked. A
+/// bio merged into another request leaves the slot until the next tracked bio here; it matches
+/// no request but one this thread starts inside it.
+#[inline(always)]
+fn io_start_key(dev: u32, sector: u64, op: u32) -> Option<IoKey> {
+    if let Some(slot) = LAST_BIO.get_ptr_mut(0) {
+        // SAFETY: this CPU's slot; no other program runs on this CPU meanwhile.
+        if let Some(key) = unsafe { (*slot).take_request(key_tid(), dev, sector) } {
+            return Some(IoKey { op, ..key });
+        }
+    }
+    current_key(dev, op, 0)
 }
 
 /// block_io_done, or block_rq_complete on kernels before 6.5 (the `done_*` offsets are the
@@ -306,12 +364,15 @@ pub fn block_io_done(ctx: TracePointContext) -> u32 {
     on_io_done(dev, sector)
 }
 
-/// The same, BTF-typed (block_io_done, or block_rq_complete before 6.5: both take the request
-/// first).
+/// The same, BTF-typed: the request's slot, found from its address (the loader attaches it on
+/// block_io_done only, with the typed start).
 #[btf_tracepoint(function = "block_io_done")]
 pub fn block_io_done_btf(ctx: BtfTracePointContext) -> i32 {
     let rq: *const u8 = ctx.arg(0);
-    on_io_done(rq_dev(rq), kload(rq, layout!(rq_sector)));
+    // SAFETY: `Slots` gives live slots of RQ_SLOTS.
+    if let Some(io) = unsafe { rqslot::done(&Slots, address(rq)) } {
+        done(io.key, io.start_ns);
+    }
     0
 }
 

@@ -101,7 +101,9 @@ struct Typed {
     pairs: Pairing,
 }
 
-/// A typed program that shares state with another (the block request's start and done).
+/// A typed program that shares state with another: the typed request start and done keep the
+/// request in `RQ_SLOTS` (by its address), the classic ones in `IO_INFLIGHT` (by dev and
+/// sector), so the two kinds do not pair with each other.
 #[derive(Clone, Copy, Debug)]
 struct Pairing {
     requires: Option<&'static str>,
@@ -431,6 +433,12 @@ pub fn load(tracefs: &Tracefs, btf: Result<&btf_rs::Btf, &str>) -> Result<Probes
     loader.override_global(names::FOLIO_LAYOUT, &folio, true);
     loader.override_global(names::BLOCK_LAYOUT, &layouts.block, true);
     loader.override_global(names::SYSCALL_NR_OFFSET, &layouts.syscall_nr, true);
+    // Requests in flight wait in the typed programs' slots or the classic programs' hash: the
+    // one that will not be used is made small (kernel memory, `kernel::mapmem`).
+    let typed_pair = typed_requests_expected(tracefs, btf, &layouts);
+    let (inflight, slots) = inflight_entries(typed_pair);
+    loader.map_max_entries(maps::IO_INFLIGHT, inflight);
+    loader.map_max_entries(maps::RQ_SLOTS, slots);
     // Tests make the per-process I/O map small to reach "map full" with a few processes, the
     // same kernel path a host with more processes than entries takes.
     if let Some(n) = std::env::var("GPUSTALL_TEST_IO_MAP_ENTRIES").ok().and_then(|v| v.parse().ok())
@@ -489,6 +497,11 @@ pub fn load(tracefs: &Tracefs, btf: Result<&btf_rs::Btf, &str>) -> Result<Probes
                     if let Some(fallback) = typed.fallback {
                         degraded.push(format!("{name}: {fallback} ({why})"));
                     }
+                    if typed.program == programs::BLOCK_IO_DONE_BTF && typed_pair {
+                        degraded.push(format!(
+                            "{name}: the classic request programs time at most {inflight} requests in flight at once ({why})"
+                        ));
+                    }
                     // Its partner, attached already, reads state this one will not keep.
                     if let Some(partner) = typed.pairs.requires {
                         if attached_programs.contains(&partner) {
@@ -540,6 +553,45 @@ pub fn load(tracefs: &Tracefs, btf: Result<&btf_rs::Btf, &str>) -> Result<Probes
         maps,
         rings: Some((critical, bulk)),
     })
+}
+
+/// Entries of `IO_INFLIGHT` and `RQ_SLOTS` when the typed request programs are (`true`) or
+/// are not expected to run. The hash keeps an eighth of its size beside the slots, for the
+/// classic programs should the typed ones fail to attach after all (said among degradations).
+pub(crate) const fn inflight_entries(typed_pair: bool) -> (u32, u32) {
+    const HASH: u32 = 16384;
+    if typed_pair {
+        (HASH / 8, gpustall_common::rqslot::RQ_SLOTS)
+    } else {
+        (HASH, 1)
+    }
+}
+
+/// Whether the typed block_io_start and block_io_done can both run here, as the attach loop
+/// will find (BTF, tracepoints, the test switch to classic programs).
+fn typed_requests_expected(
+    tracefs: &Tracefs,
+    btf: Result<&btf_rs::Btf, &str>,
+    layouts: &Layouts,
+) -> bool {
+    if std::env::var_os("GPUSTALL_TEST_CLASSIC_ONLY").is_some() {
+        return false;
+    }
+    let Ok(btf) = btf else { return false };
+    [(programs::BLOCK_IO_DONE, "block_io_done"), (programs::BLOCK_IO_START, "block_io_start")]
+        .into_iter()
+        .all(|(program, event)| {
+            let typed = PROBES.iter().find(|p| p.program == program).and_then(|p| p.typed);
+            typed.is_some_and(|typed| {
+                tracefs.exists("block", event)
+                    && typed_ready(
+                        &typed,
+                        Ok(crate::kernel::btf::tracepoint_args(btf, event)),
+                        layouts,
+                    )
+                    .is_ok()
+            })
+        })
 }
 
 /// Loads and attaches a typed program on `event`; `aya_btf` caches aya's parse of the
@@ -720,6 +772,7 @@ mod tests {
             maps::IO_COUNTERS,
             maps::IO_LATENCY,
             maps::IO_INFLIGHT,
+            maps::RQ_SLOTS,
             maps::OFFCPU_THREADS,
             maps::OFFCPU,
             maps::WAKES,
