@@ -137,8 +137,8 @@ fn io_op(rwbs: &[u8; 8]) -> IoOp {
 /// The I/O key of the current task, or `None` for an untracked one. The tracked-set test
 /// comes first; an untracked task costs one more lookup only when it has bytes to count.
 #[inline(always)]
-fn current_key(dev: u32, op: u32, bytes: u64) -> Option<IoKey> {
-    current_key_with(dev, op, bytes, |tid| {
+fn current_key(ids: (u32, u32), dev: u32, op: u32, bytes: u64) -> Option<IoKey> {
+    current_key_with(ids, dev, op, bytes, |tid| {
         // SAFETY: read-only peek, one lookup for "in reclaim" and "is kswapd".
         unsafe { RECLAIM_START.get(tid) }.map(|s| s.kind == ReclaimKind::Kswapd as u32)
     })
@@ -148,12 +148,12 @@ fn current_key(dev: u32, op: u32, bytes: u64) -> Option<IoKey> {
 /// reclaim-pairing map, or the task's flags in a typed program.
 #[inline(always)]
 fn current_key_with(
+    (tgid, tid): (u32, u32),
     dev: u32,
     op: u32,
     bytes: u64,
     reclaiming: impl Fn(u32) -> Option<bool>,
 ) -> Option<IoKey> {
-    let (tgid, tid) = pid_tgid();
     if !is_tracked(tgid) {
         if bytes > 0 {
             if let Some(kswapd) = reclaiming(tid) {
@@ -197,8 +197,9 @@ pub fn block_bio_queue(ctx: TracePointContext) -> u32 {
     let sectors = field::<u32>(&ctx, offset!(bio_nr_sector)).unwrap_or(0) as u64;
     let dev: u32 = field(&ctx, offset!(bio_dev)).unwrap_or(0);
     let rwbs: [u8; 8] = field(&ctx, offset!(bio_rwbs)).unwrap_or([0; 8]);
-    let own = current_key(dev, io_op(&rwbs) as u32, sectors * 512);
-    on_bio_queue(own, dev, sectors, || field(&ctx, offset!(bio_sector)).unwrap_or(0))
+    let ids = pid_tgid();
+    let own = current_key(ids, dev, io_op(&rwbs) as u32, sectors * 512);
+    on_bio_queue(ids.1, own, dev, sectors, || field(&ctx, offset!(bio_sector)).unwrap_or(0))
 }
 
 /// The same, BTF-typed: the bio's fields are plain loads.
@@ -209,14 +210,21 @@ pub fn block_bio_queue_btf(ctx: BtfTracePointContext) -> i32 {
     let opf: u32 = kload(bio, layout!(bio_opf));
     let bdev: *const u8 = kload(bio, layout!(bio_bdev));
     let dev = disk_dev(kload(bdev, layout!(bdev_disk)));
-    let own = current_key_with(dev, op_of(opf), bytes as u64, |_| reclaiming_now());
-    on_bio_queue(own, dev, (bytes / 512) as u64, || kload(bio, layout!(bio_sector)));
+    let ids = pid_tgid();
+    let own = current_key_with(ids, dev, op_of(opf), bytes as u64, |_| reclaiming_now());
+    on_bio_queue(ids.1, own, dev, (bytes / 512) as u64, || kload(bio, layout!(bio_sector)));
     0
 }
 
 /// A bio queued: its bytes to the submitting process (`sector` read only for a tracked one).
 #[inline(always)]
-fn on_bio_queue(own: Option<IoKey>, dev: u32, sectors: u64, sector: impl FnOnce() -> u64) -> u32 {
+fn on_bio_queue(
+    tid: u32,
+    own: Option<IoKey>,
+    dev: u32,
+    sectors: u64,
+    sector: impl FnOnce() -> u64,
+) -> u32 {
     let bytes = sectors * 512;
     let Some(own) = own else {
         return 0;
@@ -226,7 +234,6 @@ fn on_bio_queue(own: Option<IoKey>, dev: u32, sectors: u64, sector: impl FnOnce(
         return 0;
     };
     // SAFETY: this CPU's slot; no other program runs on this CPU meanwhile.
-    let tid = key_tid();
     let mut queued = unsafe { (*slot).on_queue(tid, dev, sector, sectors, own) };
     if queued == Queued::Own {
         if let Some(mark) = MOVED_CLONE.get_ptr_mut(0) {
@@ -302,11 +309,6 @@ fn start_io(dev: u32, sector: u64, key: IoKey) {
     }
 }
 
-#[inline(always)]
-fn key_tid() -> u32 {
-    pid_tgid().1
-}
-
 #[tracepoint]
 pub fn block_io_start(ctx: TracePointContext) -> u32 {
     let dev: u32 = field(&ctx, offset!(rq_dev)).unwrap_or(0);
@@ -346,13 +348,14 @@ fn on_io_start(dev: u32, sector: u64, op: u32, start: impl FnOnce(IoKey)) -> u32
 /// no request but one this thread starts inside it.
 #[inline(always)]
 fn io_start_key(dev: u32, sector: u64, op: u32) -> Option<IoKey> {
+    let ids = pid_tgid();
     if let Some(slot) = LAST_BIO.get_ptr_mut(0) {
         // SAFETY: this CPU's slot; no other program runs on this CPU meanwhile.
-        if let Some(key) = unsafe { (*slot).take_request(key_tid(), dev, sector) } {
+        if let Some(key) = unsafe { (*slot).take_request(ids.1, dev, sector) } {
             return Some(IoKey { op, ..key });
         }
     }
-    current_key(dev, op, 0)
+    current_key(ids, dev, op, 0)
 }
 
 /// block_io_done, or block_rq_complete on kernels before 6.5 (the `done_*` offsets are the
