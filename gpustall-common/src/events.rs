@@ -116,6 +116,11 @@ pub struct OomVictimEvent {
 }
 const _: () = assert!(core::mem::size_of::<OomVictimEvent>() == 112);
 
+/// `si_code` of a signal the kernel itself sent (SEND_SIG_PRIV: the OOM killer), as
+/// signal_generate records it (TP_STORE_SIGINFO). One definition for the programs and the
+/// agent's verdict.
+pub const SI_KERNEL: i32 = 0x80;
+
 /// `signal:signal_generate` of a fatal signal to a task of a tracked process. The header is the
 /// sender.
 #[repr(C)]

@@ -10,6 +10,7 @@ use gpustall_common::{
     counters::LostCounter,
     events::{
         EventKind, ExecEvent, ExitEvent, ForkEvent, OomVictimEvent, RenameEvent, SignalEvent,
+        SI_KERNEL,
     },
 };
 
@@ -210,10 +211,9 @@ pub fn mark_victim(ctx: TracePointContext) -> u32 {
 const FATAL_SIGNALS: u64 = (1 << 2) | (1 << 6) | (1 << 7) | (1 << 9) | (1 << 11) | (1 << 15);
 
 const SIGKILL: i32 = 9;
-/// `si_code` of a signal sent with SEND_SIG_NOINFO (kill(2) semantics) and with SEND_SIG_PRIV
-/// (the kernel: the OOM killer), as the tracepoint's TP_STORE_SIGINFO records them.
+/// `si_code` of a signal sent with SEND_SIG_NOINFO (kill(2) semantics), as the tracepoint's
+/// TP_STORE_SIGINFO records it (SEND_SIG_PRIV's is `events::SI_KERNEL`).
 const SI_USER: i32 = 0;
-const SI_KERNEL: i32 = 0x80;
 
 #[inline(always)]
 fn is_fatal(sig: i32) -> bool {

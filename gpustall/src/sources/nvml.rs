@@ -163,7 +163,15 @@ impl GpuSampler {
 mod tests {
     use super::*;
 
-    const STUB: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../target/debug/libnvidia_ml_stub.so");
+    /// The stand-in library `cargo build -p nvml-stub` made, in this build's target directory
+    /// (`CARGO_TARGET_DIR` when set, as it is for parallel work trees; `./target` otherwise).
+    fn stub() -> std::path::PathBuf {
+        let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(
+            || Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"),
+            std::path::PathBuf::from,
+        );
+        target.join("debug/libnvidia_ml_stub.so")
+    }
     const MIB: u64 = 1024 * 1024;
 
     #[test]
@@ -201,8 +209,13 @@ mod tests {
     /// is named by a process-wide environment variable, and the stub's state is global.
     #[test]
     fn samples_the_stub_through_real_nvml_wrapper() {
-        let stub = Path::new(STUB);
-        assert!(stub.exists(), "{STUB} is missing: build it first: cargo build -p nvml-stub");
+        let stub = stub();
+        let stub = stub.as_path();
+        assert!(
+            stub.exists(),
+            "{} is missing: build it first: cargo build -p nvml-stub",
+            stub.display()
+        );
         let dir = std::env::temp_dir().join(format!("gpustall-nvml-test-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("temp dir");
         let me = std::process::id();

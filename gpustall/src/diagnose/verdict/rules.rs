@@ -7,6 +7,7 @@ use super::{
     Cause, Verdict,
 };
 use crate::diagnose::facts::{CgroupFacts, Facts, KillerFacts, OomFacts, ProcFacts};
+use gpustall_common::events::SI_KERNEL;
 
 /// Reclaim stall time at or above this fraction of the trace is memory pressure.
 const PRESSURE_STALL_FRACTION: f64 = 0.01;
@@ -19,8 +20,6 @@ const HUNG_NS: u64 = 3_000_000_000;
 /// A process waited on its disk I/O this share of its life: disk-bound.
 const IO_WAIT_FRACTION: f64 = 0.5;
 const DISK_BUSY_PCT: f64 = 80.0;
-/// SI_KERNEL: the kernel itself sent the signal.
-const SI_KERNEL: i32 = 0x80;
 
 /// What every rule starts from: the facts, the figures several rules share, and the GPU and
 /// training-log links that belong in every chain.
