@@ -6,6 +6,7 @@
 /// Map names.
 pub mod maps {
     pub const TRACKED: &str = "TRACKED";
+    pub const TRACKED_HINT: &str = "TRACKED_HINT";
     pub const CRITICAL: &str = "CRITICAL";
     pub const BULK: &str = "BULK";
     pub const LOST: &str = "LOST";

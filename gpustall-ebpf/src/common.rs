@@ -3,12 +3,13 @@
 use aya_ebpf::{
     helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns},
     macros::map,
-    maps::{HashMap, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, PerCpuArray, RingBuf},
     programs::TracePointContext,
 };
 use gpustall_common::{
     counters::{LostCounter, ProcCounters, HOST_COUNTERS, LOST_COUNTERS},
     events::{EventHeader, EventKind},
+    hint::{self, BPF_F_MMAPABLE, HINT_SLOTS},
     offsets::{TracepointOffsets, MISSING},
     reclaim::ReclaimStart,
     task::{TaskOffsets, UNKNOWN as TASK_UNKNOWN},
@@ -63,9 +64,16 @@ macro_rules! offset {
 }
 pub(crate) use offset;
 
-/// Tracked processes (tgid -> 1).
+/// Tracked processes (tgid -> level: 1, or the off-CPU accounting levels of `sched`). Every
+/// insert of a new tgid and every delete goes through [`track`] / [`untrack`] (the agent's
+/// through `KernelMaps`), which keep `TRACKED_HINT` in step.
 #[map]
 pub static TRACKED: HashMap<u32, u32> = HashMap::with_max_entries(32768, 0);
+
+/// `TRACKED`'s entries per bucket of tgids (`gpustall_common::hint`): the first, inlined test
+/// of [`is_tracked`]. Mapped by the agent, which tracks and forgets processes too.
+#[map]
+pub static TRACKED_HINT: Array<u64> = Array::with_max_entries(HINT_SLOTS, BPF_F_MMAPABLE);
 
 /// Fork/exit/rename/exec/OOM/signal: rare and precious.
 #[map]
@@ -87,7 +95,8 @@ pub static PROC_COUNTERS: HashMap<u32, ProcCounters> =
 
 /// Map flag: elements allocated on insert instead of all at creation.
 pub const BPF_F_NO_PREALLOC: u32 = 1;
-const BPF_NOEXIST: u64 = 1;
+pub const BPF_NOEXIST: u64 = 1;
+const BPF_EXIST: u64 = 2;
 
 #[map]
 pub static HOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(HOST_COUNTERS, 0);
@@ -107,7 +116,58 @@ pub fn pid_tgid() -> (u32, u32) {
 #[inline(always)]
 pub fn is_tracked(tgid: u32) -> bool {
     // SAFETY: the value is only tested for presence.
-    unsafe { TRACKED.get(tgid).is_some() }
+    maybe_in(&TRACKED_HINT, tgid) && unsafe { TRACKED.get(tgid).is_some() }
+}
+
+/// `tgid`'s tracking level (0: untracked).
+#[inline(always)]
+pub fn tracked_level(tgid: u32) -> u32 {
+    if !maybe_in(&TRACKED_HINT, tgid) {
+        return 0;
+    }
+    // SAFETY: the value is copied out at once.
+    unsafe { TRACKED.get(tgid) }.copied().unwrap_or(0)
+}
+
+/// Whether the map a `hint` counts may hold `id`: false only when it cannot.
+#[inline(always)]
+pub fn maybe_in(hint: &Array<u64>, id: u32) -> bool {
+    match hint.get_ptr(hint::slot(id)) {
+        // SAFETY: a live map value; other CPUs (and the agent) add to it atomically.
+        Some(n) => (unsafe { core::ptr::read_volatile(n) }) != 0,
+        None => true,
+    }
+}
+
+/// Adds `delta` (wrapping: `u64::MAX` takes one away) to `id`'s bucket of `hint`.
+#[inline(always)]
+pub fn hint_add(hint: &Array<u64>, id: u32, delta: u64) {
+    if let Some(n) = hint.get_ptr_mut(hint::slot(id)) {
+        atomic_add(n, delta);
+    }
+}
+
+/// Tracks a new process at level 1; an entry left by an earlier process of the same pid is
+/// reset to 1. The hint is counted up first, so it never reads 0 while the entry exists.
+#[inline(always)]
+pub fn track(tgid: u32) {
+    hint_add(&TRACKED_HINT, tgid, 1);
+    if TRACKED.insert(tgid, 1, BPF_NOEXIST).is_ok() {
+        return;
+    }
+    // Not a new key: there already (reset it), or the map is full.
+    if TRACKED.insert(tgid, 1, BPF_EXIST).is_err() {
+        add_lost(LostCounter::MapFull);
+    }
+    hint_add(&TRACKED_HINT, tgid, u64::MAX);
+}
+
+/// Stops tracking a process; the hint is counted down only for a key really deleted.
+#[inline(always)]
+pub fn untrack(tgid: u32) {
+    if TRACKED.remove(tgid).is_ok() {
+        hint_add(&TRACKED_HINT, tgid, u64::MAX);
+    }
 }
 
 #[inline(always)]

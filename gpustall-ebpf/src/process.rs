@@ -6,17 +6,13 @@ use aya_ebpf::{
     maps::LruHashMap,
     programs::{RawTracePointContext, TracePointContext},
 };
-use gpustall_common::{
-    counters::LostCounter,
-    events::{
-        EventKind, ExecEvent, ExitEvent, ForkEvent, OomVictimEvent, RenameEvent, SignalEvent,
-        SI_KERNEL,
-    },
+use gpustall_common::events::{
+    EventKind, ExecEvent, ExitEvent, ForkEvent, OomVictimEvent, RenameEvent, SignalEvent, SI_KERNEL,
 };
 
 use crate::common::{
     comm_field, data_loc_str, emit, field, header, is_tracked, kread, offset, pid_tgid,
-    task_offset, Wake, RECLAIM_START, TRACKED,
+    task_offset, Wake, RECLAIM_START,
 };
 
 const CLONE_THREAD: u64 = 0x0001_0000;
@@ -37,9 +33,7 @@ pub fn task_newtask(ctx: TracePointContext) -> u32 {
         return 0;
     };
     let child = child as u32;
-    if TRACKED.insert(child, 1, 0).is_err() {
-        crate::common::add_lost(LostCounter::MapFull);
-    }
+    crate::common::track(child);
     emit(
         ForkEvent {
             header: header(EventKind::Fork, tgid, tid),
@@ -86,7 +80,7 @@ pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
         ExitEvent { header: header(EventKind::Exit, tgid, tid), exit_code, exit_code_known: known },
         Wake::Later,
     );
-    let _ = TRACKED.remove(tgid);
+    crate::common::untrack(tgid);
     0
 }
 

@@ -10,11 +10,12 @@
 use aya_ebpf::{
     helpers::{bpf_get_current_task_btf, bpf_ktime_get_ns, bpf_task_pt_regs},
     macros::{btf_tracepoint, map, tracepoint},
-    maps::{HashMap, LruHashMap, PerCpuArray},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray},
     programs::{BtfTracePointContext, TracePointContext},
 };
 use gpustall_common::{
     events::{DataWaitEvent, EventKind},
+    hint::HINT_SLOTS,
     sched::{
         classify, on_switch_in, on_waking, report_state, state, wake_bucket, OffCpuCounters,
         OffCpuThread, SchedOffsets, WakeCounters, WakeKey, WakeOutcome, ACCOUNT, ACCOUNT_WAITS,
@@ -25,8 +26,8 @@ use gpustall_common::{
 };
 
 use crate::common::{
-    atomic_add, emit_bulk, field, header_at, is_tracked, kload, pid_tgid, shared_value,
-    task_offset, BPF_F_NO_PREALLOC, TRACKED,
+    atomic_add, emit_bulk, field, header_at, hint_add, is_tracked, kload, maybe_in, pid_tgid,
+    shared_value, task_offset, tracked_level, BPF_F_NO_PREALLOC,
 };
 
 /// Written by the agent before load, from the sched_switch and sched_waking format files.
@@ -54,6 +55,12 @@ macro_rules! sched_offset {
 /// evicted by newer ones instead of filling the map.
 #[map]
 pub static OFFCPU_THREADS: LruHashMap<u32, OffCpuThread> = LruHashMap::with_max_entries(4096, 0);
+
+/// `OFFCPU_THREADS`' entries per bucket of tids (`gpustall_common::hint`): a switch-in or a
+/// wakeup of a thread no one accounts costs an array load, not an LRU lookup. Only this file
+/// inserts and deletes there; an LRU eviction leaves the count high (a needless lookup).
+#[map]
+pub static ACCOUNTED_HINT: Array<u64> = Array::with_max_entries(HINT_SLOTS, 0);
 
 /// Off-CPU totals per accounted process, one value for all CPUs (atomic adds).
 #[map]
@@ -159,14 +166,15 @@ fn on_switch(
 ) -> u32 {
     let (tgid, tid) = pid_tgid();
     let mut now = 0;
-    // SAFETY: the value is copied out at once.
-    let level = if tid == 0 { 0 } else { unsafe { TRACKED.get(tgid) }.copied().unwrap_or(0) };
+    let level = if tid == 0 { 0 } else { tracked_level(tgid) };
     if level >= ACCOUNT {
         // SAFETY: plain helper call.
         now = unsafe { bpf_ktime_get_ns() };
         let prev_state = prev_state();
         if prev_state & TASK_REPORT_DEAD != 0 && prev_state < 0x100 {
-            let _ = OFFCPU_THREADS.remove(tid);
+            if OFFCPU_THREADS.remove(tid).is_ok() {
+                hint_add(&ACCOUNTED_HINT, tid, u64::MAX);
+            }
         } else {
             let st = classify(prev_state);
             let data_waiter = level == ACCOUNT_WAITS;
@@ -185,13 +193,17 @@ fn on_switch(
                 // as it reads the fields written at switch-in.
                 Some(p) => unsafe { *p = t },
                 None => {
-                    let _ = OFFCPU_THREADS.insert(tid, t, 0);
+                    // Counted before the insert, taken back if it failed (hint's rule).
+                    hint_add(&ACCOUNTED_HINT, tid, 1);
+                    if OFFCPU_THREADS.insert(tid, t, 0).is_err() {
+                        hint_add(&ACCOUNTED_HINT, tid, u64::MAX);
+                    }
                 }
             }
         }
     }
     let next = next_pid();
-    if next == 0 {
+    if next == 0 || !maybe_in(&ACCOUNTED_HINT, next) {
         return 0;
     }
     let Some(p) = OFFCPU_THREADS.get_ptr_mut(next) else {
@@ -229,7 +241,7 @@ pub fn sched_waking_btf(ctx: BtfTracePointContext) -> i32 {
 
 #[inline(always)]
 fn on_waking_of(wakee: u32) -> u32 {
-    if wakee == 0 {
+    if wakee == 0 || !maybe_in(&ACCOUNTED_HINT, wakee) {
         return 0;
     }
     let Some(p) = OFFCPU_THREADS.get_ptr_mut(wakee) else {

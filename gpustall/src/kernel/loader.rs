@@ -43,6 +43,8 @@ pub enum LoadError {
     },
     #[error("eBPF map {0} is missing from the object (a build mismatch: rebuild gpustall)")]
     MissingMap(&'static str),
+    #[error("mapping eBPF map {0} into memory failed: {1} (BPF_F_MMAPABLE arrays need Linux 5.5)")]
+    Mmap(&'static str, #[source] std::io::Error),
 }
 
 /// One program and where it attaches.
@@ -381,7 +383,9 @@ pub fn load_and_warn() -> anyhow::Result<Probes> {
 }
 
 pub struct KernelMaps {
-    pub tracked: HashMap<MapData, u32, u32>,
+    tracked: HashMap<MapData, u32, u32>,
+    /// `TRACKED`'s entries per bucket, kept in step with every insert and delete here.
+    tracked_hint: crate::kernel::hint::TrackedHint,
     proc_counters: HashMap<MapData, u32, ProcCounters>,
     io_counters: HashMap<MapData, IoKey, IoCounters>,
     host: PerCpuArray<MapData, u64>,
@@ -531,8 +535,15 @@ pub fn load(tracefs: &Tracefs, btf: Result<&btf_rs::Btf, &str>) -> Result<Probes
             }
         }
     }
+    let hint_map = ebpf.map(maps::TRACKED_HINT).ok_or(LoadError::MissingMap(maps::TRACKED_HINT))?;
+    let tracked_hint = match hint_map {
+        aya::maps::Map::Array(data) => crate::kernel::hint::TrackedHint::map(data),
+        _ => Err(std::io::ErrorKind::InvalidInput.into()),
+    }
+    .map_err(|e| LoadError::Mmap(maps::TRACKED_HINT, e))?;
     let maps = KernelMaps {
         tracked: take(&mut ebpf, maps::TRACKED)?,
+        tracked_hint,
         proc_counters: take(&mut ebpf, maps::PROC_COUNTERS)?,
         io_counters: take(&mut ebpf, maps::IO_COUNTERS)?,
         host: take(&mut ebpf, maps::HOST)?,
@@ -558,8 +569,11 @@ pub fn load(tracefs: &Tracefs, btf: Result<&btf_rs::Btf, &str>) -> Result<Probes
 /// Entries of `IO_INFLIGHT` and `RQ_SLOTS` when the typed request programs are (`true`) or
 /// are not expected to run. The hash keeps an eighth of its size beside the slots, for the
 /// classic programs should the typed ones fail to attach after all (said among degradations).
+/// The classic hash holds 12,288 requests of the job (with the front-merged ones it loses
+/// until the agent's minute-old sweep): what fits the 16 MiB bound beside the other maps
+/// (`kernel::mapmem`).
 pub(crate) const fn inflight_entries(typed_pair: bool) -> (u32, u32) {
-    const HASH: u32 = 16384;
+    const HASH: u32 = 12288;
     if typed_pair {
         (HASH / 8, gpustall_common::rqslot::RQ_SLOTS)
     } else {
@@ -651,7 +665,9 @@ impl KernelMaps {
     /// saw for it (`io_slots`: device, op, in_reclaim). One delete per key, not a scan of the
     /// whole I/O map per process (which made pruning thousands of processes take minutes).
     pub fn forget(&mut self, pid: u32, io_slots: impl IntoIterator<Item = IoSlot>) {
-        let _ = self.tracked.remove(&pid);
+        if self.tracked.remove(&pid).is_ok() {
+            self.tracked_hint.sub(pid);
+        }
         let _ = self.proc_counters.remove(&pid);
         self.sched.forget(pid);
         for IoSlot { dev, op, in_reclaim } in io_slots {
@@ -666,7 +682,15 @@ impl KernelMaps {
     }
 
     /// Adds a process to the tree the kernel follows.
+    /// Counted in the hint first (`gpustall_common::hint`'s rule), taken back if the insert
+    /// added no key: an entry an earlier process of the pid left is reset to level 1.
     pub fn track(&mut self, pid: u32) -> Result<(), aya::maps::MapError> {
+        const BPF_NOEXIST: u64 = 1;
+        self.tracked_hint.add(pid);
+        if self.tracked.insert(pid, 1, BPF_NOEXIST).is_ok() {
+            return Ok(());
+        }
+        self.tracked_hint.sub(pid);
         self.tracked.insert(pid, 1, 0)
     }
 
@@ -764,6 +788,7 @@ mod tests {
         let obj = object();
         let map_names = [
             maps::TRACKED,
+            maps::TRACKED_HINT,
             maps::CRITICAL,
             maps::BULK,
             maps::LOST,

@@ -7,6 +7,7 @@ pub mod batch;
 pub mod btf;
 pub mod decode;
 pub mod folio;
+pub mod hint;
 pub mod loader;
 pub mod mapmem;
 pub mod offcpu;

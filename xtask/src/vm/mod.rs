@@ -267,7 +267,10 @@ fn run_vm(
     if !console.finished {
         run.mark_unfinished(Outcome::Timeout);
     }
-    run.hung = console.hung;
+    // A guest whose kernel panicked (the int3 oops of live text patching under emulation)
+    // is lost as a hung one is: booted once more.
+    run.hung =
+        console.hung || console.lines.iter().any(|l| l.contains("Kernel panic - not syncing"));
     Ok(run)
 }
 
@@ -275,10 +278,11 @@ fn run_vm(
 /// within about two minutes under emulation).
 const GUEST_SILENCE: Duration = Duration::from_secs(6 * 60);
 
-/// Boots `spec` and, when its guest hangs, once more. Under software emulation the guest
-/// kernel now and then locks up while programs attach (live patching of kernel text: a soft
-/// lockup on 5.10, an int3 oops on 7.2, never seen on real hardware or on this host's kernel);
-/// the retry is said in the output, and a second hang fails as any timeout does.
+/// Boots `spec` and, when its guest hangs or its kernel panics, once more. Under software
+/// emulation the guest kernel now and then locks up or oopses while programs attach (live
+/// patching of kernel text: a soft lockup on 5.10, an int3 oops in `__schedule` or
+/// `__hrtimer_run_queues` on 7.2, never seen on real hardware or on this host's kernel); the
+/// retry is said in the output, and a second loss fails as any timeout does.
 fn run_vm_retrying(
     spec: &str,
     bins: &[TestBin],
@@ -290,7 +294,7 @@ fn run_vm_retrying(
         return Ok(first);
     }
     eprintln!(
-        "xtask: vm-test: {spec}: the guest printed nothing for {} s (hung; its console is {}): booting it once more",
+        "xtask: vm-test: {spec}: the guest hung (nothing printed for {} s) or its kernel panicked (its console is {}): booting it once more",
         GUEST_SILENCE.as_secs(),
         first.log.display()
     );

@@ -37,7 +37,7 @@ pub struct Run {
     pub bin_secs: BTreeMap<String, f64>,
     pub wall: Duration,
     pub log: PathBuf,
-    /// Its guest printed nothing for minutes and was stopped.
+    /// Its guest printed nothing for minutes and was stopped, or its kernel panicked.
     pub hung: bool,
     /// This is a second boot, after the first one's guest hung.
     pub retried_after_hang: bool,
@@ -182,7 +182,9 @@ pub fn table(runs: &[Run], total: Duration) -> Table {
             notes.push_str(&format!("\n    degraded: {d}"));
         }
         if r.retried_after_hang {
-            notes.push_str("\n    retried: the first boot's guest hung (console-hung.log)");
+            notes.push_str(
+                "\n    retried: the first boot's guest hung or panicked (console-hung.log)",
+            );
         }
     }
     notes.push_str(&format!("\nmatrix: {:.0} s", total.as_secs_f64()));
