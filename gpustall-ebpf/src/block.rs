@@ -77,24 +77,17 @@ pub static IO_INFLIGHT: HashMap<InflightKey, InflightIo> = HashMap::with_max_ent
 #[map]
 pub static RQ_SLOTS: Array<RqSlot> = Array::with_max_entries(rqslot::RQ_SLOTS, 0);
 
-/// One word per CPU that turns a kernel pointer into a number (see [`address`]).
-#[map]
-pub static ADDRESS: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
-
-/// The address of a struct the kernel handed a typed program, as a number. The verifier
-/// allows no arithmetic on a typed pointer and no narrower read of one spilled to the stack,
-/// but a map word it was stored in reads back as a scalar (a program of root, or of
-/// CAP_PERFMON, may see kernel addresses). 0 if the map is missing.
+/// A number for a struct the kernel handed a typed program: its distance from a global of this
+/// object. The verifier allows no arithmetic on a typed pointer, nor a narrower read of one
+/// spilled to the stack, but one pointer less another is a plain number for a program of root
+/// or CAP_PERFMON (which may see kernel addresses). The global stays put while the programs are
+/// loaded, so the number is the address shifted by a constant: as unique, and the same in the
+/// start and the done. (A per-CPU word to store the pointer in and read it back would race with
+/// a done in an interrupt between the two.)
 #[inline(always)]
 fn address(p: *const u8) -> u64 {
-    let Some(word) = ADDRESS.get_ptr_mut(0) else {
-        return 0;
-    };
-    // SAFETY: this CPU's word; no other program runs on this CPU meanwhile.
-    unsafe {
-        core::ptr::write_volatile(word as *mut *const u8, p);
-        core::ptr::read_volatile(word)
-    }
+    let base = (&raw const BLOCK_LAYOUT).cast::<u8>();
+    (p as u64).wrapping_sub(base as u64)
 }
 
 /// `RQ_SLOTS` for `rqslot`'s probing: inlined array lookups, and BPF's cmpxchg.
