@@ -272,6 +272,28 @@ pub fn shared_value<K, V: Default>(map: &HashMap<K, V>, key: &K) -> Option<*mut 
     p
 }
 
+/// `i`, or `MAX` if it is larger, for an index into a map value. Written in BPF assembly so
+/// that the compare and the clamp act on the register the access then uses: the compiler
+/// lowers `min` to a branch around two reloads of a spilled value, and the verifier (5.10's at
+/// least) does not carry the branch's bound from one reload to the other, so it refused
+/// programs that index the syscall-class and wake-histogram arrays.
+#[inline(always)]
+pub fn at_most<const MAX: u64>(i: u64) -> u64 {
+    let mut v = i;
+    // SAFETY: two ALU/jump instructions on one register; no memory, no stack.
+    unsafe {
+        core::arch::asm!(
+            "if {v} <= {max} goto 1f",
+            "{v} = {max}",
+            "1:",
+            v = inout(reg) v,
+            max = const MAX,
+            options(pure, nomem, nostack),
+        );
+    }
+    v
+}
+
 /// Adds to a counter shared by all CPUs: one atomic add instruction, no lock.
 #[inline(always)]
 pub fn atomic_add(p: *mut u64, n: u64) {

@@ -10,6 +10,8 @@
 // `atomic_xadd`: the BPF target has no `AtomicU64::fetch_add`, but LLVM lowers this intrinsic
 // to BPF's atomic add (an unused result needs no BPF_FETCH, so 5.10 runs it too).
 #![feature(core_intrinsics)]
+// `common::at_most`: a clamp the verifier sees on the register the access uses.
+#![feature(asm_experimental_arch)]
 #![allow(internal_features)]
 
 mod block;

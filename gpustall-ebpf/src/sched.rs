@@ -26,8 +26,8 @@ use gpustall_common::{
 };
 
 use crate::common::{
-    atomic_add, emit_bulk, field, header_at, hint_add, is_tracked, kload, maybe_in, pid_tgid,
-    shared_value, task_offset, tracked_level, BPF_F_NO_PREALLOC,
+    at_most, atomic_add, emit_bulk, field, header_at, hint_add, is_tracked, kload, maybe_in,
+    pid_tgid, shared_value, task_offset, tracked_level, BPF_F_NO_PREALLOC,
 };
 
 /// Written by the agent before load, from the sched_switch and sched_waking format files.
@@ -288,7 +288,8 @@ fn on_waking_of(wakee: u32) -> u32 {
             unsafe {
                 atomic_add(&raw mut (*w).count, 1);
                 atomic_add(&raw mut (*w).ns, ns);
-                let bucket = wake_bucket(ns).min(WAKE_BUCKETS - 1);
+                let bucket =
+                    at_most::<{ WAKE_BUCKETS as u64 - 1 }>(wake_bucket(ns) as u64) as usize;
                 atomic_add((&raw mut (*w).hist).cast::<u64>().add(bucket), 1);
                 // A racy maximum: two CPUs ending waits of one pair at once may keep the
                 // smaller; the histogram and the total stay exact.
@@ -306,7 +307,7 @@ fn on_waking_of(wakee: u32) -> u32 {
 #[inline(always)]
 fn add_syscall_wait(tgid: u32, class: u8, ns: u64, by_job: bool) {
     let Some(c) = shared_value(&SYSCALL_WAITS, &tgid) else { return };
-    let i = (class as usize).min(WAIT_CLASSES - 1);
+    let i = at_most::<{ WAIT_CLASSES as u64 - 1 }>(u64::from(class)) as usize;
     // SAFETY: `c` is a live map value; `i` is within the arrays; `&raw mut` makes no reference.
     unsafe {
         atomic_add((&raw mut (*c).count).cast::<u64>().add(i), 1);

@@ -531,6 +531,7 @@ pub fn load(tracefs: &Tracefs, btf: Result<&btf_rs::Btf, &str>) -> Result<Probes
             Err(source) if required => return Err(LoadError::Attach { tracepoint: name, source }),
             Err(e) => {
                 log::warn!("cannot attach {name}: {e}; going on without it");
+                degraded.push(format!("{name}: the kernel refused its program: {}", tail_of(&e)));
                 skipped.push(name);
             }
         }
@@ -564,6 +565,18 @@ pub fn load(tracefs: &Tracefs, btf: Result<&btf_rs::Btf, &str>) -> Result<Probes
         maps,
         rings: Some((critical, bulk)),
     })
+}
+
+/// The end of an error that may carry the verifier's whole log: its last lines, where the
+/// verifier says what it refused, on one line.
+fn tail_of(e: &dyn std::fmt::Display) -> String {
+    let text = e.to_string();
+    let lines: Vec<&str> = text.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+    let tail = lines[lines.len().saturating_sub(4)..].join(" | ");
+    match tail.char_indices().nth(400) {
+        Some((cut, _)) => format!("{}...", &tail[..cut]),
+        None => tail,
+    }
 }
 
 /// Entries of `IO_INFLIGHT` and `RQ_SLOTS` when the typed request programs are (`true`) or
