@@ -64,8 +64,16 @@ fn every_swap_request_to_a_loop_device_is_timed() {
     let cg = MemCgroup::new("reqlat", 96, true);
     let bin = std::path::Path::new(env!("CARGO_BIN_EXE_gpustall-workload"));
     // Three workers of 64 MiB each against a 96 MiB limit, rewriting their memory for a second:
-    // about 100 MiB goes to swap, and comes back and goes out again while they hold it.
-    let mut w = Workload::start(bin, &["hog", "64,64,64", "8", "1000"], Some(&cg));
+    // about 100 MiB goes to swap, and comes back and goes out again while they hold it. gpustall
+    // ends the trace once every traced process has exited, and a worker may exit with requests
+    // of its own in flight (swap readahead it did not wait for): the traced shell above them
+    // stays until the device has none, so that their completions are in the trace.
+    let script = format!(
+        "echo go | {} hog 64,64,64 8 1000 || exit $?; \
+         while read r w < /sys/block/{name}/inflight && [ $((r + w)) -gt 0 ]; do sleep 0.02; done",
+        bin.display()
+    );
+    let mut w = Workload::start(bin, &["spawn", "sh", "-c", &script], Some(&cg));
     let tracer = Tracer::start(w.pid(), &["--quiet", "--no-gpu"]);
     // Nothing else has used the new device: it is idle before the run.
     settle(&name);
