@@ -36,6 +36,48 @@ pub fn stat_bytes(name: &str) -> (u64, u64) {
     (f[2] * 512, f[6] * 512)
 }
 
+/// Requests the device completed so far, reads + writes, from /sys/block/NAME/stat (fields 1
+/// and 5; discards and flushes have fields of their own).
+pub fn stat_completed(name: &str) -> u64 {
+    let text = std::fs::read_to_string(format!("/sys/block/{name}/stat"))
+        .unwrap_or_else(|e| panic!("/sys/block/{name}/stat: {e}"));
+    let f: Vec<u64> = text.split_whitespace().filter_map(|x| x.parse().ok()).collect();
+    f[0] + f[4]
+}
+
+/// Requests the device holds between start and completion now (/sys/block/NAME/inflight,
+/// reads + writes).
+pub fn in_flight(name: &str) -> u64 {
+    std::fs::read_to_string(format!("/sys/block/{name}/inflight"))
+        .unwrap_or_else(|e| panic!("/sys/block/{name}/inflight: {e}"))
+        .split_whitespace()
+        .filter_map(|x| x.parse::<u64>().ok())
+        .sum()
+}
+
+/// A block device used as swap (mkswap, swapon at a priority), swapped off on drop: drop it
+/// before the device, and after whatever has pages on it (swapoff reads them all back).
+pub struct SwapDevice {
+    path: String,
+}
+
+impl SwapDevice {
+    /// `priority` 32767 is the highest: used before any other swap area.
+    pub fn on(path: &str, priority: i32) -> Result<Self, String> {
+        run("mkswap", &["-q", path])?;
+        run("swapon", &["-p", &priority.to_string(), path])?;
+        Ok(Self { path: path.to_string() })
+    }
+}
+
+impl Drop for SwapDevice {
+    fn drop(&mut self) {
+        if let Err(e) = run("swapoff", &[&self.path]) {
+            eprintln!("could not swap off {}: {e}", self.path);
+        }
+    }
+}
+
 /// A loop device over a file, detached on drop.
 pub struct LoopDevice {
     /// `/dev/loopN`.
@@ -44,10 +86,25 @@ pub struct LoopDevice {
 
 impl LoopDevice {
     pub fn attach(file: &Path) -> Result<Self, String> {
+        Self::attach_with(file, &[])
+    }
+
+    /// The same, with more `losetup` options (`--direct-io=on`: the loop reads and writes its
+    /// file with O_DIRECT, so the file's page cache adds no memory of its own).
+    pub fn attach_with(file: &Path, options: &[&str]) -> Result<Self, String> {
         let f = file.to_str().expect("utf-8 path");
         modprobe("loop");
-        let path = run("losetup", &["--find", "--show", f])?;
+        let mut args = vec!["--find", "--show"];
+        args.extend(options);
+        args.push(f);
+        let path = run("losetup", &args)?;
         Ok(Self { path })
+    }
+
+    /// The loop reads and writes its file with O_DIRECT (/sys/block/NAME/loop/dio).
+    pub fn direct_io(&self) -> bool {
+        std::fs::read_to_string(format!("/sys/block/{}/loop/dio", self.name()))
+            .is_ok_and(|s| s.trim() == "1")
     }
 
     /// `loopN`, its name under /sys/block.

@@ -170,6 +170,9 @@ pub struct DeviceIo {
     /// Submitted while the process was inside reclaim (swap-out, writeback under pressure).
     pub reclaim_bytes: u64,
     pub bios: u64,
+    /// Requests of this process on this device whose latency was measured (block_io_start to
+    /// block_io_done, or queue to complete before 6.5): what `avg_latency_us` averages over.
+    pub requests: u64,
     pub avg_latency_us: Option<f64>,
     pub max_latency_us: Option<f64>,
 }
@@ -421,6 +424,7 @@ fn device_io(p: &crate::model::stats::ProcStats, disks: &[DiskStat]) -> Vec<Devi
                     .map(|(_, c)| c.bytes)
                     .sum(),
                 bios: all.bios,
+                requests: all.completed,
                 avg_latency_us: (all.completed > 0)
                     .then(|| all.latency_ns_sum as f64 / all.completed as f64 / 1e3),
                 max_latency_us: (all.completed > 0).then(|| all.latency_ns_max as f64 / 1e3),
@@ -686,6 +690,7 @@ mod tests {
             (Some("dm-0"), &["loop0".to_string()][..])
         );
         assert_eq!((dm.write_bytes, dm.bios), (4 << 20, 4));
+        assert_eq!(dm.requests, 4, "3 of dm-0's own and 1 of its clone's on loop0");
         assert_eq!(dm.avg_latency_us, Some(2000.0), "4 requests: 3 x 1 ms and 1 x 5 ms");
         assert_eq!(dm.max_latency_us, Some(5000.0));
         let v = rows.iter().find(|r| r.dev == "254:0").expect("vda row");

@@ -351,9 +351,11 @@ mod tests {
             v.as_object_mut().map(|o| o.remove("verdict"));
             for p in v["processes"].as_array_mut().into_iter().flatten() {
                 p.as_object_mut().map(|o| o.remove("dataloader_of"));
-                // A device's kernel name, from the recording's disk samples.
+                // A device's kernel name, from the recording's disk samples; its timed requests,
+                // from the counters' `completed`.
                 for d in p["io_by_device"].as_array_mut().into_iter().flatten() {
                     d.as_object_mut().map(|o| o.remove("name"));
+                    d.as_object_mut().map(|o| o.remove("requests"));
                 }
             }
             // The cgroup's events and PSI were not read then: their absence is noted now.
