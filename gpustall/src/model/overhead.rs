@@ -9,6 +9,16 @@ pub struct ProgramStat {
     pub run_count: u64,
     pub run_time_ns: u64,
     pub avg_ns: Option<f64>,
+    /// Runs the kernel skipped because the program was already running on that CPU (a
+    /// request's completion in an interrupt while the program handled another: the kernel
+    /// never nests a program; `recursion_misses`, 5.12+, counted for BTF-typed and raw
+    /// tracepoint programs only). Each is an event not seen. Absent when 0.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub missed: u64,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
 }
 
 #[derive(Serialize, serde::Deserialize, Debug, Clone, Default, PartialEq)]
@@ -48,7 +58,13 @@ impl ProgramStat {
             run_time_ns,
             avg_ns: (run_count > 0 && run_time_ns > 0)
                 .then(|| run_time_ns as f64 / run_count as f64),
+            missed: 0,
         }
+    }
+
+    /// The same, with the runs the kernel skipped.
+    pub fn with_missed(self, missed: u64) -> Self {
+        Self { missed, ..self }
     }
 }
 

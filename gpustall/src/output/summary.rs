@@ -111,6 +111,9 @@ pub struct LostSummary {
     pub bulk_ring: u64,
     pub map_full: u64,
     pub undecodable: u64,
+    /// Program runs the kernel skipped because the program was already running on that CPU
+    /// (`overhead.programs[].missed`): events not seen.
+    pub program_skipped: u64,
     /// Lines the watch daemon's flight recorder dropped for its memory budget (bundles).
     #[serde(skip_serializing_if = "is_zero")]
     pub flight_recorder: u64,
@@ -126,6 +129,7 @@ impl LostSummary {
             + self.bulk_ring
             + self.map_full
             + self.undecodable
+            + self.program_skipped
             + self.flight_recorder
     }
 
@@ -146,6 +150,9 @@ impl LostSummary {
                 "{} records could not be decoded: event counts are lower bounds",
                 self.undecodable
             ));
+        }
+        if self.program_skipped > 0 {
+            v.push(format!("{} program runs skipped by the kernel (a program already running on that CPU, such as a request's completion in an interrupt while another was handled): per-process block I/O, latency and off-CPU counts are lower bounds", self.program_skipped));
         }
         if self.flight_recorder > 0 {
             v.push(format!("{} lines dropped by the flight recorder (over --memory-budget): this window misses events; processes may show as alive and counts are lower bounds", self.flight_recorder));
@@ -587,6 +594,7 @@ impl Summary {
             bulk_ring: host.lost[LostCounter::BulkRing as usize],
             map_full: host.lost[LostCounter::MapFull as usize],
             undecodable: host.undecodable,
+            program_skipped: m.overhead.programs.iter().map(|p| p.missed).sum(),
             flight_recorder: host.recording_gap_lines,
         };
         let processes = m.tree.iter().map(|n| process_summary(m, n)).collect();

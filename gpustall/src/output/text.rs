@@ -203,13 +203,14 @@ fn footer(o: &mut String, s: &Summary) {
     let _ = writeln!(o, "(HELD_MiB: peak of resident + swapped-out memory; RCLM_IO: disk I/O submitted inside reclaim)");
     let _ = writeln!(
         o,
-        "events {} | lost {} (critical ring {}, bulk ring {}, map full {}, undecodable {}) | {:.1} s",
+        "events {} | lost {} (critical ring {}, bulk ring {}, map full {}, undecodable {}, skipped runs {}) | {:.1} s",
         s.events,
         s.lost_events,
         s.lost.critical_ring,
         s.lost.bulk_ring,
         s.lost.map_full,
         s.lost.undecodable,
+        s.lost.program_skipped,
         s.duration_s
     );
     let oh = &s.overhead;
