@@ -112,7 +112,9 @@ pub struct LostSummary {
     pub map_full: u64,
     pub undecodable: u64,
     /// Program runs the kernel skipped because the program was already running on that CPU
-    /// (`overhead.programs[].missed`): events not seen.
+    /// (`overhead.programs[].missed`): events not seen, said among the lower bounds. Not in
+    /// `lost_events` (nor the exit status it sets): a loaded host skips a few timer runs now
+    /// and then, which changes no figure a verdict stands on.
     pub program_skipped: u64,
     /// Lines the watch daemon's flight recorder dropped for its memory budget (bundles).
     #[serde(skip_serializing_if = "is_zero")]
@@ -129,7 +131,6 @@ impl LostSummary {
             + self.bulk_ring
             + self.map_full
             + self.undecodable
-            + self.program_skipped
             + self.flight_recorder
     }
 
@@ -646,18 +647,20 @@ mod tests {
             bulk_ring: 0,
             map_full: 0,
             undecodable: 0,
+            program_skipped: 0,
             flight_recorder: 0,
         };
         assert!(none.lower_bounds().is_empty());
-        let some = LostSummary { map_full: 3227, flight_recorder: 9, ..none };
-        assert_eq!(some.total(), 3236);
+        let some = LostSummary { map_full: 3227, program_skipped: 4, flight_recorder: 9, ..none };
+        assert_eq!(some.total(), 3236, "skipped runs are said apart");
         let lb = some.lower_bounds();
-        assert_eq!(lb.len(), 2);
+        assert_eq!(lb.len(), 3);
         assert!(
             lb[0].starts_with("3227 updates lost (a kernel map was full): per-process block I/O"),
             "{lb:?}"
         );
-        assert!(lb[1].contains("flight recorder"), "{lb:?}");
+        assert!(lb[1].starts_with("4 program runs skipped by the kernel"), "{lb:?}");
+        assert!(lb[2].contains("flight recorder"), "{lb:?}");
     }
 
     #[test]

@@ -203,7 +203,7 @@ fn footer(o: &mut String, s: &Summary) {
     let _ = writeln!(o, "(HELD_MiB: peak of resident + swapped-out memory; RCLM_IO: disk I/O submitted inside reclaim)");
     let _ = writeln!(
         o,
-        "events {} | lost {} (critical ring {}, bulk ring {}, map full {}, undecodable {}, skipped runs {}) | {:.1} s",
+        "events {} | lost {} (critical ring {}, bulk ring {}, map full {}, undecodable {}) | program runs skipped by the kernel {} | {:.1} s",
         s.events,
         s.lost_events,
         s.lost.critical_ring,
