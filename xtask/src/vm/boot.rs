@@ -173,12 +173,16 @@ pub fn boot(b: &Boot, show: impl Fn(&str) -> bool) -> anyhow::Result<Console> {
     let mut log = std::fs::File::create(b.log)?;
     let mut lines = Vec::new();
     let end = start + b.timeout;
-    let mut last_line = Instant::now();
+    // The guest's own output, not its kernel's log: a guest whose kernel prints a soft lockup
+    // every half minute and runs nothing else is as hung as a silent one.
+    let mut last_progress = Instant::now();
     let mut hung = false;
     let finished = loop {
         match rx.recv_timeout(Duration::from_millis(200)) {
             Ok(line) => {
-                last_line = Instant::now();
+                if !is_kernel_log(&line) {
+                    last_progress = Instant::now();
+                }
                 use std::io::Write as _;
                 let _ = writeln!(log, "{line}");
                 if show(&line) {
@@ -187,18 +191,40 @@ pub fn boot(b: &Boot, show: impl Fn(&str) -> bool) -> anyhow::Result<Console> {
                 lines.push(line);
             }
             Err(mpsc::RecvTimeoutError::Disconnected) => break true,
-            Err(mpsc::RecvTimeoutError::Timeout) if Instant::now() > end => {
-                let _ = child.kill();
-                break false;
-            }
-            Err(mpsc::RecvTimeoutError::Timeout) if last_line.elapsed() > b.silence => {
-                let _ = child.kill();
-                hung = true;
-                break false;
-            }
             Err(mpsc::RecvTimeoutError::Timeout) => {}
+        }
+        if Instant::now() > end {
+            let _ = child.kill();
+            break false;
+        }
+        if last_progress.elapsed() > b.silence {
+            let _ = child.kill();
+            hung = true;
+            break false;
         }
     };
     let _ = child.wait();
     Ok(Console { lines, finished, hung, wall: start.elapsed() })
+}
+
+/// A line of the guest kernel's log (`[  764.998335] watchdog: ...`), not of the tests.
+fn is_kernel_log(line: &str) -> bool {
+    line.strip_prefix('[').and_then(|rest| rest.split_once(']')).is_some_and(|(stamp, _)| {
+        let stamp = stamp.trim();
+        !stamp.is_empty() && stamp.chars().all(|c| c.is_ascii_digit() || c == '.')
+    })
+}
+
+#[cfg(test)]
+mod kernel_log_tests {
+    #[test]
+    fn kernel_log_lines_are_told_from_the_tests() {
+        assert!(super::is_kernel_log(
+            "[  764.998335] watchdog: BUG: soft lockup - CPU#0 stuck for 22s!"
+        ));
+        assert!(super::is_kernel_log("[18.341519] Kernel panic - not syncing"));
+        assert!(!super::is_kernel_log("@@BEGIN block_io uptime=10.07"));
+        assert!(!super::is_kernel_log("test block_io ... ok"));
+        assert!(!super::is_kernel_log("[DEBUG gpustall] x"));
+    }
 }
