@@ -34,6 +34,8 @@ pub const FOLIO_LAYOUT: &str = "FOLIO_LAYOUT";
 /// The global holding the offset of the syscall number in `struct pt_regs` (x86_64 `orig_ax`,
 /// from BTF; `task::UNKNOWN` elsewhere), read by the typed sched_switch program.
 pub const SYSCALL_NR_OFFSET: &str = "SYSCALL_NR_OFFSET";
+/// The typed sched_waking's `StackLayout` global (`gpustall_common::sched`).
+pub const STACK_LAYOUT: &str = "STACK_LAYOUT";
 /// The typed block programs' `BlockLayout` global.
 pub const BLOCK_LAYOUT: &str = "BLOCK_LAYOUT";
 

@@ -29,6 +29,44 @@ impl SchedOffsets {
     }
 }
 
+/// Where the typed sched_waking tells a wakeup in interrupt context (a timer running out, an
+/// I/O completion, a network softirq), where `current` is only the task the interrupt happened
+/// to land on and must not be charged with ending the wait: from whether the program's own
+/// frame lies on the current task's stack (`task_struct.stack`, `thread_size` bytes). Interrupts
+/// run on per-CPU stacks of their own (x86_64: hardirqs, and softirqs run from them or from
+/// `local_bh_enable`; ksoftirqd's are its own task's). Written by the agent from BTF; where it
+/// is unknown the programs fall back to marking hrtimer callbacks (`IN_TIMER`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StackLayout {
+    /// `task_struct.stack`: the lowest address of the task's kernel stack.
+    pub task_stack: u32,
+    /// The stack's size (`THREAD_SIZE`); 0: unknown.
+    pub thread_size: u32,
+}
+const _: () = assert!(core::mem::size_of::<StackLayout>() == 8);
+
+impl StackLayout {
+    pub const fn unknown() -> Self {
+        Self { task_stack: crate::task::UNKNOWN, thread_size: 0 }
+    }
+
+    /// Both known, and a size a kernel stack can have (a power of two, 8 KiB to 64 KiB).
+    pub const fn knows(&self) -> bool {
+        self.task_stack != crate::task::UNKNOWN
+            && self.thread_size.is_power_of_two()
+            && self.thread_size >= 8192
+            && self.thread_size <= 65536
+    }
+
+    /// Whether `frame` (an address in the running program's frame) lies on the task stack that
+    /// starts at `stack`. Below the stack the difference wraps to a huge number.
+    #[inline(always)]
+    pub const fn on_task_stack(&self, frame: u64, stack: u64) -> bool {
+        frame.wrapping_sub(stack) < self.thread_size as u64
+    }
+}
+
 /// `TRACKED` values: a tracked process (set at fork and by the agent's seeding) is only
 /// followed; the agent raises the job's own roles (trainer, ranks, DataLoader workers,
 /// pin-memory, forkserver) to [`ACCOUNT`] so that their threads' off-CPU time is counted, and
@@ -248,6 +286,9 @@ impl WakeCounters {
 // SAFETY: repr(C), only integers, no padding (sizes pinned above).
 unsafe impl aya::Pod for SchedOffsets {}
 #[cfg(feature = "user")]
+// SAFETY: plain integers, no padding.
+unsafe impl aya::Pod for StackLayout {}
+#[cfg(feature = "user")]
 // SAFETY: as above.
 unsafe impl aya::Pod for OffCpuCounters {}
 #[cfg(feature = "user")]
@@ -260,6 +301,20 @@ unsafe impl aya::Pod for WakeCounters {}
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_frame_on_the_task_stack_is_task_context() {
+        let l = StackLayout { task_stack: 24, thread_size: 16384 };
+        assert!(l.knows());
+        let stack = 0xffff_c900_0010_0000;
+        assert!(l.on_task_stack(stack + 16000, stack), "deep in the task's stack");
+        assert!(l.on_task_stack(stack, stack));
+        assert!(!l.on_task_stack(stack + 16384, stack), "just above it");
+        assert!(!l.on_task_stack(stack - 8, stack), "just below it: wraps");
+        assert!(!l.on_task_stack(0xffff_fe00_0000_7f00, stack), "a per-CPU IRQ stack");
+        assert!(!StackLayout::unknown().knows());
+        assert!(!StackLayout { task_stack: 24, thread_size: 12288 }.knows(), "not a power of two");
+    }
 
     #[test]
     fn typed_states_report_as_the_classic_record() {

@@ -8,18 +8,19 @@
 //! into a GPU driver are told apart per class in `SYSCALL_WAITS`.
 
 use aya_ebpf::{
-    helpers::{bpf_get_current_task_btf, bpf_ktime_get_ns, bpf_task_pt_regs},
+    helpers::{bpf_get_current_task, bpf_get_current_task_btf, bpf_ktime_get_ns, bpf_task_pt_regs},
     macros::{btf_tracepoint, map, tracepoint},
     maps::{Array, HashMap, LruHashMap, PerCpuArray},
     programs::{BtfTracePointContext, TracePointContext},
+    EbpfContext as _,
 };
 use gpustall_common::{
     events::{DataWaitEvent, EventKind},
     hint::HINT_SLOTS,
     sched::{
         classify, on_switch_in, on_waking, report_state, state, wake_bucket, OffCpuCounters,
-        OffCpuThread, SchedOffsets, WakeCounters, WakeKey, WakeOutcome, ACCOUNT, ACCOUNT_WAITS,
-        LONG_WAIT_NS, OFFCPU_PROCESSES, WAKE_BUCKETS,
+        OffCpuThread, SchedOffsets, StackLayout, WakeCounters, WakeKey, WakeOutcome, ACCOUNT,
+        ACCOUNT_WAITS, LONG_WAIT_NS, OFFCPU_PROCESSES, WAKE_BUCKETS,
     },
     syscall::{x86_64_class, SyscallWaits, WaitClass, WAIT_CLASSES},
     task::UNKNOWN as TASK_UNKNOWN,
@@ -38,6 +39,11 @@ pub static SCHED_OFFSETS: SchedOffsets = SchedOffsets::missing();
 /// `orig_ax`, from BTF), or `TASK_UNKNOWN` (another architecture, no BTF): then unread.
 #[unsafe(no_mangle)]
 pub static SYSCALL_NR_OFFSET: u32 = TASK_UNKNOWN;
+
+/// Written by the agent before load, from BTF: how the typed sched_waking tells interrupt
+/// context from the current task's (see `StackLayout`); unknown, it reads `IN_TIMER`.
+#[unsafe(no_mangle)]
+pub static STACK_LAYOUT: StackLayout = StackLayout::unknown();
 
 macro_rules! sched_offset {
     ($field:ident) => {
@@ -82,7 +88,8 @@ pub static SYSCALL_WAITS: HashMap<u32, SyscallWaits> =
 
 /// Per CPU: 1 inside an hrtimer callback. A wakeup there ends a timeout (a sleep, a poll or a
 /// timed wait running out), and `current` is only the task the timer interrupted: it must not
-/// be charged with keeping the trainer waiting.
+/// be charged with keeping the trainer waiting. For the classic sched_waking, and the typed one
+/// where `STACK_LAYOUT` is unknown: the loader attaches the hrtimer programs only then.
 #[map]
 pub static IN_TIMER: PerCpuArray<u32> = PerCpuArray::with_max_entries(1, 0);
 
@@ -93,6 +100,56 @@ fn set_in_timer(v: u32) -> u32 {
         unsafe { *p = v };
     }
     0
+}
+
+/// Whether the current CPU runs an hrtimer callback.
+#[inline(always)]
+fn in_timer() -> bool {
+    // SAFETY: this CPU's slot, read only.
+    IN_TIMER.get(0).is_some_and(|v| *v != 0)
+}
+
+/// Whether this program runs in interrupt context (typed programs), where `current` is only
+/// the task the interrupt landed on (`StackLayout`). On x86_64 an interrupt of kernel code, and
+/// softirqs run from `local_bh_enable`, run on a per-CPU stack: the arguments the kernel handed
+/// the program (`args`, an array on the stack of the kernel function that runs it; the
+/// program's own frame may be a per-CPU private stack, 6.13+) are then off the task's stack. An
+/// interrupt of user code runs on the task's stack, but the task then entered the kernel by
+/// no syscall: the registers its entry saved say -1 where a syscall's number would be. Where
+/// the layout is unknown: whether an hrtimer callback runs (the hrtimer programs run then).
+#[inline(always)]
+fn in_interrupt(args: *const u8) -> bool {
+    // SAFETY: plain statics of integers; the loader rewrites them before load (read-only: the
+    // verifier knows their values and drops the branch not taken).
+    let (layout, nr_off) = unsafe {
+        (core::ptr::read_volatile(&STACK_LAYOUT), core::ptr::read_volatile(&SYSCALL_NR_OFFSET))
+    };
+    if !layout.knows() || nr_off == TASK_UNKNOWN {
+        return in_timer();
+    }
+    // SAFETY: helper calls on the current task; `kload` reads `task->stack` (a plain number)
+    // and the saved syscall number at BTF offsets.
+    unsafe {
+        let task = bpf_get_current_task_btf();
+        let stack: u64 = kload(task as *const u8, layout.task_stack);
+        // The arguments' address: their distance from the task (one pointer less another is a
+        // plain number for root, see `block::address`), plus the task's address as a number.
+        // In assembly, so that the compiler cannot fold the two into arithmetic on a pointer.
+        let from_task: u64;
+        core::arch::asm!(
+            "{d} = {args}",
+            "{d} -= {task}",
+            d = out(reg) from_task,
+            args = in(reg) args as u64,
+            task = in(reg) task as u64,
+            options(pure, nomem, nostack),
+        );
+        if !layout.on_task_stack(from_task.wrapping_add(bpf_get_current_task()), stack) {
+            return true;
+        }
+        let nr: i64 = kload(bpf_task_pt_regs(task) as *const u8, nr_off);
+        nr < 0
+    }
 }
 
 #[tracepoint]
@@ -228,19 +285,21 @@ fn on_switch(
 
 #[tracepoint]
 pub fn sched_waking(ctx: TracePointContext) -> u32 {
-    on_waking_of(field(&ctx, sched_offset!(waking_pid)).unwrap_or(0))
+    on_waking_of(field(&ctx, sched_offset!(waking_pid)).unwrap_or(0), in_timer)
 }
 
 /// The same, BTF-typed: the woken thread's id is a plain load from its task.
 #[btf_tracepoint(function = "sched_waking")]
 pub fn sched_waking_btf(ctx: BtfTracePointContext) -> i32 {
     let p: *const u8 = ctx.arg(0);
-    on_waking_of(kload(p, task_offset!(task_pid)));
+    let args = ctx.as_ptr() as *const u8;
+    on_waking_of(kload(p, task_offset!(task_pid)), || in_interrupt(args));
     0
 }
 
+/// `interrupted`: whether the wakeup runs in an interrupt (then `current` ended nothing).
 #[inline(always)]
-fn on_waking_of(wakee: u32) -> u32 {
+fn on_waking_of(wakee: u32, interrupted: impl FnOnce() -> bool) -> u32 {
     if wakee == 0 || !maybe_in(&ACCOUNTED_HINT, wakee) {
         return 0;
     }
@@ -266,9 +325,7 @@ fn on_waking_of(wakee: u32) -> u32 {
     // Who ended the wait: the task running this wakeup (a write to a pipe, a queue, a futex
     // wake), when it belongs to another tracked process.
     let (waker, waker_tid) = pid_tgid();
-    // SAFETY: this CPU's slot, read only.
-    let in_timer = IN_TIMER.get(0).is_some_and(|v| *v != 0);
-    let by_job = !in_timer && waker != t.tgid && is_tracked(waker);
+    let by_job = waker != t.tgid && is_tracked(waker) && !interrupted();
     add_syscall_wait(t.tgid, t.wait_class, ns, by_job);
     if by_job {
         if ns >= LONG_WAIT_NS {

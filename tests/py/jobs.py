@@ -28,9 +28,10 @@
   jobs.py shm [--workers 2] [--mib 6] [--wait-go]
       A trainer whose workers each put a --mib MiB batch in shared memory (/dev/shm, as
       DataLoader workers do); on a small /dev/shm one dies of SIGBUS.
-  jobs.py sleeper [--workers 2] [--idle 3] [--wait-go]
+  jobs.py sleeper [--workers 2] [--idle 3] [--in-kernel] [--wait-go]
       A trainer that only sleeps, 10 ms at a time, for --idle s while its workers spin on the
-      CPUs: nothing keeps it waiting but its own timer.
+      CPUs: nothing keeps it waiting but its own timer. --in-kernel: the workers spin in a
+      syscall (4 MiB reads of /dev/zero), so the timer interrupts kernel code, not user code.
   jobs.py futex [--epochs 10] [--idle 0.15] [--wait-go]
       A trainer that waits --epochs times on a multiprocessing semaphore its one worker
       releases every --idle s: each wait is a futex (sem_wait) a worker ends. It reports the
@@ -257,6 +258,11 @@ def sleeper(a):
             ctypes.CDLL(None).prctl(15, b"pt_data_worker", 0, 0, 0)
             say("worker", index=i)
             end = time.monotonic() + a.idle + 1
+            if a.in_kernel:
+                buf = bytearray(4 << 20)
+                with open("/dev/zero", "rb", buffering=0) as zero:
+                    while time.monotonic() < end:
+                        zero.readinto(buf)
             while time.monotonic() < end:
                 pass
             os._exit(0)
@@ -316,6 +322,7 @@ def main():
     p.add_argument("--touch", type=float, default=4.0)
     p.add_argument("--worker-start", choices=["fork", "spawn"], default="fork")
     p.add_argument("--unnamed", action="store_true")
+    p.add_argument("--in-kernel", action="store_true")
     p.add_argument("--hold", type=float, default=1.0)
     p.add_argument("--wait-go", action="store_true", help="read a line from stdin first")
     a = p.parse_args()

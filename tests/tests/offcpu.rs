@@ -152,9 +152,23 @@ fn a_cpu_bound_trainer_shows_little_data_wait() {
 /// is a wait for data (before the fix, most of its sleep was charged to the workers).
 #[test]
 fn a_sleeping_trainer_is_not_kept_waiting_by_the_workers_its_timer_interrupts() {
+    sleeping_trainer(&[]);
+}
+
+/// The same with workers that spin inside a syscall: the timer interrupts kernel code, which
+/// x86_64 runs on the CPU's interrupt stack (user code's interrupts run on the task's stack:
+/// the typed sched_waking tells both apart from a worker's own wakeup).
+#[test]
+fn a_sleeping_trainer_is_not_kept_waiting_by_workers_in_a_syscall_its_timer_interrupts() {
+    sleeping_trainer(&["--in-kernel"]);
+}
+
+fn sleeping_trainer(extra: &[&str]) {
     tests::require_privileged_env();
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("py/jobs.py");
-    let args = ["-u", script.to_str().expect("utf-8"), "sleeper", "--idle", "3", "--wait-go"];
+    let mut args = vec!["-u", script.to_str().expect("utf-8"), "sleeper", "--idle", "3"];
+    args.extend(extra);
+    args.push("--wait-go");
     let mut w = Workload::start(std::path::Path::new("python3"), &args, None);
     let t = Tracer::start(w.pid(), &["--quiet", "--no-gpu"]);
     w.go();

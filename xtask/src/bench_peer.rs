@@ -5,7 +5,10 @@
 //! in a 200 MiB memory cgroup with swap. Run untraced, under gpustall alone, under the peer
 //! alone (wall-time ratios), then under both at once (three runs, summed): each program's runs
 //! and run time from the kernel's BPF stats (kernel.bpf_stats_enabled), both tracers' agent
-//! CPU, and the ratio gpustall / peer.
+//! CPU, and the ratio gpustall / peer. In those runs a third bpftrace holds a program that does
+//! nothing on each of those tracepoints (`xtask/bench/floor.bt`): its ns per run is the floor
+//! any program pays on that event, so the table also says what gpustall's and the peer's runs
+//! would cost if every program did nothing.
 //!
 //! Then the cost gpustall adds to processes it does not trace: gpustall traces an idle job
 //! while a fork-heavy loop (`/bin/true` spawned 3,000 times), then a context-switch-heavy one
@@ -111,20 +114,36 @@ fn prog_name(id: u32) -> Option<String> {
     Some(String::from_utf8_lossy(&name[..end]).into_owned())
 }
 
-/// The tracepoint a bpftrace program serves (bpftrace 0.17 names them after the probe,
-/// cut to 15 characters), in gpustall's program names.
-fn peer_tracepoint(name: &str, order: usize) -> String {
-    // Load order is the script's probe order (peer.bt).
-    const BY_ORDER: [&str; 7] = [
-        "block_io_start",
-        "mm_vmscan_direct_reclaim_begin",
-        "mm_vmscan_memcg_reclaim_begin",
-        "mm_vmscan_direct_reclaim_end",
-        "mm_vmscan_memcg_reclaim_end",
-        "mm_vmscan_write_folio",
-        "mark_victim",
-    ];
-    BY_ORDER.get(order).map_or_else(|| name.to_string(), |s| s.to_string())
+/// peer.bt's probes in load order (bpftrace 0.17 names its programs after the probe, cut to
+/// 15 characters, so the bench names them by order), as gpustall's programs are named.
+const PEER_ORDER: [&str; 7] = [
+    "block_io_start",
+    "mm_vmscan_direct_reclaim_begin",
+    "mm_vmscan_memcg_reclaim_begin",
+    "mm_vmscan_direct_reclaim_end",
+    "mm_vmscan_memcg_reclaim_end",
+    "mm_vmscan_write_folio",
+    "mark_victim",
+];
+
+/// floor.bt's probes in load order.
+const FLOOR_ORDER: [&str; 10] = [
+    "block_bio_queue",
+    "block_io_start",
+    "block_io_done",
+    "mm_vmscan_write_folio",
+    "mm_vmscan_memcg_reclaim_begin",
+    "mm_vmscan_memcg_reclaim_end",
+    "sched_switch",
+    "sched_waking",
+    "hrtimer_expire_entry",
+    "hrtimer_expire_exit",
+];
+
+/// A bpftrace's programs, named by the tracepoint each serves (`order`: the script's probes).
+fn named(progs: &[Prog], order: &[&str]) -> Vec<Prog> {
+    let name = |i: usize, p: &Prog| order.get(i).map_or_else(|| p.name.clone(), |s| s.to_string());
+    progs.iter().enumerate().map(|(i, p)| Prog { name: name(i, p), ..p.clone() }).collect()
 }
 
 /// The workload as one traced job: dd's direct reads, then the swapping workers.
@@ -138,14 +157,24 @@ fn start_workload(data: &str) -> anyhow::Result<(Workload, MemCgroup)> {
     Ok((w, cg))
 }
 
-/// bpftrace running peer.bt, once it says it attached.
-struct Peer {
+/// bpftrace running one of the bench's scripts, once all its programs are attached.
+struct Bpftrace {
     child: Child,
 }
 
-impl Peer {
-    fn start() -> anyhow::Result<Self> {
-        let script = workspace_root().join("xtask/bench/peer.bt");
+impl Bpftrace {
+    /// The peer (peer.bt).
+    fn peer() -> anyhow::Result<Self> {
+        Self::start("peer.bt", PEER_ORDER.len())
+    }
+
+    /// The floor (floor.bt).
+    fn floor() -> anyhow::Result<Self> {
+        Self::start("floor.bt", FLOOR_ORDER.len())
+    }
+
+    fn start(script: &str, programs: usize) -> anyhow::Result<Self> {
+        let script = workspace_root().join("xtask/bench").join(script);
         let mut child = Command::new("bpftrace")
             .arg(&script)
             .env("BPFTRACE_MAP_KEYS_MAX", "65536")
@@ -162,7 +191,7 @@ impl Peer {
         }
         // Wait until every program is attached (they load after the line is printed).
         let t = Instant::now();
-        while programs_of(child.id()).len() < 7 && t.elapsed() < Duration::from_secs(30) {
+        while programs_of(child.id()).len() < programs && t.elapsed() < Duration::from_secs(30) {
             std::thread::sleep(Duration::from_millis(100));
         }
         std::thread::sleep(Duration::from_millis(300));
@@ -189,13 +218,17 @@ enum Under {
 struct RunResult {
     wall_s: f64,
     gpustall: Option<Value>,
+    /// The peer's programs, named by tracepoint.
     peer: Vec<Prog>,
     peer_cpu_s: f64,
+    /// The floor's programs (runs with both attached), named by tracepoint.
+    floor: Vec<Prog>,
 }
 
 fn run_once(under: Under, data: &str) -> anyhow::Result<RunResult> {
     let (mut w, _cg) = start_workload(data)?;
-    let peer = matches!(under, Under::Peer | Under::Both).then(Peer::start).transpose()?;
+    let peer = matches!(under, Under::Peer | Under::Both).then(Bpftrace::peer).transpose()?;
+    let floor = (under == Under::Both).then(Bpftrace::floor).transpose()?;
     let peer_cpu0 = peer.as_ref().map_or(0.0, |p| usage(p.child.id()).map_or(0.0, |u| u.0));
     let tracer = matches!(under, Under::Gpustall | Under::Both)
         .then(|| Tracer::start(w.pid(), &["--quiet"]));
@@ -206,15 +239,18 @@ fn run_once(under: Under, data: &str) -> anyhow::Result<RunResult> {
     anyhow::ensure!(code == Some(0), "the workload failed ({code:?})");
     let gpustall = tracer.map(|t| t.wait(Duration::from_secs(60)).summary);
     let (progs, cpu) = match &peer {
-        Some(p) => {
-            (programs_of(p.child.id()), usage(p.child.id()).map_or(0.0, |u| u.0) - peer_cpu0)
-        }
+        Some(p) => (
+            named(&programs_of(p.child.id()), &PEER_ORDER),
+            usage(p.child.id()).map_or(0.0, |u| u.0) - peer_cpu0,
+        ),
         None => (Vec::new(), 0.0),
     };
-    if let Some(p) = peer {
-        p.stop();
+    let floor_progs =
+        floor.as_ref().map_or_else(Vec::new, |f| named(&programs_of(f.child.id()), &FLOOR_ORDER));
+    for t in [peer, floor].into_iter().flatten() {
+        t.stop();
     }
-    Ok(RunResult { wall_s, gpustall, peer: progs, peer_cpu_s: cpu })
+    Ok(RunResult { wall_s, gpustall, peer: progs, peer_cpu_s: cpu, floor: floor_progs })
 }
 
 /// gpustall's programs from its summary (full names).
@@ -283,23 +319,22 @@ pub fn run() -> anyhow::Result<Value> {
     }
     // Both attached, BOTH_ROUNDS times: runs and run time summed per program over the rounds
     // (a shared machine's noise moves single runs by a third).
-    let (mut ours, mut peer, mut ours_cpu, mut peer_cpu, mut both_wall) =
-        (Vec::new(), Vec::new(), 0.0, 0.0, 0.0);
+    let (mut ours, mut peer, mut floor, mut ours_cpu, mut peer_cpu, mut both_wall) =
+        (Vec::new(), Vec::new(), Vec::new(), 0.0, 0.0, 0.0);
     for _ in 0..BOTH_ROUNDS {
         let both = run_once(Under::Both, &data)?;
         eprintln!("bench peer: workload under both {:.2} s", both.wall_s);
         let summary = both.gpustall.context("no gpustall summary")?;
         add_into(&mut ours, gpustall_programs(&summary));
-        let named = both.peer.iter().enumerate();
-        add_into(
-            &mut peer,
-            named.map(|(i, p)| Prog { name: peer_tracepoint(&p.name, i), ..p.clone() }).collect(),
-        );
+        add_into(&mut peer, both.peer);
+        add_into(&mut floor, both.floor);
         ours_cpu += agent_cpu_s(&summary);
         peer_cpu += both.peer_cpu_s;
         both_wall += both.wall_s / BOTH_ROUNDS as f64;
     }
-    let value = print_table(&ours, &peer, ours_cpu, peer_cpu, &walls, both_wall);
+    let mut value = print_table(&ours, &peer, ours_cpu, peer_cpu, &walls, both_wall);
+    let peer_total = value["peer_total_ms"].as_f64().unwrap_or(0.0);
+    value["floor"] = print_floor(&ours, &peer, &floor, peer_total);
     let outside = outside_cases()?;
     Ok(json!({"peer": value, "outside_the_job": outside}))
 }
@@ -381,6 +416,52 @@ fn print_table(
         "gpustall_total_ms": to, "peer_total_ms": tp, "ratio_gpustall_to_peer": to / tp,
         "wall_untraced_s": walls[0], "wall_gpustall_s": walls[1], "wall_peer_s": walls[2],
         "wall_both_s": both_wall, "both_rounds": BOTH_ROUNDS,
+    })
+}
+
+/// The floor's ns per run on each tracepoint it holds, and what gpustall's and the peer's runs
+/// cost at it: the least any tracer running a program on the same events could cost, however
+/// little its programs did.
+fn print_floor(ours: &[Prog], peer: &[Prog], floor: &[Prog], peer_total_ms: f64) -> Value {
+    let find = |v: &[Prog], n: &str| v.iter().find(|p| p.name == n && p.runs > 0).cloned();
+    println!(
+        "\n== the floor: a program that does nothing, on the same events (xtask/bench/floor.bt) =="
+    );
+    println!(
+        "{:<32} {:>12} {:>15} {:>11} {:>19}",
+        "tracepoint", "floor ns/run", "gpustall ns/run", "peer ns/run", "gpustall runs x floor"
+    );
+    let (mut rows, mut ours_at, mut peer_at, mut ours_runs, mut others) =
+        (Vec::new(), 0.0, 0.0, 0u64, 0u64);
+    for f in floor.iter().filter(|f| f.runs > 0) {
+        let fns = ns_per_run(f);
+        let (a, b) = (find(ours, &f.name), find(peer, &f.name));
+        let a_at = a.as_ref().map_or(0.0, |a| a.runs as f64 * fns / 1e6);
+        ours_at += a_at;
+        ours_runs += a.as_ref().map_or(0, |a| a.runs);
+        peer_at += b.as_ref().map_or(0.0, |b| b.runs as f64 * fns / 1e6);
+        let ns =
+            |p: &Option<Prog>| p.as_ref().map_or("-".into(), |p| format!("{:.0}", ns_per_run(p)));
+        println!("{:<32} {fns:>12.0} {:>15} {:>11} {:>16.2} ms", f.name, ns(&a), ns(&b), a_at);
+        rows.push(json!({"tracepoint": f.name, "floor_ns_per_run": fns, "floor_runs": f.runs}));
+    }
+    for p in ours.iter().filter(|p| find(floor, &p.name).is_none()) {
+        others += p.runs;
+    }
+    let ours_kernel = ours.iter().map(|p| p.run_ns).sum::<u64>() as f64 / 1e6;
+    let peer_kernel = peer.iter().map(|p| p.run_ns).sum::<u64>() as f64 / 1e6;
+    println!(
+        "at the floor: gpustall's {ours_runs} runs {ours_at:.1} ms (of its {ours_kernel:.1} ms; its {others} runs elsewhere not counted) | the peer's {peer_at:.1} ms (of {peer_kernel:.1} ms)"
+    );
+    println!(
+        "programs that did nothing on gpustall's events would cost x{:.2} the peer's whole cost ({peer_total_ms:.1} ms, agent included)",
+        ours_at / peer_total_ms
+    );
+    json!({
+        "programs": rows,
+        "gpustall_runs_at_floor_ms": ours_at, "peer_runs_at_floor_ms": peer_at,
+        "gpustall_runs_counted": ours_runs, "gpustall_runs_elsewhere": others,
+        "floor_to_peer_total": ours_at / peer_total_ms,
     })
 }
 

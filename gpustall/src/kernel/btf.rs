@@ -15,6 +15,24 @@ pub fn member_offset(btf: &Btf, name: &str, member: &str) -> Option<u32> {
     })
 }
 
+/// The size in bytes of `struct name`.
+pub fn struct_size(btf: &Btf, name: &str) -> Option<usize> {
+    let types = btf.resolve_types_by_name(name).ok()?;
+    types.iter().find_map(|t| match t {
+        Type::Struct(s) => Some(s.size()),
+        _ => None,
+    })
+}
+
+/// Whether `enum name` has a member `member` (`bpf_func_id` names the helpers this kernel has).
+pub fn enum_has(btf: &Btf, name: &str, member: &str) -> bool {
+    let Ok(types) = btf.resolve_types_by_name(name) else { return false };
+    types.iter().any(|t| match t {
+        Type::Enum(e) => e.members.iter().any(|m| btf.resolve_name(m).is_ok_and(|n| n == member)),
+        _ => false,
+    })
+}
+
 fn find_in(btf: &Btf, s: &btf_rs::Struct, member: &str, base_bits: u32) -> Option<u32> {
     for m in &s.members {
         let bits = base_bits + m.bit_offset();

@@ -14,6 +14,7 @@ use gpustall_common::counters::{
 use gpustall_common::folio::FolioLayout;
 use gpustall_common::names::{self, maps, programs};
 use gpustall_common::offsets::{TracepointOffsets, MISSING};
+use gpustall_common::sched::StackLayout;
 use gpustall_common::task::{TaskOffsets, UNKNOWN as TASK_UNKNOWN};
 
 use crate::kernel::batch;
@@ -134,6 +135,8 @@ pub struct Layouts {
     pub block: BlockLayout,
     /// Where `struct pt_regs` keeps the syscall number (kernel::offcpu::syscall_nr_offset).
     pub syscall_nr: u32,
+    /// How the typed sched_waking tells interrupt context (kernel::offcpu::stack_layout).
+    pub stack: StackLayout,
 }
 
 impl Layouts {
@@ -144,15 +147,18 @@ impl Layouts {
             folio: Err("the folio's layout"),
             block: BlockLayout::unknown(),
             syscall_nr: TASK_UNKNOWN,
+            stack: StackLayout::unknown(),
         }
     }
 
     pub fn from_btf(btf: &btf_rs::Btf) -> Self {
+        let syscall_nr = crate::kernel::offcpu::syscall_nr_offset(btf);
         Self {
             task: crate::kernel::btf::task_offsets(btf),
             folio: crate::kernel::folio::from_btf(btf),
             block: crate::kernel::btf::block_layout(btf),
-            syscall_nr: crate::kernel::offcpu::syscall_nr_offset(btf).unwrap_or(TASK_UNKNOWN),
+            syscall_nr: syscall_nr.unwrap_or(TASK_UNKNOWN),
+            stack: crate::kernel::offcpu::stack_layout(btf, syscall_nr),
         }
     }
 }
@@ -194,6 +200,14 @@ fn paired(pairs: &Pairing, event: &str, attached: &[&str]) -> Result<(), String>
         }
         _ => Ok(()),
     }
+}
+
+/// Whether `prog` is an hrtimer program the typed sched_waking (attached earlier in the table)
+/// does without: it tells a wakeup in interrupt context from its own stack (`StackLayout`).
+fn timers_unneeded(prog: &str, layouts: &Layouts, attached: &[&str]) -> bool {
+    [programs::HRTIMER_EXPIRE_ENTRY, programs::HRTIMER_EXPIRE_EXIT].contains(&prog)
+        && layouts.stack.knows()
+        && attached.contains(&programs::SCHED_WAKING_BTF)
 }
 
 /// A reclaim end's typed twin: `nr_reclaimed` is its argument (no field copied out).
@@ -310,7 +324,9 @@ const PROBES: &[Probe] = &[
         pairs: UNPAIRED,
     }),
     // A wakeup inside an hrtimer callback is a timeout's, not the interrupted task's doing:
-    // the exit attaches first, so a CPU is never left marked "in a timer".
+    // the exit attaches first, so a CPU is never left marked "in a timer". Only where
+    // sched_waking cannot tell interrupt context itself ([`timers_unneeded`]): they run on
+    // every timer of every CPU.
     probe(programs::HRTIMER_EXPIRE_EXIT, "timer", &["hrtimer_expire_exit"], false),
     probe(programs::HRTIMER_EXPIRE_ENTRY, "timer", &["hrtimer_expire_entry"], false),
 ];
@@ -437,6 +453,7 @@ pub fn load(tracefs: &Tracefs, btf: Result<&btf_rs::Btf, &str>) -> Result<Probes
     loader.override_global(names::FOLIO_LAYOUT, &folio, true);
     loader.override_global(names::BLOCK_LAYOUT, &layouts.block, true);
     loader.override_global(names::SYSCALL_NR_OFFSET, &layouts.syscall_nr, true);
+    loader.override_global(names::STACK_LAYOUT, &layouts.stack, true);
     // Requests in flight wait in the typed programs' slots or the classic programs' hash: the
     // one that will not be used is made small (kernel memory, `kernel::mapmem`).
     let typed_pair = typed_requests_expected(tracefs, btf, &layouts);
@@ -461,6 +478,10 @@ pub fn load(tracefs: &Tracefs, btf: Result<&btf_rs::Btf, &str>) -> Result<Probes
     let only = std::env::var("GPUSTALL_ONLY_PROBES").ok();
     for &Probe { program: prog, category, events, required, typed } in PROBES {
         if only.as_deref().is_some_and(|o| !o.split(',').any(|p| p == prog)) {
+            continue;
+        }
+        if timers_unneeded(prog, &layouts, &attached_programs) {
+            log::debug!("{prog}: not attached: the typed sched_waking tells interrupt context from its stack");
             continue;
         }
         let Some(event) = events.iter().find(|e| tracefs.exists(category, e)) else {

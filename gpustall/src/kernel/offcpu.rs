@@ -12,7 +12,8 @@ use aya::{
 use gpustall_common::names::maps;
 use gpustall_common::offsets::MISSING;
 use gpustall_common::sched::{
-    OffCpuCounters, SchedOffsets, WakeCounters, WakeKey, ACCOUNT, ACCOUNT_WAITS, OFFCPU_PROCESSES,
+    OffCpuCounters, SchedOffsets, StackLayout, WakeCounters, WakeKey, ACCOUNT, ACCOUNT_WAITS,
+    OFFCPU_PROCESSES,
 };
 use gpustall_common::syscall::SyscallWaits;
 use gpustall_common::task::UNKNOWN as TASK_UNKNOWN;
@@ -52,6 +53,34 @@ pub fn syscall_nr_offset(btf: &btf_rs::Btf) -> Option<u32> {
     } else {
         None
     }
+}
+
+/// How the typed sched_waking tells interrupt context (`gpustall_common::sched::StackLayout`):
+/// `task_struct.stack`, and on x86_64 `THREAD_SIZE` as the size of `struct irq_stack` (the
+/// kernel sizes its IRQ stacks as its task stacks: IRQ_STACK_SIZE is THREAD_SIZE, KASAN's
+/// doubling included). It also reads the syscall number the task's entry saved, so it needs
+/// `syscall_nr` and the `bpf_task_pt_regs` helper (5.15+). Unknown otherwise: the hrtimer
+/// programs then mark timer callbacks.
+pub fn stack_layout(btf: &btf_rs::Btf, syscall_nr: Option<u32>) -> StackLayout {
+    use crate::kernel::btf::{enum_has, member_offset, struct_size};
+    if !cfg!(target_arch = "x86_64") || syscall_nr.is_none() {
+        return StackLayout::unknown();
+    }
+    if !enum_has(btf, "bpf_func_id", "BPF_FUNC_task_pt_regs") {
+        log::debug!("no bpf_task_pt_regs: hrtimer programs mark timer callbacks");
+        return StackLayout::unknown();
+    }
+    let (stack, size) = (member_offset(btf, "task_struct", "stack"), struct_size(btf, "irq_stack"));
+    let layout = match (stack, size.and_then(|s| u32::try_from(s).ok())) {
+        (Some(task_stack), Some(thread_size)) => StackLayout { task_stack, thread_size },
+        _ => StackLayout::unknown(),
+    };
+    if !layout.knows() {
+        log::debug!(
+            "task stack layout unknown ({stack:?}, {size:?}): hrtimer programs mark timer callbacks"
+        );
+    }
+    layout
 }
 
 /// The note when the typed program can run but the syscall number's place is unknown.
