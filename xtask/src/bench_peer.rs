@@ -61,6 +61,8 @@ struct Prog {
     name: String,
     runs: u64,
     run_ns: u64,
+    /// A typed (tp_btf) or raw tracepoint program, not a classic one.
+    typed: bool,
 }
 
 /// The programs a process holds, from /proc/PID/fdinfo (runs, run time) and the kernel's
@@ -78,7 +80,12 @@ fn programs_of(pid: u32) -> Vec<Prog> {
             continue;
         }
         let name = prog_name(id as u32).unwrap_or_else(|| format!("prog{id}"));
-        out.push(Prog { name, runs: field("run_cnt:"), run_ns: field("run_time_ns:") });
+        out.push(Prog {
+            name,
+            runs: field("run_cnt:"),
+            run_ns: field("run_time_ns:"),
+            typed: false,
+        });
     }
     out
 }
@@ -139,6 +146,10 @@ const FLOOR_ORDER: [&str; 10] = [
     "hrtimer_expire_entry",
     "hrtimer_expire_exit",
 ];
+
+/// The events the typed floor (`bench_floor`) attaches to: where gpustall runs typed programs
+/// (floor.bt's, less the hrtimer ones, which are classic).
+const TYPED_FLOOR: &[&str] = FLOOR_ORDER.split_at(8).0;
 
 /// A bpftrace's programs, named by the tracepoint each serves (`order`: the script's probes).
 fn named(progs: &[Prog], order: &[&str]) -> Vec<Prog> {
@@ -221,7 +232,8 @@ struct RunResult {
     /// The peer's programs, named by tracepoint.
     peer: Vec<Prog>,
     peer_cpu_s: f64,
-    /// The floor's programs (runs with both attached), named by tracepoint.
+    /// The floors' programs (runs with both attached), named by tracepoint: bpftrace's
+    /// classic ones and this process's raw ones (`typed`).
     floor: Vec<Prog>,
 }
 
@@ -229,6 +241,11 @@ fn run_once(under: Under, data: &str) -> anyhow::Result<RunResult> {
     let (mut w, _cg) = start_workload(data)?;
     let peer = matches!(under, Under::Peer | Under::Both).then(Bpftrace::peer).transpose()?;
     let floor = (under == Under::Both).then(Bpftrace::floor).transpose()?;
+    let typed_floor = match under {
+        Under::Both => TYPED_FLOOR.iter().map(|e| crate::bench_floor::Floor::attach(e)).collect(),
+        _ => Ok(Vec::new()),
+    };
+    let typed_floor = typed_floor.context("the typed floor")?;
     let peer_cpu0 = peer.as_ref().map_or(0.0, |p| usage(p.child.id()).map_or(0.0, |u| u.0));
     let tracer = matches!(under, Under::Gpustall | Under::Both)
         .then(|| Tracer::start(w.pid(), &["--quiet"]));
@@ -245,8 +262,12 @@ fn run_once(under: Under, data: &str) -> anyhow::Result<RunResult> {
         ),
         None => (Vec::new(), 0.0),
     };
-    let floor_progs =
+    let mut floor_progs =
         floor.as_ref().map_or_else(Vec::new, |f| named(&programs_of(f.child.id()), &FLOOR_ORDER));
+    floor_progs.extend(typed_floor.iter().map(|f| {
+        let (runs, run_ns) = f.stats();
+        Prog { name: f.event.to_string(), runs, run_ns, typed: true }
+    }));
     for t in [peer, floor].into_iter().flatten() {
         t.stop();
     }
@@ -259,10 +280,14 @@ fn gpustall_programs(summary: &Value) -> Vec<Prog> {
         .as_array()
         .map(|a| {
             a.iter()
-                .map(|p| Prog {
-                    name: crate::util::tracepoint_of(p["name"].as_str().unwrap_or("?")).to_string(),
-                    runs: p["run_count"].as_u64().unwrap_or(0),
-                    run_ns: p["run_time_ns"].as_u64().unwrap_or(0),
+                .map(|p| {
+                    let name = p["name"].as_str().unwrap_or("?");
+                    Prog {
+                        name: crate::util::tracepoint_of(name).to_string(),
+                        runs: p["run_count"].as_u64().unwrap_or(0),
+                        run_ns: p["run_time_ns"].as_u64().unwrap_or(0),
+                        typed: crate::util::tracepoint_of(name) != name,
+                    }
                 })
                 .collect()
         })
@@ -278,7 +303,7 @@ fn agent_cpu_s(summary: &Value) -> f64 {
 /// Adds one round's programs into the running sums, by name.
 fn add_into(sum: &mut Vec<Prog>, round: Vec<Prog>) {
     for p in round {
-        match sum.iter_mut().find(|s| s.name == p.name) {
+        match sum.iter_mut().find(|s| s.name == p.name && s.typed == p.typed) {
             Some(s) => {
                 s.runs += p.runs;
                 s.run_ns += p.run_ns;
@@ -419,39 +444,60 @@ fn print_table(
     })
 }
 
-/// The floor's ns per run on each tracepoint it holds, and what gpustall's and the peer's runs
-/// cost at it: the least any tracer running a program on the same events could cost, however
-/// little its programs did.
+/// The floors' ns per run on each tracepoint (classic: bpftrace's floor.bt; typed: a raw
+/// tracepoint program of this process), and what gpustall's and the peer's runs cost at the
+/// floor of their own kind: the least any tracer running a program on the same events could
+/// cost, however little its programs did.
 fn print_floor(ours: &[Prog], peer: &[Prog], floor: &[Prog], peer_total_ms: f64) -> Value {
     let find = |v: &[Prog], n: &str| v.iter().find(|p| p.name == n && p.runs > 0).cloned();
+    let floor_of = |n: &str, typed: bool| {
+        floor.iter().find(|f| f.name == n && f.typed == typed && f.runs > 0).map(ns_per_run)
+    };
+    println!("\n== the floor: a program that does nothing, on the same events, same runs ==");
     println!(
-        "\n== the floor: a program that does nothing, on the same events (xtask/bench/floor.bt) =="
-    );
-    println!(
-        "{:<32} {:>12} {:>15} {:>11} {:>19}",
-        "tracepoint", "floor ns/run", "gpustall ns/run", "peer ns/run", "gpustall runs x floor"
+        "{:<32} {:>13} {:>11} {:>15} {:>11} {:>13}",
+        "tracepoint",
+        "classic floor",
+        "typed floor",
+        "gpustall ns/run",
+        "peer ns/run",
+        "gpustall at it"
     );
     let (mut rows, mut ours_at, mut peer_at, mut ours_runs, mut others) =
         (Vec::new(), 0.0, 0.0, 0u64, 0u64);
-    for f in floor.iter().filter(|f| f.runs > 0) {
-        let fns = ns_per_run(f);
-        let (a, b) = (find(ours, &f.name), find(peer, &f.name));
-        let a_at = a.as_ref().map_or(0.0, |a| a.runs as f64 * fns / 1e6);
-        ours_at += a_at;
-        ours_runs += a.as_ref().map_or(0, |a| a.runs);
-        peer_at += b.as_ref().map_or(0.0, |b| b.runs as f64 * fns / 1e6);
-        let ns =
-            |p: &Option<Prog>| p.as_ref().map_or("-".into(), |p| format!("{:.0}", ns_per_run(p)));
-        println!("{:<32} {fns:>12.0} {:>15} {:>11} {:>16.2} ms", f.name, ns(&a), ns(&b), a_at);
-        rows.push(json!({"tracepoint": f.name, "floor_ns_per_run": fns, "floor_runs": f.runs}));
-    }
-    for p in ours.iter().filter(|p| find(floor, &p.name).is_none()) {
-        others += p.runs;
+    for p in ours.iter().filter(|p| p.runs > 0) {
+        let Some(fns) = floor_of(&p.name, p.typed) else {
+            others += p.runs;
+            continue;
+        };
+        let at = p.runs as f64 * fns / 1e6;
+        ours_at += at;
+        ours_runs += p.runs;
+        let b = find(peer, &p.name);
+        peer_at += b
+            .as_ref()
+            .and_then(|b| Some(b.runs as f64 * floor_of(&b.name, false)? / 1e6))
+            .unwrap_or(0.0);
+        let ns = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.0}"));
+        println!(
+            "{:<32} {:>13} {:>11} {:>15.0} {:>11} {:>10.2} ms",
+            p.name,
+            ns(floor_of(&p.name, false)),
+            ns(floor_of(&p.name, true)),
+            ns_per_run(p),
+            ns(b.as_ref().map(ns_per_run)),
+            at
+        );
+        rows.push(json!({
+            "tracepoint": p.name, "typed": p.typed,
+            "classic_floor_ns_per_run": floor_of(&p.name, false),
+            "typed_floor_ns_per_run": floor_of(&p.name, true),
+        }));
     }
     let ours_kernel = ours.iter().map(|p| p.run_ns).sum::<u64>() as f64 / 1e6;
     let peer_kernel = peer.iter().map(|p| p.run_ns).sum::<u64>() as f64 / 1e6;
     println!(
-        "at the floor: gpustall's {ours_runs} runs {ours_at:.1} ms (of its {ours_kernel:.1} ms; its {others} runs elsewhere not counted) | the peer's {peer_at:.1} ms (of {peer_kernel:.1} ms)"
+        "at the floor of their kind: gpustall's {ours_runs} runs {ours_at:.1} ms (of its {ours_kernel:.1} ms; {others} runs elsewhere not counted) | the peer's {peer_at:.1} ms (of {peer_kernel:.1} ms)"
     );
     println!(
         "programs that did nothing on gpustall's events would cost x{:.2} the peer's whole cost ({peer_total_ms:.1} ms, agent included)",

@@ -5,6 +5,7 @@
 
 mod bench;
 mod bench_ctx;
+mod bench_floor;
 mod bench_fork;
 mod bench_peer;
 mod demo;
