@@ -16,6 +16,7 @@ pub mod maps {
     pub const IO_LATENCY: &str = "IO_LATENCY";
     pub const IO_INFLIGHT: &str = "IO_INFLIGHT";
     pub const RQ_SLOTS: &str = "RQ_SLOTS";
+    pub const RQ_HINT: &str = "RQ_HINT";
     pub const OFFCPU_THREADS: &str = "OFFCPU_THREADS";
     pub const OFFCPU: &str = "OFFCPU";
     pub const WAKES: &str = "WAKES";

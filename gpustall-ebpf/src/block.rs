@@ -77,6 +77,11 @@ pub static IO_INFLIGHT: HashMap<InflightKey, InflightIo> = HashMap::with_max_ent
 #[map]
 pub static RQ_SLOTS: Array<RqSlot> = Array::with_max_entries(rqslot::RQ_SLOTS, 0);
 
+/// `RQ_SLOTS`' slots in use per bucket of homes (`rqslot`): the done of a request no one
+/// tracked reads one word here instead of a slot.
+#[map]
+pub static RQ_HINT: Array<u64> = Array::with_max_entries(rqslot::RQ_HINTS, 0);
+
 /// A number for a struct the kernel handed a typed program: its distance from a global of this
 /// object. The verifier allows no arithmetic on a typed pointer, nor a narrower read of one
 /// spilled to the stack, but one pointer less another is a plain number for a program of root
@@ -105,6 +110,19 @@ impl SlotTable for Slots {
         // SAFETY: a live map value; the typed start runs on 6.5+, whose BPF has cmpxchg.
         unsafe { atomic_cxchg::<u64, { Relaxed }, { Relaxed }>(&raw mut (*slot).rq, old, new) }.1
     }
+
+    #[inline(always)]
+    fn in_use(&self, bucket: u32) -> u64 {
+        // SAFETY: a live map value, read once (other CPUs add to it).
+        RQ_HINT.get_ptr(bucket).map_or(0, |p| unsafe { core::ptr::read_volatile(p) })
+    }
+
+    #[inline(always)]
+    fn count(&self, bucket: u32, delta: u64) {
+        if let Some(p) = RQ_HINT.get_ptr_mut(bucket) {
+            atomic_add(p, delta);
+        }
+    }
 }
 
 /// Completed-request latency, log2 buckets, per direction: `op * LATENCY_BUCKETS + bucket`.
@@ -131,23 +149,31 @@ fn io_op(rwbs: &[u8; 8]) -> IoOp {
 /// comes first; an untracked task costs one more lookup only when it has bytes to count.
 #[inline(always)]
 fn current_key(ids: (u32, u32), dev: u32, op: u32, bytes: u64) -> Option<IoKey> {
-    current_key_with(ids, dev, op, bytes, |tid| {
-        // SAFETY: read-only peek, one lookup for "in reclaim" and "is kswapd".
-        unsafe { RECLAIM_START.get(tid) }.map(|s| s.kind == ReclaimKind::Kswapd as u32)
-    })
+    current_key_with(ids, || dev, op, || bytes, reclaim_pairing)
+}
+
+/// Whether thread `tid` is reclaiming (`Some(is kswapd)`), from the reclaim-pairing map: one
+/// read-only lookup.
+#[inline(always)]
+fn reclaim_pairing(tid: u32) -> Option<bool> {
+    // SAFETY: read-only peek.
+    unsafe { RECLAIM_START.get(tid) }.map(|s| s.kind == ReclaimKind::Kswapd as u32)
 }
 
 /// The same, told whether the thread is reclaiming (`Some(is kswapd)`) by `reclaiming`: the
-/// reclaim-pairing map, or the task's flags in a typed program.
+/// reclaim-pairing map, or the task's flags in a typed program. `dev` is read only for a
+/// tracked task (a typed program loads it through three structs).
 #[inline(always)]
 fn current_key_with(
     (tgid, tid): (u32, u32),
-    dev: u32,
+    dev: impl FnOnce() -> u32,
     op: u32,
-    bytes: u64,
+    bytes: impl FnOnce() -> u64,
     reclaiming: impl Fn(u32) -> Option<bool>,
 ) -> Option<IoKey> {
     if !is_tracked(tgid) {
+        // Bytes first: a request start has none (and then no lookup).
+        let bytes = bytes();
         if bytes > 0 {
             if let Some(kswapd) = reclaiming(tid) {
                 let idx = if kswapd {
@@ -161,7 +187,7 @@ fn current_key_with(
         return None;
     }
     let in_reclaim = reclaiming(tid).is_some();
-    Some(IoKey { tgid, dev, op, in_reclaim: in_reclaim as u32 })
+    Some(IoKey { tgid, dev: dev(), op, in_reclaim: in_reclaim as u32 })
 }
 
 /// Whether the current task is reclaiming, from its flags (typed programs).
@@ -199,13 +225,18 @@ pub fn block_bio_queue(ctx: TracePointContext) -> u32 {
 #[btf_tracepoint(function = "block_bio_queue")]
 pub fn block_bio_queue_btf(ctx: BtfTracePointContext) -> i32 {
     let bio: *const u8 = ctx.arg(0);
-    let bytes: u32 = kload(bio, layout!(bio_size));
-    let opf: u32 = kload(bio, layout!(bio_opf));
-    let bdev: *const u8 = kload(bio, layout!(bio_bdev));
-    let dev = disk_dev(kload(bdev, layout!(bdev_disk)));
+    let bytes = || u64::from(kload::<u32>(bio, layout!(bio_size)));
+    let dev = || {
+        let bdev: *const u8 = kload(bio, layout!(bio_bdev));
+        disk_dev(kload(bdev, layout!(bdev_disk)))
+    };
+    let op = op_of(kload(bio, layout!(bio_opf)));
     let ids = pid_tgid();
-    let own = current_key_with(ids, dev, op_of(opf), bytes as u64, |_| reclaiming_now());
-    on_bio_queue(ids.1, own, dev, (bytes / 512) as u64, || kload(bio, layout!(bio_sector)));
+    // An untracked bio costs the tracked-set test and the task's flags, no more.
+    let Some(own) = current_key_with(ids, dev, op, bytes, |_| reclaiming_now()) else {
+        return 0;
+    };
+    on_bio_queue(ids.1, Some(own), own.dev, bytes() / 512, || kload(bio, layout!(bio_sector)));
     0
 }
 
@@ -315,12 +346,13 @@ pub fn block_io_start(ctx: TracePointContext) -> u32 {
 #[btf_tracepoint(function = "block_io_start")]
 pub fn block_io_start_btf(ctx: BtfTracePointContext) -> i32 {
     let rq: *const u8 = ctx.arg(0);
-    let flags: u32 = kload(rq, layout!(rq_cmd_flags));
-    let (dev, sector) = (rq_dev(rq), kload(rq, layout!(rq_sector)));
-    let key = io_start_key(dev, sector, op_of(flags));
+    let op = op_of(kload(rq, layout!(rq_cmd_flags)));
+    let key = io_start_key_with(|| (rq_dev(rq), kload(rq, layout!(rq_sector))), op);
     let io = key.map(|key| InflightIo { start_ns: 0, key });
+    // The clock only for a request that is timed.
+    let now = if io.is_some() { unsafe { bpf_ktime_get_ns() } } else { 0 };
     // SAFETY: `Slots` gives live slots of RQ_SLOTS.
-    let started = unsafe { rqslot::start(&Slots, address(rq), io, bpf_ktime_get_ns()) };
+    let started = unsafe { rqslot::start(&Slots, address(rq), io, now) };
     if started == Started::Full {
         add_lost(LostCounter::MapFull);
     }
@@ -341,14 +373,34 @@ fn on_io_start(dev: u32, sector: u64, op: u32, start: impl FnOnce(IoKey)) -> u32
 /// no request but one this thread starts inside it.
 #[inline(always)]
 fn io_start_key(dev: u32, sector: u64, op: u32) -> Option<IoKey> {
+    io_start_key_with(|| (dev, sector), op)
+}
+
+/// The same, `where_` giving the request's (dev, sector) only when needed: when this thread
+/// queued the last tracked bio here, or is tracked.
+#[inline(always)]
+fn io_start_key_with(where_: impl Fn() -> (u32, u64), op: u32) -> Option<IoKey> {
     let ids = pid_tgid();
     if let Some(slot) = LAST_BIO.get_ptr_mut(0) {
         // SAFETY: this CPU's slot; no other program runs on this CPU meanwhile.
-        if let Some(key) = unsafe { (*slot).take_request(ids.1, dev, sector) } {
-            return Some(IoKey { op, ..key });
+        if unsafe { (*slot).tid } == ids.1 {
+            let (dev, sector) = where_();
+            // SAFETY: as above.
+            if let Some(key) = unsafe { (*slot).take_request(ids.1, dev, sector) } {
+                return Some(IoKey { op, ..key });
+            }
         }
     }
-    current_key(ids, dev, op, 0)
+    current_key_with(
+        ids,
+        || where_().0,
+        op,
+        || 0,
+        |tid| {
+            // SAFETY: read-only peek, one lookup for "in reclaim" and "is kswapd".
+            unsafe { RECLAIM_START.get(tid) }.map(|s| s.kind == ReclaimKind::Kswapd as u32)
+        },
+    )
 }
 
 /// block_io_done, or block_rq_complete on kernels before 6.5 (the `done_*` offsets are the

@@ -143,8 +143,11 @@ pub fn run(only: Option<&str>) -> anyhow::Result<()> {
         }
         Some("peer") => return write_json(&json!({"peer": crate::bench_peer::run()?})),
         Some("ctxswitch") => return write_json(&json!({"ctxswitch": crate::bench_ctx::run()?})),
+        Some("outside") => {
+            return write_json(&json!({"outside_the_job": crate::bench_peer::outside_cases()?}))
+        }
         Some(other) => {
-            anyhow::bail!("no bench case {other:?} (cases: fork-burst, peer, ctxswitch)")
+            anyhow::bail!("no bench case {other:?} (cases: fork-burst, peer, ctxswitch, outside)")
         }
     }
     let _swap = SwapFile::ensure(1024);

@@ -321,20 +321,27 @@ fn ns_per_run(p: &Prog) -> f64 {
     }
 }
 
-pub fn run() -> anyhow::Result<Value> {
-    ensure_bpftrace()?;
-    let _stats = crate::bench::BpfStats::enable();
-    let _swap = SwapFile::ensure(1024);
-    let scratch = tests::TempDir::new_in("/var/tmp", "bench-peer");
+/// A file of `mib` MiB of zeros to read back with O_DIRECT, in a scratch directory removed when
+/// the first value is dropped.
+fn data_file(tag: &str, mib: u64) -> anyhow::Result<(tests::TempDir, String)> {
+    let scratch = tests::TempDir::new_in("/var/tmp", tag);
     let data = scratch.path("reads.dat");
     let data = data.to_str().context("utf-8 path")?.to_string();
     crate::util::run_cmd(Command::new("dd").args([
         "if=/dev/zero",
         &format!("of={data}"),
         "bs=1M",
-        &format!("count={}", READS * 4096 / (1 << 20) + 1),
+        &format!("count={mib}"),
         "status=none",
     ]))?;
+    Ok((scratch, data))
+}
+
+pub fn run() -> anyhow::Result<Value> {
+    ensure_bpftrace()?;
+    let _stats = crate::bench::BpfStats::enable();
+    let _swap = SwapFile::ensure(1024);
+    let (_scratch, data) = data_file("bench-peer", READS * 4096 / (1 << 20) + 1)?;
 
     let mut walls = Vec::new();
     for under in [Under::Nothing, Under::Gpustall, Under::Peer] {
@@ -530,7 +537,9 @@ fn outside(label: &str, load: &mut dyn FnMut() -> String) -> anyhow::Result<Valu
     Ok(json!({"load": what, "programs": rows}))
 }
 
-fn outside_cases() -> anyhow::Result<Value> {
+/// The outside cases (also `--only outside`): a fork-heavy loop, 20,000 O_DIRECT reads, a
+/// context-switch-heavy ping-pong, each run by a process gpustall does not trace.
+pub fn outside_cases() -> anyhow::Result<Value> {
     let fork = outside("fork-heavy", &mut || {
         let t = Instant::now();
         for _ in 0..3000 {
@@ -538,11 +547,20 @@ fn outside_cases() -> anyhow::Result<Value> {
         }
         format!("3,000 /bin/true in {:.1} s", t.elapsed().as_secs_f64())
     })?;
+    let (_scratch, data) = data_file("bench-outside", 80)?;
+    let io = outside("I/O-heavy", &mut || {
+        let t = Instant::now();
+        let _ = Command::new("dd")
+            .args([&format!("if={data}"), "of=/dev/null", "bs=4096", "count=20000", "iflag=direct"])
+            .arg("status=none")
+            .status();
+        format!("20,000 4 KiB O_DIRECT reads in {:.1} s", t.elapsed().as_secs_f64())
+    })?;
     let switch = outside("context-switch-heavy", &mut || {
         let n = ping_pong(Duration::from_secs(5));
         format!("{n} pipe round trips in 5 s")
     })?;
-    Ok(json!({"fork_heavy": fork, "context_switch_heavy": switch}))
+    Ok(json!({"fork_heavy": fork, "io_heavy": io, "context_switch_heavy": switch}))
 }
 
 /// Two threads passing a byte back and forth over two pipes for `d`; the round trips.

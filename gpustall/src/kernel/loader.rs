@@ -860,6 +860,7 @@ mod tests {
             maps::IO_LATENCY,
             maps::IO_INFLIGHT,
             maps::RQ_SLOTS,
+            maps::RQ_HINT,
             maps::OFFCPU_THREADS,
             maps::OFFCPU,
             maps::WAKES,
