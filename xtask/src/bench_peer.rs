@@ -210,9 +210,21 @@ impl Bpftrace {
         Ok(Self { child })
     }
 
+    /// SIGINT (bpftrace prints its maps and exits), then SIGKILL after 10 s: bpftrace 0.17
+    /// once stayed in its poll loop after a SIGINT (the bench hung for 10 minutes). Its
+    /// programs' figures were read before.
     fn stop(mut self) {
-        // SAFETY: SIGINT to our own child: bpftrace prints its maps and exits.
+        // SAFETY: SIGINT to our own child.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_secs(10) {
+            if !matches!(self.child.try_wait(), Ok(None)) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        eprintln!("bench: bpftrace did not exit on SIGINT; killing it");
+        let _ = self.child.kill();
         let _ = self.child.wait();
     }
 }
