@@ -298,11 +298,20 @@ fn run_vm_retrying(
         GUEST_SILENCE.as_secs(),
         first.log.display()
     );
-    let kept = first.log.with_file_name("console-hung.log");
+    // Beside the run's directory, which the second boot empties.
+    let kept = hung_log(&first.log);
     let _ = std::fs::copy(&first.log, &kept);
     let mut again = run_vm(spec, bins, wanted, timeout)?;
     again.retried_after_hang = true;
     Ok(again)
+}
+
+/// Where the first boot's console is kept when a guest is booted again: `runs/<kernel>/console.log`
+/// to `runs/<kernel>-console-hung.log`.
+fn hung_log(log: &std::path::Path) -> std::path::PathBuf {
+    let dir = log.parent().unwrap_or(log);
+    let name = dir.file_name().map_or_else(|| "guest".into(), |n| n.to_string_lossy().into_owned());
+    dir.with_file_name(format!("{name}-console-hung.log"))
 }
 
 fn selection_ids(selection: &[(&TestBin, Vec<String>)]) -> Vec<(String, String)> {
@@ -388,4 +397,13 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_hung_guests_console_is_kept_beside_its_run_directory() {
+        let log = std::path::Path::new("/t/vm/runs/5.10/console.log");
+        assert_eq!(super::hung_log(log), std::path::Path::new("/t/vm/runs/5.10-console-hung.log"));
+    }
 }

@@ -183,7 +183,7 @@ pub fn table(runs: &[Run], total: Duration) -> Table {
         }
         if r.retried_after_hang {
             notes.push_str(
-                "\n    retried: the first boot's guest hung or panicked (console-hung.log)",
+                "\n    retried: the first boot's guest hung or panicked (its console: vm/runs/<kernel>-console-hung.log)",
             );
         }
     }
