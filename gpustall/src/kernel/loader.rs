@@ -743,6 +743,8 @@ impl KernelMaps {
             return Ok(());
         }
         self.tracked_hint.sub(pid);
+        // The level is 1 again: not what `account_offcpu` last raised this pid to.
+        self.sched.unaccount(pid);
         self.tracked.insert(pid, 1, 0)
     }
 

@@ -195,6 +195,13 @@ impl SchedMaps {
         }
     }
 
+    /// Forgets that `pid` was raised: its `TRACKED` value was reset to 1 (a new process with
+    /// a reused pid), so the next [`Self::account`] raises it again if its role asks.
+    pub fn unaccount(&mut self, pid: u32) {
+        self.accounted.remove(&pid);
+        self.over_cap.remove(&pid);
+    }
+
     /// Deletes a process's totals and every wake pair it is in.
     pub fn forget(&mut self, pid: u32) {
         self.accounted.remove(&pid);
