@@ -31,11 +31,13 @@ impl SchedOffsets {
 
 /// Where the typed sched_waking tells a wakeup in interrupt context (a timer running out, an
 /// I/O completion, a network softirq), where `current` is only the task the interrupt happened
-/// to land on and must not be charged with ending the wait: from whether the program's own
-/// frame lies on the current task's stack (`task_struct.stack`, `thread_size` bytes). Interrupts
-/// run on per-CPU stacks of their own (x86_64: hardirqs, and softirqs run from them or from
-/// `local_bh_enable`; ksoftirqd's are its own task's). Written by the agent from BTF; where it
-/// is unknown the programs fall back to marking hrtimer callbacks (`IN_TIMER`).
+/// to land on and must not be charged with ending the wait: partly from whether the arguments
+/// the kernel handed the program lie on the current task's stack (`task_struct.stack`,
+/// `thread_size` bytes). An interrupt of kernel code runs on a per-CPU stack of its own (x86_64:
+/// hardirqs, and softirqs run from them or from `local_bh_enable`; ksoftirqd's are its own
+/// task's); one of user code is told by the saved syscall number (gpustall-ebpf's
+/// `in_interrupt`). Written by the agent from BTF; where it is unknown the programs fall back to
+/// marking hrtimer callbacks (`IN_TIMER`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StackLayout {
@@ -59,8 +61,8 @@ impl StackLayout {
             && self.thread_size <= 65536
     }
 
-    /// Whether `frame` (an address in the running program's frame) lies on the task stack that
-    /// starts at `stack`. Below the stack the difference wraps to a huge number.
+    /// Whether `frame` (an address on the stack the program runs from) lies on the task stack
+    /// that starts at `stack`. Below the stack the difference wraps to a huge number.
     #[inline(always)]
     pub const fn on_task_stack(&self, frame: u64, stack: u64) -> bool {
         frame.wrapping_sub(stack) < self.thread_size as u64

@@ -391,16 +391,7 @@ fn io_start_key_with(where_: impl Fn() -> (u32, u64), op: u32) -> Option<IoKey> 
             }
         }
     }
-    current_key_with(
-        ids,
-        || where_().0,
-        op,
-        || 0,
-        |tid| {
-            // SAFETY: read-only peek, one lookup for "in reclaim" and "is kswapd".
-            unsafe { RECLAIM_START.get(tid) }.map(|s| s.kind == ReclaimKind::Kswapd as u32)
-        },
-    )
+    current_key_with(ids, || where_().0, op, || 0, reclaim_pairing)
 }
 
 /// block_io_done, or block_rq_complete on kernels before 6.5 (the `done_*` offsets are the

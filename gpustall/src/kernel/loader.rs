@@ -203,7 +203,7 @@ fn paired(pairs: &Pairing, event: &str, attached: &[&str]) -> Result<(), String>
 }
 
 /// Whether `prog` is an hrtimer program the typed sched_waking (attached earlier in the table)
-/// does without: it tells a wakeup in interrupt context from its own stack (`StackLayout`).
+/// does without: it tells a wakeup in interrupt context itself (`StackLayout`).
 fn timers_unneeded(prog: &str, layouts: &Layouts, attached: &[&str]) -> bool {
     [programs::HRTIMER_EXPIRE_ENTRY, programs::HRTIMER_EXPIRE_EXIT].contains(&prog)
         && layouts.stack.knows()
@@ -481,7 +481,9 @@ pub fn load(tracefs: &Tracefs, btf: Result<&btf_rs::Btf, &str>) -> Result<Probes
             continue;
         }
         if timers_unneeded(prog, &layouts, &attached_programs) {
-            log::debug!("{prog}: not attached: the typed sched_waking tells interrupt context from its stack");
+            log::debug!(
+                "{prog}: not attached: the typed sched_waking tells interrupt context itself"
+            );
             continue;
         }
         let Some(event) = events.iter().find(|e| tracefs.exists(category, e)) else {
