@@ -168,21 +168,33 @@ pub struct ThrottledEvent {
 }
 const _: () = assert!(core::mem::size_of::<ThrottledEvent>() == 56);
 
-/// One long wait for data: a trainer's or rank's thread (`wakee_*`) blocked interruptibly for at
-/// least [`crate::sched::LONG_WAIT_NS`] until a thread of another tracked process (the header:
-/// the waker, e.g. the DataLoader worker that delivered the batch) woke it. Shorter waits are
-/// only summed (`sched::WakeCounters`); these few draw each wait and who ended it.
+/// One long wait for data: a trainer's or rank's consumer thread (`wakee_*`) waited at least
+/// [`crate::sched::LONG_WAIT_NS`] (one logical wait: `sched::LogicalWait`, across timeouts and
+/// batches put aside) until a thread of another tracked process (the header: the waker, e.g.
+/// the DataLoader worker that delivered the batch; through a relay, the process that woke the
+/// relay) brought its data. Shorter waits are only summed (`sched::WakeCounters`); these few
+/// draw each wait and who ended it. Sent when the wait is over, from the wakee's context: the
+/// header's comm is left empty.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct DataWaitEvent {
     pub header: EventHeader,
     pub wakee_tgid: u32,
     pub wakee_tid: u32,
-    /// When the wakee blocked (its switch-out); the wait ends at the header's `t_ns`.
+    /// When the wakee blocked (its first block's switch-out); the wait ends at the header's
+    /// `t_ns`.
     pub start_ns: u64,
     pub duration_ns: u64,
-    /// The syscall the wakee blocked in, as a `syscall::WaitClass`.
-    pub wait_class: u32,
-    pub _pad: u32,
+    /// The syscall of the block the data ended, as a `syscall::WaitClass`.
+    pub wait_class: u8,
+    pub _pad: u8,
+    /// Its blocks, and how many of them a process of the job ended (the others ran out or were
+    /// ended by something else: timeouts).
+    pub slices: u16,
+    pub job_wakes: u16,
+    pub _pad2: u16,
+    /// The thread of the wakee's own process that passed the batch on (a relay: PyTorch's
+    /// pin-memory thread); 0: the waker woke the wakee itself.
+    pub relay_tid: u32,
 }
-const _: () = assert!(core::mem::size_of::<DataWaitEvent>() == 72);
+const _: () = assert!(core::mem::size_of::<DataWaitEvent>() == 80);

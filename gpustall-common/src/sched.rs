@@ -150,19 +150,213 @@ pub fn report_state(preempt: bool, raw: u32) -> i64 {
 /// A thread that has left the CPU (key: thread id).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "user", derive(serde::Serialize, serde::Deserialize))]
 pub struct OffCpuThread {
-    /// When it entered `state` (switch-out, or the wakeup that made it runnable).
+    /// When it entered `state` (switch-out, the wakeup that made it runnable, switch-in).
     pub since_ns: u64,
     pub tgid: u32,
     pub state: u16,
     /// 1 when the process's interruptible waits are waits for data (a trainer or a rank: its
-    /// `TRACKED` value is [`ACCOUNT_WAITS`]): who ends them is counted in the wake map.
+    /// `TRACKED` value is [`ACCOUNT_WAITS`]): its logical waits are followed.
     pub data_waiter: u8,
     /// A data waiter's interruptible wait: the class of the syscall it blocked in
     /// (`syscall::WaitClass`, unknown where it could not be read).
     pub wait_class: u8,
+    /// A data waiter's thread: the other process of the job whose wake ended its latest
+    /// interruptible block, and its thread (0: none since it last passed one on). A thread
+    /// that then wakes a sibling is a relay (PyTorch's pin-memory thread): the sibling's wait
+    /// is charged to this process ([`relay_charge`]).
+    pub relay_from: u32,
+    pub relay_from_tid: u32,
+    /// A data waiter's thread: its logical wait in progress.
+    pub wait: LogicalWait,
 }
-const _: () = assert!(core::mem::size_of::<OffCpuThread>() == 16);
+const _: () = assert!(core::mem::size_of::<OffCpuThread>() == 72);
+
+/// On-CPU time under this between two interruptible blocks of a data waiter's thread makes them
+/// one wait: a poll or a timed queue get that ran out and looped back to wait again, a batch
+/// that came out of order and was put aside, a relay's futex handed over. 1 ms: far under a
+/// training step's CPU (launching a step's kernels, a collate) and over a Python loop's turn.
+pub const WAIT_JOIN_NS: u64 = 1_000_000;
+
+/// `LogicalWait::flags`: a block that no process of the job ended came after the wait's data
+/// arrived (a sleep, a timeout, a lock): the wait is over at `data_end_ns`.
+pub const WAIT_DONE: u8 = 1;
+
+/// A data waiter's thread's logical wait: consecutive interruptible blocks separated by under
+/// [`WAIT_JOIN_NS`] of on-CPU time, from the first block's switch-out to the last wake by a
+/// process of the job (its data arrived), charged once to that process. Pure transitions:
+/// [`wait_switch_out`], [`wait_woken`], [`wait_finish`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "user", derive(serde::Serialize, serde::Deserialize))]
+pub struct LogicalWait {
+    /// When it began (the switch-out of its first block); 0: none open.
+    pub start_ns: u64,
+    /// The latest wake by a process of the job (its data arrived); 0: none yet.
+    pub data_end_ns: u64,
+    /// The latest wake of any of its blocks.
+    pub last_wake_ns: u64,
+    /// On-CPU time since its latest block ended (saturating: only its size against
+    /// [`WAIT_JOIN_NS`] matters).
+    pub ran_ns: u32,
+    /// Who `data_end_ns`'s wake is charged to (through a relay: who woke the relay), and the
+    /// thread; the relay thread of the waiter's own process (0: woken directly).
+    pub waker: u32,
+    pub waker_tid: u32,
+    pub relay_tid: u32,
+    /// Blocks entered; at `data_end_ns`: blocks then, and how many a process of the job ended.
+    pub slices: u16,
+    pub data_slices: u16,
+    pub job_wakes: u16,
+    /// The syscall class of the block `data_end_ns` ended.
+    pub class: u8,
+    pub flags: u8,
+}
+const _: () = assert!(core::mem::size_of::<LogicalWait>() == 48);
+
+/// A logical wait that is over.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FinishedWait {
+    pub start_ns: u64,
+    /// Its data's arrival; for a wait no process of the job ended, its last wake.
+    pub end_ns: u64,
+    /// The process charged; 0: none of the job ended it (timeouts, a signal, a device).
+    pub waker: u32,
+    pub waker_tid: u32,
+    pub relay_tid: u32,
+    pub slices: u16,
+    pub job_wakes: u16,
+    pub class: u8,
+}
+
+impl FinishedWait {
+    pub const fn ns(&self) -> u64 {
+        self.end_ns.saturating_sub(self.start_ns)
+    }
+}
+
+/// A block of this class never joins a wait for data, and ends the one in progress: a sleep
+/// (the step's pause, a GPU step's stand-in) and an ioctl (a device driver: a blocking CUDA
+/// synchronize) are not waits for a batch.
+#[inline(always)]
+pub const fn breaks_wait(class: u8) -> bool {
+    class == crate::syscall::WaitClass::Sleep as u8
+        || class == crate::syscall::WaitClass::Ioctl as u8
+}
+
+/// A data waiter's thread leaves the CPU at `now` into `st` (a WAIT block's syscall `class`);
+/// `on_cpu_since`: when it last came on a CPU, if it was on one. The wait in progress ends when
+/// the thread ran [`WAIT_JOIN_NS`] or more since its latest block, when its data came and a
+/// block no process of the job ended followed ([`WAIT_DONE`]), or when it blocks in a class
+/// that breaks waits; an interruptible block opens one or joins the one in progress.
+#[inline(always)]
+pub fn wait_switch_out(
+    w: &mut LogicalWait,
+    on_cpu_since: Option<u64>,
+    now: u64,
+    st: u16,
+    class: u8,
+) -> Option<FinishedWait> {
+    if let Some(s) = on_cpu_since {
+        let ran = now.saturating_sub(s).min(u32::MAX as u64) as u32;
+        w.ran_ns = w.ran_ns.saturating_add(ran);
+    }
+    let breaks = st == state::WAIT && breaks_wait(class);
+    let over = w.ran_ns as u64 >= WAIT_JOIN_NS || breaks || w.flags & WAIT_DONE != 0;
+    let done = if w.start_ns != 0 && over { wait_finish(w) } else { None };
+    if st == state::WAIT && !breaks {
+        if w.start_ns == 0 {
+            *w = LogicalWait { start_ns: now, ..LogicalWait::default() };
+        }
+        w.slices = w.slices.saturating_add(1);
+        w.ran_ns = 0;
+    }
+    done
+}
+
+/// A block of the wait in progress ended at `now` (its syscall `class`): by `waker` of
+/// another process of the job (0: by none: a timeout, a sibling thread, an interrupt), or
+/// through `relay_tid` (a thread of the waiter's own process passing on `waker`'s batch).
+#[inline(always)]
+pub fn wait_woken(
+    w: &mut LogicalWait,
+    now: u64,
+    class: u8,
+    waker: u32,
+    waker_tid: u32,
+    relay_tid: u32,
+) {
+    if w.start_ns == 0 || w.flags & WAIT_DONE != 0 {
+        return;
+    }
+    w.last_wake_ns = now;
+    if waker != 0 {
+        w.data_end_ns = now;
+        w.waker = waker;
+        w.waker_tid = waker_tid;
+        w.relay_tid = relay_tid;
+        w.class = class;
+        w.data_slices = w.slices;
+        w.job_wakes = w.job_wakes.saturating_add(1);
+    } else if w.data_end_ns != 0 {
+        w.flags |= WAIT_DONE;
+    }
+}
+
+/// Closes the wait in progress (at a switch-out that ends it, or the thread's exit).
+#[inline(always)]
+pub fn wait_finish(w: &mut LogicalWait) -> Option<FinishedWait> {
+    let v = *w;
+    *w = LogicalWait::default();
+    if v.start_ns == 0 {
+        return None;
+    }
+    let f = if v.data_end_ns != 0 {
+        FinishedWait {
+            start_ns: v.start_ns,
+            end_ns: v.data_end_ns,
+            waker: v.waker,
+            waker_tid: v.waker_tid,
+            relay_tid: v.relay_tid,
+            slices: v.data_slices,
+            job_wakes: v.job_wakes,
+            class: v.class,
+        }
+    } else {
+        FinishedWait {
+            start_ns: v.start_ns,
+            end_ns: v.last_wake_ns.max(v.start_ns),
+            waker: 0,
+            waker_tid: 0,
+            relay_tid: 0,
+            slices: v.slices,
+            job_wakes: 0,
+            class: 0,
+        }
+    };
+    (f.ns() > 0).then_some(f)
+}
+
+/// Whether a finished wait of thread `tid` of `tgid` is its process's wait for data: the
+/// consumer is the thread that runs the training loop, the main thread, or a thread a relay
+/// feeds. A relay's own waits (the pin-memory thread idles on the workers' queue in a
+/// GPU-bound job) are not the trainer's.
+#[inline(always)]
+pub const fn consumer_wait(tgid: u32, tid: u32, f: &FinishedWait) -> bool {
+    tid == tgid || f.relay_tid != 0
+}
+
+/// A wake of a data waiter's thread by `waker_tid`, a sibling of its own process: the sibling
+/// passes on the batch of the process that last woke it (a relay), once. Returns the process
+/// and thread to charge (0: not a relay's hand-over) and clears the relay's mark.
+#[inline(always)]
+pub fn relay_charge(relay: &mut OffCpuThread) -> (u32, u32) {
+    let from = (relay.relay_from, relay.relay_from_tid);
+    relay.relay_from = 0;
+    relay.relay_from_tid = 0;
+    from
+}
 
 /// Off-CPU totals of one process (key: tgid), summed over its threads.
 #[repr(C)]
@@ -294,6 +488,9 @@ unsafe impl aya::Pod for StackLayout {}
 // SAFETY: as above.
 unsafe impl aya::Pod for OffCpuCounters {}
 #[cfg(feature = "user")]
+// SAFETY: repr(C), integers only, padding spelled out (sizes pinned above).
+unsafe impl aya::Pod for OffCpuThread {}
+#[cfg(feature = "user")]
 // SAFETY: as above.
 unsafe impl aya::Pod for WakeKey {}
 #[cfg(feature = "user")]
@@ -302,7 +499,9 @@ unsafe impl aya::Pod for WakeCounters {}
 
 #[cfg(test)]
 mod tests {
+    extern crate std;
     use super::*;
+    use std::vec::Vec;
 
     #[test]
     fn a_frame_on_the_task_stack_is_task_context() {
@@ -355,6 +554,7 @@ mod tests {
             state: state::WAIT,
             data_waiter: 1,
             wait_class: 1,
+            ..Default::default()
         };
         assert_eq!(on_waking(&t, 350), WakeOutcome::Ended { state: state::WAIT, ns: 250 });
         let runq = OffCpuThread {
@@ -363,6 +563,7 @@ mod tests {
             state: state::RUNQ,
             data_waiter: 1,
             wait_class: 0,
+            ..Default::default()
         };
         assert_eq!(on_waking(&runq, 400), WakeOutcome::Nothing, "already runnable");
         assert_eq!(on_switch_in(&runq, 420), Some((state::RUNQ, 70)));
@@ -372,9 +573,138 @@ mod tests {
             state: state::ON_CPU,
             data_waiter: 0,
             wait_class: 0,
+            ..Default::default()
         };
         assert_eq!(on_switch_in(&on, 420), None);
         assert_eq!(on_waking(&on, 420), WakeOutcome::Nothing);
+    }
+
+    const READ: u8 = crate::syscall::WaitClass::Read as u8;
+    const POLL: u8 = crate::syscall::WaitClass::Poll as u8;
+    const SLEEP: u8 = crate::syscall::WaitClass::Sleep as u8;
+    const MS: u64 = 1_000_000;
+    /// The clock's value at a test's time 0 (a wait's start of 0 means none is open).
+    const T0: u64 = 1_000 * MS;
+
+    /// Drives a thread through (switch-out at, class, woken at, waker, relay, runs for) blocks.
+    fn run(w: &mut LogicalWait, blocks: &[(u64, u8, u64, u32, u32, u64)]) -> Vec<FinishedWait> {
+        let mut out = Vec::new();
+        let mut on_since = None;
+        for &(out_at, class, woken_at, waker, relay, _) in blocks {
+            out.extend(wait_switch_out(w, on_since, T0 + out_at, state::WAIT, class));
+            wait_woken(w, T0 + woken_at, class, waker, waker + 1, relay);
+            on_since = Some(T0 + woken_at);
+        }
+        out
+    }
+
+    #[test]
+    fn timeouts_that_loop_back_are_one_wait_charged_to_the_worker_that_ended_it() {
+        let mut w = LogicalWait::default();
+        // A 100 ms poll runs out four times (a few us of Python in between), then worker 7's
+        // batch arrives; the trainer works 30 ms and polls again.
+        let f = run(
+            &mut w,
+            &[
+                (0, POLL, 100 * MS, 0, 0, 0),
+                (100 * MS + 20_000, POLL, 200 * MS, 0, 0, 0),
+                (200 * MS + 20_000, POLL, 300 * MS, 0, 0, 0),
+                (300 * MS + 20_000, POLL, 400 * MS, 0, 0, 0),
+                (400 * MS + 20_000, POLL, 450 * MS, 7, 0, 0),
+            ],
+        );
+        assert!(f.is_empty(), "still open: {f:?}");
+        let done = wait_switch_out(&mut w, Some(T0 + 450 * MS), T0 + 480 * MS, state::WAIT, POLL);
+        let done = done.expect("the trainer worked 30 ms: the wait is over");
+        assert_eq!((done.start_ns, done.end_ns, done.waker), (T0, T0 + 450 * MS, 7));
+        assert_eq!((done.slices, done.job_wakes), (5, 1), "four timeouts and the batch");
+        assert_eq!(w.start_ns, T0 + 480 * MS, "the next wait opened");
+    }
+
+    #[test]
+    fn a_batch_put_aside_keeps_the_wait_open_for_the_one_awaited() {
+        let mut w = LogicalWait::default();
+        // Worker 8's later batch wakes the trainer at 40 ms: it stores it (200 us) and waits
+        // again; worker 9's batch, the one it needed, comes at 300 ms.
+        run(&mut w, &[(0, READ, 40 * MS, 8, 0, 0), (40 * MS + 200_000, READ, 300 * MS, 9, 0, 0)]);
+        let done = wait_finish(&mut w).expect("a wait");
+        assert_eq!((done.waker, done.ns(), done.job_wakes), (9, 300 * MS, 2));
+    }
+
+    #[test]
+    fn a_sleep_after_the_data_is_not_part_of_the_wait() {
+        // The demo's trainer: its batch at 50 ms, then a 40 ms sleep (its GPU step).
+        let mut w = LogicalWait::default();
+        run(&mut w, &[(0, READ, 50 * MS, 7, 0, 0)]);
+        let f =
+            wait_switch_out(&mut w, Some(T0 + 50 * MS), T0 + 50 * MS + 100_000, state::WAIT, SLEEP);
+        assert_eq!(f.map(|f| (f.ns(), f.waker)), Some((50 * MS, 7)));
+        assert_eq!(w.start_ns, 0, "a sleep opens no wait");
+        // Where the class is unknown (classic programs) the sleep's timer ends it instead.
+        let mut w = LogicalWait::default();
+        run(&mut w, &[(0, 0, 50 * MS, 7, 0, 0), (50 * MS + 100_000, 0, 90 * MS, 0, 0, 0)]);
+        let f = wait_switch_out(&mut w, Some(T0 + 90 * MS), T0 + 90 * MS + 100_000, state::WAIT, 0);
+        assert_eq!(f.map(|f| (f.ns(), f.waker)), Some((50 * MS, 7)), "over at its data");
+    }
+
+    #[test]
+    fn a_wait_no_process_of_the_job_ended_is_kept_apart() {
+        let mut w = LogicalWait::default();
+        run(&mut w, &[(0, POLL, 100 * MS, 0, 0, 0), (100 * MS + 1000, POLL, 200 * MS, 0, 0, 0)]);
+        let f = wait_switch_out(&mut w, Some(T0 + 200 * MS), T0 + 205 * MS, state::RUNQ, 0);
+        let f = f.expect("5 ms of work ended it");
+        assert_eq!((f.waker, f.ns(), f.slices), (0, 200 * MS, 2));
+        assert_eq!(w, LogicalWait::default(), "a preemption opens nothing");
+    }
+
+    #[test]
+    fn a_relay_passes_its_batch_on_once_and_only_the_consumer_waits() {
+        let mut relay =
+            OffCpuThread { tgid: 10, relay_from: 7, relay_from_tid: 70, ..Default::default() };
+        assert_eq!(relay_charge(&mut relay), (7, 70));
+        assert_eq!(relay_charge(&mut relay), (0, 0), "a second wake (the GIL) passes nothing");
+        let direct = FinishedWait {
+            start_ns: 0,
+            end_ns: 1,
+            waker: 7,
+            waker_tid: 70,
+            relay_tid: 0,
+            slices: 1,
+            job_wakes: 1,
+            class: READ,
+        };
+        assert!(consumer_wait(10, 10, &direct), "the main thread");
+        assert!(!consumer_wait(10, 11, &direct), "a relay's own wait on the workers");
+        assert!(consumer_wait(10, 11, &FinishedWait { relay_tid: 12, ..direct }), "fed by a relay");
+    }
+
+    #[test]
+    fn io_blocks_and_preemptions_neither_open_nor_end_a_short_wait() {
+        let mut w = LogicalWait::default();
+        run(&mut w, &[(0, READ, 10 * MS, 0, 0, 0)]);
+        // 100 us on CPU, a page fault (D), 100 us more, preempted, then blocks again.
+        assert!(wait_switch_out(&mut w, Some(T0 + 10 * MS), T0 + 10 * MS + 100_000, state::IO, 0)
+            .is_none());
+        assert!(wait_switch_out(
+            &mut w,
+            Some(T0 + 15 * MS),
+            T0 + 15 * MS + 100_000,
+            state::RUNQ,
+            0
+        )
+        .is_none());
+        assert!(wait_switch_out(
+            &mut w,
+            Some(T0 + 16 * MS),
+            T0 + 16 * MS + 100_000,
+            state::WAIT,
+            READ
+        )
+        .is_none());
+        assert_eq!(w.slices, 2, "one wait, two blocks");
+        wait_woken(&mut w, T0 + 40 * MS, READ, 7, 70, 0);
+        let f = wait_finish(&mut w).expect("a wait");
+        assert_eq!((f.ns(), f.waker_tid), (40 * MS, 70));
     }
 
     #[test]

@@ -59,6 +59,8 @@ pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
     if !is_tracked(tgid) {
         return 0;
     }
+    // Its wait for data is over (its last switch-out may find its process untracked).
+    crate::sched::thread_exit(tgid, tid);
     // The process is gone when its last thread exits.
     if !group_dead(&ctx, tgid, tid) {
         return 0;

@@ -1,8 +1,10 @@
 //! Off-CPU accounting of tracked threads (sched_switch, sched_waking): the hottest tracepoints
 //! there are, so each program does one map lookup for a thread that is not tracked and sends
 //! no record per switch: blocks, run-queue waits and who ended them are summed in maps the
-//! agent reads once a second (see `gpustall_common::sched`). Only a trainer's wait for data
-//! that a worker ended after `LONG_WAIT_NS` or more is also sent, to be drawn one by one.
+//! agent reads once a second (see `gpustall_common::sched`). A trainer's or rank's thread's
+//! blocks are joined into logical waits (`sched::LogicalWait`: across timeouts, batches put
+//! aside and a relay thread), each charged once, when it is over, to the process whose batch
+//! ended it; only one of `LONG_WAIT_NS` or more is also sent, to be drawn one by one.
 //! A trainer's or rank's thread going to sleep interruptibly also keeps the class of the
 //! syscall it blocked in (`gpustall_common::syscall`): a read of a worker's pipe and an ioctl
 //! into a GPU driver are told apart per class in `SYSCALL_WAITS`.
@@ -15,20 +17,22 @@ use aya_ebpf::{
     EbpfContext as _,
 };
 use gpustall_common::{
-    events::{DataWaitEvent, EventKind},
+    events::{DataWaitEvent, EventHeader, EventKind},
     hint::HINT_SLOTS,
     sched::{
-        classify, on_switch_in, on_waking, report_state, state, wake_bucket, OffCpuCounters,
-        OffCpuThread, SchedOffsets, StackLayout, WakeCounters, WakeKey, WakeOutcome, ACCOUNT,
-        ACCOUNT_WAITS, LONG_WAIT_NS, OFFCPU_PROCESSES, WAKE_BUCKETS,
+        classify, consumer_wait, on_switch_in, on_waking, relay_charge, report_state, state,
+        wait_finish, wait_switch_out, wait_woken, wake_bucket, FinishedWait, LogicalWait,
+        OffCpuCounters, OffCpuThread, SchedOffsets, StackLayout, WakeCounters, WakeKey,
+        WakeOutcome, ACCOUNT, ACCOUNT_WAITS, LONG_WAIT_NS, OFFCPU_PROCESSES, WAKE_BUCKETS,
     },
     syscall::{x86_64_class, SyscallWaits, WaitClass, WAIT_CLASSES},
     task::UNKNOWN as TASK_UNKNOWN,
+    COMM_LEN,
 };
 
 use crate::common::{
-    at_most, atomic_add, emit_bulk, field, header_at, hint_add, is_tracked, kload, maybe_in,
-    pid_tgid, shared_value, task_offset, tracked_level, BPF_F_NO_PREALLOC,
+    at_most, atomic_add, emit_bulk, field, hint_add, is_tracked, kload, maybe_in, pid_tgid,
+    shared_value, task_offset, tracked_level, BPF_F_NO_PREALLOC,
 };
 
 /// Written by the agent before load, from the sched_switch and sched_waking format files.
@@ -56,11 +60,12 @@ macro_rules! sched_offset {
 // most `OFFCPU_PROCESSES` of them), so these follow the job, not the tracked tree; together
 // they stay within the 16 MiB bound of all maps (kernel::mapmem).
 
-/// Accounted threads by thread id: where each is (off CPU since when, in which state). LRU: a
-/// thread that died unseen (its last switch-out after its process left the tracked set) is
-/// evicted by newer ones instead of filling the map.
+/// Accounted threads by thread id: where each is (off CPU since when, in which state), and a
+/// data waiter's logical wait in progress. LRU: a thread that died unseen (its last switch-out
+/// after its process left the tracked set) is evicted by newer ones instead of filling the
+/// map. 3,072 threads of the job's roles (72 bytes each) keep all maps within 16 MiB.
 #[map]
-pub static OFFCPU_THREADS: LruHashMap<u32, OffCpuThread> = LruHashMap::with_max_entries(4096, 0);
+pub static OFFCPU_THREADS: LruHashMap<u32, OffCpuThread> = LruHashMap::with_max_entries(3072, 0);
 
 /// `OFFCPU_THREADS`' entries per bucket of tids (`gpustall_common::hint`): a switch-in or a
 /// wakeup of a thread no one accounts costs an array load, not an LRU lookup. Only this file
@@ -229,6 +234,7 @@ fn on_switch(
         now = unsafe { bpf_ktime_get_ns() };
         let prev_state = prev_state();
         if prev_state & TASK_REPORT_DEAD != 0 && prev_state < 0x100 {
+            thread_exit(tgid, tid);
             if OFFCPU_THREADS.remove(tid).is_ok() {
                 hint_add(&ACCOUNTED_HINT, tid, u64::MAX);
             }
@@ -236,20 +242,40 @@ fn on_switch(
             let st = classify(prev_state);
             let data_waiter = level == ACCOUNT_WAITS;
             let class = if data_waiter && st == state::WAIT { wait_class() } else { 0 };
-            let t = OffCpuThread {
-                since_ns: now,
-                tgid,
-                state: st,
-                data_waiter: u8::from(data_waiter),
-                wait_class: class,
-            };
             // In place when the thread has its entry (every switch-out but its first): an
             // LRU insert takes the map's locks and a fresh node each time.
             match OFFCPU_THREADS.get_ptr_mut(tid) {
                 // SAFETY: a live map value; the wakeup on another CPU may read it meanwhile,
                 // as it reads the fields written at switch-in.
-                Some(p) => unsafe { *p = t },
+                Some(p) => unsafe {
+                    if data_waiter {
+                        let on_cpu = ((*p).state == state::ON_CPU).then_some((*p).since_ns);
+                        let mut w = (*p).wait;
+                        let done = wait_switch_out(&mut w, on_cpu, now, st, class);
+                        (*p).wait = w;
+                        if let Some(f) = done {
+                            finished_wait(tgid, tid, &f);
+                        }
+                    }
+                    (*p).since_ns = now;
+                    (*p).tgid = tgid;
+                    (*p).state = st;
+                    (*p).data_waiter = u8::from(data_waiter);
+                    (*p).wait_class = class;
+                },
                 None => {
+                    let mut t = OffCpuThread {
+                        since_ns: now,
+                        tgid,
+                        state: st,
+                        data_waiter: u8::from(data_waiter),
+                        wait_class: class,
+                        ..OffCpuThread::default()
+                    };
+                    if data_waiter {
+                        // A first block opens a wait; nothing is open to finish.
+                        let _ = wait_switch_out(&mut t.wait, None, now, st, class);
+                    }
                     // Counted before the insert, taken back if it failed (hint's rule).
                     hint_add(&ACCOUNTED_HINT, tid, 1);
                     if OFFCPU_THREADS.insert(tid, t, 0).is_err() {
@@ -275,11 +301,15 @@ fn on_switch(
     if let Some((st, ns)) = on_switch_in(&t, now) {
         add_offcpu(t.tgid, st, ns);
         if st == state::WAIT && t.data_waiter != 0 {
-            add_syscall_wait(t.tgid, t.wait_class, ns, false);
+            add_syscall_wait(t.tgid, t.wait_class, ns);
         }
     }
-    // SAFETY: as above.
-    unsafe { (*p).state = state::ON_CPU };
+    // SAFETY: as above. When it came on a CPU: a data waiter's time on CPU between two
+    // blocks decides whether they are one wait.
+    unsafe {
+        (*p).state = state::ON_CPU;
+        (*p).since_ns = now;
+    }
     0
 }
 
@@ -322,57 +352,125 @@ fn on_waking_of(wakee: u32, interrupted: impl FnOnce() -> bool) -> u32 {
     if st != state::WAIT || t.data_waiter == 0 {
         return 0;
     }
-    // Who ended the wait: the task running this wakeup (a write to a pipe, a queue, a futex
-    // wake), when it belongs to another tracked process.
+    // Who ended the block: the task running this wakeup (a write to a pipe, a queue, a futex
+    // wake) when it belongs to another tracked process; a thread of the wakee's own process
+    // that passes on a batch another process woke it for (a relay); else no one of the job.
     let (waker, waker_tid) = pid_tgid();
-    let by_job = waker != t.tgid && is_tracked(waker) && !interrupted();
-    add_syscall_wait(t.tgid, t.wait_class, ns, by_job);
-    if by_job {
-        if ns >= LONG_WAIT_NS {
-            emit_bulk(DataWaitEvent {
-                header: header_at(EventKind::DataWait, waker, waker_tid, now),
-                wakee_tgid: t.tgid,
-                wakee_tid: wakee,
-                start_ns: t.since_ns,
-                duration_ns: ns,
-                wait_class: u32::from(t.wait_class),
-                _pad: 0,
-            });
-        }
-        let key = WakeKey { waker, wakee: t.tgid };
-        if let Some(w) = shared_value(&WAKES, &key) {
-            // SAFETY: `w` is a live map value; `&raw mut` makes no reference to it.
+    let (mut job, mut job_tid, mut relay) = (0, 0, 0);
+    if !interrupted() {
+        if waker != t.tgid && is_tracked(waker) {
+            (job, job_tid) = (waker, waker_tid);
+            // SAFETY: as above: this thread was woken by that process (a relay's mark).
             unsafe {
-                atomic_add(&raw mut (*w).count, 1);
-                atomic_add(&raw mut (*w).ns, ns);
-                let bucket =
-                    at_most::<{ WAKE_BUCKETS as u64 - 1 }>(wake_bucket(ns) as u64) as usize;
-                atomic_add((&raw mut (*w).hist).cast::<u64>().add(bucket), 1);
-                // A racy maximum: two CPUs ending waits of one pair at once may keep the
-                // smaller; the histogram and the total stay exact.
-                if ns > (*w).max_ns {
-                    (*w).max_ns = ns;
-                }
+                (*p).relay_from = waker;
+                (*p).relay_from_tid = waker_tid;
+            }
+        } else if waker == t.tgid && waker_tid != wakee {
+            if let Some(r) = OFFCPU_THREADS.get_ptr_mut(waker_tid) {
+                // SAFETY: a live map value (the relay, running this wakeup).
+                (job, job_tid) = relay_charge(unsafe { &mut *r });
+                relay = if job != 0 { waker_tid } else { 0 };
             }
         }
     }
+    add_syscall_wait(t.tgid, t.wait_class, ns);
+    let mut w = t.wait;
+    wait_woken(&mut w, now, t.wait_class, job, job_tid, relay);
+    // SAFETY: as above; only this thread's own switch-out and wakeups write its wait, and a
+    // thread is woken once per block.
+    unsafe { (*p).wait = w };
     0
 }
 
-/// A data waiter's interruptible wait of `ns` in a syscall of `class` ended; `by_job`: another
-/// process of the job ended it (a wait for data, unless the class says a driver).
+/// A thread of a tracked process exits (its last switch-out may come after its process left
+/// the tracked set): the wait it was in is over.
 #[inline(always)]
-fn add_syscall_wait(tgid: u32, class: u8, ns: u64, by_job: bool) {
+pub fn thread_exit(tgid: u32, tid: u32) {
+    if !maybe_in(&ACCOUNTED_HINT, tid) {
+        return;
+    }
+    let Some(p) = OFFCPU_THREADS.get_ptr_mut(tid) else { return };
+    // SAFETY: a live map value, copied out and written back.
+    let mut w: LogicalWait = unsafe { (*p).wait };
+    if let Some(f) = wait_finish(&mut w) {
+        finished_wait(tgid, tid, &f);
+    }
+    // SAFETY: as above.
+    unsafe { (*p).wait = w };
+}
+
+/// A logical wait of thread `tid` of `tgid` is over: a consumer's is its process's wait for
+/// data, charged to the process whose batch ended it (key waker 0: no process of the job ended
+/// it, kept apart and shown), summed per syscall class, and sent one by one when long.
+#[inline(always)]
+fn finished_wait(tgid: u32, tid: u32, f: &FinishedWait) {
+    if !consumer_wait(tgid, tid, f) {
+        return;
+    }
+    let ns = f.ns();
+    if f.waker != 0 {
+        add_data_wait(tgid, f.class, ns);
+        if ns >= LONG_WAIT_NS {
+            emit_bulk(DataWaitEvent {
+                header: EventHeader {
+                    kind: EventKind::DataWait as u32,
+                    tgid: f.waker,
+                    tid: f.waker_tid,
+                    _pad: 0,
+                    t_ns: f.end_ns,
+                    comm: [0; COMM_LEN],
+                },
+                wakee_tgid: tgid,
+                wakee_tid: tid,
+                start_ns: f.start_ns,
+                duration_ns: ns,
+                wait_class: f.class,
+                _pad: 0,
+                slices: f.slices,
+                job_wakes: f.job_wakes,
+                _pad2: 0,
+                relay_tid: f.relay_tid,
+            });
+        }
+    }
+    let key = WakeKey { waker: f.waker, wakee: tgid };
+    if let Some(w) = shared_value(&WAKES, &key) {
+        // SAFETY: `w` is a live map value; `&raw mut` makes no reference to it.
+        unsafe {
+            atomic_add(&raw mut (*w).count, 1);
+            atomic_add(&raw mut (*w).ns, ns);
+            let bucket = at_most::<{ WAKE_BUCKETS as u64 - 1 }>(wake_bucket(ns) as u64) as usize;
+            atomic_add((&raw mut (*w).hist).cast::<u64>().add(bucket), 1);
+            // A racy maximum: two CPUs ending waits of one pair at once may keep the
+            // smaller; the histogram and the total stay exact.
+            if ns > (*w).max_ns {
+                (*w).max_ns = ns;
+            }
+        }
+    }
+}
+
+/// A data waiter's interruptible block of `ns` in a syscall of `class` ended.
+#[inline(always)]
+fn add_syscall_wait(tgid: u32, class: u8, ns: u64) {
     let Some(c) = shared_value(&SYSCALL_WAITS, &tgid) else { return };
     let i = at_most::<{ WAIT_CLASSES as u64 - 1 }>(u64::from(class)) as usize;
     // SAFETY: `c` is a live map value; `i` is within the arrays; `&raw mut` makes no reference.
     unsafe {
         atomic_add((&raw mut (*c).count).cast::<u64>().add(i), 1);
         atomic_add((&raw mut (*c).ns).cast::<u64>().add(i), ns);
-        if by_job {
-            atomic_add((&raw mut (*c).data_count).cast::<u64>().add(i), 1);
-            atomic_add((&raw mut (*c).data_ns).cast::<u64>().add(i), ns);
-        }
+    }
+}
+
+/// A consumer's wait for data of `ns` is over; its data came in a block of `class`.
+#[inline(always)]
+fn add_data_wait(tgid: u32, class: u8, ns: u64) {
+    let Some(c) = shared_value(&SYSCALL_WAITS, &tgid) else { return };
+    let i = at_most::<{ WAIT_CLASSES as u64 - 1 }>(u64::from(class)) as usize;
+    // SAFETY: as above.
+    unsafe {
+        atomic_add((&raw mut (*c).data_count).cast::<u64>().add(i), 1);
+        atomic_add((&raw mut (*c).data_ns).cast::<u64>().add(i), ns);
     }
 }
 

@@ -20,7 +20,9 @@ fn feed(args: &[&str]) -> (TraceResult, Value) {
 #[test]
 fn the_slow_worker_kept_the_trainer_waiting_as_long_as_it_blocked() {
     const BATCHES: u64 = 12;
-    let (t, truth) = feed(&["80", "0", &BATCHES.to_string(), "0"]);
+    // The trainer computes 5 ms per batch: with nothing done between two reads, its waits for
+    // consecutive batches would be one logical wait (it never stopped waiting for data).
+    let (t, truth) = feed(&["80", "0", &BATCHES.to_string(), "5"]);
     let pid = |f: &str| n(&truth, f) as u32;
     let trainer = t.process(pid("pid"));
     let (slow, fast) = (t.process(pid("slow_pid")), t.process(pid("fast_pid")));

@@ -122,7 +122,10 @@ pub fn decode(bytes: &[u8]) -> Result<Event, DecodeError> {
                 wakee_tid: e.wakee_tid,
                 start_ns: e.start_ns,
                 duration_ns: e.duration_ns,
-                wait_class: Some(WaitClass::from_u8(e.wait_class as u8)),
+                wait_class: Some(WaitClass::from_u8(e.wait_class)),
+                slices: Some(u32::from(e.slices)),
+                job_wakes: Some(u32::from(e.job_wakes)),
+                relay_tid: (e.relay_tid != 0).then_some(e.relay_tid),
             }
         }
     })

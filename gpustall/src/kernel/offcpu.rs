@@ -11,6 +11,7 @@ use aya::{
 };
 use gpustall_common::names::maps;
 use gpustall_common::offsets::MISSING;
+use gpustall_common::sched::{state, OffCpuThread, WAIT_DONE};
 use gpustall_common::sched::{
     OffCpuCounters, SchedOffsets, StackLayout, WakeCounters, WakeKey, ACCOUNT, ACCOUNT_WAITS,
     OFFCPU_PROCESSES,
@@ -21,7 +22,7 @@ use gpustall_common::task::UNKNOWN as TASK_UNKNOWN;
 use crate::kernel::batch;
 use crate::kernel::loader::iterate;
 use crate::kernel::tracefs::Tracefs;
-use crate::model::offcpu::{OffCpuRec, SyscallWaitsRec, WakeRec};
+use crate::model::offcpu::{OffCpuRec, OpenWaitRec, SyscallWaitsRec, WakeRec};
 use crate::model::proctree::{ProcessTree, Role};
 use crate::model::samples::CountersSample;
 
@@ -96,6 +97,8 @@ pub fn syscall_degradation(layouts: &super::loader::Layouts) -> Option<String> {
 
 pub struct SchedMaps {
     offcpu: HashMap<MapData, u32, OffCpuCounters>,
+    /// Per accounted thread: where it is, and a data waiter's logical wait in progress.
+    threads: HashMap<MapData, u32, OffCpuThread>,
     wakes: HashMap<MapData, WakeKey, WakeCounters>,
     syscall_waits: HashMap<MapData, u32, SyscallWaits>,
     /// Wake pairs seen in the map, so that forgetting a process deletes its pairs without a
@@ -136,6 +139,7 @@ impl SchedMaps {
     pub fn take(ebpf: &mut Ebpf) -> Result<Self, super::loader::LoadError> {
         Ok(Self {
             offcpu: take(ebpf, maps::OFFCPU)?,
+            threads: take(ebpf, maps::OFFCPU_THREADS)?,
             wakes: take(ebpf, maps::WAKES)?,
             syscall_waits: take(ebpf, maps::SYSCALL_WAITS)?,
             known_wakes: Mutex::default(),
@@ -169,6 +173,32 @@ impl SchedMaps {
         out.offcpu.sort_by_key(|r| r.pid);
         out.wakes.sort_by_key(|r| (r.waker, r.wakee));
         out.syscall_waits.sort_by_key(|r| r.pid);
+        out.open_waits = Some(self.open_waits());
+    }
+
+    /// The waits for data in progress: each trainer's or rank's main thread (the consumer)
+    /// blocked in a logical wait whose data has not come. One lookup per data waiter.
+    fn open_waits(&self) -> Vec<OpenWaitRec> {
+        let waiters = self.accounted.iter().filter(|(_, &l)| l == ACCOUNT_WAITS);
+        let mut v: Vec<OpenWaitRec> = waiters
+            .filter_map(|(&pid, _)| {
+                let t = self.threads.get(&pid, 0).ok()?;
+                let w = t.wait;
+                let open = t.tgid == pid
+                    && t.state == state::WAIT
+                    && w.start_ns != 0
+                    && w.flags & WAIT_DONE == 0;
+                open.then(|| OpenWaitRec {
+                    pid,
+                    tid: pid,
+                    since_ns: w.start_ns,
+                    blocks: u32::from(w.slices),
+                    batches: u32::from(w.job_wakes),
+                })
+            })
+            .collect();
+        v.sort_by_key(|r| r.pid);
+        v
     }
 
     /// Raises `want` (pid, level) in `TRACKED` (only processes still there: BPF_EXIST), at

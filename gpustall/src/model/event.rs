@@ -98,8 +98,9 @@ pub enum Event {
         reason: i32,
         nid: i32,
     },
-    /// A trainer's or rank's long wait for data (`sched::LONG_WAIT_NS` or more) that another
-    /// process of the job ended. The header is the waker; the wait ends at its `t_ns`.
+    /// A trainer's or rank's long wait for data (`sched::LONG_WAIT_NS` or more, one logical
+    /// wait across timeouts, batches put aside and a relay thread) that another process of the
+    /// job ended. The header is the waker (its comm empty); the wait ends at its `t_ns`.
     DataWait {
         #[serde(flatten)]
         h: Header,
@@ -110,6 +111,16 @@ pub enum Event {
         /// The syscall the wakee blocked in (recordings before it have none).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         wait_class: Option<gpustall_common::syscall::WaitClass>,
+        /// The wait's blocks up to its data, and how many a process of the job ended (the rest
+        /// ran out: timeouts). Recordings before logical waits have neither (one block each).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        slices: Option<u32>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        job_wakes: Option<u32>,
+        /// The thread of the wakee's process that passed the batch on (a relay: PyTorch's
+        /// pin-memory thread).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        relay_tid: Option<u32>,
     },
 }
 

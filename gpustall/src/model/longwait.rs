@@ -31,6 +31,10 @@ pub struct LongWait {
     /// The syscall the wakee blocked in, where the kernel read it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub wait_class: Option<gpustall_common::syscall::WaitClass>,
+    /// Of its blocks, those that ran out before the data came (timeouts: a poll or a timed
+    /// queue get looping); `None` in recordings before logical waits.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timeouts: Option<u32>,
 }
 
 /// Per waker: the long waits it ended.
@@ -136,6 +140,7 @@ mod tests {
             wakee_tid: 10,
             waker_reclaim_ns: 0,
             wait_class: None,
+            timeouts: None,
         }
     }
 

@@ -144,6 +144,9 @@ impl Model {
         let procs = &self.procs;
         let settled_pid = |pid| procs.get(&pid).is_some_and(|p| p.final_counters);
         self.offcpu.apply(&c.offcpu, &c.wakes, &c.syscall_waits, settled_pid);
+        if let Some(open) = &c.open_waits {
+            self.offcpu.apply_open(c.t_ns, open);
+        }
         for (dst, src) in self.host.io_latency.iter_mut().zip(&c.io_latency) {
             for (d, s) in dst.iter_mut().zip(src) {
                 *d = *s;
@@ -225,18 +228,27 @@ impl Model {
                     Some(p.first_reclaim_ns.map_or(*start_ns, |f| f.min(*start_ns)));
             }
             Event::Throttled { .. } => {}
-            Event::DataWait { h, wakee_pid, wakee_tid, start_ns, duration_ns, wait_class } => {
-                self.offcpu.long.note_wait(crate::model::longwait::LongWait {
-                    t_ns: h.t_ns,
-                    start_ns: *start_ns,
-                    duration_ns: *duration_ns,
-                    waker: h.tgid,
-                    wakee: *wakee_pid,
-                    wakee_tid: *wakee_tid,
-                    waker_reclaim_ns: 0,
-                    wait_class: *wait_class,
-                })
-            }
+            Event::DataWait {
+                h,
+                wakee_pid,
+                wakee_tid,
+                start_ns,
+                duration_ns,
+                wait_class,
+                slices,
+                job_wakes,
+                ..
+            } => self.offcpu.long.note_wait(crate::model::longwait::LongWait {
+                t_ns: h.t_ns,
+                start_ns: *start_ns,
+                duration_ns: *duration_ns,
+                waker: h.tgid,
+                wakee: *wakee_pid,
+                wakee_tid: *wakee_tid,
+                waker_reclaim_ns: 0,
+                wait_class: *wait_class,
+                timeouts: slices.zip(*job_wakes).map(|(s, j)| s.saturating_sub(j)),
+            }),
         }
     }
 }

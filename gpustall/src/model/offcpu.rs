@@ -44,17 +44,45 @@ pub struct SyscallWaitsRec {
     pub waits: SyscallWaits,
 }
 
+/// A trainer's or rank's consumer thread blocked in a wait for data that is still in progress
+/// (its data has not come), as the kernel showed it at a read.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OpenWaitRec {
+    pub pid: u32,
+    pub tid: u32,
+    /// When the wait began (its first block).
+    pub since_ns: u64,
+    /// Its blocks so far, and the batches that came during it but were not the one it needs
+    /// (out of order: put aside).
+    pub blocks: u32,
+    pub batches: u32,
+}
+
 /// Cumulative totals, replaced at each read (like the other kernel counters).
 #[derive(Default, Debug)]
 pub struct OffCpu {
     pub procs: BTreeMap<u32, OffCpuCounters>,
+    /// Logical waits of the trainers' and ranks' consumer threads per (waker, wakee): the
+    /// waker is the process whose batch ended them; waker 0: no process of the job did.
     pub wakes: BTreeMap<WakeKey, WakeCounters>,
     pub syscalls: BTreeMap<u32, SyscallWaits>,
+    /// The waits for data in progress at the latest read, and its time.
+    pub open: Vec<OpenWaitRec>,
+    pub open_at_ns: u64,
     /// The long waits one by one, with the waker's reclaim during each.
     pub long: crate::model::longwait::LongWaits,
 }
 
+/// The wake map's key for waits that no process of the job ended.
+pub const NO_WAKER: u32 = 0;
+
 impl OffCpu {
+    /// Folds in a read of the waits in progress (a full set each time).
+    pub fn apply_open(&mut self, t_ns: u64, open: &[OpenWaitRec]) {
+        self.open = open.to_vec();
+        self.open_at_ns = t_ns;
+    }
+
     /// Folds in a counter read. `settled`: processes whose counters are final (exited, their
     /// kernel entries deleted): a late re-created entry would restart from zero, so it is not
     /// news.
@@ -93,7 +121,26 @@ impl OffCpu {
 
     /// `wakee`'s waits that other processes of the job ended: its wait for data.
     pub fn data_wait(&self, wakee: u32) -> WakeCounters {
-        sum(self.wakes.iter().filter(|(k, _)| k.wakee == wakee && k.waker != wakee).map(|(_, c)| c))
+        let theirs = |k: &WakeKey| k.wakee == wakee && k.waker != wakee && k.waker != NO_WAKER;
+        sum(self.wakes.iter().filter(|(k, _)| theirs(k)).map(|(_, c)| c))
+    }
+
+    /// `wakee`'s consumer waits that no process of the job ended (they ran out, or a signal
+    /// or a device ended them): not waits for data, kept apart and shown.
+    pub fn unended_wait(&self, wakee: u32) -> WakeCounters {
+        self.wakes.get(&WakeKey { waker: NO_WAKER, wakee }).copied().unwrap_or_default()
+    }
+
+    /// `pid`'s wait for data in progress at the latest read: since when, how long by then.
+    pub fn open_wait(&self, pid: u32) -> Option<OpenWaitSummary> {
+        let w = self.open.iter().find(|w| w.pid == pid)?;
+        Some(OpenWaitSummary {
+            tid: w.tid,
+            since_ns: w.since_ns,
+            ns: self.open_at_ns.saturating_sub(w.since_ns),
+            blocks: w.blocks,
+            batches_put_aside: w.batches,
+        })
     }
 }
 
@@ -114,12 +161,23 @@ pub struct OffCpuSummary {
     pub kept_waiting_p99_ns: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kept_waiting_max_ns: Option<u64>,
-    /// Trainer and ranks: waits of its threads that other processes of the job ended (its
-    /// wait for data: batches, results, collectives' helpers).
+    /// Trainer and ranks: its wait for data, as logical waits of its consumer thread (the
+    /// main thread, or one a relay feeds): blocks joined across timeouts, batches put aside
+    /// and a relay thread, each from its first block to the batch that ended it, charged to
+    /// another process of the job (batches, results, collectives' helpers).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub data_wait_ns: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub data_wait_count: Option<u64>,
+    /// Trainer and ranks: its consumer thread's waits that no process of the job ended (they
+    /// ran out, or a signal or a device woke them): not waits for data, shown apart.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unended_wait_ns: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unended_wait_count: Option<u64>,
+    /// Trainer and ranks: a wait for data still in progress at the latest read.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub open_data_wait: Option<OpenWaitSummary>,
     /// The waits of `LONG_WAIT_NS` (10 ms) or more that this process ended, and how much of
     /// them it spent stalled in reclaim itself.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -130,8 +188,19 @@ pub struct OffCpuSummary {
     pub wait_by_syscall: Option<BTreeMap<WaitClass, ClassWait>>,
 }
 
-/// The waits of one syscall class: all of them, and those another process of the job ended
-/// (`data_*`, part of `data_wait_ns`).
+/// A wait for data in progress (summary: `processes[].open_data_wait`).
+#[derive(Serialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OpenWaitSummary {
+    pub tid: u32,
+    pub since_ns: u64,
+    /// How long it had lasted at the latest read.
+    pub ns: u64,
+    pub blocks: u32,
+    pub batches_put_aside: u32,
+}
+
+/// The waits of one syscall class: every block (`ns`, `count`), and the waits for data whose
+/// batch came in a block of that class (`data_*`, logical waits: part of `data_wait_ns`).
 #[derive(Serialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ClassWait {
     pub ns: u64,
@@ -170,6 +239,7 @@ impl OffCpu {
         let is_waiter = waits(pid);
         let kept = self.kept_waiting(pid, &waits);
         let data = is_waiter.then(|| self.data_wait(pid));
+        let unended = is_waiter.then(|| self.unended_wait(pid));
         Some(OffCpuSummary {
             offcpu_wait_ns: c.wait_ns,
             offcpu_io_ns: c.io_ns,
@@ -180,6 +250,9 @@ impl OffCpu {
             kept_waiting_max_ns: (kept.count > 0).then_some(kept.max_ns),
             data_wait_ns: data.map(|d| d.ns),
             data_wait_count: data.map(|d| d.count),
+            unended_wait_ns: unended.map(|d| d.ns),
+            unended_wait_count: unended.map(|d| d.count),
+            open_data_wait: self.open_wait(pid).filter(|_| is_waiter),
             long_waits: self.long.of(pid),
             wait_by_syscall: self.syscalls.get(&pid).filter(|_| is_waiter).map(by_class),
         })

@@ -60,6 +60,10 @@ pub struct CountersSample {
     /// Trainers' and ranks' waits by syscall class (recordings before it have none).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub syscall_waits: Vec<crate::model::offcpu::SyscallWaitsRec>,
+    /// The trainers' and ranks' waits for data in progress, the whole set (`None`: unchanged
+    /// since the last line, or not read; recordings before it have none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub open_waits: Option<Vec<crate::model::offcpu::OpenWaitRec>>,
 }
 
 impl CountersSample {
@@ -89,6 +93,9 @@ impl CountersSample {
                 .filter(|w| !prev.syscall_waits.contains(w))
                 .copied()
                 .collect(),
+            open_waits: (self.open_waits != prev.open_waits)
+                .then(|| self.open_waits.clone())
+                .flatten(),
         }
     }
 
@@ -144,6 +151,7 @@ impl CountersSample {
                 &self.syscall_waits,
                 &base.syscall_waits,
             ),
+            open_waits: self.open_waits.clone(),
         }
     }
 
@@ -157,6 +165,7 @@ impl CountersSample {
             && self.offcpu.is_empty()
             && self.wakes.is_empty()
             && self.syscall_waits.is_empty()
+            && self.open_waits.is_none()
     }
 }
 

@@ -219,7 +219,23 @@ impl Timeline {
             (field("wakee_pid") as u32, field("wakee_tid") as u32, field("tid") as u32);
         let dur_ns = field("duration_ns");
         let start_ns = v["start_ns"].as_u64().unwrap_or(ts.saturating_sub(dur_ns));
-        let mut args = serde_json::json!({"waker_pid": waker, "waker_comm": v["comm"], "ms": dur_ns as f64 / 1e6});
+        // Logical waits are sent from the wakee's context, with no comm: the waker's name is
+        // the tree's.
+        let comm = match v["comm"].as_str() {
+            Some(c) if !c.is_empty() => c.to_string(),
+            _ => self.processes.get(&waker).cloned().unwrap_or_default(),
+        };
+        let mut args =
+            serde_json::json!({"waker_pid": waker, "waker_comm": comm, "ms": dur_ns as f64 / 1e6});
+        // Of its blocks, those that ran out (timeouts) and the relay thread that passed the
+        // batch on, where the kernel joined blocks into one wait.
+        if let (Some(slices), Some(job)) = (v["slices"].as_u64(), v["job_wakes"].as_u64()) {
+            args["blocks"] = slices.into();
+            args["timeouts"] = slices.saturating_sub(job).into();
+        }
+        if let Some(relay) = v["relay_tid"].as_u64() {
+            args["relay_tid"] = relay.into();
+        }
         // The syscall the wait blocked in (where the kernel read it): an ioctl is a driver's
         // wait (the GPU), not a batch.
         if let Some(class) = v["wait_class"].as_str() {
@@ -389,6 +405,9 @@ impl Totals {
         let mut waited: BTreeMap<u32, u64> = BTreeMap::new();
         let mut kept: BTreeMap<u32, u64> = BTreeMap::new();
         for (&(waker, wakee), &ns) in &self.wakes {
+            if waker == 0 {
+                continue; // waits no process of the job ended: not a wait for data
+            }
             *waited.entry(wakee).or_default() += ns;
             *kept.entry(waker).or_default() += ns;
         }
