@@ -340,7 +340,8 @@ impl Beat for Trace {
                 cur,
                 b.prev_at.elapsed().as_secs_f64(),
                 lost,
-            ) + &status_line::live_part(&session.model.gpu, now);
+            ) + &status_line::live_part(&session.model.gpu, now)
+                + &status_line::waiting_part(&session.model);
             status_line::show(&l, b.tty);
         }
         b.prev = cur;

@@ -115,6 +115,10 @@ pub struct Facts {
 /// Page size of recordings that did not record one (all were made on 4 KiB pages).
 pub const DEFAULT_PAGE_SIZE: u64 = 4096;
 
+/// A wait for data in progress is named in the outputs from this long (a batch that is a
+/// second late is news; a step's usual wait is not).
+pub const OPEN_WAIT_SHOWN_NS: u64 = 1_000_000_000;
+
 impl Facts {
     /// Bytes in one of the kernel's pages: what a swap-out or pswpin page is worth.
     pub fn page_bytes(&self) -> u64 {

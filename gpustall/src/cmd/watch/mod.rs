@@ -132,12 +132,15 @@ struct Totals {
     read: u64,
     write: u64,
     reclaim_io: u64,
+    /// A trainer's or rank's wait for data (logical waits that ended).
+    data_wait_ns: u64,
 }
 
 impl Totals {
-    fn of(p: &crate::model::stats::ProcStats) -> Self {
+    fn of(p: &crate::model::stats::ProcStats, data_wait_ns: u64) -> Self {
         let c = &p.counters;
         Self {
+            data_wait_ns,
             stall_ns: c.direct_reclaim_ns + c.memcg_reclaim_ns,
             stalls: c.direct_reclaim_count + c.memcg_reclaim_count,
             swapout: c.swapout_anon_pages,
@@ -252,12 +255,14 @@ impl Daemon {
         let m = &self.session.model;
         let mut deltas: BTreeMap<(String, String), ProcDelta> = BTreeMap::new();
         let mut memory: BTreeMap<(String, String), (u64, u64)> = BTreeMap::new();
+        // The longest wait for data in progress per (job, role).
+        let mut open_waits: BTreeMap<(String, String), u64> = BTreeMap::new();
         let mut seen = HashMap::new();
         for n in m.tree.iter() {
             let Some(l) = self.labels(n.pid) else { continue };
             let Some(p) = m.procs.get(&n.pid) else { continue };
             let key = (l.training_job, l.role);
-            let now = Totals::of(p);
+            let now = Totals::of(p, m.offcpu.data_wait(n.pid).ns);
             let id = (n.pid, n.started_ns);
             let prev = self.last_totals.get(&id).copied().unwrap_or_default();
             seen.insert(id, now);
@@ -268,7 +273,11 @@ impl Daemon {
             d.block_read_bytes += now.read.saturating_sub(prev.read);
             d.block_write_bytes += now.write.saturating_sub(prev.write);
             d.reclaim_io_bytes += now.reclaim_io.saturating_sub(prev.reclaim_io);
+            d.data_wait_seconds += now.data_wait_ns.saturating_sub(prev.data_wait_ns) as f64 / 1e9;
             if n.alive() {
+                let open = m.offcpu.open_wait(n.pid).map_or(0, |w| w.ns);
+                let o = open_waits.entry(key.clone()).or_insert(0);
+                *o = (*o).max(open);
                 let mem = memory.entry(key).or_default();
                 mem.0 += p.mem.rss_kb * 1024;
                 mem.1 += p.mem.swap_kb * 1024;
@@ -279,6 +288,11 @@ impl Daemon {
         for ((job, role), d) in deltas {
             if d != ProcDelta::default() {
                 self.metrics.add(&JobRole { training_job: job, role }, d);
+            }
+        }
+        for ((job, role), ns) in open_waits {
+            if ns > 0 || role == "trainer" || role == "rank" {
+                self.metrics.set_open_data_wait(&JobRole { training_job: job, role }, ns);
             }
         }
         for ((job, role), (res, swap)) in &memory {

@@ -23,18 +23,38 @@ fn in_driver(o: &OffCpuSummary) -> ClassWait {
     o.wait_by_syscall.as_ref().and_then(|m| m.get(&WaitClass::Ioctl)).copied().unwrap_or_default()
 }
 
-/// The trainers and ranks with their data wait (less its waits in a device driver), and the
-/// share of their time it took.
+/// The trainers and ranks with their data wait (less its waits in a device driver, plus a wait
+/// still in progress at the end), and the share of their time it took: logical waits of the
+/// consumer thread, so never above the whole.
 fn waiters(f: &Facts) -> Vec<(&ProcFacts, u64, f64)> {
     f.procs
         .iter()
         .filter(|p| p.is_trainer || p.is_rank)
         .filter_map(|p| {
             let o = p.offcpu.as_ref()?;
-            let wait = o.data_wait_ns?.saturating_sub(in_driver(o).data_ns);
+            let open = o.open_data_wait.map_or(0, |w| w.ns);
+            let wait = o.data_wait_ns?.saturating_sub(in_driver(o).data_ns) + open;
+            let wait = wait.min(p.lifetime_ns.max(1));
             Some((p, wait, wait as f64 / p.lifetime_ns.max(1) as f64))
         })
         .collect()
+}
+
+/// A wait for data still in progress at the end (a trainer hung on its input): "; it was
+/// still waiting for data at the end, for 40.0 s (since +12.3s)".
+fn still_waiting(f: &Facts, p: &ProcFacts) -> String {
+    let Some(w) = p.offcpu.as_ref().and_then(|o| o.open_data_wait) else {
+        return String::new();
+    };
+    if w.ns < super::super::facts::OPEN_WAIT_SHOWN_NS {
+        return String::new();
+    }
+    format!(
+        "; it was still waiting for data at the end, for {:.1} s (since {}, {} blocks so far)",
+        w.ns as f64 / 1e9,
+        at(f, w.since_ns),
+        w.blocks
+    )
 }
 
 /// The trainers and ranks that waited in a device driver (ioctl) a tenth of their time or more,
@@ -168,6 +188,7 @@ fn data_clause(f: &Facts) -> String {
         };
     }
     let mut s = format!("; {} waited for data {:.0} % of its time", name(p), share * 100.0);
+    s.push_str(&still_waiting(f, p));
     if let Some(&(k, kept)) = keepers(f).first().filter(|_| mostly_data(f)) {
         s.push_str(&format!(
             ", {:.0} % of it for {}{}",
@@ -189,22 +210,31 @@ pub fn links(f: &Facts, chain: &mut Chain) {
             continue; // its waits that others ended were a driver's (said below)
         }
         let count = o.data_wait_count.unwrap_or(0).saturating_sub(in_driver(&o).data_count);
-        // The kernel sums waits per process: with pin_memory=True the pin-memory thread, not
-        // the main thread, waits for the workers, ahead of the main thread.
+        // With pin_memory=True the main thread waits on the pin-memory thread, which waits
+        // on the workers: the main thread's waits are charged through it to the workers, and
+        // its own idle waits are not the trainer's.
         let pin = if p.pin_memory_thread {
-            "; its pin-memory thread (pt_data_pin) waits for the workers on its behalf, ahead of its main thread, and counts in this"
+            "; its batches come through its pin-memory thread (pt_data_pin), whose waits on the workers are not counted: each wait is charged to the worker whose batch the pin thread passed on"
         } else {
             ""
+        };
+        let unended = match (o.unended_wait_ns, o.unended_wait_count) {
+            (Some(ns), Some(n)) if ns > 0 => format!(
+                "; besides, {n} waits ({:.2} s) that no process of the job ended (timeouts, signals, a device) are not counted",
+                ns as f64 / 1e9
+            ),
+            _ => String::new(),
         };
         chain.push(
             p.started_ns.max(f.start_ns),
             format!(
-                "{}: {} waited for data {:.2} s ({:.0} % of its time, {count} waits ended by other processes of the job{pin}{})",
+                "{}: {} waited for data {:.2} s ({:.0} % of its time, {count} waits ended by other processes of the job{pin}{}{unended}{})",
                 at(f, p.started_ns.max(f.start_ns)),
                 name(p),
                 wait as f64 / 1e9,
                 share * 100.0,
-                data_classes(&o)
+                data_classes(&o),
+                still_waiting(f, p)
             ),
         );
     }
@@ -419,9 +449,26 @@ mod tests {
         let mut chain = Chain(Vec::new());
         links(&f, &mut chain);
         let text = chain.done().join("\n");
-        assert!(
-            text.contains("its pin-memory thread (pt_data_pin) waits for the workers"),
-            "{text}"
-        );
+        assert!(text.contains("through its pin-memory thread (pt_data_pin)"), "{text}");
+    }
+
+    #[test]
+    fn a_wait_still_in_progress_counts_and_is_named() {
+        let mut f = facts(500_000_000, 0, 0);
+        assert_eq!(clause(&f), "", "5 %: under the share that makes it news");
+        let o = f.procs[0].offcpu.as_mut().expect("figures");
+        o.open_data_wait = Some(crate::model::offcpu::OpenWaitSummary {
+            tid: 10,
+            since_ns: 6_000_000_000,
+            ns: 4_000_000_000,
+            blocks: 1,
+            batches_put_aside: 0,
+        });
+        let c = clause(&f);
+        assert!(c.contains("waited for data 45 %"), "{c}");
+        assert!(c.contains("still waiting for data at the end, for 4.0 s"), "{c}");
+        // Never above the whole of its time.
+        f.procs[0].offcpu.as_mut().expect("figures").data_wait_ns = Some(20_000_000_000);
+        assert!(clause(&f).contains("waited for data 100 %"), "{}", clause(&f));
     }
 }

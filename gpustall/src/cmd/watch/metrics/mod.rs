@@ -65,6 +65,8 @@ pub struct ProcDelta {
     pub block_read_bytes: u64,
     pub block_write_bytes: u64,
     pub reclaim_io_bytes: u64,
+    /// Trainers' and ranks' wait for data (logical waits that ended).
+    pub data_wait_seconds: f64,
 }
 
 /// A counter of seconds: prometheus-client stores the f64 in an `AtomicU64`.
@@ -84,6 +86,8 @@ struct JobFamilies {
     oom_kills: Family<JobRole, Counter>,
     resident_bytes: Family<JobRole, ByteGauge>,
     swap_bytes: Family<JobRole, ByteGauge>,
+    data_wait_seconds: Family<JobRole, SecondsCounter>,
+    open_data_wait_seconds: Family<JobRole, FloatGauge>,
 }
 
 impl JobFamilies {
@@ -98,6 +102,7 @@ impl JobFamilies {
         let _ = self.oom_kills.get_or_create(labels);
         let _ = self.resident_bytes.get_or_create(labels);
         let _ = self.swap_bytes.get_or_create(labels);
+        let _ = self.data_wait_seconds.get_or_create(labels);
     }
 
     fn remove(&self, labels: &JobRole) {
@@ -112,6 +117,8 @@ impl JobFamilies {
         self.oom_kills.remove(labels);
         self.resident_bytes.remove(labels);
         self.swap_bytes.remove(labels);
+        self.data_wait_seconds.remove(labels);
+        self.open_data_wait_seconds.remove(labels);
     }
 }
 
@@ -219,6 +226,18 @@ impl JobFamilies {
             "Swapped-out memory summed over the job's processes of this role",
             Unit::Bytes,
             self.swap_bytes.clone(),
+        );
+        r.register_with_unit(
+            "data_wait",
+            "Time the job's trainers or ranks waited for data (whole waits, across timeouts and the pin-memory thread, ended by a worker's batch)",
+            Unit::Seconds,
+            self.data_wait_seconds.clone(),
+        );
+        r.register_with_unit(
+            "data_wait_open",
+            "How long the longest wait for data still in progress has lasted (0: none; a trainer hung on its input grows it)",
+            Unit::Seconds,
+            self.open_data_wait_seconds.clone(),
         );
     }
 }
@@ -365,6 +384,16 @@ impl Metrics {
         j.block_read_bytes.get_or_create(labels).inc_by(d.block_read_bytes);
         j.block_write_bytes.get_or_create(labels).inc_by(d.block_write_bytes);
         j.reclaim_io_bytes.get_or_create(labels).inc_by(d.reclaim_io_bytes);
+        let wait = j.data_wait_seconds.get_or_create(labels);
+        if let Some(s) = nonneg(d.data_wait_seconds) {
+            wait.inc_by(s);
+        }
+    }
+
+    /// Sets how long the longest wait for data in progress of one (job, role) has lasted.
+    pub fn set_open_data_wait(&self, labels: &JobRole, ns: u64) {
+        let _known = self.track(labels);
+        self.jobs.open_data_wait_seconds.get_or_create(labels).set(ns as f64 / 1e9);
     }
 
     pub fn oom_kill(&self, labels: &JobRole) {
