@@ -25,8 +25,12 @@ fn encode_has_the_series_with_labels_and_values() {
         block_read_bytes: 4096,
         block_write_bytes: 8192,
         reclaim_io_bytes: 409_600,
+        data_wait_seconds: 0.0,
     };
     m.add(&w, d);
+    let trainer = jr("train-7", "trainer");
+    m.add(&trainer, ProcDelta { data_wait_seconds: 2.5, ..Default::default() });
+    m.set_open_data_wait(&trainer, 40_000_000_000);
     m.add(&w, ProcDelta { reclaim_stall_seconds: 0.25, reclaim_stalls: 1, ..Default::default() });
     m.oom_kill(&w);
     m.set_memory(&jr("train-7", "trainer"), 10 << 30, 1 << 20);
@@ -50,6 +54,8 @@ fn encode_has_the_series_with_labels_and_values() {
     let tr = r#"{training_job="train-7",role="trainer"}"#;
     has(&t, &format!("gpustall_process_resident_bytes{tr}"), "10737418240");
     has(&t, &format!("gpustall_process_swap_bytes{tr}"), "1048576");
+    has(&t, &format!("gpustall_data_wait_seconds_total{tr}"), "2.5");
+    has(&t, &format!("gpustall_data_wait_open_seconds{tr}"), "40.0");
     has(&t, r#"gpustall_gpu_utilization_ratio{gpu="0"}"#, "0.42");
     has(&t, r#"gpustall_gpu_temperature_celsius{gpu="0"}"#, "71.0");
     has(&t, r#"gpustall_gpu_stall_episodes_total{gpu="0"}"#, "1");
