@@ -86,6 +86,8 @@ pub struct Session {
     exited: Vec<u32>,
     /// Whose PSS is read at the next beats.
     pss_turns: PssTurns,
+    /// Training-log steps seen so far: each step's number in the recording.
+    steps_seen: u64,
 }
 
 impl Session {
@@ -103,6 +105,7 @@ impl Session {
             exited: Vec::new(),
             proc_cursor: 0,
             pss_turns: PssTurns::default(),
+            steps_seen: 0,
         }
     }
 
@@ -253,10 +256,12 @@ impl Session {
     fn read_log(&mut self, log: &mut LogSource, now: u64) {
         for line in log.poll() {
             if let Some(step) = log.patterns.parse(&line) {
+                self.steps_seen += 1;
                 self.observe(Sample::TrainStep {
                     t_ns: now,
                     data_time_s: step.data_time_s,
                     iter_time_s: step.iter_time_s,
+                    seq: Some(self.steps_seen),
                 });
             }
         }

@@ -230,6 +230,11 @@ pub enum Sample {
         t_ns: u64,
         data_time_s: Option<f64>,
         iter_time_s: Option<f64>,
+        /// Its number among the steps traced (from 1): two steps read in one batch with the
+        /// same times are still two lines, not a duplicated one (recordings before it have
+        /// none, and lose such steps on replay).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        seq: Option<u64>,
     },
     /// What tracing cost, written once at the end.
     Overhead {
@@ -301,7 +306,8 @@ mod tests {
         );
         let back: Sample = serde_json::from_value(line).expect("parses back");
         assert!(matches!(back, Sample::ProcMem { t_ns: 5, pid: 7, mem } if mem.swap_kb == 2));
-        let step = Sample::TrainStep { t_ns: 1, data_time_s: Some(0.7384), iter_time_s: None };
+        let step =
+            Sample::TrainStep { t_ns: 1, data_time_s: Some(0.7384), iter_time_s: None, seq: None };
         let back: Sample = serde_json::from_str(&step.to_json().to_string()).expect("parses");
         assert!(matches!(back, Sample::TrainStep { data_time_s: Some(v), .. } if v == 0.7384));
     }

@@ -203,6 +203,7 @@ fn every_series() -> String {
     m.add(&w, ProcDelta { reclaim_stall_seconds: 1.0, reclaim_stalls: 1, ..Default::default() });
     m.oom_kill(&w);
     m.set_memory(&w, 1 << 30, 1 << 20);
+    m.set_open_data_wait(&jr("train-7", "trainer"), 0);
     let gpu = GpuLabel { gpu: "0".into() };
     m.set_gpu(&gpu, 0.5, Some(60.0));
     m.gpu_stall(&gpu);
