@@ -179,8 +179,9 @@ const _: () = assert!(core::mem::size_of::<OffCpuThread>() == 72);
 /// training step's CPU (launching a step's kernels, a collate) and over a Python loop's turn.
 pub const WAIT_JOIN_NS: u64 = 1_000_000;
 
-/// `LogicalWait::flags`: a block that no process of the job ended came after the wait's data
-/// arrived (a sleep, a timeout, a lock): the wait is over at `data_end_ns`.
+/// `LogicalWait::flags`: where the syscall class is unknown, a block that no process of the job
+/// ended came after the wait's data arrived (a sleep or a timeout): the wait is over at
+/// `data_end_ns`.
 pub const WAIT_DONE: u8 = 1;
 
 /// A data waiter's thread's logical wait: consecutive interruptible blocks separated by under
@@ -299,7 +300,11 @@ pub fn wait_woken(
         w.class = class;
         w.data_slices = w.slices;
         w.job_wakes = w.job_wakes.saturating_add(1);
-    } else if w.data_end_ns != 0 {
+    } else if w.data_end_ns != 0 && class == crate::syscall::WaitClass::Unknown as u8 {
+        // Where the class is unknown (the classic programs) a sleep after the batch (a step's
+        // pause) cannot be told from a timeout: a block no process of the job ended ends the
+        // wait at its batch. Where it is known, a sleep never joins (`breaks_wait`), and a
+        // timeout after a batch put aside is still the wait for the one awaited.
         w.flags |= WAIT_DONE;
     }
 }
@@ -629,6 +634,24 @@ mod tests {
         run(&mut w, &[(0, READ, 40 * MS, 8, 0, 0), (40 * MS + 200_000, READ, 300 * MS, 9, 0, 0)]);
         let done = wait_finish(&mut w).expect("a wait");
         assert_eq!((done.waker, done.ns(), done.job_wakes), (9, 300 * MS, 2));
+    }
+
+    #[test]
+    fn a_timeout_after_a_batch_put_aside_is_still_the_wait_for_the_one_awaited() {
+        // PyTorch's _data_queue.get(timeout=5.0): a later batch at 1 s is put aside, the get
+        // runs out at 6 s, the awaited batch comes at 8 s.
+        let mut w = LogicalWait::default();
+        let s = 1_000 * MS;
+        run(
+            &mut w,
+            &[
+                (0, POLL, s, 8, 0, 0),
+                (s + 200_000, POLL, 6 * s, 0, 0, 0),
+                (6 * s + 50_000, POLL, 8 * s, 9, 0, 0),
+            ],
+        );
+        let f = wait_finish(&mut w).expect("a wait");
+        assert_eq!((f.ns(), f.waker, f.slices, f.job_wakes), (8 * s, 9, 3, 2));
     }
 
     #[test]
