@@ -229,8 +229,9 @@ fn the_trainers_data_wait_is_the_logs_data_time(
         .map(|p| format!("{}: {}", p["pid"], p["kept_waiting_ns"].as_u64().unwrap_or(0)))
         .collect();
     eprintln!(
-        "bundled workload: data_time {data_time} ns over {} logged steps, data_wait_ns {data_wait} in {} waits (ratio {:.3}); kept_waiting {}",
+        "bundled workload: data_time {data_time} ns over {} logged steps (the first {:.0} ns), data_wait_ns {data_wait} in {} waits (ratio {:.3}); kept_waiting {}",
         logged.len(),
+        logged.first().unwrap_or(&0.0) * 1e9,
         trainer["data_wait_count"],
         data_wait as f64 / data_time as f64,
         kept.join(", ")
