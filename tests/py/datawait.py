@@ -13,7 +13,7 @@ themselves `pt_data_worker` as PyTorch's do.
       worker's batches arrive early and are reordered. Each step computes --step-ms (a tiny
       model's forward, backward and SGD step, repeated). Needs torch: run it with the torch
       venv's python.
-  datawait.py relay [--workers 2] [--steps 24] [--batch-ms 200] [--step-ms 40]
+  datawait.py relay [--workers 2] [--steps 24] [--batch-ms 200] [--step-ms 60]
                     [--relay-timeout 5.0] [--wait-go]
       What DataLoader does with pin_memory=True on a GPU machine (torch/utils/data/_utils/
       pin_memory.py), in the standard library: a thread of the trainer named `pt_data_pin`
@@ -279,7 +279,7 @@ def main():
     p.add_argument("--relay-timeout", type=float, default=MP_STATUS_CHECK_INTERVAL)
     p.add_argument("--wait-go", action="store_true", help="read a line from stdin first")
     a = p.parse_args()
-    defaults = {"torch": (2, 20, None, 50), "relay": (2, 24, "200", 40),
+    defaults = {"torch": (2, 20, None, 50), "relay": (2, 24, "200", 60),
                 "reorder": (3, 24, "300,30,30", 20)}[a.shape]
     for name, value in zip(["workers", "steps", "batch_ms", "step_ms"], defaults):
         if getattr(a, name) is None:
