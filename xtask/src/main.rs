@@ -13,6 +13,7 @@ mod lint;
 mod screenshot;
 mod setup;
 mod test;
+mod torch;
 mod util;
 mod vm;
 

@@ -40,6 +40,11 @@ pub const CI_TESTS: &[&str] = &[
 /// Tests run where the memory cgroup is v1 (`SERIES:v1`): those that read the cgroup.
 const CGROUP_TESTS: &[&str] = &["memory_pressure", "oom_kill", "verdict", "cgroups"];
 
+/// Tests that need what only `cargo xtask test` provides (a venv with torch, ~4 GB, whose
+/// DataLoader under emulation would take minutes): left out of the default run, run when
+/// named (with `GPUSTALL_TEST_TORCH_PYTHON` exported, which reaches the guest).
+const XTASK_TEST_ONLY: &[&str] = &["datawait::the_torch_dataloaders_data_wait_is_its_data_time"];
+
 #[derive(clap::Args)]
 pub struct Args {
     /// Kernels: 5.10, 6.1, 6.12, 7.2 (SERIES:v1 for cgroup v1), host. Default: the whole matrix.
@@ -146,7 +151,14 @@ fn select<'a>(bins: &'a [TestBin], wanted: &[String], v1: bool) -> Vec<(&'a Test
     };
     bins.iter()
         .filter_map(|b| {
-            if wanted.is_empty() || wanted.contains(&b.name) {
+            if wanted.is_empty() {
+                let only_there =
+                    |t: &&String| XTASK_TEST_ONLY.contains(&&*format!("{}::{t}", b.name));
+                let tests: Vec<String> =
+                    b.tests.iter().filter(|t| !only_there(t)).cloned().collect();
+                return (!tests.is_empty()).then_some((b, tests));
+            }
+            if wanted.contains(&b.name) {
                 return Some((b, b.tests.clone()));
             }
             let tests: Vec<String> = wanted
@@ -401,6 +413,30 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
 
 #[cfg(test)]
 mod tests {
+    use super::{select, TestBin};
+
+    fn bin(name: &str, tests: &[&str]) -> TestBin {
+        let tests = tests.iter().map(|t| t.to_string()).collect();
+        TestBin { name: name.into(), exe: format!("/t/{name}").into(), tests }
+    }
+
+    #[test]
+    fn the_torch_test_is_left_out_of_the_default_run_and_runs_when_named() {
+        let torch = "the_torch_dataloaders_data_wait_is_its_data_time";
+        let bins = [
+            bin("datawait", &[torch, "a_pin_memory_relays_data_wait_is_the_workers"]),
+            bin("oom_kill", &["x"]),
+        ];
+        let all = select(&bins, &[], false);
+        assert_eq!(all.len(), 2);
+        assert_eq!(all[0].1, ["a_pin_memory_relays_data_wait_is_the_workers"]);
+        assert_eq!(all[1].1, ["x"]);
+        let named = select(&bins, &[format!("datawait::{torch}")], false);
+        assert_eq!(named.len(), 1);
+        assert_eq!(named[0].1, [torch]);
+        assert_eq!(select(&bins, &["datawait".into()], false)[0].1.len(), 2);
+    }
+
     #[test]
     fn a_hung_guests_console_is_kept_beside_its_run_directory() {
         let log = std::path::Path::new("/t/vm/runs/5.10/console.log");
