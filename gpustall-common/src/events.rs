@@ -196,5 +196,9 @@ pub struct DataWaitEvent {
     /// The thread of the wakee's own process that passed the batch on (a relay: PyTorch's
     /// pin-memory thread); 0: the waker woke the wakee itself.
     pub relay_tid: u32,
+    /// Another process whose batch came at nearly the same time (`sched::co_arrival`): it
+    /// shares the wait with the waker, half each; 0: none.
+    pub co_waker: u32,
+    pub _pad3: u32,
 }
-const _: () = assert!(core::mem::size_of::<DataWaitEvent>() == 80);
+const _: () = assert!(core::mem::size_of::<DataWaitEvent>() == 88);

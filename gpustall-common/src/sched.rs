@@ -163,15 +163,16 @@ pub struct OffCpuThread {
     /// (`syscall::WaitClass`, unknown where it could not be read).
     pub wait_class: u8,
     /// A data waiter's thread: the other process of the job whose wake ended its latest
-    /// interruptible block, and its thread (0: none since it last passed one on). A thread
-    /// that then wakes a sibling is a relay (PyTorch's pin-memory thread): the sibling's wait
-    /// is charged to this process ([`relay_charge`]).
+    /// interruptible block (0: none since it last passed one on), and when (microseconds of
+    /// the clock, wrapping). A thread that then wakes a sibling that was already waiting is a
+    /// relay (PyTorch's pin-memory thread): the sibling's wait is charged to this process
+    /// ([`relay_charge`]).
     pub relay_from: u32,
-    pub relay_from_tid: u32,
+    pub relay_at_us: u32,
     /// A data waiter's thread: its logical wait in progress.
     pub wait: LogicalWait,
 }
-const _: () = assert!(core::mem::size_of::<OffCpuThread>() == 72);
+const _: () = assert!(core::mem::size_of::<OffCpuThread>() == 88);
 
 /// On-CPU time under this between two interruptible blocks of a data waiter's thread makes them
 /// one wait: a poll or a timed queue get that ran out and looped back to wait again, a batch
@@ -198,6 +199,8 @@ pub struct LogicalWait {
     pub data_end_ns: u64,
     /// The latest wake of any of its blocks.
     pub last_wake_ns: u64,
+    /// When the batch of `co_waker` came (0: none).
+    pub co_at_ns: u64,
     /// On-CPU time since its latest block ended (saturating: only its size against
     /// [`WAIT_JOIN_NS`] matters).
     pub ran_ns: u32,
@@ -206,6 +209,9 @@ pub struct LogicalWait {
     pub waker: u32,
     pub waker_tid: u32,
     pub relay_tid: u32,
+    /// The process whose batch came before `waker`'s in this wait (another one): close enough
+    /// to the end, it shares the wait ([`co_arrival`]).
+    pub co_waker: u32,
     /// Blocks entered; at `data_end_ns`: blocks then, and how many a process of the job ended.
     pub slices: u16,
     pub data_slices: u16,
@@ -213,8 +219,9 @@ pub struct LogicalWait {
     /// The syscall class of the block `data_end_ns` ended.
     pub class: u8,
     pub flags: u8,
+    pub _pad: u32,
 }
-const _: () = assert!(core::mem::size_of::<LogicalWait>() == 48);
+const _: () = assert!(core::mem::size_of::<LogicalWait>() == 64);
 
 /// A logical wait that is over.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -229,12 +236,31 @@ pub struct FinishedWait {
     pub slices: u16,
     pub job_wakes: u16,
     pub class: u8,
+    /// Another process whose batch came at nearly the same time as `waker`'s (within the
+    /// wait's last quarter): the two share the wait, half each (0: none).
+    pub co_waker: u32,
 }
 
 impl FinishedWait {
     pub const fn ns(&self) -> u64 {
         self.end_ns.saturating_sub(self.start_ns)
     }
+}
+
+/// Batches that come together end a wait together. When another worker's batch came within
+/// the last quarter of a wait (or [`CO_ARRIVAL_MIN_NS`] of its end), that worker was nearly as
+/// late as the one awaited: had its batch been the one needed, the wait would have been about
+/// as long, so the two share it. Two identical workers fed round robin deliver in pairs, and
+/// which of the pair is awaited is a matter of phase, not speed; a batch put aside long before
+/// the awaited one (a fast worker ahead of a slow one) shares nothing.
+pub const CO_ARRIVAL_MIN_NS: u64 = 2_000_000;
+
+/// Whether a batch that came at `co_at` shares the wait `[start, end]` with the awaited one.
+#[inline(always)]
+pub const fn co_arrival(start: u64, end: u64, co_at: u64) -> bool {
+    let before_end = end.saturating_sub(co_at);
+    let wait = end.saturating_sub(start);
+    co_at != 0 && (before_end.saturating_mul(4) <= wait || before_end <= CO_ARRIVAL_MIN_NS)
 }
 
 /// A block of this class never joins a wait for data, and ends the one in progress: a sleep
@@ -293,6 +319,10 @@ pub fn wait_woken(
     }
     w.last_wake_ns = now;
     if waker != 0 {
+        if w.waker != 0 && w.waker != waker {
+            w.co_waker = w.waker;
+            w.co_at_ns = w.data_end_ns;
+        }
         w.data_end_ns = now;
         w.waker = waker;
         w.waker_tid = waker_tid;
@@ -327,6 +357,11 @@ pub fn wait_finish(w: &mut LogicalWait) -> Option<FinishedWait> {
             slices: v.data_slices,
             job_wakes: v.job_wakes,
             class: v.class,
+            co_waker: if co_arrival(v.start_ns, v.data_end_ns, v.co_at_ns) {
+                v.co_waker
+            } else {
+                0
+            },
         }
     } else {
         FinishedWait {
@@ -338,6 +373,7 @@ pub fn wait_finish(w: &mut LogicalWait) -> Option<FinishedWait> {
             slices: v.slices,
             job_wakes: 0,
             class: 0,
+            co_waker: 0,
         }
     };
     (f.ns() > 0).then_some(f)
@@ -352,14 +388,30 @@ pub const fn consumer_wait(tgid: u32, tid: u32, f: &FinishedWait) -> bool {
     tid == tgid || f.relay_tid != 0
 }
 
-/// A wake of a data waiter's thread by `waker_tid`, a sibling of its own process: the sibling
-/// passes on the batch of the process that last woke it (a relay), once. Returns the process
-/// and thread to charge (0: not a relay's hand-over) and clears the relay's mark.
+/// The clock in microseconds, wrapping (a relay's mark: compared over minutes at most).
 #[inline(always)]
-pub fn relay_charge(relay: &mut OffCpuThread) -> (u32, u32) {
-    let from = (relay.relay_from, relay.relay_from_tid);
+pub const fn wrapping_us(ns: u64) -> u32 {
+    (ns / 1000) as u32
+}
+
+/// A wake of a data waiter's thread by `relay`, a sibling of its own process other than the
+/// main thread (the consumer, never a relay), whose wait in progress began at `wait_start`:
+/// the sibling passes on the batch of the process that last woke it (a relay), once, and only
+/// to a thread that was already waiting when that batch reached the relay. A wait that began
+/// after it (the consumer waiting for the GIL the relay holds while it works on the batch) is
+/// not passed anything. Returns the process to charge (0: not a relay's hand-over).
+#[inline(always)]
+pub fn relay_charge(relay: &mut OffCpuThread, wait_start: u64) -> u32 {
+    let from = relay.relay_from;
+    if from == 0 || wait_start == 0 {
+        return 0;
+    }
+    // Signed distance, wrapping: the wait began before the batch reached the relay.
+    let before = relay.relay_at_us.wrapping_sub(wrapping_us(wait_start)) as i32 > 0;
+    if !before {
+        return 0;
+    }
     relay.relay_from = 0;
-    relay.relay_from_tid = 0;
     from
 }
 
@@ -655,6 +707,25 @@ mod tests {
     }
 
     #[test]
+    fn batches_that_come_together_share_the_wait_and_early_ones_do_not() {
+        // Two identical workers: 8's batch 5 ms before 9's, the one awaited, in an 80 ms wait.
+        let mut w = LogicalWait::default();
+        run(&mut w, &[(0, POLL, 75 * MS, 8, 0, 0), (75 * MS + 100_000, POLL, 80 * MS, 9, 0, 0)]);
+        let f = wait_finish(&mut w).expect("a wait");
+        assert_eq!((f.waker, f.co_waker), (9, 8));
+        // A fast worker's batch put aside 60 ms into a 240 ms wait for a slow one: no share.
+        let mut w = LogicalWait::default();
+        run(&mut w, &[(0, POLL, 60 * MS, 8, 0, 0), (60 * MS + 100_000, POLL, 240 * MS, 9, 0, 0)]);
+        assert_eq!(wait_finish(&mut w).map(|f| (f.waker, f.co_waker)), Some((9, 0)));
+        // Two batches of the awaited worker itself: nobody to share with.
+        let mut w = LogicalWait::default();
+        run(&mut w, &[(0, POLL, 78 * MS, 9, 0, 0), (78 * MS + 100_000, POLL, 80 * MS, 9, 0, 0)]);
+        assert_eq!(wait_finish(&mut w).map(|f| f.co_waker), Some(0));
+        assert!(co_arrival(T0, T0 + 10 * MS, T0 + 8 * MS + 500_000), "within 2 ms of the end");
+        assert!(!co_arrival(T0, T0 + 10 * MS, 0), "none");
+    }
+
+    #[test]
     fn a_sleep_after_the_data_is_not_part_of_the_wait() {
         // The demo's trainer: its batch at 50 ms, then a 40 ms sleep (its GPU step).
         let mut w = LogicalWait::default();
@@ -682,10 +753,20 @@ mod tests {
 
     #[test]
     fn a_relay_passes_its_batch_on_once_and_only_the_consumer_waits() {
-        let mut relay =
-            OffCpuThread { tgid: 10, relay_from: 7, relay_from_tid: 70, ..Default::default() };
-        assert_eq!(relay_charge(&mut relay), (7, 70));
-        assert_eq!(relay_charge(&mut relay), (0, 0), "a second wake (the GIL) passes nothing");
+        let marked = |at_ns: u64| OffCpuThread {
+            tgid: 10,
+            relay_from: 7,
+            relay_at_us: wrapping_us(at_ns),
+            ..Default::default()
+        };
+        let mut relay = marked(T0 + 50 * MS);
+        assert_eq!(relay_charge(&mut relay, T0 + 60 * MS), 0, "a GIL wait begun after the batch");
+        assert_eq!(relay_charge(&mut relay, T0), 7, "a consumer waiting since before it");
+        assert_eq!(relay_charge(&mut relay, T0), 0, "a second wake passes nothing");
+        assert_eq!(relay_charge(&mut marked(T0), 0), 0, "no wait in progress");
+        // Across the microsecond clock's wrap.
+        let wrap = (u32::MAX as u64 + 1) * 1000;
+        assert_eq!(relay_charge(&mut marked(wrap + 5 * MS), wrap - 5 * MS), 7);
         let direct = FinishedWait {
             start_ns: 0,
             end_ns: 1,
@@ -695,6 +776,7 @@ mod tests {
             slices: 1,
             job_wakes: 1,
             class: READ,
+            co_waker: 0,
         };
         assert!(consumer_wait(10, 10, &direct), "the main thread");
         assert!(!consumer_wait(10, 11, &direct), "a relay's own wait on the workers");

@@ -21,9 +21,9 @@ use gpustall_common::{
     hint::HINT_SLOTS,
     sched::{
         classify, consumer_wait, on_switch_in, on_waking, relay_charge, report_state, state,
-        wait_finish, wait_switch_out, wait_woken, wake_bucket, FinishedWait, LogicalWait,
-        OffCpuCounters, OffCpuThread, SchedOffsets, StackLayout, WakeCounters, WakeKey,
-        WakeOutcome, ACCOUNT, ACCOUNT_WAITS, LONG_WAIT_NS, OFFCPU_PROCESSES, WAKE_BUCKETS,
+        wait_finish, wait_switch_out, wait_woken, wake_bucket, wrapping_us, FinishedWait,
+        LogicalWait, OffCpuCounters, OffCpuThread, SchedOffsets, StackLayout, WakeCounters,
+        WakeKey, WakeOutcome, ACCOUNT, ACCOUNT_WAITS, LONG_WAIT_NS, OFFCPU_PROCESSES, WAKE_BUCKETS,
     },
     syscall::{x86_64_class, SyscallWaits, WaitClass, WAIT_CLASSES},
     task::UNKNOWN as TASK_UNKNOWN,
@@ -63,9 +63,9 @@ macro_rules! sched_offset {
 /// Accounted threads by thread id: where each is (off CPU since when, in which state), and a
 /// data waiter's logical wait in progress. LRU: a thread that died unseen (its last switch-out
 /// after its process left the tracked set) is evicted by newer ones instead of filling the
-/// map. 3,072 threads of the job's roles (72 bytes each) keep all maps within 16 MiB.
+/// map. 2,560 threads of the job's roles (88 bytes each) keep all maps within 16 MiB.
 #[map]
-pub static OFFCPU_THREADS: LruHashMap<u32, OffCpuThread> = LruHashMap::with_max_entries(3072, 0);
+pub static OFFCPU_THREADS: LruHashMap<u32, OffCpuThread> = LruHashMap::with_max_entries(2560, 0);
 
 /// `OFFCPU_THREADS`' entries per bucket of tids (`gpustall_common::hint`): a switch-in or a
 /// wakeup of a thread no one accounts costs an array load, not an LRU lookup. Only this file
@@ -363,13 +363,17 @@ fn on_waking_of(wakee: u32, interrupted: impl FnOnce() -> bool) -> u32 {
             // SAFETY: as above: this thread was woken by that process (a relay's mark).
             unsafe {
                 (*p).relay_from = waker;
-                (*p).relay_from_tid = waker_tid;
+                (*p).relay_at_us = wrapping_us(now);
             }
-        } else if waker == t.tgid && waker_tid != wakee {
+        } else if waker == t.tgid && waker_tid != wakee && waker_tid != waker {
+            // A sibling thread, never the main thread: that is the consumer itself (its wakes
+            // of its own helpers, the queues' feeder threads, pass nothing on).
             if let Some(r) = OFFCPU_THREADS.get_ptr_mut(waker_tid) {
                 // SAFETY: a live map value (the relay, running this wakeup).
-                (job, job_tid) = relay_charge(unsafe { &mut *r });
-                relay = if job != 0 { waker_tid } else { 0 };
+                job = relay_charge(unsafe { &mut *r }, t.wait.start_ns);
+                // The worker's thread that woke the relay is not kept: its main thread's id
+                // stands for it.
+                (job_tid, relay) = if job != 0 { (job, waker_tid) } else { (0, 0) };
             }
         }
     }
@@ -430,22 +434,36 @@ fn finished_wait(tgid: u32, tid: u32, f: &FinishedWait) {
                 job_wakes: f.job_wakes,
                 _pad2: 0,
                 relay_tid: f.relay_tid,
+                co_waker: f.co_waker,
+                _pad3: 0,
             });
         }
     }
-    let key = WakeKey { waker: f.waker, wakee: tgid };
-    if let Some(w) = shared_value(&WAKES, &key) {
-        // SAFETY: `w` is a live map value; `&raw mut` makes no reference to it.
-        unsafe {
-            atomic_add(&raw mut (*w).count, 1);
-            atomic_add(&raw mut (*w).ns, ns);
-            let bucket = at_most::<{ WAKE_BUCKETS as u64 - 1 }>(wake_bucket(ns) as u64) as usize;
-            atomic_add((&raw mut (*w).hist).cast::<u64>().add(bucket), 1);
-            // A racy maximum: two CPUs ending waits of one pair at once may keep the
-            // smaller; the histogram and the total stay exact.
-            if ns > (*w).max_ns {
-                (*w).max_ns = ns;
-            }
+    // A batch that came with the awaited one shares the wait: half of its time, no count (the
+    // wait is counted once, with its length in the awaited worker's histogram).
+    let shared = if f.co_waker != 0 && f.waker != 0 { ns / 2 } else { 0 };
+    if shared != 0 {
+        add_wake(WakeKey { waker: f.co_waker, wakee: tgid }, shared, None);
+    }
+    add_wake(WakeKey { waker: f.waker, wakee: tgid }, ns - shared, Some(ns));
+}
+
+/// Adds `ns` of a wait to a (waker, wakee) pair; `whole`: the wait's length, for its count,
+/// histogram and maximum (`None`: a share of a wait counted elsewhere).
+#[inline(always)]
+fn add_wake(key: WakeKey, ns: u64, whole: Option<u64>) {
+    let Some(w) = shared_value(&WAKES, &key) else { return };
+    // SAFETY: `w` is a live map value; `&raw mut` makes no reference to it.
+    unsafe {
+        atomic_add(&raw mut (*w).ns, ns);
+        let Some(len) = whole else { return };
+        atomic_add(&raw mut (*w).count, 1);
+        let bucket = at_most::<{ WAKE_BUCKETS as u64 - 1 }>(wake_bucket(len) as u64) as usize;
+        atomic_add((&raw mut (*w).hist).cast::<u64>().add(bucket), 1);
+        // A racy maximum: two CPUs ending waits of one pair at once may keep the smaller; the
+        // histogram and the total stay exact.
+        if len > (*w).max_ns {
+            (*w).max_ns = len;
         }
     }
 }

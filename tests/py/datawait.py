@@ -212,13 +212,18 @@ def try_get(q, timeout=MP_STATUS_CHECK_INTERVAL):
             continue
 
 
-def train(loader, get_data, steps, step_ms):
+def train(loader, get_data, steps, step_ms, gpu_step=False):
+    """`gpu_step`: the step waits (a sleep, as a trainer waits for its GPU) instead of computing,
+    so that the trainer takes no CPU from the workers."""
     data_ns = []
     for _ in range(steps):
         t = time.monotonic_ns()
         loader.next_data(get_data)
         data_ns.append(time.monotonic_ns() - t)
-        spin(step_ms)
+        if gpu_step:
+            time.sleep(step_ms / 1000)
+        else:
+            spin(step_ms)
     return data_ns
 
 
@@ -259,7 +264,8 @@ def reorder(a):
     time.sleep(TRACER_BEAT_S)
     batch_ms = [float(x) for x in a.batch_ms.split(",")]
     loader = Loader(a.workers, batch_ms, a.steps, cpu=a.cpu)
-    data_ns = train(loader, lambda: try_get(loader.result_queue), a.steps, a.step_ms)
+    data_ns = train(loader, lambda: try_get(loader.result_queue), a.steps, a.step_ms,
+                    gpu_step=a.gpu_step)
     report(data_ns, loader.pids())
     loader.shutdown()
     return 0
@@ -275,6 +281,8 @@ def main():
     p.add_argument("--long", default="6,13")
     p.add_argument("--batch-ms", default=None)
     p.add_argument("--cpu", action="store_true")
+    p.add_argument("--gpu-step", action="store_true",
+                   help="the trainer's step sleeps (waits for a GPU) instead of computing")
     p.add_argument("--step-ms", type=float, default=None)
     p.add_argument("--relay-timeout", type=float, default=MP_STATUS_CHECK_INTERVAL)
     p.add_argument("--wait-go", action="store_true", help="read a line from stdin first")

@@ -181,11 +181,25 @@ fn out_of_order_batches_charge_the_data_wait_to_the_slow_worker() {
     );
 }
 
-/// Two identical CPU-bound workers take turns: each kept the trainer waiting about half.
+/// Two identical CPU-bound workers take turns: each kept the trainer waiting about half. The
+/// trainer's step waits as for a GPU: a trainer computing its step on this 2-CPU machine would
+/// share a CPU with one of the two workers, which then is the slower one (its batch comes
+/// 20-140 ms after the other's and is the one awaited, as it should be).
 #[test]
 fn two_identical_cpu_bound_workers_share_the_data_wait() {
     tests::require_privileged_env();
-    let args = ["--workers", "2", "--steps", "24", "--batch-ms", "100", "--cpu", "--step-ms", "20"];
+    let args = [
+        "--workers",
+        "2",
+        "--steps",
+        "24",
+        "--batch-ms",
+        "100",
+        "--cpu",
+        "--step-ms",
+        "20",
+        "--gpu-step",
+    ];
     let (t, truth) = job(Path::new("python3"), "reorder", &args);
     let d = DataWait::of("out of order, two CPU-bound workers", &t, &truth);
     d.assert_matches_data_time();

@@ -194,6 +194,7 @@ impl SchedMaps {
                     since_ns: w.start_ns,
                     blocks: u32::from(w.slices),
                     batches: u32::from(w.job_wakes),
+                    last_batch_ns: w.data_end_ns,
                 })
             })
             .collect();

@@ -121,6 +121,10 @@ pub enum Event {
         /// pin-memory thread).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         relay_tid: Option<u32>,
+        /// Another process whose batch came at nearly the same time: it shares the wait with
+        /// the waker, half each (`sched::co_arrival`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        co_waker: Option<u32>,
     },
 }
 

@@ -35,6 +35,9 @@ pub struct LongWait {
     /// queue get looping); `None` in recordings before logical waits.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub timeouts: Option<u32>,
+    /// A worker whose batch came with the waker's: the two share the wait, half each.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub co_waker: Option<u32>,
 }
 
 /// Per waker: the long waits it ended.
@@ -76,22 +79,35 @@ impl LongWaits {
         }
     }
 
-    /// A long wait of `wakee`'s thread that `waker` ended at `t_ns`.
+    /// A long wait of `wakee`'s thread that `waker` ended at `t_ns` (shared with `co_waker`,
+    /// half each, as the kernel sums it: the wait is counted once, for the waker).
     pub fn note_wait(&mut self, mut w: LongWait) {
-        let stalls = self.stalls.get(&w.waker).into_iter().flatten();
-        w.waker_reclaim_ns = overlap(stalls.copied(), w.start_ns, w.t_ns).min(w.duration_ns);
+        let shared = if w.co_waker.is_some() { w.duration_ns / 2 } else { 0 };
+        w.waker_reclaim_ns = self.in_reclaim(w.waker, &w).min(w.duration_ns - shared);
         let s = self.per_waker.entry(w.waker).or_default();
         s.count += 1;
-        s.ns += w.duration_ns;
+        s.ns += w.duration_ns - shared;
         s.in_reclaim_ns += w.waker_reclaim_ns;
         if w.duration_ns > s.longest_ns {
             s.longest_at_ns = w.t_ns;
             s.longest_ns = w.duration_ns;
             s.longest_in_reclaim_ns = w.waker_reclaim_ns;
         }
+        if let Some(co) = w.co_waker {
+            let in_reclaim = self.in_reclaim(co, &w).min(shared);
+            let c = self.per_waker.entry(co).or_default();
+            c.ns += shared;
+            c.in_reclaim_ns += in_reclaim;
+        }
         if self.waits.len() < WAITS_KEPT {
             self.waits.push(w);
         }
+    }
+
+    /// How long `pid` was stalled in reclaim during the wait `w`.
+    fn in_reclaim(&self, pid: u32, w: &LongWait) -> u64 {
+        let stalls = self.stalls.get(&pid).into_iter().flatten();
+        overlap(stalls.copied(), w.start_ns, w.t_ns)
     }
 
     /// The long waits `waker` ended, if any.
@@ -141,6 +157,7 @@ mod tests {
             waker_reclaim_ns: 0,
             wait_class: None,
             timeouts: None,
+            co_waker: None,
         }
     }
 

@@ -237,6 +237,7 @@ impl Model {
                 wait_class,
                 slices,
                 job_wakes,
+                co_waker,
                 ..
             } => self.offcpu.long.note_wait(crate::model::longwait::LongWait {
                 t_ns: h.t_ns,
@@ -248,6 +249,7 @@ impl Model {
                 waker_reclaim_ns: 0,
                 wait_class: *wait_class,
                 timeouts: slices.zip(*job_wakes).map(|(s, j)| s.saturating_sub(j)),
+                co_waker: *co_waker,
             }),
         }
     }

@@ -56,6 +56,9 @@ pub struct OpenWaitRec {
     /// (out of order: put aside).
     pub blocks: u32,
     pub batches: u32,
+    /// When the latest of those batches came (0: none).
+    #[serde(default)]
+    pub last_batch_ns: u64,
 }
 
 /// Cumulative totals, replaced at each read (like the other kernel counters).
@@ -138,6 +141,7 @@ impl OffCpu {
             tid: w.tid,
             since_ns: w.since_ns,
             ns: self.open_at_ns.saturating_sub(w.since_ns),
+            without_batch_ns: self.open_at_ns.saturating_sub(w.since_ns.max(w.last_batch_ns)),
             blocks: w.blocks,
             batches_put_aside: w.batches,
         })
@@ -193,8 +197,10 @@ pub struct OffCpuSummary {
 pub struct OpenWaitSummary {
     pub tid: u32,
     pub since_ns: u64,
-    /// How long it had lasted at the latest read.
+    /// How long it had lasted at the latest read, and how long no batch at all had come (a
+    /// stuck input pipeline, where batches put aside still flow).
     pub ns: u64,
+    pub without_batch_ns: u64,
     pub blocks: u32,
     pub batches_put_aside: u32,
 }

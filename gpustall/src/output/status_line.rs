@@ -50,13 +50,13 @@ pub fn line(
     )
 }
 
-/// A wait for data in progress of a second or more: "| waiting for data 40 s (pid 4242)", the
-/// longest one (a trainer hung on its input shows here before the trace ends).
+/// A wait for data in progress with no batch for a second or more: "| waiting for data 40 s
+/// (pid 4242)", the longest (a trainer hung on its input shows here before the trace ends).
 pub fn waiting_part(m: &Model) -> String {
     let longest = m.offcpu.open.iter().filter_map(|w| Some((m.offcpu.open_wait(w.pid)?, w.pid)));
-    match longest.max_by_key(|(w, _)| w.ns) {
-        Some((w, pid)) if w.ns >= crate::diagnose::facts::OPEN_WAIT_SHOWN_NS => {
-            format!(" | waiting for data {:.0} s (pid {pid})", w.ns as f64 / 1e9)
+    match longest.max_by_key(|(w, _)| w.without_batch_ns) {
+        Some((w, pid)) if w.without_batch_ns >= crate::diagnose::facts::OPEN_WAIT_SHOWN_NS => {
+            format!(" | waiting for data {:.0} s (pid {pid})", w.without_batch_ns as f64 / 1e9)
         }
         _ => String::new(),
     }

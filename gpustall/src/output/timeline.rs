@@ -236,6 +236,9 @@ impl Timeline {
         if let Some(relay) = v["relay_tid"].as_u64() {
             args["relay_tid"] = relay.into();
         }
+        if let Some(co) = v["co_waker"].as_u64() {
+            args["shared_with_pid"] = co.into();
+        }
         // The syscall the wait blocked in (where the kernel read it): an ioctl is a driver's
         // wait (the GPU), not a batch.
         if let Some(class) = v["wait_class"].as_str() {

@@ -275,7 +275,7 @@ impl Daemon {
             d.reclaim_io_bytes += now.reclaim_io.saturating_sub(prev.reclaim_io);
             d.data_wait_seconds += now.data_wait_ns.saturating_sub(prev.data_wait_ns) as f64 / 1e9;
             if n.alive() {
-                let open = m.offcpu.open_wait(n.pid).map_or(0, |w| w.ns);
+                let open = m.offcpu.open_wait(n.pid).map_or(0, |w| w.without_batch_ns);
                 let o = open_waits.entry(key.clone()).or_insert(0);
                 *o = (*o).max(open);
                 let mem = memory.entry(key).or_default();

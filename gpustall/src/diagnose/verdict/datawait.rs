@@ -461,6 +461,7 @@ mod tests {
             tid: 10,
             since_ns: 6_000_000_000,
             ns: 4_000_000_000,
+            without_batch_ns: 4_000_000_000,
             blocks: 1,
             batches_put_aside: 0,
         });

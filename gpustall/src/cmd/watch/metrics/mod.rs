@@ -235,7 +235,7 @@ impl JobFamilies {
         );
         r.register_with_unit(
             "data_wait_open",
-            "How long the longest wait for data still in progress has lasted (0: none; a trainer hung on its input grows it)",
+            "How long a trainer or rank has been waiting for data with no batch coming (0: not waiting; a trainer hung on its input grows it)",
             Unit::Seconds,
             self.open_data_wait_seconds.clone(),
         );
