@@ -35,6 +35,9 @@ const SOCKET_SHARE: f64 = 0.5;
 /// The trainer on CPU this share of its time while the GPU averaged under `GPU_IDLE_PCT`.
 const TRAINER_ON_CPU: f64 = 0.6;
 const GPU_IDLE_PCT: f64 = 50.0;
+/// Workers in the run queue at least this share of their time compete with the processes
+/// outside the job for CPUs: what those used is not free for more workers.
+const COMPETING_RUNQUEUE_SHARE: f64 = 0.1;
 /// Processes that lived less than this are not judged on their shares.
 const MIN_LIFE_NS: u64 = 200_000_000;
 
@@ -208,7 +211,7 @@ pub fn keep_up_advice(k: &KeepUp) -> Vec<String> {
     let mut out = Vec::new();
     if cpus_then <= free + 0.05 {
         out.push(format!(
-            "num_workers={needed} would keep up: {arithmetic}, {needed} x {per:.2} + the trainer's {trainer_then:.2} = {cpus_then:.2} CPUs of the {:.2} free ({} CPUs: {}, less {:.2} used by other processes){}",
+            "num_workers={needed} would keep up: {arithmetic}, {needed} x {per:.2} + the trainer's {trainer_then:.2} = {cpus_then:.2} CPUs of the {:.2} free ({} CPUs: {}, less {:.2} used by other processes that held the workers up){}",
             free, fmt_cpus(k.budget_cpus), k.budget_by, k.others_cpus, mem_clause(needed)
         ));
     } else {
@@ -221,7 +224,7 @@ pub fn keep_up_advice(k: &KeepUp) -> Vec<String> {
         } else {
             let after = (1.0 - busy * fit as f64 / k.workers as f64).max(0.0);
             out.push(format!(
-                "num_workers={fit} uses the CPUs there are: {arithmetic}, {needed} workers would need {cpus_then:.2} CPUs but only {free:.2} are free ({} CPUs: {}, less {:.2} used by other processes); {fit} workers bring the trainer's wait to about {:.0} %{}; beyond that {cheaper}",
+                "num_workers={fit} uses the CPUs there are: {arithmetic}, {needed} workers would need {cpus_then:.2} CPUs but only {free:.2} are free ({} CPUs: {}, less {:.2} used by other processes that held the workers up); {fit} workers bring the trainer's wait to about {:.0} %{}; beyond that {cheaper}",
                 fmt_cpus(k.budget_cpus), k.budget_by, k.others_cpus, 100.0 * after, mem_clause(fit)
             ));
         }
@@ -254,6 +257,9 @@ fn keep_up(f: &Facts, s: &Starved) -> KeepUp {
     let c = f.cpu.as_ref().unwrap_or(&default_cpu);
     let (budget_cpus, budget_by) = cpu_budget(c);
     let (mains_kb, per_worker_kb, limit_kb) = memory(f, &s.workers);
+    // Other processes stand in the way only where they held the workers up (in the run
+    // queue); else they used CPU the job did not ask for, and would yield its fair share.
+    let competing = w.share(w.runq_ns) >= COMPETING_RUNQUEUE_SHARE;
     KeepUp {
         workers: s.workers.len() as u64,
         workers_cpus: cpus(w.cpu_ns, span),
@@ -261,7 +267,7 @@ fn keep_up(f: &Facts, s: &Starved) -> KeepUp {
         wait_share: s.share,
         budget_cpus,
         budget_by,
-        others_cpus: cpus(c.others_ns, c.span_ns),
+        others_cpus: if competing { cpus(c.others_ns, c.span_ns) } else { 0.0 },
         mains_kb,
         per_worker_kb,
         limit_kb,
