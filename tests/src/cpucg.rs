@@ -36,9 +36,10 @@ impl CpuCgroup {
         Self { path, v2 }
     }
 
-    /// A quota of `cpus` CPUs (100 ms periods).
+    /// A quota of `cpus` CPUs (100 ms periods), with the largest weight: the quota, not the
+    /// machine's other work, is what holds the job back.
     pub fn with_quota(tag: &str, cpus: f64) -> Self {
-        let cg = Self::new(tag);
+        let cg = Self::favoured(tag);
         let quota = ((cpus * 100_000.0) as u64).to_string();
         if cg.v2 {
             write(&cg.path.join("cpu.max"), &format!("{quota} 100000"));

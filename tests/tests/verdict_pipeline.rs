@@ -157,17 +157,19 @@ fn a_cpu_quota_that_throttles_the_workers_is_named_with_its_cgroup() {
 #[test]
 fn workers_queued_behind_processes_outside_the_job_are_a_busy_host() {
     tests::require_privileged_env();
-    // Two spinning processes that the scheduler favours take both CPUs from the job.
-    let hogs = CpuCgroup::favoured("pipe-hogs");
+    // Spinning processes outside the job, two per CPU, take most of the CPUs from its worker.
     let name = tests::procs::unique_comm();
+    let n = 2 * std::thread::available_parallelism().map_or(2, |n| n.get());
     let spinners: Vec<(Outside, Value)> =
-        (0..2).map(|_| outside(&["spin", "--name", &name], Some(&hogs))).collect();
+        (0..n).map(|_| outside(&["spin", "--name", &name], None)).collect();
     let job = ["--workers", "1", "--cost", "0.15", "--step", "0.1", "--seconds", "6"];
     let (t, _) = traced(&job, None, &["--no-gpu"], &[]);
     drop(spinners);
     let v = verdict(&t, "busy host");
     assert_eq!(v["cause"], "busy_host", "{v:#}");
-    assert!(v["text"].as_str().is_some_and(|s| s.contains(&name)), "the spinners are named: {v:#}");
+    assert!(v["evidence"].to_string().contains(&name), "the spinners are named: {v:#}");
+    let spinner_pids: Vec<u64> = spinners_pids(&v, &name);
+    assert!(!spinner_pids.is_empty(), "they are among the culprits: {v:#}");
 }
 
 #[test]
@@ -218,4 +220,16 @@ fn workers_waiting_on_a_storage_server_are_network_bound_with_its_address() {
     eprintln!("trainer's own wait share: {}", result["wait_share"]);
     assert_eq!(v["cause"], "network_bound", "{v:#}");
     assert!(v["text"].as_str().is_some_and(|s| s.contains(&peer)), "{v:#}");
+}
+
+/// The culprits of a busy-host verdict that are the spinners (named `name` in the evidence).
+fn spinners_pids(v: &Value, name: &str) -> Vec<u64> {
+    let evidence = v["evidence"].to_string();
+    v["culprit_pids"]
+        .as_array()
+        .expect("culprits")
+        .iter()
+        .filter_map(Value::as_u64)
+        .filter(|p| evidence.contains(&format!("{name} (pid {p})")))
+        .collect()
 }

@@ -328,7 +328,7 @@ pub fn cpu_quota_throttled(c: &Ctx) -> Option<Verdict> {
     let used = k.workers_cpus + k.trainer_cpus;
     let need = k.workers_cpus / (1.0 - k.wait_share).max(0.05) + k.trainer_cpus;
     let text = format!(
-        "CPU quota throttling starves the input pipeline: {} throttled the job in {:.0} % of its scheduling periods ({:.2} s), holding it to {quota:.2} CPUs{}.",
+        "CPU quota throttling starves the input pipeline: {} throttled the job in {:.0} % of its scheduling periods ({:.2} s of throttled time, summed over CPUs), holding it to {quota:.2} CPUs{}.",
         quota_owner(&t.path),
         100.0 * t.throttled_periods as f64 / t.periods.max(1) as f64,
         secs(t.throttled_ns),
@@ -470,11 +470,14 @@ pub fn cpu_bound_pipeline(c: &Ctx) -> Option<Verdict> {
     }
     let k = keep_up(f, &s);
     let text = format!(
-        "The input pipeline is CPU-bound: {} waited for data {:.0} % of its time while its {} DataLoader worker{} were on CPU {:.0} % of theirs ({:.2} CPUs together), with no memory pressure or disk wait{}.",
+        "The input pipeline is CPU-bound: {}'s {} on CPU {:.0} % of {} time ({:.2} CPUs together), with no memory pressure or disk wait{}.",
         name(s.main),
-        100.0 * s.share,
-        s.workers.len(),
-        if s.workers.len() == 1 { "" } else { "s" },
+        if s.workers.len() == 1 {
+            "one DataLoader worker was".to_string()
+        } else {
+            format!("{} DataLoader workers were", s.workers.len())
+        },
+        if s.workers.len() == 1 { "its" } else { "their" },
         100.0 * w.share(w.cpu_ns),
         k.workers_cpus,
         gpu_clause(f)
