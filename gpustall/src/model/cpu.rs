@@ -95,6 +95,9 @@ pub struct Throttling {
     pub throttled_ns: u64,
 }
 
+/// One reading of a process's CPU time: (t_ns, utime + stime ticks).
+pub type Reading = (u64, u64);
+
 /// What the model keeps of the CPU readings.
 #[derive(Default, Debug, Clone)]
 pub struct CpuTrack {
@@ -103,7 +106,7 @@ pub struct CpuTrack {
     pub first_ns: u64,
     pub last_ns: u64,
     /// Per traced pid: its first and last reading (t_ns, utime + stime ticks).
-    pub tasks: BTreeMap<u32, ((u64, u64), (u64, u64))>,
+    pub tasks: BTreeMap<u32, (Reading, Reading)>,
     /// Per process outside the job: its name and the ticks it used over the trace (from the
     /// top consumers of each interval).
     pub others: BTreeMap<u32, (String, u64)>,
