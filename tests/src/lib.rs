@@ -6,6 +6,7 @@
 
 pub mod blockdev;
 pub mod cgroup;
+pub mod cpucg;
 pub mod kernel;
 pub mod mm;
 pub mod procs;

@@ -67,6 +67,14 @@ pub struct ProcFacts {
     pub alive: bool,
     /// Off-CPU time and waits (sched_switch / sched_waking), when the kernel measured them.
     pub offcpu: Option<crate::model::offcpu::OffCpuSummary>,
+    /// CPU time (utime + stime, /proc/PID/stat) between its first and last reading during the
+    /// trace, and the span those readings cover (`model::cpu`).
+    pub cpu_ns: Option<u64>,
+    pub cpu_span_ns: u64,
+    /// Readings of it during the trace, and those that found it blocked reading a socket, with
+    /// the socket's peer ("" unknown) and how often.
+    pub readings: u64,
+    pub socket_waits: Vec<(String, u64)>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -110,6 +118,28 @@ pub struct Facts {
     pub data_time: Option<DataTimeTrend>,
     /// When data_time first rose (3x baseline), from the training log.
     pub data_time_rise_ns: Option<u64>,
+    /// The CPUs the job may use, its quota's throttling, the host's load (`model::cpu`).
+    pub cpu: Option<CpuFacts>,
+    /// The GPUs' average utilisation over their samples.
+    pub gpu_util_avg_pct: Option<f64>,
+}
+
+/// The job's CPU surroundings over the trace.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CpuFacts {
+    pub online_cpus: u32,
+    /// CPUs the trainer may run on (its affinity: cpuset, taskset).
+    pub allowed_cpus: Option<u32>,
+    /// The job's CPU cgroup path, and each level's quota and throttling over the trace.
+    pub cgroup_path: Option<String>,
+    pub throttling: Vec<crate::model::cpu::Throttling>,
+    /// The host's CPUs' busy share.
+    pub host_busy: Option<f64>,
+    /// The processes outside the job that used the most CPU (pid, comm, ns), and all of them.
+    pub others: Vec<(u32, String, u64)>,
+    pub others_ns: u64,
+    /// The span of the readings.
+    pub span_ns: u64,
 }
 
 /// Page size of recordings that did not record one (all were made on 4 KiB pages).
@@ -250,7 +280,33 @@ fn proc_facts(m: &Model, n: &crate::model::proctree::ProcNode, now_ns: u64) -> P
         }),
         idle_since_ns: watch.and_then(|w| w.idle_since_ns),
         alive: n.alive(),
+        cpu_ns: m.ctx.cpu.cpu_ns(n.pid, n.started_ns, m.start_ns).map(|(ns, _)| ns),
+        cpu_span_ns: m.ctx.cpu.cpu_ns(n.pid, n.started_ns, m.start_ns).map_or(0, |(_, s)| s),
+        readings: m.ctx.cpu.readings.get(&n.pid).copied().unwrap_or(0),
+        socket_waits: m
+            .ctx
+            .cpu
+            .socket
+            .get(&n.pid)
+            .map(|by| by.iter().map(|(p, c)| (p.clone(), *c)).collect())
+            .unwrap_or_default(),
     }
+}
+
+/// The CPU figures of the trace, when any were read.
+fn cpu_facts(m: &Model) -> Option<CpuFacts> {
+    let t = &m.ctx.cpu;
+    let last = t.last.as_ref()?;
+    Some(CpuFacts {
+        online_cpus: last.online_cpus,
+        allowed_cpus: last.allowed_cpus,
+        cgroup_path: last.cgroup.as_ref().map(|c| c.path.clone()),
+        throttling: t.throttling(),
+        host_busy: t.host_busy(),
+        others: t.top_others(5),
+        others_ns: t.others_ns(),
+        span_ns: t.last_ns.saturating_sub(t.first_ns),
+    })
 }
 
 fn oom_facts(m: &Model, o: &crate::model::OomKill) -> OomFacts {
@@ -376,6 +432,8 @@ pub fn from_model(m: &Model, now_ns: u64) -> Facts {
         gpu_throttle_reasons: m.gpu.throttle_reasons.iter().cloned().collect(),
         data_time,
         data_time_rise_ns,
+        cpu: cpu_facts(m),
+        gpu_util_avg_pct: m.gpu.summary.as_ref().and_then(|g| g.util_avg_pct()),
     }
 }
 

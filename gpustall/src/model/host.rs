@@ -326,6 +326,8 @@ pub struct HostContext {
     pub host_psi: PsiTrack,
     /// `gpustall watch`: each job's latest own context, by root pid.
     pub jobs_last: BTreeMap<u32, JobContext>,
+    /// CPU time, quota throttling, host load and socket waits (`model::cpu`).
+    pub cpu: crate::model::cpu::CpuTrack,
 }
 
 impl HostContext {
@@ -396,6 +398,7 @@ impl HostContext {
         for t in &s.tasks {
             self.watch(t.clone(), s.t_ns);
         }
+        self.cpu.apply(s.t_ns, s.cpu.as_ref(), &s.tasks);
         for fs in &s.filesystems {
             match self.filesystems.iter_mut().find(|f| f.path == fs.path) {
                 Some(f) if fs.used_pct > f.used_pct => *f = fs.clone(),

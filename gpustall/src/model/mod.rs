@@ -3,6 +3,7 @@
 //! Fed by [`event::Event`]s and [`samples::Sample`]s only, the same way live and on replay; it
 //! reads nothing from the machine and knows no aya or tokio, so it is tested on hand-built input.
 
+pub mod cpu;
 pub mod event;
 pub mod folded;
 pub mod gpu;

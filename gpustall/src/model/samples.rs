@@ -187,6 +187,10 @@ pub struct ContextSample {
     /// above are then empty: no job stands for the node).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub jobs: Vec<JobContext>,
+    /// CPU: the job's CPU cgroup quota and throttling, the host's busy time, the top CPU
+    /// consumers outside the job, socket waits (`model::cpu`); absent in older recordings.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<crate::model::cpu::CpuSample>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug)]

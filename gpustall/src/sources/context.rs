@@ -73,12 +73,18 @@ pub struct ContextReader {
     target: Option<JobReader>,
     jobs: BTreeMap<u32, JobReader>,
     disks: DiskTopology,
+    /// The traced job's CPU (`trace` only).
+    cpu: Option<crate::sources::cpu::CpuReader>,
 }
 
 impl ContextReader {
     /// `target` is the traced process: its memory cgroup and working directory stand for the job's.
     pub fn new(target: u32) -> Self {
-        Self { target: Some(JobReader::new(target)), ..Self::host_only() }
+        Self {
+            target: Some(JobReader::new(target)),
+            cpu: Some(crate::sources::cpu::CpuReader::new(target)),
+            ..Self::host_only()
+        }
     }
 
     /// The host only, until jobs are added.
@@ -87,6 +93,7 @@ impl ContextReader {
             target: None,
             jobs: BTreeMap::new(),
             disks: DiskTopology::new(Path::new("/sys/block")),
+            cpu: None,
         }
     }
 
@@ -119,6 +126,7 @@ impl ContextReader {
                     filesystems: j.filesystems(),
                 })
                 .collect(),
+            cpu: self.cpu.as_mut().map(|c| c.read(alive)),
         }
     }
 }

@@ -6,6 +6,7 @@ pub mod agent;
 pub mod cgroup;
 pub mod clock;
 pub mod context;
+pub mod cpu;
 pub mod host;
 pub mod nvml;
 pub mod procfs;

@@ -16,7 +16,7 @@ use crate::diagnose::facts::{Facts, ProcFacts};
 use crate::model::offcpu::{ClassWait, OffCpuSummary};
 
 /// A trainer or rank that waited for data this share of its time was starved by its input.
-const DATA_WAIT_SHARE: f64 = 0.10;
+pub(super) const DATA_WAIT_SHARE: f64 = 0.10;
 
 /// A process's waits in an ioctl (a device driver), if the kernel counted any.
 fn in_driver(o: &OffCpuSummary) -> ClassWait {
@@ -26,7 +26,7 @@ fn in_driver(o: &OffCpuSummary) -> ClassWait {
 /// The trainers and ranks with their data wait (less its waits in a device driver, plus a wait
 /// still in progress at the end), and the share of their time it took: logical waits of the
 /// consumer thread, so never above the whole.
-fn waiters(f: &Facts) -> Vec<(&ProcFacts, u64, f64)> {
+pub(super) fn waiters(f: &Facts) -> Vec<(&ProcFacts, u64, f64)> {
     f.procs
         .iter()
         .filter(|p| p.is_trainer || p.is_rank)

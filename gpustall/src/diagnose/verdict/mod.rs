@@ -16,11 +16,15 @@
 //! - `disk_io_bound`: the job waited on its own disk reads/writes with no memory pressure;
 //! - `deadlock`: the GPU (or the training log) stalled while every traced process sat idle
 //!   (no CPU, no I/O), none of them stopped or in D state;
+//! - `cpu_quota_throttled`, `busy_host`, `network_bound`, `cpu_bound_pipeline`, `trainer_bound`:
+//!   the trainer starved for data (or the GPU for the trainer) for a reason other than memory
+//!   (`pipeline.rs`);
 //! - `none_detected`: nothing measured explains a stall.
 
 mod advice;
 mod datawait;
 mod evidence;
+mod pipeline;
 mod rules;
 
 use serde::Serialize;
@@ -41,6 +45,11 @@ pub enum Cause {
     GpuThrottling,
     DiskIoBound,
     Deadlock,
+    CpuQuotaThrottled,
+    BusyHost,
+    NetworkBound,
+    CpuBoundPipeline,
+    TrainerBound,
     NoneDetected,
 }
 
@@ -56,6 +65,11 @@ impl Cause {
             Self::GpuThrottling => "gpu_throttling",
             Self::DiskIoBound => "disk_io_bound",
             Self::Deadlock => "deadlock",
+            Self::CpuQuotaThrottled => "cpu_quota_throttled",
+            Self::BusyHost => "busy_host",
+            Self::NetworkBound => "network_bound",
+            Self::CpuBoundPipeline => "cpu_bound_pipeline",
+            Self::TrainerBound => "trainer_bound",
             Self::NoneDetected => "none_detected",
         }
     }
@@ -83,6 +97,11 @@ const RULES: &[(Cause, Rule)] = &[
     (Cause::ProcessHung, rules::process_hung),
     (Cause::GpuThrottling, rules::gpu_throttling),
     (Cause::DiskIoBound, rules::disk_io_bound),
+    (Cause::CpuQuotaThrottled, pipeline::cpu_quota_throttled),
+    (Cause::BusyHost, pipeline::busy_host),
+    (Cause::NetworkBound, pipeline::network_bound),
+    (Cause::CpuBoundPipeline, pipeline::cpu_bound_pipeline),
+    (Cause::TrainerBound, pipeline::trainer_bound),
     (Cause::Deadlock, rules::deadlock),
 ];
 

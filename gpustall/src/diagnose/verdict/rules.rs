@@ -57,14 +57,14 @@ impl<'a> Ctx<'a> {
     }
 
     /// A chain that starts with the GPU stalls and the data_time rise.
-    fn chain(&self) -> Chain {
+    pub(super) fn chain(&self) -> Chain {
         let mut chain = Chain(Vec::new());
         super::evidence::stall_links(self.f, &mut chain);
         super::datawait::links(self.f, &mut chain);
         chain
     }
 
-    fn verdict(
+    pub(super) fn verdict(
         &self,
         cause: Cause,
         text: String,

@@ -38,6 +38,13 @@ impl GpuSummary {
         Self::default()
     }
 
+    /// The average utilisation over every GPU's samples; `None` when none read one.
+    pub fn util_avg_pct(&self) -> Option<f64> {
+        let (sum, n) =
+            self.gpus.iter().fold((0, 0), |(s, n), g| (s + g.util_sum, n + g.util_samples));
+        (n > 0).then(|| sum as f64 / n as f64)
+    }
+
     #[cfg(test)]
     pub fn gpus(&self) -> &[GpuStats] {
         &self.gpus

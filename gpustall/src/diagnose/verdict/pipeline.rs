@@ -1,0 +1,522 @@
+//! The input pipeline starved for reasons other than memory: the causes whose fix is more
+//! workers, more CPU or cheaper work per sample, never fewer workers. Each starts from the
+//! trainer's wait for data (`datawait`, over [`DATA_WAIT_SHARE`] of its time) and asks what the
+//! workers were doing meanwhile, from the kernel's off-CPU split (run-queue, interruptible,
+//! uninterruptible) and the CPU time /proc/PID/stat gave (`model::cpu`):
+//! - `cpu_quota_throttled`: the job's cgroup CPU quota throttled it (cpu.stat over the trace);
+//! - `busy_host`: its workers waited in the run queue behind processes outside the job;
+//! - `network_bound`: its workers sat blocked reading sockets (sampled /proc/PID/syscall);
+//! - `cpu_bound_pipeline`: its workers were on CPU most of their time: too few of them, or each
+//!   sample too costly; the advice computes the worker count that keeps up;
+//! - `trainer_bound`: the trainer did not wait for data but was on CPU while the GPU idled: the
+//!   main process's own per-batch work starves the GPU.
+//!
+//! The memory chain, a disk-bound pipeline and a hang come earlier in `RULES`.
+
+use super::{
+    datawait::{waiters, DATA_WAIT_SHARE},
+    evidence::{at, gpu_clause, mib_kb, name, Chain},
+    rules::Ctx,
+    Cause, Verdict,
+};
+use crate::diagnose::facts::{CpuFacts, Facts, ProcFacts};
+use crate::model::cpu::Throttling;
+
+/// Workers on CPU at least this share of their time are CPU-bound.
+const ON_CPU_SHARE: f64 = 0.5;
+/// Workers runnable but waiting for a CPU this share of their time: the CPUs were contended.
+const RUNQUEUE_SHARE: f64 = 0.25;
+/// Processes outside the job that used at least this many CPUs on average make a busy host.
+const OTHERS_CPUS: f64 = 0.5;
+/// A quota that throttled the job in at least this share of its periods starved it.
+const THROTTLED_SHARE: f64 = 0.2;
+/// Workers found blocked reading a socket in at least this share of the readings.
+const SOCKET_SHARE: f64 = 0.5;
+/// The trainer on CPU this share of its time while the GPU averaged under `GPU_IDLE_PCT`.
+const TRAINER_ON_CPU: f64 = 0.6;
+const GPU_IDLE_PCT: f64 = 50.0;
+/// Workers in the run queue at least this share of their time compete with the processes
+/// outside the job for CPUs: what those used is not free for more workers.
+const COMPETING_RUNQUEUE_SHARE: f64 = 0.1;
+/// Processes that lived less than this are not judged on their shares.
+const MIN_LIFE_NS: u64 = 200_000_000;
+
+/// One worker's time, split.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Split {
+    pub life_ns: u64,
+    pub cpu_ns: u64,
+    pub runq_ns: u64,
+    pub io_ns: u64,
+    pub wait_ns: u64,
+}
+
+impl Split {
+    pub fn of(p: &ProcFacts) -> Split {
+        let o = p.offcpu.clone().unwrap_or_default();
+        let life = p.lifetime_ns.max(1);
+        // /proc's CPU time over the span it covers, scaled to the lifetime; else what the
+        // off-CPU split leaves (exact for one thread).
+        let cpu = match p.cpu_ns {
+            Some(c) if p.cpu_span_ns >= MIN_LIFE_NS => {
+                (c as f64 * life as f64 / p.cpu_span_ns as f64) as u64
+            }
+            _ => life.saturating_sub(o.offcpu_wait_ns + o.offcpu_io_ns + o.runqueue_ns),
+        };
+        Split {
+            life_ns: life,
+            cpu_ns: cpu,
+            runq_ns: o.runqueue_ns,
+            io_ns: o.offcpu_io_ns,
+            wait_ns: o.offcpu_wait_ns,
+        }
+    }
+    fn share(&self, ns: u64) -> f64 {
+        ns as f64 / self.life_ns.max(1) as f64
+    }
+}
+
+/// The trainer or rank that waited for data longest (at least [`DATA_WAIT_SHARE`] of its
+/// time), with its wait share, and its DataLoader's workers.
+struct Starved<'a> {
+    main: &'a ProcFacts,
+    share: f64,
+    workers: Vec<&'a ProcFacts>,
+}
+
+fn starved(f: &Facts) -> Option<Starved<'_>> {
+    let (main, _, share) =
+        waiters(f).into_iter().filter(|w| w.2 >= DATA_WAIT_SHARE).max_by_key(|w| w.1)?;
+    let workers: Vec<&ProcFacts> = f
+        .procs
+        .iter()
+        .filter(|p| p.is_worker && p.dataloader_pid.unwrap_or(p.ppid) == main.pid)
+        .filter(|p| p.lifetime_ns >= MIN_LIFE_NS)
+        .collect();
+    (!workers.is_empty()).then_some(Starved { main, share, workers })
+}
+
+/// The workers' combined split.
+fn total(workers: &[&ProcFacts]) -> Split {
+    workers.iter().map(|p| Split::of(p)).fold(Split::default(), |a, b| Split {
+        life_ns: a.life_ns + b.life_ns,
+        cpu_ns: a.cpu_ns + b.cpu_ns,
+        runq_ns: a.runq_ns + b.runq_ns,
+        io_ns: a.io_ns + b.io_ns,
+        wait_ns: a.wait_ns + b.wait_ns,
+    })
+}
+
+/// CPUs on average: `ns` of CPU over `over_ns`.
+fn cpus(ns: u64, over_ns: u64) -> f64 {
+    ns as f64 / over_ns.max(1) as f64
+}
+
+fn secs(ns: u64) -> f64 {
+    ns as f64 / 1e9
+}
+
+/// "+0.0s: DataLoader worker 0 (pid N) ran 5.60 s on CPU of its 6.00 s (93 %), waited 0.10 s
+/// for a CPU, blocked 0.20 s waiting on events and 0.00 s on I/O".
+fn split_link(f: &Facts, p: &ProcFacts, chain: &mut Chain) {
+    let s = Split::of(p);
+    let t = p.started_ns.max(f.start_ns);
+    chain.push(
+        t,
+        format!(
+            "{}: {} was on CPU {:.2} s of its {:.2} s ({:.0} %), waited for a CPU {:.2} s ({:.0} %), blocked on events {:.2} s and on I/O {:.2} s",
+            at(f, t),
+            name(p),
+            secs(s.cpu_ns),
+            secs(s.life_ns),
+            100.0 * s.share(s.cpu_ns),
+            secs(s.runq_ns),
+            100.0 * s.share(s.runq_ns),
+            secs(s.wait_ns),
+            secs(s.io_ns)
+        ),
+    );
+}
+
+/// The CPUs the job may use: online, its affinity, its quota (the smallest), and what bounds it.
+pub fn cpu_budget(c: &CpuFacts) -> (f64, String) {
+    let mut best = (c.online_cpus.max(1) as f64, format!("{} online", c.online_cpus));
+    if let Some(a) = c.allowed_cpus.filter(|a| (*a as f64) < best.0) {
+        best = (a as f64, format!("{a} in its cpuset/affinity"));
+    }
+    if let Some(q) = c
+        .throttling
+        .iter()
+        .filter_map(|t| t.quota_cpus.map(|q| (q, &t.path)))
+        .min_by(|a, b| a.0.total_cmp(&b.0))
+    {
+        if q.0 < best.0 {
+            best = (q.0, format!("{:.2} by the CPU quota of {}", q.0, q.1));
+        }
+    }
+    best
+}
+
+/// What the worker-count arithmetic starts from.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KeepUp {
+    /// Workers now, and the CPUs they used together.
+    pub workers: u64,
+    pub workers_cpus: f64,
+    /// The CPUs the trainer used.
+    pub trainer_cpus: f64,
+    /// The trainer's wait share.
+    pub wait_share: f64,
+    /// The CPUs the job may use, and what the processes outside it used.
+    pub budget_cpus: f64,
+    pub budget_by: String,
+    pub others_cpus: f64,
+    /// Memory: the trainer's and ranks' peak, each worker's, and the limit.
+    pub mains_kb: u64,
+    pub per_worker_kb: u64,
+    pub limit_kb: Option<u64>,
+}
+
+/// The advice: the worker count that keeps up, bounded by CPUs and memory.
+pub fn keep_up_advice(k: &KeepUp) -> Vec<String> {
+    let busy = (1.0 - k.wait_share).max(0.05);
+    let per = (k.workers_cpus / k.workers.max(1) as f64).max(0.01);
+    // The trainer consumed at 1/busy the rate it did when batches are there at once; the
+    // workers' rate grows with their number (each on its own CPU).
+    let needed = ((k.workers as f64 / busy) - 1e-9).ceil().max(k.workers as f64 + 1.0) as u64;
+    let trainer_then = (k.trainer_cpus / busy).min(1.0);
+    let cpus_then = needed as f64 * per + trainer_then;
+    let free = (k.budget_cpus - k.others_cpus).max(0.0);
+    let arithmetic = format!(
+        "{} worker{} used {:.2} CPUs ({:.2} each) while the trainer waited {:.0} % of its time: to keep up they must deliver 1 / (1 - {:.2}) = {:.2} x as fast",
+        k.workers,
+        if k.workers == 1 { "" } else { "s" },
+        k.workers_cpus,
+        per,
+        100.0 * k.wait_share,
+        k.wait_share,
+        1.0 / busy
+    );
+    let mem_fit = k
+        .limit_kb
+        .map(|l| ((l as f64 * 0.9) as u64).saturating_sub(k.mains_kb) / k.per_worker_kb.max(1));
+    let mem_clause = |n: u64| {
+        match (k.limit_kb, mem_fit) {
+        (Some(l), Some(fit)) if n <= fit => format!("; {n} x {} fits the {} limit (with the trainer's {} and 10 % headroom)", mib_kb(k.per_worker_kb), mib_kb(l), mib_kb(k.mains_kb)),
+        (Some(l), Some(fit)) => format!("; but only {fit} x {} fit the {} limit (with the trainer's {} and 10 % headroom): give the job more memory too", mib_kb(k.per_worker_kb), mib_kb(l), mib_kb(k.mains_kb)),
+        _ => String::new(),
+    }
+    };
+    let cheaper = "make each sample cheaper: decode once and cache the decoded samples, smaller dtypes, move augmentation to the GPU (DALI, torchvision.transforms.v2 on CUDA tensors) or decode on the GPU";
+    let mut out = Vec::new();
+    if cpus_then <= free + 0.05 {
+        out.push(format!(
+            "num_workers={needed} would keep up: {arithmetic}, {needed} x {per:.2} + the trainer's {trainer_then:.2} = {cpus_then:.2} CPUs of the {:.2} free ({} CPUs: {}, less {:.2} used by other processes that held the workers up){}",
+            free, fmt_cpus(k.budget_cpus), k.budget_by, k.others_cpus, mem_clause(needed)
+        ));
+    } else {
+        let fit = ((free - trainer_then) / per).floor().max(0.0) as u64;
+        if fit <= k.workers {
+            out.push(format!(
+                "the {} CPUs ({}) are saturated: {arithmetic}, which needs {cpus_then:.2} CPUs against {free:.2} free ({:.2} used by other processes); more workers cannot help: {cheaper}, or give the job more CPUs",
+                fmt_cpus(k.budget_cpus), k.budget_by, k.others_cpus
+            ));
+        } else {
+            let after = (1.0 - busy * fit as f64 / k.workers as f64).max(0.0);
+            out.push(format!(
+                "num_workers={fit} uses the CPUs there are: {arithmetic}, {needed} workers would need {cpus_then:.2} CPUs but only {free:.2} are free ({} CPUs: {}, less {:.2} used by other processes that held the workers up); {fit} workers bring the trainer's wait to about {:.0} %{}; beyond that {cheaper}",
+                fmt_cpus(k.budget_cpus), k.budget_by, k.others_cpus, 100.0 * after, mem_clause(fit)
+            ));
+        }
+    }
+    out
+}
+
+fn fmt_cpus(c: f64) -> String {
+    if (c - c.round()).abs() < 1e-6 {
+        format!("{}", c.round() as u64)
+    } else {
+        format!("{c:.2}")
+    }
+}
+
+/// The memory budget figures the memory advice uses: the trainers' and ranks' peak, the
+/// largest worker peak, the limit.
+fn memory(f: &Facts, workers: &[&ProcFacts]) -> (u64, u64, Option<u64>) {
+    let mains = f.procs.iter().filter(|p| p.is_trainer || p.is_rank).map(|p| p.peak_mem_kb).sum();
+    let per = workers.iter().map(|p| p.peak_mem_kb).max().unwrap_or(0).max(1);
+    let limit =
+        f.cgroup.as_ref().and_then(|c| c.limit_bytes).map(|b| b / 1024).or(f.host_mem_total_kb);
+    (mains, per, limit)
+}
+
+fn keep_up(f: &Facts, s: &Starved) -> KeepUp {
+    let w = total(&s.workers);
+    let span = s.main.lifetime_ns.max(1);
+    let default_cpu = CpuFacts { online_cpus: 1, ..Default::default() };
+    let c = f.cpu.as_ref().unwrap_or(&default_cpu);
+    let (budget_cpus, budget_by) = cpu_budget(c);
+    let (mains_kb, per_worker_kb, limit_kb) = memory(f, &s.workers);
+    // Other processes stand in the way only where they held the workers up (in the run
+    // queue); else they used CPU the job did not ask for, and would yield its fair share.
+    let competing = w.share(w.runq_ns) >= COMPETING_RUNQUEUE_SHARE;
+    KeepUp {
+        workers: s.workers.len() as u64,
+        workers_cpus: cpus(w.cpu_ns, span),
+        trainer_cpus: cpus(Split::of(s.main).cpu_ns, span),
+        wait_share: s.share,
+        budget_cpus,
+        budget_by,
+        others_cpus: if competing { cpus(c.others_ns, c.span_ns) } else { 0.0 },
+        mains_kb,
+        per_worker_kb,
+        limit_kb,
+    }
+}
+
+/// The throttled level that cost the job most.
+fn throttled(f: &Facts) -> Option<&Throttling> {
+    f.cpu
+        .as_ref()?
+        .throttling
+        .iter()
+        .filter(|t| {
+            t.periods >= 10 && t.throttled_periods as f64 >= THROTTLED_SHARE * t.periods as f64
+        })
+        .max_by_key(|t| t.throttled_ns)
+}
+
+/// Who sets a CPU limit at this cgroup path.
+pub fn quota_owner(path: &str) -> String {
+    if path.contains("kubepods") {
+        format!("a Kubernetes CPU limit (the pod's resources.limits.cpu, cgroup {path})")
+    } else if let Some(unit) =
+        path.split('/').find(|p| p.ends_with(".service") || p.ends_with(".scope"))
+    {
+        format!("systemd's CPUQuota= of {unit} (cgroup {path})")
+    } else if path.contains("slurm") {
+        format!("Slurm's CPU allocation (cgroup {path}: --cpus-per-task / ConstrainCores)")
+    } else if path.contains("docker") || path.contains("containerd") {
+        format!("the container's CPU limit (docker run --cpus, cgroup {path})")
+    } else {
+        format!("the quota of cgroup {path} (cpu.max, or v1 cpu.cfs_quota_us / cpu.cfs_period_us)")
+    }
+}
+
+/// The job's cgroup CPU quota throttled it while the trainer waited for data.
+pub fn cpu_quota_throttled(c: &Ctx) -> Option<Verdict> {
+    let f = c.f;
+    let s = starved(f)?;
+    let t = throttled(f)?;
+    let quota = t.quota_cpus.or_else(|| f.cpu.as_ref().map(|c| cpu_budget(c).0))?;
+    let mut chain = c.chain();
+    chain.push(
+        f.start_ns,
+        format!(
+            "cgroup {} (quota {quota:.2} CPUs) was throttled in {} of its {} periods ({:.0} %), {:.2} s in all over the trace (cpu.stat)",
+            t.path,
+            t.throttled_periods,
+            t.periods,
+            100.0 * t.throttled_periods as f64 / t.periods.max(1) as f64,
+            secs(t.throttled_ns)
+        ),
+    );
+    for p in &s.workers {
+        split_link(f, p, &mut chain);
+    }
+    let k = keep_up(f, &s);
+    let used = k.workers_cpus + k.trainer_cpus;
+    let need = k.workers_cpus / (1.0 - k.wait_share).max(0.05) + k.trainer_cpus;
+    let text = format!(
+        "CPU quota throttling starves the input pipeline: {} throttled the job in {:.0} % of its scheduling periods ({:.2} s of throttled time, summed over CPUs), holding it to {quota:.2} CPUs{}.",
+        quota_owner(&t.path),
+        100.0 * t.throttled_periods as f64 / t.periods.max(1) as f64,
+        secs(t.throttled_ns),
+        gpu_clause(f)
+    );
+    let advice = vec![
+        format!(
+            "raise the limit to at least {:.1} CPUs: the job used {used:.2} CPUs under the {quota:.2} quota while the trainer waited {:.0} % of its time, so its workers need {:.2} / (1 - {:.2}) + the trainer's {:.2} = {need:.2} CPUs to keep up (set by {})",
+            need.ceil().max(quota + 0.5),
+            100.0 * k.wait_share,
+            k.workers_cpus,
+            k.wait_share,
+            k.trainer_cpus,
+            quota_owner(&t.path)
+        ),
+        format!("more num_workers cannot help under this quota: they share the same {quota:.2} CPUs; or make each sample cheaper (decode once and cache, smaller dtypes, GPU decode)"),
+    ];
+    let culprits = s.workers.iter().map(|p| p.pid).collect();
+    Some(c.verdict(Cause::CpuQuotaThrottled, text, culprits, chain, advice))
+}
+
+/// The job's workers waited for a CPU behind processes outside the job.
+pub fn busy_host(c: &Ctx) -> Option<Verdict> {
+    let f = c.f;
+    let s = starved(f)?;
+    let cpu = f.cpu.as_ref()?;
+    let w = total(&s.workers);
+    let others = cpus(cpu.others_ns, cpu.span_ns);
+    if w.share(w.runq_ns) < RUNQUEUE_SHARE || others < OTHERS_CPUS || cpu.others.is_empty() {
+        return None;
+    }
+    let mut chain = c.chain();
+    for p in &s.workers {
+        split_link(f, p, &mut chain);
+    }
+    let span = secs(cpu.span_ns);
+    let names: Vec<String> = cpu
+        .others
+        .iter()
+        .map(|(pid, comm, ns)| {
+            format!(
+                "{comm} (pid {pid}) {:.2} CPU-s ({:.0} % of a CPU)",
+                secs(*ns),
+                100.0 * cpus(*ns, cpu.span_ns)
+            )
+        })
+        .collect();
+    chain.push(
+        f.start_ns + 1,
+        format!(
+            "processes outside the job used {others:.2} CPUs on average over {span:.1} s{}; the most: {}",
+            cpu.host_busy.map_or(String::new(), |b| format!(" (the host's {} CPUs were {:.0} % busy)", cpu.online_cpus, 100.0 * b)),
+            names.join(", ")
+        ),
+    );
+    let (top_pid, top_comm, top_ns) = cpu.others[0].clone();
+    let text = format!(
+        "A busy host starves the input pipeline: the job's DataLoader workers waited for a CPU {:.2} s ({:.0} % of their time) behind processes outside the job, which used {others:.2} of the {} CPUs, the most {top_comm} (pid {top_pid}, {:.2} CPU-s){}.",
+        secs(w.runq_ns),
+        100.0 * w.share(w.runq_ns),
+        cpu.online_cpus,
+        secs(top_ns),
+        gpu_clause(f)
+    );
+    let k = keep_up(f, &s);
+    let need = k.workers_cpus / (1.0 - k.wait_share).max(0.05) + k.trainer_cpus;
+    let advice = vec![
+        format!("move the other work off this host or off the job's CPUs: {} used {:.2} CPUs; the job needs about {need:.2} CPUs to keep up (its workers' {:.2} / (1 - {:.2}) + the trainer's {:.2})", names.join(", "), others, k.workers_cpus, k.wait_share, k.trainer_cpus),
+        "or give the job CPUs of its own: a cpuset (taskset, docker --cpuset-cpus, Kubernetes' static CPU manager with integer requests), or lower the others' priority (nice, cpu.weight / cpu.shares); more workers only queue behind the same processes".to_string(),
+    ];
+    let culprits = cpu.others.iter().map(|o| o.0).collect();
+    Some(c.verdict(Cause::BusyHost, text, culprits, chain, advice))
+}
+
+/// The job's workers sat blocked reading sockets (remote storage, an object store, a network
+/// filesystem's client over TCP) while the trainer waited.
+pub fn network_bound(c: &Ctx) -> Option<Verdict> {
+    let f = c.f;
+    let s = starved(f)?;
+    let readings: u64 = s.workers.iter().map(|p| p.readings).sum();
+    let mut peers: std::collections::BTreeMap<String, u64> = Default::default();
+    for p in &s.workers {
+        for (peer, n) in &p.socket_waits {
+            *peers.entry(peer.clone()).or_default() += n;
+        }
+    }
+    let in_socket: u64 = peers.values().sum();
+    if readings < 2 || (in_socket as f64) < SOCKET_SHARE * readings as f64 {
+        return None;
+    }
+    let mut by: Vec<(String, u64)> = peers.into_iter().collect();
+    by.sort_by_key(|(p, n)| (std::cmp::Reverse(*n), p.clone()));
+    let named: Vec<String> = by
+        .iter()
+        .map(|(p, n)| {
+            format!("{} ({n} readings)", if p.is_empty() { "an unknown peer" } else { p })
+        })
+        .collect();
+    let mut chain = c.chain();
+    for p in &s.workers {
+        split_link(f, p, &mut chain);
+    }
+    chain.push(
+        f.start_ns + 1,
+        format!(
+            "the workers were found blocked reading a socket in {in_socket} of {readings} readings (/proc/PID/syscall), from {}",
+            named.join(", ")
+        ),
+    );
+    let w = total(&s.workers);
+    let text = format!(
+        "The input pipeline waits on the network: the job's DataLoader workers sat blocked reading sockets in {:.0} % of the readings (from {}) and were on CPU only {:.0} % of their time: remote storage or a data service, not the disk or the CPU{}.",
+        100.0 * in_socket as f64 / readings as f64,
+        by.first().map_or("an unknown peer", |(p, _)| if p.is_empty() { "an unknown peer" } else { p }),
+        100.0 * w.share(w.cpu_ns),
+        gpu_clause(f)
+    );
+    let n = s.workers.len() as u64;
+    let more = ((n as f64 / (1.0 - s.share).max(0.05)) - 1e-9).ceil() as u64;
+    let advice = vec![
+        format!("hide the latency: num_workers={} (the {n} workers are idle on the network, not busy: 1 / (1 - {:.2}) = {:.2} x as many requests in flight keep up if the remote side has headroom), a larger prefetch_factor, or asynchronous fetches inside each worker", more.max(n + 1), s.share, 1.0 / (1.0 - s.share).max(0.05)),
+        "or bring the data closer: cache the dataset on local disk or in memory after the first epoch, larger objects per request (shards, WebDataset tar files) to pay the round trip once per many samples".to_string(),
+    ];
+    let culprits = s.workers.iter().map(|p| p.pid).collect();
+    Some(c.verdict(Cause::NetworkBound, text, culprits, chain, advice))
+}
+
+/// The workers were on CPU most of their time while the trainer waited for data.
+pub fn cpu_bound_pipeline(c: &Ctx) -> Option<Verdict> {
+    let f = c.f;
+    let s = starved(f)?;
+    let w = total(&s.workers);
+    if w.share(w.cpu_ns) < ON_CPU_SHARE || w.share(w.io_ns) >= 0.25 {
+        return None;
+    }
+    let mut chain = c.chain();
+    for p in &s.workers {
+        split_link(f, p, &mut chain);
+    }
+    let k = keep_up(f, &s);
+    let text = format!(
+        "The input pipeline is CPU-bound: {}'s {} on CPU {:.0} % of {} time ({:.2} CPUs together), with no memory pressure or disk wait{}.",
+        name(s.main),
+        if s.workers.len() == 1 {
+            "one DataLoader worker was".to_string()
+        } else {
+            format!("{} DataLoader workers were", s.workers.len())
+        },
+        if s.workers.len() == 1 { "its" } else { "their" },
+        100.0 * w.share(w.cpu_ns),
+        k.workers_cpus,
+        gpu_clause(f)
+    );
+    let culprits = s.workers.iter().map(|p| p.pid).collect();
+    Some(c.verdict(Cause::CpuBoundPipeline, text, culprits, chain, keep_up_advice(&k)))
+}
+
+/// The trainer was on CPU, not waiting for data, while the GPU idled.
+pub fn trainer_bound(c: &Ctx) -> Option<Verdict> {
+    let f = c.f;
+    let util = f.gpu_util_avg_pct?;
+    if util >= GPU_IDLE_PCT && f.gpu_stalls.is_empty() {
+        return None;
+    }
+    let (main, _, share) = waiters(f)
+        .into_iter()
+        .filter(|p| p.0.lifetime_ns >= MIN_LIFE_NS)
+        .max_by_key(|p| Split::of(p.0).cpu_ns)?;
+    let sp = Split::of(main);
+    if share >= DATA_WAIT_SHARE || sp.share(sp.cpu_ns) < TRAINER_ON_CPU {
+        return None;
+    }
+    let mut chain = c.chain();
+    split_link(f, main, &mut chain);
+    chain.push(f.start_ns + 1, format!("the GPUs averaged {util:.0} % utilisation over the trace"));
+    let text = format!(
+        "The GPU is starved by the main process, not the workers: {} was on CPU {:.0} % of its time and waited for data only {:.0} %, while the GPU averaged {util:.0} % utilisation: its own per-batch work (collate, host-side augmentation, a slow .to(device) path, Python overhead) holds the GPU back{}.",
+        name(main),
+        100.0 * sp.share(sp.cpu_ns),
+        100.0 * share,
+        gpu_clause(f)
+    );
+    let advice = vec![
+        format!("move the per-batch CPU work out of {}: into the DataLoader workers (num_workers > 0, the transforms in the Dataset's __getitem__), or onto the GPU (augmentation on CUDA tensors)", name(main)),
+        "copy with pin_memory=True and .to(device, non_blocking=True); profile the loop to find the hot spot (py-spy top --pid PID, torch.profiler)".to_string(),
+    ];
+    Some(c.verdict(Cause::TrainerBound, text, vec![main.pid], chain, advice))
+}
+
+#[cfg(test)]
+mod tests;

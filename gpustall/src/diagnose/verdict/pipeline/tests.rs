@@ -1,0 +1,196 @@
+//! The pipeline causes on hand-built facts: each told apart from the others and from the
+//! memory chain, and the worker-count arithmetic.
+
+use super::*;
+use crate::diagnose::facts::CgroupFacts;
+use crate::diagnose::verdict::decide;
+use crate::model::offcpu::OffCpuSummary;
+
+const S: u64 = 1_000_000_000;
+
+/// A trainer that waited `wait` of 10 s, and `n` workers each on CPU `cpu` ns of 10 s, in the
+/// run queue `runq` ns.
+fn job(wait: u64, n: usize, cpu: u64, runq: u64) -> Facts {
+    let trainer = ProcFacts {
+        pid: 10,
+        comm: "python".into(),
+        is_trainer: true,
+        lifetime_ns: 10 * S,
+        cpu_ns: Some(S / 2),
+        cpu_span_ns: 10 * S,
+        peak_mem_kb: 1024 * 1024,
+        offcpu: Some(OffCpuSummary {
+            data_wait_ns: Some(wait),
+            data_wait_count: Some(100),
+            offcpu_wait_ns: wait,
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let mut procs = vec![trainer];
+    for i in 0..n {
+        procs.push(ProcFacts {
+            pid: 11 + i as u32,
+            ppid: 10,
+            comm: "pt_data_worker".into(),
+            is_worker: true,
+            worker_index: Some(i),
+            dataloader_pid: Some(10),
+            lifetime_ns: 10 * S,
+            cpu_ns: Some(cpu),
+            cpu_span_ns: 10 * S,
+            peak_mem_kb: 480 * 1024,
+            readings: 10,
+            offcpu: Some(OffCpuSummary {
+                kept_waiting_ns: wait / n as u64,
+                kept_waiting_count: 50,
+                runqueue_ns: runq,
+                offcpu_wait_ns: (10 * S).saturating_sub(cpu + runq),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+    }
+    Facts {
+        start_ns: 0,
+        end_ns: 10 * S,
+        procs,
+        cgroup: Some(CgroupFacts {
+            path: "/job".into(),
+            limit_bytes: Some(7 << 30),
+            ..Default::default()
+        }),
+        cpu: Some(CpuFacts { online_cpus: 8, span_ns: 10 * S, ..Default::default() }),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn busy_workers_and_a_waiting_trainer_are_a_cpu_bound_pipeline_with_a_worker_count() {
+    // 2 workers on CPU 95 %, the trainer waited 64 %.
+    let v = decide(&job(6_400_000_000, 2, 9_500_000_000, 100_000_000));
+    assert_eq!(v.cause, Cause::CpuBoundPipeline, "{v:#?}");
+    assert!(v.text.contains("waited for data 64 %"), "{}", v.text);
+    assert_eq!(v.culprit_pids, vec![11, 12]);
+    let a = v.advice.join("\n");
+    // 2 / (1 - 0.64) = 5.6: 6 workers, 6 x 0.95 + 0.5 / 0.36 (at most 1) = 6.7 of 8 CPUs.
+    assert!(a.starts_with("num_workers=6 would keep up"), "{a}");
+    assert!(a.contains("6 x 480 MiB fits the 7168 MiB limit"), "{a}");
+    assert!(
+        v.evidence.iter().any(|e| e.contains("was on CPU 9.50 s of its 10.00 s (95 %)")),
+        "{:#?}",
+        v.evidence
+    );
+}
+
+#[test]
+fn saturated_cpus_say_more_workers_cannot_help() {
+    let mut f = job(6_400_000_000, 2, 9_500_000_000, 100_000_000);
+    f.cpu.as_mut().expect("cpu").online_cpus = 2;
+    let v = decide(&f);
+    assert_eq!(v.cause, Cause::CpuBoundPipeline);
+    let a = v.advice.join("\n");
+    assert!(a.starts_with("the 2 CPUs (2 online) are saturated"), "{a}");
+    assert!(a.contains("more workers cannot help: make each sample cheaper"), "{a}");
+}
+
+#[test]
+fn the_advice_is_bounded_by_cpus_and_memory() {
+    let k = KeepUp {
+        workers: 2,
+        workers_cpus: 1.9,
+        trainer_cpus: 0.2,
+        wait_share: 0.64,
+        budget_cpus: 4.0,
+        budget_by: "4 online".into(),
+        others_cpus: 0.0,
+        mains_kb: 1 << 20,
+        per_worker_kb: 480 << 10,
+        limit_kb: Some(3 << 20),
+    };
+    let a = keep_up_advice(&k).join("\n");
+    // 6 workers would need 6 x 0.95 + 0.56 = 6.26 CPUs: 3 fit in the 4 CPUs.
+    assert!(a.starts_with("num_workers=3 uses the CPUs there are"), "{a}");
+    assert!(a.contains("3 workers bring the trainer's wait to about 46 %"), "{a}");
+    assert!(a.contains("3 x 480 MiB fits the 3072 MiB limit"), "{a}");
+    let small = KeepUp { limit_kb: Some(2 << 20), budget_cpus: 16.0, ..k };
+    let a = keep_up_advice(&small).join("\n");
+    assert!(a.starts_with("num_workers=6 would keep up"), "{a}");
+    assert!(a.contains("but only 1 x 480 MiB fit the 2048 MiB limit"), "{a}");
+}
+
+#[test]
+fn a_quota_that_throttled_the_job_comes_first_and_names_who_set_it() {
+    let mut f = job(6_400_000_000, 2, 2_500_000_000, 6_000_000_000);
+    f.cpu.as_mut().expect("cpu").throttling = vec![Throttling {
+        path: "/kubepods/burstable/pod1/c1".into(),
+        quota_cpus: Some(0.5),
+        periods: 100,
+        throttled_periods: 90,
+        throttled_ns: 8 * S,
+    }];
+    let v = decide(&f);
+    assert_eq!(v.cause, Cause::CpuQuotaThrottled, "{v:#?}");
+    assert!(v.text.contains("a Kubernetes CPU limit"), "{}", v.text);
+    assert!(v.text.contains("90 % of its scheduling periods"), "{}", v.text);
+    assert!(v.advice[0].starts_with("raise the limit to at least"), "{}", v.advice[0]);
+    assert_eq!(
+        quota_owner("/user.slice/train.service"),
+        "systemd's CPUQuota= of train.service (cgroup /user.slice/train.service)"
+    );
+}
+
+#[test]
+fn workers_queued_behind_other_processes_are_a_busy_host() {
+    let mut f = job(6_400_000_000, 1, 4_000_000_000, 5_000_000_000);
+    let c = f.cpu.as_mut().expect("cpu");
+    c.others = vec![(99, "hog".into(), 15 * S)];
+    c.others_ns = 16 * S;
+    let v = decide(&f);
+    assert_eq!(v.cause, Cause::BusyHost, "{v:#?}");
+    assert!(v.text.contains("hog (pid 99"), "{}", v.text);
+    assert_eq!(v.culprit_pids, vec![99]);
+    // The same run-queue wait with an idle host is the CPU-bound pipeline's (its own workers
+    // contend), not a busy host.
+    let mut f = job(6_400_000_000, 1, 6_000_000_000, 3_000_000_000);
+    f.cpu.as_mut().expect("cpu").others_ns = S;
+    assert_eq!(decide(&f).cause, Cause::CpuBoundPipeline);
+}
+
+#[test]
+fn workers_blocked_on_sockets_are_network_bound() {
+    let mut f = job(4_900_000_000, 2, 300_000_000, 0);
+    for p in f.procs.iter_mut().filter(|p| p.is_worker) {
+        p.socket_waits = vec![("10.0.0.5:9000".into(), 9)];
+    }
+    let v = decide(&f);
+    assert_eq!(v.cause, Cause::NetworkBound, "{v:#?}");
+    assert!(v.text.contains("10.0.0.5:9000"), "{}", v.text);
+    // Idle workers without socket waits: nothing here explains it.
+    let idle = job(4_900_000_000, 2, 300_000_000, 0);
+    assert_eq!(decide(&idle).cause, Cause::NoneDetected);
+}
+
+#[test]
+fn a_busy_trainer_with_an_idle_gpu_is_trainer_bound() {
+    let mut f = job(200_000_000, 2, 1_000_000_000, 0);
+    f.procs[0].cpu_ns = Some(9 * S);
+    f.gpu_util_avg_pct = Some(12.0);
+    let v = decide(&f);
+    assert_eq!(v.cause, Cause::TrainerBound, "{v:#?}");
+    assert!(v.text.contains("on CPU 90 % of its time and waited for data only 2 %"), "{}", v.text);
+    f.gpu_util_avg_pct = Some(95.0);
+    assert_eq!(decide(&f).cause, Cause::NoneDetected, "a busy GPU: nothing to explain");
+    f.gpu_util_avg_pct = None;
+    assert_eq!(decide(&f).cause, Cause::NoneDetected, "no GPU figures");
+}
+
+#[test]
+fn the_memory_chain_and_an_idle_job_keep_their_verdicts() {
+    // Memory pressure with busy workers: the memory chain.
+    let mut f = job(6_400_000_000, 2, 9_500_000_000, 0);
+    f.procs[1].reclaim_ns = S;
+    assert_eq!(decide(&f).cause, Cause::HostMemoryPressure);
+    // A trainer that never waited, idle workers: nothing.
+    assert_eq!(decide(&job(0, 2, 100_000_000, 0)).cause, Cause::NoneDetected);
+}

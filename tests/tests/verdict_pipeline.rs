@@ -1,0 +1,235 @@
+//! The input pipeline starved for reasons other than memory, on real processes
+//! (tests/py/pipeline.py, standard-library Python): CPU-bound workers (and the advised
+//! num_workers rerun), a CPU quota that throttles them, a busy host, the trainer's own
+//! preprocessing while the GPU idles, workers waiting on a storage server over TCP.
+//!
+//! The machine's other work competes for its CPUs: the jobs whose verdict must not be a busy
+//! host run in a CPU cgroup with the largest weight (`CpuCgroup::favoured`).
+
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use tests::{
+    cpucg::CpuCgroup,
+    procs::{TraceResult, Tracer, Workload},
+};
+
+fn pipeline_py() -> String {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("py/pipeline.py")
+        .to_str()
+        .expect("utf-8")
+        .to_string()
+}
+
+/// A process outside the job, killed on drop.
+struct Outside(Child);
+
+impl Drop for Outside {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts `pipeline.py ARGS` outside the job; returns it with its first line.
+fn outside(args: &[&str], cg: Option<&CpuCgroup>) -> (Outside, Value) {
+    let mut child = Command::new("python3")
+        .arg("-u")
+        .arg(pipeline_py())
+        .args(args)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("python3");
+    if let Some(cg) = cg {
+        cg.add(child.id());
+    }
+    let mut out = std::io::BufReader::new(child.stdout.take().expect("stdout"));
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut out, &mut line).expect("its first line");
+    (Outside(child), serde_json::from_str(&line).expect("a JSON line"))
+}
+
+/// Runs `pipeline.py cpu ARGS` traced in `cg`: the trace and the trainer's own result line.
+fn traced(
+    args: &[&str],
+    cg: Option<&CpuCgroup>,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> (TraceResult, Value) {
+    let py = pipeline_py();
+    let mut argv = vec!["-u", py.as_str(), "cpu"];
+    argv.extend_from_slice(args);
+    argv.push("--wait-go");
+    let mut w = Workload::start(std::path::Path::new("python3"), &argv, None);
+    if let Some(cg) = cg {
+        cg.add(w.pid());
+    }
+    let trainer = w.pid().to_string();
+    let mut tracer_args = vec!["--quiet"];
+    tracer_args.extend_from_slice(extra);
+    let mut env = env.to_vec();
+    env.push(("GPUSTALL_TEST_TRAINER", &trainer));
+    let tracer = Tracer::start_with_env(w.pid(), &tracer_args, &env);
+    w.go();
+    let (code, lines) = w.wait(Duration::from_secs(120));
+    assert_eq!(code, Some(0), "{lines:?}");
+    let t = tracer.wait(Duration::from_secs(30));
+    let result =
+        lines.iter().find(|l| l["role"] == "result").expect("the trainer's result").clone();
+    (t, result)
+}
+
+fn verdict(t: &TraceResult, what: &str) -> Value {
+    let v = t.summary["verdict"].clone();
+    eprintln!("{what} verdict: {v:#}");
+    v
+}
+
+/// The trainer's data wait as gpustall measured it, as a share of its lifetime.
+fn data_wait_share(t: &TraceResult) -> f64 {
+    let trainer = t.processes().iter().find(|p| p["role"] == "trainer").expect("the trainer");
+    let wait = trainer["data_wait_ns"].as_u64().expect("data_wait_ns") as f64;
+    let life = t.summary["duration_s"].as_f64().map_or(0.0, |s| s * 1e9);
+    if life > 0.0 {
+        wait / life
+    } else {
+        wait
+    }
+}
+
+#[test]
+fn cpu_bound_workers_get_a_worker_count_that_keeps_up_when_rerun() {
+    tests::require_privileged_env();
+    let cg = CpuCgroup::favoured("pipe-cpu");
+    // One worker spends 0.15 s of CPU per batch; the trainer needs one every 0.1 s.
+    let job = ["--workers", "1", "--cost", "0.15", "--step", "0.1", "--seconds", "8"];
+    let (t, before) = traced(&job, Some(&cg), &["--no-gpu"], &[]);
+    let v = verdict(&t, "cpu-bound");
+    assert_eq!(v["cause"], "cpu_bound_pipeline", "{v:#}");
+    let advice = v["advice"][0].as_str().expect("advice").to_string();
+    let n: u32 = advice
+        .strip_prefix("num_workers=")
+        .and_then(|a| a.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("a worker count: {advice}"));
+    assert!(n >= 2, "{advice}");
+    // The advice, taken.
+    let workers = n.to_string();
+    let job = ["--workers", &workers, "--cost", "0.15", "--step", "0.1", "--seconds", "8"];
+    let (t2, after) = traced(&job, Some(&cg), &["--no-gpu"], &[]);
+    let v2 = verdict(&t2, "rerun");
+    eprintln!(
+        "num_workers=1: trainer waited {} (its own clock), {}s data_wait_ns; num_workers={n}: {}, {}",
+        before["wait_share"],
+        t.processes().iter().find(|p| p["role"] == "trainer").expect("trainer")["data_wait_ns"],
+        after["wait_share"],
+        t2.processes().iter().find(|p| p["role"] == "trainer").expect("trainer")["data_wait_ns"],
+    );
+    let (b, a) = (
+        before["wait_share"].as_f64().expect("share"),
+        after["wait_share"].as_f64().expect("share"),
+    );
+    assert!(a < b / 2.0, "the advised {n} workers halve the trainer's wait at least: {b} -> {a}");
+    assert!(data_wait_share(&t2) < data_wait_share(&t), "gpustall sees it drop too");
+    assert_ne!(v2["cause"], "cpu_bound_pipeline", "{v2:#}");
+}
+
+#[test]
+fn a_cpu_quota_that_throttles_the_workers_is_named_with_its_cgroup() {
+    tests::require_privileged_env();
+    let cg = CpuCgroup::with_quota("pipe-quota", 0.5);
+    let job = ["--workers", "2", "--cost", "0.15", "--step", "0.1", "--seconds", "6"];
+    let (t, result) = traced(&job, Some(&cg), &["--no-gpu"], &[]);
+    let v = verdict(&t, "quota");
+    eprintln!("trainer's own wait share: {}", result["wait_share"]);
+    assert_eq!(v["cause"], "cpu_quota_throttled", "{v:#}");
+    let text = v["text"].as_str().expect("text");
+    assert!(text.contains(&cg.cgroup_path()), "{text}");
+    assert!(text.contains("holding it to 0.50 CPUs"), "{text}");
+    assert!(
+        v["advice"][0].as_str().is_some_and(|a| a.starts_with("raise the limit to at least")),
+        "{v:#}"
+    );
+}
+
+#[test]
+fn workers_queued_behind_processes_outside_the_job_are_a_busy_host() {
+    tests::require_privileged_env();
+    // Spinning processes outside the job, two per CPU, take most of the CPUs from its worker.
+    let name = tests::procs::unique_comm();
+    let n = 2 * std::thread::available_parallelism().map_or(2, |n| n.get());
+    let spinners: Vec<(Outside, Value)> =
+        (0..n).map(|_| outside(&["spin", "--name", &name], None)).collect();
+    let job = ["--workers", "1", "--cost", "0.15", "--step", "0.1", "--seconds", "6"];
+    let (t, _) = traced(&job, None, &["--no-gpu"], &[]);
+    drop(spinners);
+    let v = verdict(&t, "busy host");
+    assert_eq!(v["cause"], "busy_host", "{v:#}");
+    assert!(v["evidence"].to_string().contains(&name), "the spinners are named: {v:#}");
+    let spinner_pids: Vec<u64> = spinners_pids(&v, &name);
+    assert!(!spinner_pids.is_empty(), "they are among the culprits: {v:#}");
+}
+
+#[test]
+fn a_trainer_busy_on_its_own_preprocessing_while_the_gpu_idles_is_trainer_bound() {
+    tests::require_privileged_env();
+    let cg = CpuCgroup::favoured("pipe-trainer");
+    let dir = tests::TempDir::new("pipe-gpu");
+    let scenario = dir.path("scenario.json");
+    let at = |t: f64| json!({"at_s": t, "util_gpu": 12, "temperature_c": 60, "throttle": [], "pids": [{"pid": "$GPUSTALL_TEST_TRAINER"}]});
+    std::fs::write(&scenario, json!({"gpus": [{"name": "Stand-in", "uuid": "GPU-stub-0", "memory_total_mib": 81920, "timeline": [at(0.0)]}]}).to_string()).expect("scenario");
+    // Cheap workers; the trainer spends 0.1 s of CPU on each batch and 0.02 s on the GPU.
+    let job = [
+        "--workers",
+        "2",
+        "--cost",
+        "0.01",
+        "--trainer-cost",
+        "0.1",
+        "--step",
+        "0.02",
+        "--seconds",
+        "6",
+    ];
+    let stub = tests::nvml_stub();
+    let (t, result) = traced(
+        &job,
+        Some(&cg),
+        &["--nvml-lib", stub.to_str().expect("utf-8"), "--gpu-interval", "200ms"],
+        &[("GPUSTALL_NVML_STUB_SCENARIO", scenario.to_str().expect("utf-8"))],
+    );
+    let v = verdict(&t, "trainer-bound");
+    eprintln!("trainer's own wait share: {}", result["wait_share"]);
+    assert_eq!(v["cause"], "trainer_bound", "{v:#}");
+    assert!(v["text"].as_str().is_some_and(|s| s.contains("starved by the main process")), "{v:#}");
+}
+
+#[test]
+fn workers_waiting_on_a_storage_server_are_network_bound_with_its_address() {
+    tests::require_privileged_env();
+    let cg = CpuCgroup::favoured("pipe-net");
+    // The server answers each sample after 0.1 s; the trainer needs one every 0.05 s.
+    let (_server, hello) = outside(&["server", "--delay", "0.1"], None);
+    let peer = format!("127.0.0.1:{}", hello["port"]);
+    let job =
+        ["--workers", "1", "--cost", "0", "--step", "0.05", "--seconds", "6", "--fetch", &peer];
+    let (t, result) = traced(&job, Some(&cg), &["--no-gpu"], &[]);
+    let v = verdict(&t, "network");
+    eprintln!("trainer's own wait share: {}", result["wait_share"]);
+    assert_eq!(v["cause"], "network_bound", "{v:#}");
+    assert!(v["text"].as_str().is_some_and(|s| s.contains(&peer)), "{v:#}");
+}
+
+/// The culprits of a busy-host verdict that are the spinners (named `name` in the evidence).
+fn spinners_pids(v: &Value, name: &str) -> Vec<u64> {
+    let evidence = v["evidence"].to_string();
+    v["culprit_pids"]
+        .as_array()
+        .expect("culprits")
+        .iter()
+        .filter_map(Value::as_u64)
+        .filter(|p| evidence.contains(&format!("{name} (pid {p})")))
+        .collect()
+}
