@@ -219,7 +219,9 @@ pub struct LogicalWait {
     /// The syscall class of the block `data_end_ns` ended.
     pub class: u8,
     pub flags: u8,
-    pub _pad: u32,
+    /// Off CPU since `data_end_ns` before the thread got back to work (run-queue waits, page
+    /// faults, the GIL): the batch came, but the trainer could not use it yet (saturating).
+    pub tail_ns: u32,
 }
 const _: () = assert!(core::mem::size_of::<LogicalWait>() == 64);
 
@@ -317,8 +319,11 @@ pub fn wait_woken(
     if w.start_ns == 0 || w.flags & WAIT_DONE != 0 {
         return;
     }
+    let block = now.saturating_sub(w.last_wake_ns.max(w.start_ns));
+    let classic = class == crate::syscall::WaitClass::Unknown as u8;
     w.last_wake_ns = now;
     if waker != 0 {
+        w.tail_ns = 0;
         if w.waker != 0 && w.waker != waker {
             w.co_waker = w.waker;
             w.co_at_ns = w.data_end_ns;
@@ -330,12 +335,30 @@ pub fn wait_woken(
         w.class = class;
         w.data_slices = w.slices;
         w.job_wakes = w.job_wakes.saturating_add(1);
-    } else if w.data_end_ns != 0 && class == crate::syscall::WaitClass::Unknown as u8 {
+    } else if w.data_end_ns != 0 && classic {
         // Where the class is unknown (the classic programs) a sleep after the batch (a step's
         // pause) cannot be told from a timeout: a block no process of the job ended ends the
         // wait at its batch. Where it is known, a sleep never joins (`breaks_wait`), and a
         // timeout after a batch put aside is still the wait for the one awaited.
         w.flags |= WAIT_DONE;
+    } else {
+        // A block no process of the job ended, after the batch came (the GIL, a lock): the
+        // trainer could not use it yet; a later batch moves the wait's end past it anyway.
+        wait_tail(w, block);
+    }
+}
+
+/// Time `ns` the thread spent off CPU (a run-queue wait, a page fault, a block no process of
+/// the job ended) after its wait's batch came and before it got back to work: the trainer
+/// had not got its data yet (its log's data_time counts it), so the wait lasts that long more.
+#[inline(always)]
+pub fn wait_tail(w: &mut LogicalWait, ns: u64) {
+    let tail_open = w.start_ns != 0
+        && w.data_end_ns != 0
+        && w.flags & WAIT_DONE == 0
+        && (w.ran_ns as u64) < WAIT_JOIN_NS;
+    if tail_open {
+        w.tail_ns = w.tail_ns.saturating_add(ns.min(u32::MAX as u64) as u32);
     }
 }
 
@@ -350,7 +373,7 @@ pub fn wait_finish(w: &mut LogicalWait) -> Option<FinishedWait> {
     let f = if v.data_end_ns != 0 {
         FinishedWait {
             start_ns: v.start_ns,
-            end_ns: v.data_end_ns,
+            end_ns: v.data_end_ns.saturating_add(u64::from(v.tail_ns)),
             waker: v.waker,
             waker_tid: v.waker_tid,
             relay_tid: v.relay_tid,
@@ -380,12 +403,14 @@ pub fn wait_finish(w: &mut LogicalWait) -> Option<FinishedWait> {
 }
 
 /// Whether a finished wait of thread `tid` of `tgid` is its process's wait for data: the
-/// consumer is the thread that runs the training loop, the main thread, or a thread a relay
-/// feeds. A relay's own waits (the pin-memory thread idles on the workers' queue in a
-/// GPU-bound job) are not the trainer's.
+/// consumer is the thread that runs the training loop, the main thread (PyTorch's, Lightning's
+/// and Hugging Face's loops run there). A relay's own waits (the pin-memory thread idles on the
+/// workers in a GPU-bound job) and those of the other threads (queue feeders, a thread woken
+/// through the GIL) are not the trainer's. A loop run in another thread (Ray Train's) is not
+/// measured.
 #[inline(always)]
-pub const fn consumer_wait(tgid: u32, tid: u32, f: &FinishedWait) -> bool {
-    tid == tgid || f.relay_tid != 0
+pub const fn consumer_wait(tgid: u32, tid: u32, _f: &FinishedWait) -> bool {
+    tid == tgid
 }
 
 /// The clock in microseconds, wrapping (a relay's mark: compared over minutes at most).
@@ -726,6 +751,36 @@ mod tests {
     }
 
     #[test]
+    fn the_time_the_trainer_could_not_use_its_batch_is_part_of_the_wait() {
+        // Worker 7's batch at 50 ms; the trainer waits 8 ms for a CPU, runs 200 us, faults
+        // (D) 5 ms, then computes: the wait ends at 63.2 ms less its 200 us on CPU.
+        let mut w = LogicalWait::default();
+        run(&mut w, &[(0, READ, 50 * MS, 7, 0, 0)]);
+        wait_tail(&mut w, 8 * MS); // switched in at 58 ms
+        let f = wait_switch_out(&mut w, Some(T0 + 58 * MS), T0 + 58 * MS + 200_000, state::IO, 0);
+        assert!(f.is_none());
+        wait_tail(&mut w, 5 * MS); // the fault's end, then its run-queue wait of none
+        let f =
+            wait_switch_out(&mut w, Some(T0 + 63 * MS + 200_000), T0 + 80 * MS, state::WAIT, SLEEP);
+        assert_eq!(f.map(|f| (f.ns(), f.waker)), Some((63 * MS, 7)));
+        // Once it has run 1 ms, nothing more is its wait's.
+        let mut w = LogicalWait::default();
+        run(&mut w, &[(0, READ, 50 * MS, 7, 0, 0)]);
+        let f = wait_switch_out(&mut w, Some(T0 + 50 * MS), T0 + 52 * MS, state::RUNQ, 0);
+        assert_eq!(f.map(|f| f.ns()), Some(50 * MS), "preempted after 2 ms of work: over");
+        wait_tail(&mut w, 30 * MS);
+        assert_eq!(wait_finish(&mut w), None);
+        // A later batch (put aside, then the awaited one) starts the tail again.
+        let mut w = LogicalWait::default();
+        run(&mut w, &[(0, READ, 20 * MS, 8, 0, 0)]);
+        wait_tail(&mut w, 3 * MS);
+        let _ =
+            wait_switch_out(&mut w, Some(T0 + 23 * MS), T0 + 23 * MS + 100_000, state::WAIT, READ);
+        wait_woken(&mut w, T0 + 90 * MS, READ, 9, 90, 0);
+        assert_eq!(wait_finish(&mut w).map(|f| (f.ns(), f.waker)), Some((90 * MS, 9)));
+    }
+
+    #[test]
     fn a_sleep_after_the_data_is_not_part_of_the_wait() {
         // The demo's trainer: its batch at 50 ms, then a 40 ms sleep (its GPU step).
         let mut w = LogicalWait::default();
@@ -780,7 +835,8 @@ mod tests {
         };
         assert!(consumer_wait(10, 10, &direct), "the main thread");
         assert!(!consumer_wait(10, 11, &direct), "a relay's own wait on the workers");
-        assert!(consumer_wait(10, 11, &FinishedWait { relay_tid: 12, ..direct }), "fed by a relay");
+        let via_relay = FinishedWait { relay_tid: 12, ..direct };
+        assert!(!consumer_wait(10, 11, &via_relay), "a queue feeder woken through the GIL");
     }
 
     #[test]

@@ -21,9 +21,10 @@ use gpustall_common::{
     hint::HINT_SLOTS,
     sched::{
         classify, consumer_wait, on_switch_in, on_waking, relay_charge, report_state, state,
-        wait_finish, wait_switch_out, wait_woken, wake_bucket, wrapping_us, FinishedWait,
-        LogicalWait, OffCpuCounters, OffCpuThread, SchedOffsets, StackLayout, WakeCounters,
-        WakeKey, WakeOutcome, ACCOUNT, ACCOUNT_WAITS, LONG_WAIT_NS, OFFCPU_PROCESSES, WAKE_BUCKETS,
+        wait_finish, wait_switch_out, wait_tail, wait_woken, wake_bucket, wrapping_us,
+        FinishedWait, LogicalWait, OffCpuCounters, OffCpuThread, SchedOffsets, StackLayout,
+        WakeCounters, WakeKey, WakeOutcome, ACCOUNT, ACCOUNT_WAITS, LONG_WAIT_NS, OFFCPU_PROCESSES,
+        WAKE_BUCKETS,
     },
     syscall::{x86_64_class, SyscallWaits, WaitClass, WAIT_CLASSES},
     task::UNKNOWN as TASK_UNKNOWN,
@@ -300,8 +301,15 @@ fn on_switch(
     }
     if let Some((st, ns)) = on_switch_in(&t, now) {
         add_offcpu(t.tgid, st, ns);
-        if st == state::WAIT && t.data_waiter != 0 {
-            add_syscall_wait(t.tgid, t.wait_class, ns);
+        if t.data_waiter != 0 {
+            if st == state::WAIT {
+                add_syscall_wait(t.tgid, t.wait_class, ns);
+            }
+            // A run-queue wait after its batch came: the trainer could not use it yet.
+            let mut w = t.wait;
+            wait_tail(&mut w, ns);
+            // SAFETY: as above.
+            unsafe { (*p).wait.tail_ns = w.tail_ns };
         }
     }
     // SAFETY: as above. When it came on a CPU: a data waiter's time on CPU between two
@@ -349,7 +357,15 @@ fn on_waking_of(wakee: u32, interrupted: impl FnOnce() -> bool) -> u32 {
         (*p).state = state::RUNQ;
     }
     add_offcpu(t.tgid, st, ns);
-    if st != state::WAIT || t.data_waiter == 0 {
+    if t.data_waiter == 0 {
+        return 0;
+    }
+    if st != state::WAIT {
+        // An uninterruptible block (a page fault, reclaim) after its batch came.
+        let mut w = t.wait;
+        wait_tail(&mut w, ns);
+        // SAFETY: as above.
+        unsafe { (*p).wait.tail_ns = w.tail_ns };
         return 0;
     }
     // Who ended the block: the task running this wakeup (a write to a pipe, a queue, a futex

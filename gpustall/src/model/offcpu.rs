@@ -166,7 +166,7 @@ pub struct OffCpuSummary {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kept_waiting_max_ns: Option<u64>,
     /// Trainer and ranks: its wait for data, as logical waits of its consumer thread (the
-    /// main thread, or one a relay feeds): blocks joined across timeouts, batches put aside
+    /// main thread): blocks joined across timeouts, batches put aside
     /// and a relay thread, each from its first block to the batch that ended it, charged to
     /// another process of the job (batches, results, collectives' helpers).
     #[serde(skip_serializing_if = "Option::is_none")]
