@@ -16,8 +16,9 @@ use crate::{
     cmd::{
         event_loop::{self, Beat, GpuTicks, Rings, Stop},
         gpu::{GpuArgs, GpuOptions, GpuWatch},
-        launch::Launched,
+        launch::{Launched, Relay},
         session::Session,
+        signals::Received,
     },
     kernel::{
         loader::{self, KernelMaps, Probes},
@@ -164,6 +165,8 @@ struct Trace {
     startup_cpu_s: f64,
     /// `-- CMD`: the job gpustall started.
     launched: Option<Launched>,
+    /// `-- CMD`: the signals received, passed on unless the job got them itself.
+    relay: Relay,
 }
 
 /// State of the once-a-second work.
@@ -233,7 +236,15 @@ fn setup(opts: &TraceOptions) -> anyhow::Result<(Trace, Probes, Rings, Option<Gp
         last_summary: Instant::now(),
         periodic: Default::default(),
     };
-    let t = Trace { session, beat, record_path, scratch, startup_cpu_s, launched: None };
+    let t = Trace {
+        session,
+        beat,
+        record_path,
+        scratch,
+        startup_cpu_s,
+        launched: None,
+        relay: Relay::default(),
+    };
     Ok((t, probes, rings, gpu))
 }
 
@@ -309,15 +320,30 @@ impl Beat for Trace {
         &mut self.session
     }
 
-    /// A job gpustall started gets the signal (Ctrl-C reaches it as it would without
-    /// gpustall); the trace goes on until it has exited.
-    fn on_signal(&mut self, sig: i32) -> bool {
-        match &self.launched {
-            Some(job) => {
-                job.forward(sig);
-                false
+    /// A job gpustall started gets the signal once: from gpustall only when it did not get
+    /// it itself (see [`Relay`]); the trace goes on until it has exited.
+    fn on_signal(&mut self, r: Received) -> bool {
+        if self.launched.is_none() {
+            return true;
+        }
+        self.relay.hold(r, monotonic_ns());
+        self.settle();
+        false
+    }
+
+    fn settle_at(&self) -> Option<tokio::time::Instant> {
+        let due = self.relay.due()?;
+        Some(tokio::time::Instant::now() + Duration::from_nanos(due.saturating_sub(monotonic_ns())))
+    }
+
+    fn settle(&mut self) {
+        if let Some(job) = &self.launched {
+            let now = monotonic_ns();
+            let me = std::process::id();
+            for r in self.relay.decide(now, &self.session.model.signals, job.pid(), me) {
+                log::debug!("passing {} on to the job", r.name());
+                job.forward(r.sig);
             }
-            None => true,
         }
     }
 
