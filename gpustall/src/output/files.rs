@@ -139,18 +139,32 @@ pub fn check_writable(flag: &str, path: &Path, whole: bool) -> anyhow::Result<()
 /// Writes `bytes` to `path` whole: a private temporary file beside it, renamed over it; to
 /// standard output for `-`.
 pub fn write_private(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+    write_private_with(path, |w| w.write_all(bytes))
+}
+
+/// [`write_private`] of what `write` writes, streamed (buffered) to the file as it comes.
+pub fn write_private_with(
+    path: &Path,
+    write: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
+) -> anyhow::Result<()> {
     if is_stdout(path) {
-        let mut out = std::io::stdout().lock();
-        return out.write_all(bytes).and_then(|()| out.flush()).context("writing to stdout");
+        let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+        return write(&mut out).and_then(|()| out.flush()).context("writing to stdout");
     }
     if is_stream(path) {
-        let mut f = create_private(path)?;
-        return f.write_all(bytes).with_context(|| format!("writing {}", path.display()));
+        let mut f = std::io::BufWriter::new(create_private(path)?);
+        return write(&mut f)
+            .and_then(|()| f.flush())
+            .with_context(|| format!("writing {}", path.display()));
     }
     let (dir, name) = dir_and_name(path)?;
-    let (mut f, tmp) = create_fresh(&dir, &name)?;
+    let (f, tmp) = create_fresh(&dir, &name)?;
     let result = (|| {
-        f.write_all(bytes).with_context(|| format!("writing {}", path.display()))?;
+        let mut w = std::io::BufWriter::with_capacity(256 * 1024, f);
+        write(&mut w)
+            .and_then(|()| w.flush())
+            .with_context(|| format!("writing {}", path.display()))?;
+        let f = w.into_inner().map_err(|e| e.into_error())?;
         f.sync_data().with_context(|| format!("writing {}", path.display()))?;
         std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))
     })();
