@@ -203,8 +203,11 @@ pub fn mark_victim(ctx: TracePointContext) -> u32 {
     0
 }
 
-/// Signals that end processes: SIGINT, SIGABRT, SIGBUS, SIGKILL, SIGSEGV, SIGTERM.
-const FATAL_SIGNALS: u64 = (1 << 2) | (1 << 6) | (1 << 7) | (1 << 9) | (1 << 11) | (1 << 15);
+/// Signals that end processes: SIGHUP, SIGINT, SIGABRT, SIGBUS, SIGKILL, SIGSEGV, SIGTERM.
+/// (`trace -- CMD` also reads the job's SIGHUP, SIGINT and SIGTERM to pass on only those
+/// the job did not get itself.)
+const FATAL_SIGNALS: u64 =
+    (1 << 1) | (1 << 2) | (1 << 6) | (1 << 7) | (1 << 9) | (1 << 11) | (1 << 15);
 
 const SIGKILL: i32 = 9;
 /// `si_code` of a signal sent with SEND_SIG_NOINFO (kill(2) semantics), as the tracepoint's

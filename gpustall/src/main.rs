@@ -111,11 +111,13 @@ printed each second; at the end a report (verdict, evidence, a table per process
 the summary written. Whatever ends the trace, everything collected is written.\n\n\
 With `-- CMD [ARGS...]` instead of --pid, gpustall starts CMD itself and traces it from its first \
 instruction, as perf record and strace do: under sudo it runs as the invoking user (SUDO_UID, \
-SUDO_GID and that user's groups) with gpustall's environment; Ctrl-C, SIGTERM and SIGHUP are \
-passed to it, and the trace ends when it has exited.",
+SUDO_GID and that user's groups) with gpustall's environment; Ctrl-C, SIGTERM and SIGHUP reach \
+it once (passed on only when it did not get them itself, as it does when they are sent to the \
+whole process group), and the trace ends when it has exited.",
         after_help = "DURATIONS:\n    Every D takes a bare number as seconds (30, 1.5), as timeout(1) and sleep(1) \
 do, or a number with units: 500ms, 90s, 10m, 1h30m.\n\n\
-EXIT STATUS:\n    With -- CMD, the job's status (its exit code, or 128 + the signal that killed it). \
+EXIT STATUS:\n    With -- CMD, the job's status (its exit code, or 128 + the signal that killed it); \
+when an output could not be written at the end, the job's status if it failed, else 1. \
 Otherwise 0 when the trace ran; 3 when it ran but lost events (everything is written; the \
 report marks the figures that are lower bounds); 1 with a one-line error otherwise (no such \
 process, not root, BPF unavailable, a required tracepoint missing, a recording that could not be \

@@ -12,12 +12,15 @@ use std::time::Duration;
 use aya::maps::{MapData, RingBuf};
 use tokio::{
     io::unix::AsyncFd,
-    signal::unix::{signal, SignalKind},
     time::{interval, Instant, Interval, MissedTickBehavior},
 };
 
 use crate::{
-    cmd::{gpu::GpuWatch, session::Session},
+    cmd::{
+        gpu::GpuWatch,
+        session::Session,
+        signals::{Received, Signals},
+    },
     kernel::loader::KernelMaps,
     model::samples::Sample,
     sources::clock::monotonic_ns,
@@ -64,10 +67,16 @@ pub trait Beat {
     /// `Some(reason)` ends the loop.
     fn beat(&mut self, maps: &mut KernelMaps, now_ns: u64) -> Option<Stop>;
     /// A signal arrived; `true` ends the loop (the default). `trace -- CMD` passes it to the
-    /// job instead and goes on until the job has exited.
-    fn on_signal(&mut self, _sig: i32) -> bool {
+    /// job instead, unless the job got it too, and goes on until the job has exited.
+    fn on_signal(&mut self, _sig: Received) -> bool {
         true
     }
+    /// When [`Beat::settle`] is due: a decision that waits for the kernel's records.
+    fn settle_at(&self) -> Option<Instant> {
+        None
+    }
+    /// Called at [`Beat::settle_at`], after both rings were drained.
+    fn settle(&mut self) {}
 }
 
 /// Why the loop ended.
@@ -142,9 +151,7 @@ pub async fn run(
     let mut gpu_tick = ticker(gpu_every.max(Duration::from_millis(50)));
     let deadline = deadline.and_then(|d| Instant::now().checked_add(d));
     // Created once: a handler made anew each turn misses a signal that lands between turns.
-    let mut sigint = signal(SignalKind::interrupt())?;
-    let mut sigterm = signal(SignalKind::terminate())?;
-    let mut sighup = signal(SignalKind::hangup())?;
+    let mut signals = Signals::install()?;
     let stop = loop {
         tokio::select! {
             guard = rings.critical.readable_mut() => {
@@ -186,9 +193,16 @@ pub async fn run(
                 }
             }
             _ = sleep_until(deadline) => break Stop::Deadline,
-            _ = sigint.recv() => if cmd.on_signal(libc::SIGINT) { break Stop::Signal("SIGINT") },
-            _ = sigterm.recv() => if cmd.on_signal(libc::SIGTERM) { break Stop::Signal("SIGTERM") },
-            _ = sighup.recv() => if cmd.on_signal(libc::SIGHUP) { break Stop::Signal("SIGHUP") },
+            _ = sleep_until(cmd.settle_at()) => {
+                rings.drain(cmd.session());
+                cmd.settle();
+            }
+            received = signals.recv() => {
+                let received = received?;
+                if cmd.on_signal(received) {
+                    break Stop::Signal(received.name());
+                }
+            }
         }
     };
     rings.drain(cmd.session());

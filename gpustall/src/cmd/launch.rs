@@ -2,8 +2,8 @@
 //! CMD` and `strace CMD` do. The job is forked and held before its exec until the kernel side
 //! tracks it, so it is traced from its first instruction and its first fork (no seeding race).
 //! Under sudo it runs as the invoking user (SUDO_UID, SUDO_GID and that user's groups), with
-//! the environment gpustall was given; signals sent to gpustall are passed to it, and gpustall
-//! exits with its status after the report.
+//! the environment gpustall was given; signals sent to gpustall are passed to it unless it got
+//! them itself ([`Relay`]), and gpustall exits with its status after the report.
 
 use std::{
     ffi::CString,
@@ -15,6 +15,8 @@ use std::{
 };
 
 use anyhow::Context as _;
+
+use crate::{cmd::signals::Received, model::SignalRecord};
 
 /// The job, started and held until [`Launched::release`].
 pub struct Launched {
@@ -217,5 +219,152 @@ fn drop_to(c: &Credentials) -> std::io::Result<()> {
         Ok(())
     } else {
         Err(std::io::Error::last_os_error())
+    }
+}
+
+/// How long after a signal reaches gpustall the kernel's record of the job's own copy may still
+/// come: a process group is signalled in one kill(2), but systemd and Slurm signal every
+/// process of a unit or a step one by one.
+pub const RELAY_WAIT: std::time::Duration = std::time::Duration::from_millis(250);
+/// How long before gpustall's copy the job's may have been sent.
+const RELAY_LOOKBACK_NS: u64 = 2_000_000_000;
+
+/// The signals gpustall received while the job runs. The job is in gpustall's process group:
+/// a terminal's Ctrl-C or hangup, `kill -INT -PGID`, systemd's or Slurm's SIGTERM to every
+/// process reach the job directly, and a second copy from gpustall would cut its own shutdown
+/// short (a checkpoint saved in `except KeyboardInterrupt`). A signal is passed on only when
+/// the kernel's records (signal_generate, which covers SIGHUP, SIGINT and SIGTERM to a tracked
+/// process) show no copy of it sent to the job by the same sender about then: a signal sent to
+/// gpustall alone still reaches the job, once, at most [`RELAY_WAIT`] later.
+#[derive(Default)]
+pub struct Relay {
+    /// Received, not yet decided: the signal and when it came (monotonic ns).
+    held: Vec<(Received, u64)>,
+    /// The job's records already matched to a signal of gpustall's.
+    matched: std::collections::HashSet<usize>,
+}
+
+impl Relay {
+    /// A signal came at `now_ns`.
+    pub fn hold(&mut self, r: Received, now_ns: u64) {
+        self.held.push((r, now_ns));
+    }
+
+    /// When the oldest held signal must be decided.
+    pub fn due(&self) -> Option<u64> {
+        self.held.iter().map(|(_, at)| at + RELAY_WAIT.as_nanos() as u64).min()
+    }
+
+    /// Decides what can be decided at `now_ns` from `records` (the kernel's, every drain
+    /// taken in): the signals to pass on now. A signal the job got itself is dropped as soon
+    /// as its record is there; one whose record has not come by [`RELAY_WAIT`] is passed on.
+    pub fn decide(
+        &mut self,
+        now_ns: u64,
+        records: &[SignalRecord],
+        job: u32,
+        me: u32,
+    ) -> Vec<Received> {
+        let mut pass = Vec::new();
+        let held = std::mem::take(&mut self.held);
+        for (r, at) in held {
+            if let Some(i) = self.job_copy(&r, at, records, job, me) {
+                self.matched.insert(i);
+            } else if now_ns >= at + RELAY_WAIT.as_nanos() as u64 {
+                pass.push(r);
+            } else {
+                self.held.push((r, at));
+            }
+        }
+        pass
+    }
+
+    /// The job's record of the same signal from the same sender (the kernel, for a terminal's
+    /// signal) near `at`, not matched before.
+    fn job_copy(
+        &self,
+        r: &Received,
+        at: u64,
+        records: &[SignalRecord],
+        job: u32,
+        me: u32,
+    ) -> Option<usize> {
+        let from = at.saturating_sub(RELAY_LOOKBACK_NS);
+        let to = at + RELAY_WAIT.as_nanos() as u64;
+        records.iter().enumerate().rev().find_map(|(i, s)| {
+            let same_sender = if r.sent_by_a_process() {
+                s.si_code == r.code && s.sender_pid as i32 == r.pid
+            } else {
+                s.si_code == r.code
+            };
+            (s.target_pid == job
+                && s.sig == r.sig
+                && s.sender_pid != me
+                && same_sender
+                && (from..=to).contains(&s.t_ns)
+                && !self.matched.contains(&i))
+            .then_some(i)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const JOB: u32 = 200;
+    const ME: u32 = 100;
+    const MS: u64 = 1_000_000;
+
+    fn record(t_ns: u64, sig: i32, si_code: i32, sender_pid: u32) -> SignalRecord {
+        SignalRecord {
+            t_ns,
+            sig,
+            si_code,
+            sender_pid,
+            sender_comm: String::new(),
+            target_pid: JOB,
+            target_comm: String::new(),
+        }
+    }
+
+    #[test]
+    fn a_signal_the_job_got_too_is_not_passed_on() {
+        let mut relay = Relay::default();
+        let ctrl_c = Received { sig: libc::SIGINT, code: libc::SI_KERNEL, pid: 0 };
+        relay.hold(ctrl_c, 1000 * MS);
+        // Not yet on record: held, not passed on.
+        assert!(relay.decide(1001 * MS, &[], JOB, ME).is_empty());
+        assert_eq!(relay.due(), Some(1000 * MS + RELAY_WAIT.as_nanos() as u64));
+        let records = [record(1000 * MS, libc::SIGINT, libc::SI_KERNEL, 7)];
+        assert!(relay.decide(1002 * MS, &records, JOB, ME).is_empty());
+        assert_eq!(relay.due(), None, "decided: the job had its own");
+        // A second Ctrl-C matches a second record, not the first again.
+        relay.hold(ctrl_c, 1500 * MS);
+        assert_eq!(relay.decide(2000 * MS, &records, JOB, ME), vec![ctrl_c]);
+    }
+
+    #[test]
+    fn a_signal_to_gpustall_alone_is_passed_on_once_after_the_wait() {
+        let mut relay = Relay::default();
+        let term = Received { sig: libc::SIGTERM, code: libc::SI_USER, pid: 42 };
+        relay.hold(term, 1000 * MS);
+        // gpustall's own forward of an earlier signal, another sender's, another signal.
+        let records = [
+            record(999 * MS, libc::SIGTERM, libc::SI_USER, ME),
+            record(999 * MS, libc::SIGTERM, libc::SI_USER, 43),
+            record(999 * MS, libc::SIGINT, libc::SI_USER, 42),
+        ];
+        assert!(relay.decide(1100 * MS, &records, JOB, ME).is_empty());
+        assert_eq!(relay.decide(1300 * MS, &records, JOB, ME), vec![term]);
+        assert_eq!(relay.due(), None);
+        // The same sender's copy to the job, long before: another signal.
+        relay.hold(term, 9000 * MS);
+        let old = [record(6000 * MS, libc::SIGTERM, libc::SI_USER, 42)];
+        assert_eq!(relay.decide(9300 * MS, &old, JOB, ME), vec![term]);
+        // Its copy sent just after gpustall's (systemd signals one process at a time).
+        relay.hold(term, 10_000 * MS);
+        let late = [record(10_030 * MS, libc::SIGTERM, libc::SI_USER, 42)];
+        assert!(relay.decide(10_300 * MS, &late, JOB, ME).is_empty());
     }
 }

@@ -9,6 +9,7 @@ pub mod merge;
 pub mod pss;
 pub mod report;
 pub mod session;
+pub mod signals;
 pub mod trace;
 pub mod units;
 pub mod watch;

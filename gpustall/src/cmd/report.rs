@@ -14,7 +14,7 @@ pub struct ReportArgs {
     /// The recording (JSON Lines).
     #[arg(value_name = "FILE")]
     file: PathBuf,
-    /// Write the summary as JSON to OUT.
+    /// Write the summary as JSON to OUT (`-`: stdout, the report then on stderr).
     #[arg(long, value_name = "OUT")]
     summary_json: Option<PathBuf>,
     /// Write a self-contained HTML page (verdict and timeline chart, no network) to OUT.
@@ -39,7 +39,8 @@ pub fn run(args: &ReportArgs) -> anyhow::Result<()> {
         let page = html::render(&summary, &timeline::from_file(file, r.lines)?);
         crate::output::files::write_private(path, page.as_bytes())?;
     }
-    text::print(&text::render(&summary));
+    let json_on_stdout = args.summary_json.as_deref().is_some_and(crate::output::files::is_stdout);
+    text::print_beside(&text::render(&summary), json_on_stdout);
     if let Some(e) = r.error {
         anyhow::bail!(
             "{} line {}: {}; the report above covers lines 1-{}",

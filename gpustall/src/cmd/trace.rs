@@ -16,8 +16,9 @@ use crate::{
     cmd::{
         event_loop::{self, Beat, GpuTicks, Rings, Stop},
         gpu::{GpuArgs, GpuOptions, GpuWatch},
-        launch::Launched,
+        launch::{Launched, Relay},
         session::Session,
+        signals::Received,
     },
     kernel::{
         loader::{self, KernelMaps, Probes},
@@ -52,7 +53,8 @@ pub struct TraceArgs {
     /// Write every event as JSON Lines to FILE (header, events, samples, summaries).
     #[arg(long, value_name = "FILE")]
     record: Option<PathBuf>,
-    /// Write the final summary (per-process figures, OOM kills, verdict) as JSON to FILE.
+    /// Write the final summary (per-process figures, OOM kills, verdict) as JSON to FILE (`-`:
+    /// stdout, the report then on stderr).
     #[arg(long, value_name = "FILE")]
     summary_json: Option<PathBuf>,
     /// No status line (the report is still printed).
@@ -112,6 +114,8 @@ pub struct TraceOptions {
 }
 
 pub async fn run(mut opts: TraceOptions) -> anyhow::Result<()> {
+    // A bad output path is found now, not after the run: the job has not started yet.
+    check_outputs(&opts)?;
     let mut launched = None;
     if !opts.launch.is_empty() {
         let l = Launched::spawn(&opts.launch)?;
@@ -144,14 +148,20 @@ pub async fn run(mut opts: TraceOptions) -> anyhow::Result<()> {
     let launched = t.launched.take();
     let result = finish(&opts, t, &probes);
     let Some(mut job) = launched else { return result };
+    let code = job.exit_code();
     match result {
         Err(e) if e.downcast_ref::<crate::cmd::LostEvents>().is_some() => {
             say!("gpustall: warning: {e}");
         }
-        Err(e) => return Err(e),
+        // An output that could not be written: said, and the status is the job's, or 1 when
+        // the job succeeded (a run whose outputs are lost is no success).
+        Err(e) => {
+            say!("gpustall: error: {e:#}");
+            return Err(crate::cmd::JobExit(if code == 0 { 1 } else { code }).into());
+        }
         Ok(()) => {}
     }
-    Err(crate::cmd::JobExit(job.exit_code()).into())
+    Err(crate::cmd::JobExit(code).into())
 }
 
 /// What a running trace holds besides the kernel side.
@@ -164,6 +174,8 @@ struct Trace {
     startup_cpu_s: f64,
     /// `-- CMD`: the job gpustall started.
     launched: Option<Launched>,
+    /// `-- CMD`: the signals received, passed on unless the job got them itself.
+    relay: Relay,
 }
 
 /// State of the once-a-second work.
@@ -182,7 +194,6 @@ struct BeatState {
 
 /// Checks, loads and attaches, opens the outputs, seeds the tree from /proc.
 fn setup(opts: &TraceOptions) -> anyhow::Result<(Trace, Probes, Rings, Option<GpuWatch>)> {
-    refuse_clashing_outputs(opts)?;
     preflight::check_pid(opts.pid)?;
     preflight::check_privileges()?;
     preflight::protect_self_from_oom_killer();
@@ -236,12 +247,21 @@ fn setup(opts: &TraceOptions) -> anyhow::Result<(Trace, Probes, Rings, Option<Gp
         last_summary: Instant::now(),
         periodic: Default::default(),
     };
-    let t = Trace { session, beat, record_path, scratch, startup_cpu_s, launched: None };
+    let t = Trace {
+        session,
+        beat,
+        record_path,
+        scratch,
+        startup_cpu_s,
+        launched: None,
+        relay: Relay::default(),
+    };
     Ok((t, probes, rings, gpu))
 }
 
-/// `--record x --summary-json x` or `--log f --record f` would destroy one file with the other.
-fn refuse_clashing_outputs(opts: &TraceOptions) -> anyhow::Result<()> {
+/// `--record x --summary-json x` or `--log f --record f` would destroy one file with the other;
+/// an output in a directory that does not exist (or takes no file) would lose the run at its end.
+fn check_outputs(opts: &TraceOptions) -> anyhow::Result<()> {
     let outputs: Vec<(&str, &Path)> = [
         ("--record", &opts.record),
         ("--summary-json", &opts.summary_json),
@@ -251,7 +271,12 @@ fn refuse_clashing_outputs(opts: &TraceOptions) -> anyhow::Result<()> {
     .filter_map(|(flag, p)| p.as_deref().map(|p| (flag, p)))
     .collect();
     let inputs: Vec<&Path> = opts.log.as_deref().into_iter().collect();
-    crate::output::files::refuse_clashes(&inputs, &outputs)
+    crate::output::files::refuse_clashes(&inputs, &outputs)?;
+    for (flag, path) in outputs {
+        // The recording is written as it goes; the others whole, at the end.
+        crate::output::files::check_writable(flag, path, flag != "--record")?;
+    }
+    Ok(())
 }
 
 /// The target and its descendants into the kernel's tracked set and the model. Seeded after
@@ -312,15 +337,30 @@ impl Beat for Trace {
         &mut self.session
     }
 
-    /// A job gpustall started gets the signal (Ctrl-C reaches it as it would without
-    /// gpustall); the trace goes on until it has exited.
-    fn on_signal(&mut self, sig: i32) -> bool {
-        match &self.launched {
-            Some(job) => {
-                job.forward(sig);
-                false
+    /// A job gpustall started gets the signal once: from gpustall only when it did not get
+    /// it itself (see [`Relay`]); the trace goes on until it has exited.
+    fn on_signal(&mut self, r: Received) -> bool {
+        if self.launched.is_none() {
+            return true;
+        }
+        self.relay.hold(r, monotonic_ns());
+        self.settle();
+        false
+    }
+
+    fn settle_at(&self) -> Option<tokio::time::Instant> {
+        let due = self.relay.due()?;
+        Some(tokio::time::Instant::now() + Duration::from_nanos(due.saturating_sub(monotonic_ns())))
+    }
+
+    fn settle(&mut self) {
+        if let Some(job) = &self.launched {
+            let now = monotonic_ns();
+            let me = std::process::id();
+            for r in self.relay.decide(now, &self.session.model.signals, job.pid(), me) {
+                log::debug!("passing {} on to the job", r.name());
+                job.forward(r.sig);
             }
-            None => true,
         }
     }
 
@@ -384,23 +424,30 @@ fn finish(opts: &TraceOptions, mut t: Trace, probes: &Probes) -> anyhow::Result<
     };
     t.session.observe(Sample::Overhead { t_ns: end, overhead });
     let summary = Summary::of(&t.session.model, end, true);
-    let mut recording_failure = None;
+    // Each output is written whatever became of the others; what failed is said at the end.
+    let mut failures = Vec::new();
     if let Some(r) = t.session.recorder.as_mut() {
         write_serialize(r.as_mut(), &summary);
         r.sync();
-        recording_failure = r.failure();
+        failures.extend(r.failure());
     }
+    let mut json_on_stdout = false;
     if let Some(path) = &opts.summary_json {
-        crate::output::summary::write_json(&summary, path)?;
+        json_on_stdout = crate::output::files::is_stdout(path);
+        if let Err(e) = crate::output::summary::write_json(&summary, path) {
+            failures.push(format!("{e:#}"));
+        }
     }
-    crate::output::text::print(&crate::output::text::render(&summary));
+    crate::output::text::print_beside(&crate::output::text::render(&summary), json_on_stdout);
     if let (Some(out), Some(record)) = (&opts.perfetto, &t.record_path) {
         drop(t.session.recorder.take());
-        write_perfetto_from(record, t.scratch.as_deref(), out)?;
+        if let Err(e) = write_perfetto_from(record, t.scratch.as_deref(), out) {
+            failures.push(format!("{e:#}"));
+        }
     }
-    // Everything else is written: now say the recording has holes, and fail.
-    if let Some(f) = recording_failure {
-        anyhow::bail!(f);
+    // Everything else is written: now say what could not be, and fail.
+    if !failures.is_empty() {
+        anyhow::bail!(failures.join("; "));
     }
     if summary.lost_events > 0 {
         return Err(crate::cmd::LostEvents(summary.lost_events).into());

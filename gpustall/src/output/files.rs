@@ -10,7 +10,7 @@
 use std::{
     fs::{File, OpenOptions},
     io::Write,
-    os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt},
+    os::unix::fs::{MetadataExt, OpenOptionsExt},
     path::{Path, PathBuf},
 };
 
@@ -22,7 +22,15 @@ fn is_stream(path: &Path) -> bool {
     path.starts_with("/dev") || path.starts_with("/proc")
 }
 
-/// Opens `path` for writing from the start (created or truncated), refusing a symbolic link.
+/// `-`: standard output, for an output written whole.
+pub fn is_stdout(path: &Path) -> bool {
+    path.as_os_str() == "-"
+}
+
+/// Creates the recording at `path` fresh, refusing a symbolic link or anything but a regular
+/// file there: a private file made exclusively beside it, renamed over it at once. Whatever
+/// another user put at the path in a shared directory (a FIFO that would hang the trace or
+/// read the recording, a file of theirs they could read it from) is never opened.
 pub fn create_private(path: &Path) -> anyhow::Result<File> {
     if is_stream(path) {
         return OpenOptions::new()
@@ -30,55 +38,133 @@ pub fn create_private(path: &Path) -> anyhow::Result<File> {
             .open(path)
             .with_context(|| format!("cannot open {}", path.display()));
     }
-    let file = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(path)
-        .map_err(|e| refuse_link(path, e))?;
-    // An existing file keeps its mode through O_TRUNC: force the promised one (on files only:
-    // a FIFO or device someone named keeps its own).
-    if file.metadata().is_ok_and(|m| m.is_file()) {
-        file.set_permissions(std::fs::Permissions::from_mode(0o600))
-            .with_context(|| format!("making {} private", path.display()))?;
+    refuse_non_file(path, false)?;
+    let (dir, name) = dir_and_name(path)?;
+    let (file, tmp) = create_fresh(&dir, &name)?;
+    if let Err(e) = std::fs::rename(&tmp, path) {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(anyhow::Error::new(e).context(format!("cannot create {}", path.display())));
     }
     Ok(file)
 }
 
-fn refuse_link(path: &Path, e: std::io::Error) -> anyhow::Error {
-    if e.raw_os_error() == Some(libc::ELOOP) {
-        anyhow::anyhow!(
+/// Refuses a directory, a FIFO, a socket or a device at `path` (and a symbolic link unless
+/// `link_ok`: a file written whole replaces one, never follows it).
+fn refuse_non_file(path: &Path, link_ok: bool) -> anyhow::Result<()> {
+    let Ok(m) = std::fs::symlink_metadata(path) else { return Ok(()) };
+    let t = m.file_type();
+    use std::os::unix::fs::FileTypeExt as _;
+    let what = if t.is_file() || (t.is_symlink() && link_ok) {
+        return Ok(());
+    } else if t.is_symlink() {
+        anyhow::bail!(
             "refusing to write {}: it is a symbolic link (remove it or choose another path)",
             path.display()
-        )
+        );
+    } else if t.is_dir() {
+        "a directory"
+    } else if t.is_fifo() {
+        "a FIFO"
+    } else if t.is_socket() {
+        "a socket"
     } else {
-        anyhow::Error::new(e).context(format!("cannot create {}", path.display()))
-    }
+        "a device"
+    };
+    anyhow::bail!(
+        "refusing to write {}: it is {what}, not a regular file (remove it or choose another path; \
+         /dev/stdout or - for a stream)",
+        path.display()
+    )
 }
 
-/// Writes `bytes` to `path` whole: a private temporary file beside it, renamed over it.
-pub fn write_private(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
-    if is_stream(path) {
-        let mut f = create_private(path)?;
-        return f.write_all(bytes).with_context(|| format!("writing {}", path.display()));
-    }
+fn dir_and_name(path: &Path) -> anyhow::Result<(PathBuf, std::ffi::OsString)> {
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
         _ => PathBuf::from("."),
     };
     let name = path.file_name().with_context(|| format!("{} names no file", path.display()))?;
-    let tmp = dir.join(format!(".{}.gpustall-{}.tmp", name.to_string_lossy(), std::process::id()));
-    let result = (|| {
-        let mut f = OpenOptions::new()
+    Ok((dir, name.to_owned()))
+}
+
+/// A new private file in `dir` under a name nobody else made (O_EXCL, O_NOFOLLOW, 0600):
+/// `.NAME.gpustall-PID-N.tmp`, another N where one is taken.
+fn create_fresh(dir: &Path, name: &std::ffi::OsStr) -> anyhow::Result<(File, PathBuf)> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    let mut last = None;
+    for _ in 0..16 {
+        let n = N.fetch_add(1, Ordering::Relaxed) ^ crate::sources::clock::monotonic_ns();
+        let tmp = dir.join(format!(
+            ".{}.gpustall-{}-{n:x}.tmp",
+            name.to_string_lossy(),
+            std::process::id()
+        ));
+        match OpenOptions::new()
             .write(true)
             .create_new(true)
             .mode(0o600)
             .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
             .open(&tmp)
-            .with_context(|| format!("cannot create a file in {}", dir.display()))?;
-        f.write_all(bytes).with_context(|| format!("writing {}", path.display()))?;
+        {
+            Ok(f) => return Ok((f, tmp)),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last = Some(e),
+            Err(e) => {
+                return Err(anyhow::Error::new(e)
+                    .context(format!("cannot create a file in {}", dir.display())))
+            }
+        }
+    }
+    Err(anyhow::Error::new(last.unwrap_or_else(|| std::io::ErrorKind::AlreadyExists.into()))
+        .context(format!("cannot create a file in {}", dir.display())))
+}
+
+/// Checks, before anything runs, that `flag`'s output `path` can be written: its directory
+/// exists and takes a new file (one is made and removed), and nothing but a regular file is
+/// there (a symbolic link too when the output is `whole`, written at the end and renamed
+/// over it). `-` and streams (/dev, /proc) pass.
+pub fn check_writable(flag: &str, path: &Path, whole: bool) -> anyhow::Result<()> {
+    if is_stream(path) || (whole && is_stdout(path)) {
+        return Ok(());
+    }
+    let checked = (|| {
+        refuse_non_file(path, whole)?;
+        let (dir, name) = dir_and_name(path)?;
+        let (_, probe) = create_fresh(&dir, &name)?;
+        let _ = std::fs::remove_file(probe);
+        Ok(())
+    })();
+    checked.map_err(|e: anyhow::Error| anyhow::anyhow!("{flag} {}: {e:#}", path.display()))
+}
+
+/// Writes `bytes` to `path` whole: a private temporary file beside it, renamed over it; to
+/// standard output for `-`.
+pub fn write_private(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+    write_private_with(path, |w| w.write_all(bytes))
+}
+
+/// [`write_private`] of what `write` writes, streamed (buffered) to the file as it comes.
+pub fn write_private_with(
+    path: &Path,
+    write: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
+) -> anyhow::Result<()> {
+    if is_stdout(path) {
+        let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+        return write(&mut out).and_then(|()| out.flush()).context("writing to stdout");
+    }
+    if is_stream(path) {
+        let mut f = std::io::BufWriter::new(create_private(path)?);
+        return write(&mut f)
+            .and_then(|()| f.flush())
+            .with_context(|| format!("writing {}", path.display()));
+    }
+    let (dir, name) = dir_and_name(path)?;
+    let (f, tmp) = create_fresh(&dir, &name)?;
+    let result = (|| {
+        let mut w = std::io::BufWriter::with_capacity(256 * 1024, f);
+        write(&mut w)
+            .and_then(|()| w.flush())
+            .with_context(|| format!("writing {}", path.display()))?;
+        let f = w.into_inner().map_err(|e| e.into_error())?;
         f.sync_data().with_context(|| format!("writing {}", path.display()))?;
         std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))
     })();
@@ -126,6 +212,7 @@ fn same_file(a: &Path, b: &Path) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
 
     struct Dir(PathBuf);
     impl Dir {
@@ -176,6 +263,25 @@ mod tests {
         drop(create_private(&q).expect("create"));
         assert_eq!(mode(&q), 0o600);
         assert_eq!(std::fs::read_to_string(&q).expect("read"), "", "truncated");
+    }
+
+    #[test]
+    fn a_fifo_is_refused_never_opened_and_a_bad_directory_found_at_start() {
+        let d = Dir::new("fifo");
+        let fifo = d.0.join("rec.jsonl");
+        let c = std::ffi::CString::new(fifo.to_str().expect("utf-8")).expect("c");
+        // SAFETY: a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o666) }, 0);
+        let e = create_private(&fifo).expect_err("a FIFO is refused");
+        assert!(e.to_string().contains("FIFO"), "{e}");
+        assert!(check_writable("--summary-json", &fifo, true).is_err());
+        let e = check_writable("--perfetto", &d.0.join("no/such/dir/p.json"), true)
+            .expect_err("no such directory");
+        assert!(format!("{e:#}").starts_with("--perfetto "), "{e:#}");
+        check_writable("--record", &d.0.join("new.jsonl"), false).expect("a new file");
+        check_writable("--summary-json", Path::new("-"), true).expect("stdout");
+        let left: Vec<_> = std::fs::read_dir(&d.0).expect("dir").collect();
+        assert_eq!(left.len(), 1, "the probe is removed: {left:?}");
     }
 
     #[test]

@@ -19,39 +19,57 @@ fn us(t: &Timeline, ns: u64) -> f64 {
     ns.saturating_sub(t.start_ns) as f64 / 1e3
 }
 
-pub fn render(t: &Timeline) -> Value {
-    let mut ev = Vec::new();
+/// Every trace event of the timeline, one at a time.
+fn for_each_event(t: &Timeline, mut emit: impl FnMut(Value)) {
     for (pid, name) in &t.processes {
-        ev.push(json!({"ph": "M", "name": "process_name", "pid": pid, "tid": pid, "args": {"name": format!("{name} ({pid})")}}));
+        emit(
+            json!({"ph": "M", "name": "process_name", "pid": pid, "tid": pid, "args": {"name": format!("{name} ({pid})")}}),
+        );
     }
     for (i, name) in &t.gpus {
-        ev.push(json!({"ph": "M", "name": "process_name", "pid": gpu_pid(*i), "args": {"name": format!("GPU {i} ({name})")}}));
-        ev.push(json!({"ph": "M", "name": "process_sort_index", "pid": gpu_pid(*i), "args": {"sort_index": -2}}));
+        emit(
+            json!({"ph": "M", "name": "process_name", "pid": gpu_pid(*i), "args": {"name": format!("GPU {i} ({name})")}}),
+        );
+        emit(
+            json!({"ph": "M", "name": "process_sort_index", "pid": gpu_pid(*i), "args": {"sort_index": -2}}),
+        );
     }
     // Trainers and ranks that waited for data sit right under the GPUs, their wait next to
     // the GPU's utilisation.
     for (track, name) in t.counters.keys() {
         if let (Track::Process(pid), "data_wait_ms_s") = (track, name.as_str()) {
-            ev.push(json!({"ph": "M", "name": "process_sort_index", "pid": pid, "args": {"sort_index": -1}}));
+            emit(
+                json!({"ph": "M", "name": "process_sort_index", "pid": pid, "args": {"sort_index": -1}}),
+            );
         }
     }
-    ev.push(json!({"ph": "M", "name": "process_name", "pid": HOST_PID, "args": {"name": "host / job totals"}}));
-    ev.push(json!({"ph": "M", "name": "process_sort_index", "pid": HOST_PID, "args": {"sort_index": -1}}));
+    emit(
+        json!({"ph": "M", "name": "process_name", "pid": HOST_PID, "args": {"name": "host / job totals"}}),
+    );
+    emit(
+        json!({"ph": "M", "name": "process_sort_index", "pid": HOST_PID, "args": {"sort_index": -1}}),
+    );
     for s in &t.slices {
-        ev.push(json!({"ph": "X", "name": s.name, "cat": "stall", "pid": s.pid, "tid": s.tid,
+        emit(json!({"ph": "X", "name": s.name, "cat": "stall", "pid": s.pid, "tid": s.tid,
             "ts": us(t, s.start_ns), "dur": s.dur_ns as f64 / 1e3, "args": s.args}));
     }
     // Flow v1 events: "s" binds to the slice enclosing it on the waker's thread, "f" with
     // "bp": "e" to the slice enclosing it on the waiting thread.
     for (id, f) in t.flows.iter().enumerate() {
         let ((fp, ft, fts), (tp, tt, tts)) = (f.from, f.to);
-        ev.push(json!({"ph": "s", "id": id, "name": f.name, "cat": "data_wait", "pid": fp, "tid": ft, "ts": us(t, fts)}));
-        ev.push(json!({"ph": "f", "bp": "e", "id": id, "name": f.name, "cat": "data_wait", "pid": tp, "tid": tt, "ts": us(t, tts)}));
+        emit(
+            json!({"ph": "s", "id": id, "name": f.name, "cat": "data_wait", "pid": fp, "tid": ft, "ts": us(t, fts)}),
+        );
+        emit(
+            json!({"ph": "f", "bp": "e", "id": id, "name": f.name, "cat": "data_wait", "pid": tp, "tid": tt, "ts": us(t, tts)}),
+        );
     }
     for i in &t.instants {
         let scope = if i.name == "OOM kill" { "g" } else { "p" };
-        ev.push(json!({"ph": "i", "s": scope, "name": i.name, "cat": "process", "pid": i.pid, "tid": i.pid,
-            "ts": us(t, i.t_ns), "args": i.args}));
+        emit(
+            json!({"ph": "i", "s": scope, "name": i.name, "cat": "process", "pid": i.pid, "tid": i.pid,
+            "ts": us(t, i.t_ns), "args": i.args}),
+        );
     }
     for ((track, name), series) in &t.counters {
         let pid = match track {
@@ -60,21 +78,48 @@ pub fn render(t: &Timeline) -> Value {
             Track::Host => HOST_PID,
         };
         for (ts, v) in &series.points {
-            ev.push(json!({"ph": "C", "name": name, "pid": pid, "ts": us(t, *ts), "args": {name.as_str(): v}}));
+            emit(
+                json!({"ph": "C", "name": name, "pid": pid, "ts": us(t, *ts), "args": {name.as_str(): v}}),
+            );
         }
     }
-    json!({
-        "traceEvents": ev,
-        "displayTimeUnit": "ms",
-        "otherData": {"tool": concat!("gpustall ", env!("CARGO_PKG_VERSION")), "verdict": t.verdict},
-    })
 }
 
-/// Renders the timeline and writes the trace to `out`.
+fn other_data(t: &Timeline) -> Value {
+    json!({"tool": concat!("gpustall ", env!("CARGO_PKG_VERSION")), "verdict": t.verdict})
+}
+
+/// The trace as one JSON value.
+pub fn render(t: &Timeline) -> Value {
+    let mut ev = Vec::new();
+    for_each_event(t, |e| ev.push(e));
+    json!({"traceEvents": ev, "displayTimeUnit": "ms", "otherData": other_data(t)})
+}
+
+/// The trace written to `w` an event at a time: no tree of every event is built (the same
+/// JSON as [`render`]'s, its keys in another order).
+pub fn write_to(t: &Timeline, w: &mut dyn std::io::Write) -> std::io::Result<()> {
+    w.write_all(b"{\"traceEvents\":[")?;
+    let mut first = true;
+    let mut result = Ok(());
+    for_each_event(t, |e| {
+        if result.is_err() {
+            return;
+        }
+        let sep: &[u8] = if first { b"" } else { b"," };
+        first = false;
+        result =
+            w.write_all(sep).and_then(|()| serde_json::to_writer(&mut *w, &e).map_err(Into::into));
+    });
+    result?;
+    w.write_all(b"],\"displayTimeUnit\":\"ms\",\"otherData\":")?;
+    serde_json::to_writer(&mut *w, &other_data(t))?;
+    w.write_all(b"}")
+}
+
+/// Writes the trace to `out`, streamed.
 pub fn write_file(timeline: &Timeline, out: &std::path::Path) -> anyhow::Result<()> {
-    let trace = render(timeline);
-    let text = serde_json::to_string(&trace)?;
-    crate::output::files::write_private(out, text.as_bytes())?;
+    crate::output::files::write_private_with(out, |w| write_to(timeline, w))?;
     say!("gpustall: wrote {} (open it in https://ui.perfetto.dev)", out.display());
     Ok(())
 }
@@ -94,6 +139,9 @@ mod tests {
             json!({"type":"sample","kind":"proc_mem","t_ns":5000,"pid":10,"rss_kb":1024,"swap_kb":0}),
         ];
         let v = render(&build(&lines));
+        let mut streamed = Vec::new();
+        write_to(&build(&lines), &mut streamed).expect("write");
+        assert_eq!(serde_json::from_slice::<Value>(&streamed).expect("json"), v, "streamed alike");
         let ev = v["traceEvents"].as_array().expect("events");
         let slice = ev.iter().find(|e| e["ph"] == "X").expect("a slice");
         assert_eq!(

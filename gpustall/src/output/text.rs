@@ -20,6 +20,16 @@ pub fn print(text: &str) {
     }
 }
 
+/// The report on stdout, or on stderr when stdout carries JSON (`--summary-json -`).
+pub fn print_beside(text: &str, json_on_stdout: bool) {
+    if json_on_stdout {
+        use std::io::Write as _;
+        let _ = std::io::stderr().write_all(text.as_bytes());
+    } else {
+        print(text);
+    }
+}
+
 /// The report: verdict, evidence and advice; the table of processes; OOM kills and host lines.
 pub fn render(s: &Summary) -> String {
     let mut o = String::new();

@@ -96,6 +96,7 @@ struct Totals {
 }
 
 /// The timeline of a recording's lines (any recording: only the JSON is read).
+#[cfg(test)]
 pub fn build<'a>(lines: impl IntoIterator<Item = &'a Value>) -> Timeline {
     let mut b = Builder::default();
     for v in lines {

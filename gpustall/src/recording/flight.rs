@@ -1,7 +1,7 @@
 //! The flight recorder: the last N minutes of record lines in memory, within a fixed byte
 //! budget, so that when an incident happens the window before it can be written out.
 
-use std::collections::VecDeque;
+use std::{collections::VecDeque, sync::Arc};
 
 use serde_json::Value;
 
@@ -9,7 +9,8 @@ use crate::model::event::Event;
 use crate::recording::writer::{EventLine, Sink};
 
 pub struct FlightRecorder {
-    lines: VecDeque<(u64, String)>,
+    /// Shared with a bundle being written: taking the window copies no line.
+    lines: VecDeque<(u64, Arc<str>)>,
     bytes: usize,
     budget: usize,
     window_ns: u64,
@@ -48,7 +49,7 @@ impl FlightRecorder {
 
     pub fn push(&mut self, t_ns: u64, line: String) {
         self.bytes += line.len();
-        self.lines.push_back((t_ns, line));
+        self.lines.push_back((t_ns, line.into()));
         let horizon = t_ns.saturating_sub(self.window_ns);
         while let Some((t, l)) = self.lines.front() {
             let over_budget = self.bytes > self.budget;
@@ -69,9 +70,9 @@ impl FlightRecorder {
         }
     }
 
-    /// Lines with a time at or after `from_ns`, in order.
-    pub fn since(&self, from_ns: u64) -> Vec<String> {
-        self.lines.iter().filter(|(t, _)| *t >= from_ns).map(|(_, l)| l.clone()).collect()
+    /// Lines with a time at or after `from_ns`, in order (shared, not copied).
+    pub fn since(&self, from_ns: u64) -> Vec<Arc<str>> {
+        self.lines.iter().filter(|(t, _)| *t >= from_ns).map(|(_, l)| Arc::clone(l)).collect()
     }
 
     /// Bytes held now (the watch daemon exports it).

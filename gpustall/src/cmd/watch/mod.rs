@@ -166,6 +166,9 @@ struct Daemon {
     storm_on: bool,
     last_reclaim_ns: u64,
     pending: Option<(Incident, Instant)>,
+    /// Incidents folded into the pending bundle and not said one by one (8,000 SIGKILLs of
+    /// one job are one bundle and two lines in the log).
+    pending_unsaid: u64,
     ctx: ContextReader,
     last_scan: Instant,
 }
@@ -380,16 +383,19 @@ impl Daemon {
                 }
                 _ => {}
             }
-            say!("gpustall: incident: {} (pid {})", inc.kind, inc.pid);
             match &mut self.pending {
-                None => self.pending = Some((inc, Instant::now() + self.opts.after)),
+                None => {
+                    say!("gpustall: incident: {} (pid {})", inc.kind, inc.pid);
+                    self.pending = Some((inc, Instant::now() + self.opts.after));
+                }
                 // One bundle for incidents close together, named after the gravest (the OOM
                 // killer's SIGKILL comes just before its mark_victim).
                 Some((first, _)) if inc.kind > first.kind => {
+                    say!("gpustall: incident: {} (pid {})", inc.kind, inc.pid);
                     first.kind = inc.kind;
                     first.pid = inc.pid;
                 }
-                Some(_) => {}
+                Some(_) => self.pending_unsaid += 1,
             }
         }
     }
@@ -401,13 +407,16 @@ impl Daemon {
             return;
         }
         self.pending = None;
+        let unsaid = std::mem::take(&mut self.pending_unsaid);
+        if unsaid > 0 {
+            say!("gpustall: {unsaid} more incidents in the same bundle");
+        }
         let from = inc
             .t_ns
             .saturating_sub(self.opts.before.as_nanos() as u64)
             .max(self.session.model.start_ns);
         let (lines, dropped) =
             self.flight.lock().map(|f| (f.since(from), f.evicted_since(from))).unwrap_or_default();
-        let mut out = Vec::with_capacity(lines.len() + 64);
         let header = Header {
             start_ns: from,
             // The wall clock at the window's start, not at the daemon's: `merge` maps the
@@ -417,40 +426,43 @@ impl Daemon {
             incident: Some(IncidentHeader { kind: inc.kind, t_ns: inc.t_ns, pid: inc.pid }),
             ..self.header.clone()
         };
-        out.push(header.to_json());
         // The tree as it stood: every process alive at the window's start or seen in it.
-        for n in self.session.model.tree.iter() {
-            if n.exit_ns.is_some_and(|e| e < from) {
-                continue;
-            }
-            out.push(
-                Sample::Seed {
-                    t_ns: from,
-                    pid: n.pid,
-                    ppid: n.ppid,
-                    comm: n.comm.clone(),
-                    is_target: self.jobs.contains_key(&n.pid),
-                }
-                .to_json(),
-            );
-            if let Some(c) = &n.cmdline {
-                out.push(Sample::Cmdline { t_ns: from, pid: n.pid, cmdline: c.clone() }.to_json());
-            }
-        }
-        let parsed: Vec<Value> =
-            lines.iter().filter_map(|l| serde_json::from_str(l).ok()).collect();
-        // The bundle's verdict is the incident's job's: its cgroup, its filesystems.
-        let parsed = crate::cmd::watch::bundle::context_of_job(&parsed, self.root_of(inc.pid));
-        out.extend(crate::cmd::watch::bundle::rebase_counters(&parsed));
-        if dropped > 0 {
-            // The window is incomplete: say so in the bundle, where its summary will count it.
-            out.push(Sample::RecordingGap { t_ns: inc.t_ns, lines: dropped }.to_json());
-        }
+        let jobs = &self.jobs;
+        let tree = self.session.model.tree.iter().filter(|n| n.exit_ns.is_none_or(|e| e >= from));
+        let seeds = tree.flat_map(|n| {
+            let seed = Sample::Seed {
+                t_ns: from,
+                pid: n.pid,
+                ppid: n.ppid,
+                comm: n.comm.clone(),
+                is_target: jobs.contains_key(&n.pid),
+            };
+            let cmdline = n.cmdline.as_ref().map(|c| Sample::Cmdline {
+                t_ns: from,
+                pid: n.pid,
+                cmdline: c.clone(),
+            });
+            std::iter::once(seed).chain(cmdline).map(|s| s.to_json())
+        });
+        // The bundle's verdict is the incident's job's: its cgroup, its filesystems. Each
+        // line is parsed, adjusted and written in turn (see bundle::write).
+        let root = self.root_of(inc.pid);
+        let mut rebase = crate::cmd::watch::bundle::Rebase::default();
+        let window = lines
+            .iter()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .map(move |v| rebase.line(crate::cmd::watch::bundle::context_of_job(v, root)));
+        // An incomplete window says so in the bundle, where its summary will count it.
+        let gap = (dropped > 0)
+            .then(|| Sample::RecordingGap { t_ns: inc.t_ns, lines: dropped }.to_json());
+        let out = std::iter::once(header.to_json()).chain(seeds).chain(window).chain(gap);
         let secs = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
         let name = format!("incident-{secs:012}-{}-{}", inc.kind, inc.pid);
-        match crate::cmd::watch::bundle::write(&self.opts.bundle_dir, &name, &out) {
+        let written = crate::cmd::watch::bundle::write(&self.opts.bundle_dir, &name, out);
+        drop(lines);
+        match written {
             Ok((dir, summary)) => {
                 say!(
                     "gpustall: wrote incident bundle {} ({}: {})",
@@ -582,6 +594,7 @@ async fn setup(opts: WatchOptions) -> anyhow::Result<(Daemon, Probes, Rings, Opt
         storm_on: false,
         last_reclaim_ns: 0,
         pending: None,
+        pending_unsaid: 0,
         last_scan: Instant::now(),
     };
     d.discover(&mut probes.maps, start);

@@ -1,0 +1,197 @@
+//! `gpustall trace`'s outputs: a bad path is found before the job starts, one that fails at
+//! the end costs only itself (the report, the other outputs and the job's status survive),
+//! `--summary-json -` is stdout, and a recording's path in a shared sticky directory where
+//! another user planted a FIFO or a file of their own is never opened.
+
+use std::{
+    os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt},
+    path::Path,
+    process::{Command, Output, Stdio},
+    time::{Duration, Instant},
+};
+
+/// `gpustall trace --quiet --no-gpu ARGS -- sh -c SCRIPT`, killed past `limit`.
+fn trace(
+    args: &[&str],
+    script: &str,
+    env: &[(&str, &Path)],
+    limit: Duration,
+) -> (Output, Duration) {
+    trace_in(&std::env::temp_dir(), args, script, env, limit)
+}
+
+/// [`trace`] run in `cwd` (where a relative path lands).
+fn trace_in(
+    cwd: &Path,
+    args: &[&str],
+    script: &str,
+    env: &[(&str, &Path)],
+    limit: Duration,
+) -> (Output, Duration) {
+    let started = Instant::now();
+    let mut cmd = Command::new(tests::gpustall_bin());
+    cmd.args(["trace", "--quiet", "--no-gpu"])
+        .args(args)
+        .args(["--", "sh", "-c", script])
+        .env_remove("SUDO_UID")
+        .current_dir(cwd)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().expect("gpustall");
+    while child.try_wait().expect("try_wait").is_none() {
+        if started.elapsed() > limit {
+            let _ = child.kill();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    (child.wait_with_output().expect("output"), started.elapsed())
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn a_bad_output_path_is_one_line_before_the_job_starts() {
+    tests::require_privileged_env();
+    let dir = tests::TempDir::new("badout");
+    let mark = dir.path("job-ran");
+    let script = format!("touch {}", mark.display());
+    let file = dir.path("a-file");
+    std::fs::write(&file, "").expect("file");
+    let missing = "/nonexistent-gpustall/out";
+    let under_a_file = format!("{}/out", file.display());
+    for flag in ["--record", "--summary-json", "--perfetto"] {
+        for path in [missing, under_a_file.as_str()] {
+            let (o, took) = trace(&[flag, path], &script, &[], Duration::from_secs(60));
+            let err = stderr(&o);
+            assert_eq!(o.status.code(), Some(1), "{flag} {path}: {err}");
+            assert_eq!(err.trim().lines().count(), 1, "{flag} {path}: one line: {err}");
+            assert!(err.contains(flag) || flag == "--record", "{flag} {path}: {err}");
+            assert!(err.contains(path), "{flag} {path}: names the path: {err}");
+            assert!(!mark.exists(), "{flag} {path}: the job never started");
+            eprintln!("{flag} {path}: exit 1 in {took:?}: {}", err.trim());
+        }
+    }
+}
+
+#[test]
+fn an_output_that_fails_at_the_end_costs_only_itself() {
+    tests::require_privileged_env();
+    let dir = tests::TempDir::new("endfail");
+    let gone = dir.path("gone");
+    let tmp = dir.path("tmp");
+    std::fs::create_dir(&tmp).expect("tmp");
+    let perfetto = dir.path("trace.json");
+    let summary = gone.join("s.json");
+    for (job_status, expected) in [(3, 3), (0, 1)] {
+        std::fs::create_dir(&gone).expect("gone");
+        // The summary's directory goes away while the job runs.
+        let script = format!("rmdir {}; exit {job_status}", gone.display());
+        let (o, _) = trace(
+            &[
+                "--summary-json",
+                summary.to_str().expect("utf-8"),
+                "--perfetto",
+                perfetto.to_str().expect("utf-8"),
+            ],
+            &script,
+            &[("TMPDIR", &tmp)],
+            Duration::from_secs(60),
+        );
+        let err = stderr(&o);
+        eprintln!("job exit {job_status}: gpustall exit {:?}; {}", o.status.code(), err.trim());
+        assert_eq!(o.status.code(), Some(expected), "job exit {job_status}: {err}");
+        assert!(err.contains("gpustall: error:") && err.contains("s.json"), "{err}");
+        let stdout = String::from_utf8_lossy(&o.stdout);
+        assert!(stdout.contains("PID"), "the report is printed: {stdout}");
+        let p: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&perfetto).expect("perfetto written"))
+                .expect("perfetto json");
+        assert!(p.is_object() || p.is_array());
+        std::fs::remove_file(&perfetto).expect("rm");
+        let left: Vec<_> = std::fs::read_dir(&tmp).expect("tmp").collect();
+        assert!(left.is_empty(), "no scratch recording left: {left:?}");
+    }
+}
+
+#[test]
+fn summary_json_dash_is_stdout() {
+    tests::require_privileged_env();
+    let dir = tests::TempDir::new("dash");
+    let (o, _) = trace_in(&dir.0, &["--summary-json", "-"], "exit 0", &[], Duration::from_secs(60));
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let s: serde_json::Value =
+        serde_json::from_slice(&o.stdout).expect("stdout is the summary alone");
+    assert_eq!(s["final"], true);
+    assert!(stderr(&o).contains("PID"), "the report went to stderr");
+    assert!(!dir.path("-").exists(), "no file named -");
+}
+
+/// `setpriv` as nobody: `sh -c SCRIPT`.
+fn as_nobody(script: &str) -> Command {
+    let mut c = Command::new("setpriv");
+    c.args(["--reuid=65534", "--regid=65534", "--clear-groups", "sh", "-c", script]);
+    c
+}
+
+#[test]
+fn a_record_path_planted_in_a_sticky_directory_is_never_opened() {
+    tests::require_privileged_env();
+    let dir = tests::TempDir::new("sticky");
+    let shared = dir.path("shared");
+    std::fs::create_dir(&shared).expect("shared");
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).expect("chmod");
+    let rec = shared.join("rec.jsonl");
+    let r = rec.to_str().expect("utf-8");
+
+    // A FIFO with no reader: the trace must not hang on it.
+    assert!(as_nobody(&format!("mkfifo -m 666 {r}")).status().expect("mkfifo").success());
+    let (o, took) = trace(&["--record", r], "exit 0", &[], Duration::from_secs(20));
+    eprintln!("FIFO, no reader: exit {:?} in {took:?}: {}", o.status.code(), stderr(&o).trim());
+    assert!(took < Duration::from_secs(15), "the trace hung on the FIFO");
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("FIFO"), "{}", stderr(&o));
+
+    // A FIFO with nobody's reader behind it: nothing reaches the reader.
+    let got = shared.join("got");
+    let mut reader = as_nobody(&format!("cat {r} > {}", got.display())).spawn().expect("cat");
+    let (o, took) = trace(&["--record", r], "exit 0", &[], Duration::from_secs(20));
+    eprintln!("FIFO, a reader: exit {:?} in {took:?}", o.status.code());
+    // The reader waits for a writer: let it go (one open and close ends it), then look.
+    if let Ok(f) = std::fs::OpenOptions::new().write(true).custom_flags(libc::O_NONBLOCK).open(&rec)
+    {
+        drop(f);
+    }
+    let _ = reader.kill();
+    let _ = reader.wait();
+    let leaked = std::fs::read(&got).unwrap_or_default();
+    assert!(leaked.is_empty(), "the FIFO's reader got {} bytes of the recording", leaked.len());
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    std::fs::remove_file(&rec).expect("rm fifo");
+
+    // nobody's own file, with a second name of theirs for the same inode.
+    let link = shared.join("nobodys-link");
+    let ok = as_nobody(&format!("touch {r} && chmod 666 {r} && ln {r} {}", link.display()))
+        .status()
+        .expect("touch")
+        .success();
+    assert!(ok);
+    let (o, took) = trace(&["--record", r], "exit 0", &[], Duration::from_secs(30));
+    eprintln!("nobody's file: exit {:?} in {took:?}", o.status.code());
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let m = std::fs::symlink_metadata(&rec).expect("recording");
+    assert_eq!((m.uid(), m.mode() & 0o7777), (0, 0o600), "a fresh private file of root's");
+    assert!(m.is_file());
+    let first = std::fs::read_to_string(&rec).expect("read");
+    let header: serde_json::Value =
+        serde_json::from_str(first.lines().next().unwrap_or_default()).expect("header");
+    assert_eq!(header["type"], "header", "the recording is there");
+    let theirs = std::fs::read(&link).expect("nobody's inode");
+    assert!(theirs.is_empty(), "nobody's file got {} bytes of the recording", theirs.len());
+}

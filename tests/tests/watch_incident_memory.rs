@@ -1,0 +1,161 @@
+//! `gpustall watch` at a big incident, under its own shipped limit: in a 256 MiB memory cgroup
+//! (the DaemonSet's limit, the unit's MemoryMax=), a watched job tree of 8,000 processes is
+//! SIGKILLed at once. The daemon must write the whole bundle (record, summary, report,
+//! Perfetto trace) without being OOM-killed, its memory within --memory-budget plus a margin.
+
+use std::{
+    io::{BufRead, BufReader},
+    path::Path,
+    process::{Command, Stdio},
+    sync::mpsc,
+    time::{Duration, Instant},
+};
+
+use tests::{cgroup::MemCgroup, procs::Workload};
+
+const PROCESSES: usize = 8000;
+/// The shipped limit (deploy/kubernetes/daemonset.yaml, deploy/gpustall-watch.service).
+const LIMIT_MIB: u64 = 256;
+const BUDGET_MIB: u64 = 64;
+
+fn vm_hwm_kb(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Every descendant of `root` (from /proc/PID/task/TID/children).
+fn descendants(root: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    let mut todo = vec![root];
+    while let Some(p) = todo.pop() {
+        let tasks = std::fs::read_dir(format!("/proc/{p}/task")).into_iter().flatten();
+        for t in tasks.filter_map(Result::ok) {
+            let kids = std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
+            for k in kids.split_whitespace().filter_map(|k| k.parse().ok()) {
+                out.push(k);
+                todo.push(k);
+            }
+        }
+    }
+    out
+}
+
+/// Kills a job's whole tree when dropped (on failure too): 8,000 sleeps must not outlive it.
+struct KillTree(u32);
+
+impl Drop for KillTree {
+    fn drop(&mut self) {
+        for _ in 0..3 {
+            for p in descendants(self.0) {
+                // SAFETY: SIGKILL to a process of the job this test started.
+                unsafe { libc::kill(p as i32, libc::SIGKILL) };
+            }
+        }
+    }
+}
+
+#[test]
+fn a_big_incident_is_bundled_within_the_shipped_memory_limit() {
+    tests::require_privileged_env();
+    let _lock = tests::pressure_lock();
+    let bundles = tests::TempDir::new("bigincident");
+    let cg = MemCgroup::new("watch-limit", LIMIT_MIB, false);
+    let procs = cg.path.join("cgroup.procs");
+    let comm = tests::procs::unique_comm();
+    // The daemon is charged to the cgroup from its first page.
+    let mut child = Command::new("sh")
+        .arg("-c")
+        .arg(format!("echo $$ > {} && exec \"$0\" \"$@\"", procs.display()))
+        .arg(tests::gpustall_bin())
+        .args(["watch", "--match", &format!("comm:^{comm}$"), "--no-gpu", "--listen"])
+        .args(["127.0.0.1:0", "--after", "2s", "--scan-every", "500ms", "--memory-budget"])
+        .arg(format!("{BUDGET_MIB}MiB"))
+        .arg("--bundle-dir")
+        .arg(&bundles.0)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("gpustall watch");
+    let agent = child.id();
+    let (tx, rx) = mpsc::channel();
+    let err = child.stderr.take().expect("stderr");
+    std::thread::spawn(move || {
+        for l in BufReader::new(err).lines().map_while(Result::ok) {
+            let _ = tx.send(l);
+        }
+    });
+    let mut seen: Vec<String> = Vec::new();
+    let mut wait_for = |needle: &str, timeout: Duration, child: &mut std::process::Child| {
+        let end = Instant::now() + timeout;
+        loop {
+            if let Some(l) = seen.iter().find(|l| l.contains(needle)) {
+                return l.clone();
+            }
+            if let Ok(l) = rx.recv_timeout(Duration::from_millis(100)) {
+                seen.push(l);
+                continue;
+            }
+            if let Ok(Some(s)) = child.try_wait() {
+                panic!("gpustall watch exited ({s}):\n{}", seen.join("\n"));
+            }
+            assert!(Instant::now() < end, "no {needle:?} within {timeout:?}:\n{}", seen.join("\n"));
+        }
+    };
+    wait_for("metrics on http://", Duration::from_secs(60), &mut child);
+
+    let script = format!("for i in $(seq {PROCESSES}); do sleep 3600 & done; wait");
+    let bin = Path::new(env!("CARGO_BIN_EXE_gpustall-workload"));
+    let mut job = Workload::start_named(&comm, bin, &["spawn", "sh", "-c", &script], None, None);
+    let _tree = KillTree(job.pid());
+    wait_for(&format!("watching job {comm}-{}", job.pid()), Duration::from_secs(30), &mut child);
+    job.go();
+    let end = Instant::now() + Duration::from_secs(180);
+    let mut tree = descendants(job.pid());
+    while tree.len() < PROCESSES + 1 {
+        assert!(Instant::now() < end, "only {} processes started", tree.len());
+        std::thread::sleep(Duration::from_millis(500));
+        tree = descendants(job.pid());
+    }
+    // Let the daemon take in the forks, then kill the whole tree at once.
+    std::thread::sleep(Duration::from_secs(3));
+    let before_kb = vm_hwm_kb(agent);
+    let started = Instant::now();
+    for p in &tree {
+        // SAFETY: SIGKILL to a process this test started (the job's tree).
+        unsafe { libc::kill(*p as i32, libc::SIGKILL) };
+    }
+    let wrote = wait_for("wrote incident bundle", Duration::from_secs(120), &mut child);
+    let took = started.elapsed();
+    let peak_kb = vm_hwm_kb(agent);
+    let oom = cg.oom_kills();
+    let incident_lines = seen.iter().filter(|l| l.contains("gpustall: incident:")).count();
+    eprintln!(
+        "{PROCESSES} processes killed: bundle in {took:?}, agent peak RSS {} MiB (before the \
+         incident {} MiB), {incident_lines} incident lines, OOM kills in its cgroup {oom}: {wrote}",
+        peak_kb / 1024,
+        before_kb / 1024
+    );
+    let dir = wrote.split("bundle ").nth(1).and_then(|r| r.split(' ').next()).expect("dir");
+    for f in ["record.jsonl", "summary.json", "report.txt", "trace.json"] {
+        assert!(Path::new(dir).join(f).exists(), "{f} in {dir}");
+    }
+    let _ = serde_json::from_str::<serde_json::Value>(
+        &std::fs::read_to_string(Path::new(dir).join("trace.json")).expect("trace.json"),
+    )
+    .expect("trace.json parses");
+    assert_eq!(oom, 0, "the daemon was not OOM-killed");
+    assert!(child.try_wait().expect("try_wait").is_none(), "the daemon is still running");
+    // The budget plus a fixed margin (the process model, the BPF side's buffers, the runtime).
+    assert!(
+        peak_kb < (BUDGET_MIB + 96) * 1024,
+        "peak RSS {} MiB over the budget {BUDGET_MIB} MiB + 96 MiB",
+        peak_kb / 1024
+    );
+    assert!(incident_lines <= 10, "{incident_lines} incident lines in the log");
+    let _ = child.kill();
+    let _ = child.wait();
+}
