@@ -38,7 +38,7 @@ the stall, the processes behind it and the measured evidence.\n\n\
 It needs root (or CAP_BPF, CAP_PERFMON and CAP_SYS_RESOURCE) and a kernel with BTF and tracefs.",
     after_help = "EXAMPLES:\n    sudo gpustall trace --pid $(pgrep -f train.py | head -1)\n    \
 sudo gpustall trace --pid 4242 --duration 10m --record incident.jsonl --summary-json summary.json\n\n\
-See README.md for the record and summary formats."
+See docs/FORMATS.md for the record and summary formats."
 )]
 struct Cli {
     #[command(subcommand)]

@@ -1,5 +1,5 @@
 //! The summary: what `--summary-json` writes and the final `{"type":"summary"}` record holds.
-//! Field names are the interface in docs/ARCHITECTURE.md and the README: others build on them.
+//! Field names are the interface in docs/ARCHITECTURE.md and docs/FORMATS.md: others build on them.
 
 use anyhow::Context as _;
 use serde::Serialize;
