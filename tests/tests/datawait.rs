@@ -13,7 +13,7 @@
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
-use tests::procs::{field_u64 as n, trace_trainer_job, TraceResult};
+use tests::procs::{field_u64 as n, TraceResult};
 
 /// What gpustall said about a job's trainer and workers, beside what the trainer measured.
 struct DataWait {
@@ -115,7 +115,19 @@ fn job(python: &Path, shape: &str, args: &[&str]) -> (TraceResult, Value) {
     argv.extend_from_slice(args);
     argv.push("--wait-go");
     let _alone = one_at_a_time();
-    trace_trainer_job(python, &argv)
+    // Favoured over the rest of the machine's work: two identical workers stay identical only
+    // when neither loses its CPU to something outside the job (a build, another test).
+    let cg = tests::cpucg::CpuCgroup::favoured("datawait");
+    let mut w = tests::procs::Workload::start(python, &argv, None);
+    cg.add(w.pid());
+    let tracer = tests::procs::Tracer::start(w.pid(), &["--quiet", "--no-gpu"]);
+    w.go();
+    let (code, lines) = w.wait(std::time::Duration::from_secs(120));
+    assert_eq!(code, Some(0), "{lines:?}");
+    let t = tracer.wait(std::time::Duration::from_secs(30));
+    assert_eq!(t.code, Some(0), "{}", t.stderr);
+    let trainer = lines.iter().find(|l| l["role"] == "trainer").expect("the trainer's line");
+    (t, trainer.clone())
 }
 
 /// The python of the venv with torch that `cargo xtask test` makes; a failure, not a skip,
