@@ -124,7 +124,7 @@ fn split_link(f: &Facts, p: &ProcFacts, chain: &mut Chain) {
     chain.push(
         t,
         format!(
-            "{}: {} was on CPU {:.2} s of its {:.2} s ({:.0} %), waited for a CPU {:.2} s ({:.0} %), blocked on events {:.2} s and on I/O {:.2} s",
+            "{}: {} was on CPU {:.2} s of its {:.2} s ({:.0} %), waited for a CPU {:.2} s ({:.0} %), blocked on events {:.2} s and on I/O {:.2} s{}",
             at(f, t),
             name(p),
             secs(s.cpu_ns),
@@ -133,7 +133,13 @@ fn split_link(f: &Facts, p: &ProcFacts, chain: &mut Chain) {
             secs(s.runq_ns),
             100.0 * s.share(s.runq_ns),
             secs(s.wait_ns),
-            secs(s.io_ns)
+            secs(s.io_ns),
+            // A worker's queue feeder thread sits blocked all its life beside the main thread.
+            if s.cpu_ns + s.runq_ns + s.wait_ns + s.io_ns > s.life_ns + s.life_ns / 20 {
+                " (off-CPU times summed over its threads)"
+            } else {
+                ""
+            }
         ),
     );
 }
@@ -202,30 +208,24 @@ pub fn keep_up_advice(k: &KeepUp) -> (Vec<String>, Option<u64>) {
     let mem_fit = k
         .limit_kb
         .map(|l| ((l as f64 * 0.9) as u64).saturating_sub(k.mains_kb) / k.per_worker_kb.max(1));
-    // "the 7168 MiB limit" is a cgroup's; without one it is the host's memory.
-    let limit = |l: u64| {
+    // "the 7168 MiB limit (with ...)" is a cgroup's; without one, "host memory (24105 MiB, with
+    // ...)".
+    let against = |l: u64| {
+        let with = format!("with the trainer's {} and 10 % headroom", mib_kb(k.mains_kb));
         if k.limit_is_host {
-            format!("host memory ({})", mib_kb(l))
+            format!("host memory ({}, {with})", mib_kb(l))
         } else {
-            format!("the {} limit", mib_kb(l))
+            format!("the {} limit ({with})", mib_kb(l))
         }
     };
-    let mem_clause = |n: u64| {
-        match (k.limit_kb, mem_fit) {
-        (Some(l), Some(fit)) if n <= fit => format!(
-            "; {n} x {} fits {} (with the trainer's {} and 10 % headroom)",
-            mib_kb(k.per_worker_kb),
-            limit(l),
-            mib_kb(k.mains_kb)
-        ),
+    let per_worker = mib_kb(k.per_worker_kb);
+    let mem_clause = |n: u64| match (k.limit_kb, mem_fit) {
+        (Some(l), Some(fit)) if n <= fit => format!("; {n} x {per_worker} fits {}", against(l)),
         (Some(l), Some(fit)) => format!(
-            "; but only {fit} x {} fit {} (with the trainer's {} and 10 % headroom): give the job more memory too",
-            mib_kb(k.per_worker_kb),
-            limit(l),
-            mib_kb(k.mains_kb)
+            "; but only {fit} x {per_worker} fit {}: give the job more memory too",
+            against(l)
         ),
         _ => String::new(),
-    }
     };
     let cheaper = "make each sample cheaper: decode once and cache the decoded samples, smaller dtypes, move augmentation to the GPU (DALI, torchvision.transforms.v2 on CUDA tensors) or decode on the GPU";
     if cpus_then <= free + 0.05 {
@@ -524,8 +524,8 @@ pub fn cpu_bound_pipeline(c: &Ctx) -> Option<Verdict> {
         } else {
             format!("{} DataLoader workers were", s.workers.len())
         },
-        if s.workers.len() == 1 { "its" } else { "their" },
         100.0 * w.share(w.cpu_ns),
+        if s.workers.len() == 1 { "its" } else { "their" },
         k.workers_cpus,
         gpu_clause(f)
     );

@@ -82,6 +82,18 @@ fn busy_workers_and_a_waiting_trainer_are_a_cpu_bound_pipeline_with_a_worker_cou
         "{:#?}",
         v.evidence
     );
+    assert!(!v.evidence.iter().any(|e| e.contains("summed over its threads")), "{:#?}", v.evidence);
+    // A worker whose queue feeder thread sat blocked all along: its off-CPU times exceed its life.
+    let mut f = job(6_400_000_000, 1, 8_000_000_000, 0);
+    f.procs[1].offcpu.as_mut().expect("offcpu").offcpu_wait_ns = 12 * S;
+    let v = decide(&f);
+    assert!(
+        v.evidence.iter().any(|e| e.contains(
+            "blocked on events 12.00 s and on I/O 0.00 s (off-CPU times summed over its threads)"
+        )),
+        "{:#?}",
+        v.evidence
+    );
 }
 
 #[test]
@@ -134,13 +146,30 @@ fn without_a_cgroup_limit_the_advice_weighs_host_memory_and_counts_one_worker() 
     assert_eq!(v.cause, Cause::CpuBoundPipeline, "{v:#?}");
     let a = v.advice.join("\n");
     assert!(a.starts_with("num_workers=3 would keep up: 1 worker used 0.95 CPUs"), "{a}");
-    assert!(a.contains("3 x 480 MiB fits host memory (24105 MiB)"), "{a}");
+    assert!(
+        a.contains("3 x 480 MiB fits host memory (24105 MiB, with the trainer's 1024 MiB and 10 % headroom)"),
+        "{a}"
+    );
     assert!(!a.contains("MiB limit") && !a.contains("1 workers"), "{a}");
     assert_eq!(v.advice_num_workers, Some(3));
+    assert!(
+        v.text.contains(
+            "(pid 10)'s one DataLoader worker was on CPU 95 % of its time (0.95 CPUs together)"
+        ),
+        "{}",
+        v.text
+    );
     // And two, with a limit: the cgroup's.
     let v = decide(&job(6_400_000_000, 2, 9_500_000_000, 100_000_000));
     assert!(v.advice[0].contains("2 workers used 1.90 CPUs"), "{}", v.advice[0]);
-    assert!(v.advice[0].contains("fits the 7168 MiB limit"), "{}", v.advice[0]);
+    assert!(v.advice[0].contains("fits the 7168 MiB limit (with the trainer's"), "{}", v.advice[0]);
+    assert!(
+        v.text.contains(
+            "(pid 10)'s 2 DataLoader workers were on CPU 95 % of their time (1.90 CPUs together)"
+        ),
+        "{}",
+        v.text
+    );
 }
 
 #[test]
