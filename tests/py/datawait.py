@@ -13,6 +13,14 @@ themselves `pt_data_worker` as PyTorch's do.
       worker's batches arrive early and are reordered. Each step computes --step-ms (a tiny
       model's forward, backward and SGD step, repeated). Needs torch: run it with the torch
       venv's python.
+  datawait.py torch-cpu [--workers 1] [--seconds 8] [--item-cpu-ms 50] [--fetch-ms 10]
+                        [--step-ms 40] [--wait-go]
+      A real torch DataLoader (fork workers, persistent_workers=True, batch_size=1) whose input
+      pipeline is CPU-bound with no memory pressure: each __getitem__ fetches its sample (sleeps
+      --fetch-ms, a read from storage) and transforms it with torch ops until its worker has
+      used --item-cpu-ms of CPU time; each step waits --step-ms for "the GPU" (a sleep: the
+      trainer takes little CPU). Steps for --seconds; the trainer's line adds elapsed_ns (the
+      loop's wall time) and data_share (data_ns / elapsed_ns). Needs torch.
   datawait.py relay [--workers 2] [--steps 24] [--batch-ms 200] [--step-ms 60]
                     [--relay-timeout 5.0] [--wait-go]
       What DataLoader does with pin_memory=True on a GPU machine (torch/utils/data/_utils/
@@ -77,9 +85,9 @@ def spin_cpu(ms):
     return x
 
 
-def report(data_ns, worker_pids):
+def report(data_ns, worker_pids, **extra):
     say("trainer", data_ns=sum(data_ns), steps=len(data_ns), worker_pids=worker_pids,
-        waits=data_ns)
+        waits=data_ns, **extra)
 
 
 # --- a real torch DataLoader -----------------------------------------------------------------
@@ -120,6 +128,48 @@ def torch_job(a):
             loss.backward()
             opt.step()
     report(data_ns, pids)
+    del it  # shuts the persistent workers down
+    return 0
+
+
+def torch_cpu_job(a):
+    import torch
+    from torch.utils.data import DataLoader, Dataset
+
+    class Augmented(Dataset):
+        """Decode and augment: CPU work in torch, on the worker's one thread."""
+
+        def __len__(self):
+            return 1 << 20
+
+        def __getitem__(self, i):
+            time.sleep(a.fetch_ms / 1000)  # the sample's read from storage
+            g = torch.Generator().manual_seed(i)
+            x = torch.rand((64, 64), generator=g)
+            w = torch.rand((64, 64), generator=g) / 64
+            end = time.process_time() + a.item_cpu_ms / 1000
+            while time.process_time() < end:
+                x = torch.tanh(x @ w + x)
+            return x.mean(dim=0)
+
+    torch.set_num_threads(1)
+    loader = DataLoader(Augmented(), batch_size=1, num_workers=a.workers,
+                        persistent_workers=True, multiprocessing_context="fork")
+    if a.wait_go:
+        sys.stdin.readline()
+    time.sleep(TRACER_BEAT_S)
+    it = iter(loader)  # forks the workers
+    pids = [w.pid for w in it._workers]
+    data_ns = []
+    start = time.monotonic_ns()
+    while time.monotonic_ns() - start < a.seconds * 1e9:
+        t = time.monotonic_ns()
+        batch = next(it)
+        data_ns.append(time.monotonic_ns() - t)
+        time.sleep(a.step_ms / 1000)  # the step, on the GPU
+        del batch
+    elapsed = time.monotonic_ns() - start
+    report(data_ns, pids, elapsed_ns=elapsed, data_share=round(sum(data_ns) / elapsed, 4))
     del it  # shuts the persistent workers down
     return 0
 
@@ -273,12 +323,15 @@ def reorder(a):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("shape", choices=["torch", "relay", "reorder"])
+    p.add_argument("shape", choices=["torch", "torch-cpu", "relay", "reorder"])
     p.add_argument("--workers", type=int, default=None)
     p.add_argument("--steps", type=int, default=None)
     p.add_argument("--item-ms", type=float, default=200)
     p.add_argument("--long-ms", type=float, default=6500)
     p.add_argument("--long", default="6,13")
+    p.add_argument("--seconds", type=float, default=8)
+    p.add_argument("--item-cpu-ms", type=float, default=50)
+    p.add_argument("--fetch-ms", type=float, default=10)
     p.add_argument("--batch-ms", default=None)
     p.add_argument("--cpu", action="store_true")
     p.add_argument("--gpu-step", action="store_true",
@@ -287,14 +340,14 @@ def main():
     p.add_argument("--relay-timeout", type=float, default=MP_STATUS_CHECK_INTERVAL)
     p.add_argument("--wait-go", action="store_true", help="read a line from stdin first")
     a = p.parse_args()
-    defaults = {"torch": (2, 20, None, 50), "relay": (2, 24, "200", 60),
+    defaults = {"torch": (2, 20, None, 50), "torch-cpu": (1, None, None, 40), "relay": (2, 24, "200", 60),
                 "reorder": (3, 24, "300,30,30", 20)}[a.shape]
     for name, value in zip(["workers", "steps", "batch_ms", "step_ms"], defaults):
         if getattr(a, name) is None:
             setattr(a, name, value)
     if a.shape == "relay":
         a.batch_ms = float(a.batch_ms)
-    return {"torch": torch_job, "relay": relay, "reorder": reorder}[a.shape](a)
+    return {"torch": torch_job, "torch-cpu": torch_cpu_job, "relay": relay, "reorder": reorder}[a.shape](a)
 
 
 if __name__ == "__main__":

@@ -52,6 +52,21 @@ pub fn gpustall_bin() -> PathBuf {
     p
 }
 
+/// The python of the venv with torch that `cargo xtask test` makes
+/// (`$GPUSTALL_TEST_TORCH_PYTHON`); a failure, not a skip, when a torch test runs some other way.
+pub fn torch_python() -> PathBuf {
+    const VAR: &str = "GPUSTALL_TEST_TORCH_PYTHON";
+    let Some(python) = std::env::var_os(VAR) else {
+        if kernel::in_vm_test() {
+            panic!("{VAR} is not set: vm-test guests have no torch venv unless it is exported (run this test on the host through `cargo xtask test`)");
+        }
+        panic!("{VAR} is not set: run this test through `cargo xtask test`, which makes target/torch-venv with torch");
+    };
+    let python = PathBuf::from(python);
+    assert!(python.exists(), "{VAR}={} does not exist: run `cargo xtask test`", python.display());
+    python
+}
+
 /// The stand-in NVML library built by the workspace (crate nvml-stub): beside `GPUSTALL_BIN`
 /// when that is set (another target directory), else in the workspace's debug build.
 pub fn nvml_stub() -> PathBuf {

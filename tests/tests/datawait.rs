@@ -130,27 +130,12 @@ fn job(python: &Path, shape: &str, args: &[&str]) -> (TraceResult, Value) {
     (t, trainer.clone())
 }
 
-/// The python of the venv with torch that `cargo xtask test` makes; a failure, not a skip,
-/// when the test runs some other way.
-fn torch_python() -> PathBuf {
-    const VAR: &str = "GPUSTALL_TEST_TORCH_PYTHON";
-    let Some(python) = std::env::var_os(VAR) else {
-        if tests::kernel::in_vm_test() {
-            panic!("{VAR} is not set: vm-test guests have no torch venv unless it is exported (run this test on the host with `cargo xtask test -- data_wait`)");
-        }
-        panic!("{VAR} is not set: run this test through `cargo xtask test`, which makes target/torch-venv with torch");
-    };
-    let python = PathBuf::from(python);
-    assert!(python.exists(), "{VAR}={} does not exist: run `cargo xtask test`", python.display());
-    python
-}
-
 /// A real DataLoader: 2 fork workers, persistent, each item 200 ms but two of 6.5 s, so the
 /// main thread's `_data_queue.get(timeout=5.0)` times out inside those waits while the other
 /// worker's batches arrive early and wait in the reorder buffer.
 #[test]
 fn the_torch_dataloaders_data_wait_is_its_data_time() {
-    let python = torch_python();
+    let python = tests::torch_python();
     tests::require_privileged_env();
     let (t, truth) = job(&python, "torch", &["--workers", "2", "--steps", "20"]);
     let long = truth["waits"].as_array().expect("waits").iter().filter_map(Value::as_u64);

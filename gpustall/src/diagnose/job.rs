@@ -430,7 +430,14 @@ mod tests {
     const NOON: u64 = 1_796_212_800 * S;
 
     fn verdict(cause: Cause, text: &str) -> Verdict {
-        Verdict { cause, culprit_pids: vec![], text: text.into(), evidence: vec![], advice: vec![] }
+        Verdict {
+            cause,
+            culprit_pids: vec![],
+            text: text.into(),
+            evidence: vec![],
+            advice: vec![],
+            advice_num_workers: None,
+        }
     }
 
     fn onset(t_ns: u64, kind: OnsetKind, pid: u32, what: &str) -> Onset {

@@ -7,7 +7,7 @@
 
 use crate::diagnose::{
     facts::{Facts, ProcFacts},
-    verdict::evidence::{mib_kb, MIB_KB},
+    verdict::evidence::{mib_kb, workers_n, MIB_KB},
 };
 
 /// The workers of one trainer or rank.
@@ -93,12 +93,12 @@ fn fit_advice(f: &Facts, loaders: &[Loader], limit_kb: u64) -> Vec<String> {
     let mut out = Vec::new();
     if let [l] = loaders {
         out.push(format!(
-            "num_workers={}{}: {} {} + {} workers x up to {} = {} at peak ({kind} memory), against {}. With 10% headroom ({}), {verdict}",
+            "num_workers={}{}: {} {} + {} x up to {} = {} at peak ({kind} memory), against {}. With 10% headroom ({}), {verdict}",
             l.num_workers,
             epochs(l),
             mains_name(&mains),
             mib_kb(mains_kb),
-            l.num_workers,
+            workers_n(l.num_workers),
             mib_kb(l.per_worker_kb),
             mib_kb(need),
             limit_name(f, limit_kb),
@@ -147,6 +147,10 @@ fn limit_name(f: &Facts, limit_kb: u64) -> String {
         .and_then(|c| c.limit_set_by.as_deref())
     {
         Some(by) => format!("the {} limit set by {by}", mib_kb(limit_kb)),
+        // No cgroup limit: the host's memory bounds the job.
+        None if f.cgroup.as_ref().is_none_or(|c| c.limit_bytes.is_none()) => {
+            format!("host memory ({})", mib_kb(limit_kb))
+        }
         None => format!("a {} limit", mib_kb(limit_kb)),
     }
 }
@@ -194,10 +198,11 @@ fn growth_advice(workers: &[&ProcFacts]) -> Option<String> {
         })
         .sum::<f64>()
         / grew.len() as f64;
+    let who = match (grew.len(), workers.len()) {
+        (1, 1) => format!("the one worker kept growing until its last sample (about {rate:.0} MiB/min)"),
+        (g, n) => format!("{g} of {n} workers kept growing until their last sample (about {rate:.0} MiB/min each)"),
+    };
     Some(format!(
-        "{} of {} workers kept growing until their last sample (about {:.0} MiB/min each) instead of levelling off: a per-worker cache or leak (unbounded lru_cache, decoded samples kept, copy-on-write of Python objects). Bound it; with persistent_workers=True that growth also carries across epochs, while persistent_workers=False restarts workers (and frees it) every epoch",
-        grew.len(),
-        workers.len(),
-        rate
+        "{who} instead of levelling off: a per-worker cache or leak (unbounded lru_cache, decoded samples kept, copy-on-write of Python objects). Bound it; with persistent_workers=True that growth also carries across epochs, while persistent_workers=False restarts workers (and frees it) every epoch"
     ))
 }

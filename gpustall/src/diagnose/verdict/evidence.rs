@@ -13,6 +13,11 @@ pub fn mib_kb(kb: u64) -> String {
     format!("{:.0} MiB", kb as f64 / MIB_KB)
 }
 
+/// "1 worker", "2 workers".
+pub fn workers_n(n: u64) -> String {
+    format!("{n} worker{}", if n == 1 { "" } else { "s" })
+}
+
 pub fn mib_b(b: u64) -> String {
     format!("{:.0} MiB", b as f64 / 1048576.0)
 }

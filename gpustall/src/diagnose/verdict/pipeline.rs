@@ -15,7 +15,7 @@
 
 use super::{
     datawait::{waiters, DATA_WAIT_SHARE},
-    evidence::{at, gpu_clause, mib_kb, name, Chain},
+    evidence::{at, gpu_clause, mib_kb, name, workers_n, Chain},
     rules::Ctx,
     Cause, Verdict,
 };
@@ -124,7 +124,7 @@ fn split_link(f: &Facts, p: &ProcFacts, chain: &mut Chain) {
     chain.push(
         t,
         format!(
-            "{}: {} was on CPU {:.2} s of its {:.2} s ({:.0} %), waited for a CPU {:.2} s ({:.0} %), blocked on events {:.2} s and on I/O {:.2} s",
+            "{}: {} was on CPU {:.2} s of its {:.2} s ({:.0} %), waited for a CPU {:.2} s ({:.0} %), blocked on events {:.2} s and on I/O {:.2} s{}",
             at(f, t),
             name(p),
             secs(s.cpu_ns),
@@ -133,7 +133,13 @@ fn split_link(f: &Facts, p: &ProcFacts, chain: &mut Chain) {
             secs(s.runq_ns),
             100.0 * s.share(s.runq_ns),
             secs(s.wait_ns),
-            secs(s.io_ns)
+            secs(s.io_ns),
+            // A worker's queue feeder thread sits blocked all its life beside the main thread.
+            if s.cpu_ns + s.runq_ns + s.wait_ns + s.io_ns > s.life_ns + s.life_ns / 20 {
+                " (off-CPU times summed over its threads)"
+            } else {
+                ""
+            }
         ),
     );
 }
@@ -171,14 +177,17 @@ pub struct KeepUp {
     pub budget_cpus: f64,
     pub budget_by: String,
     pub others_cpus: f64,
-    /// Memory: the trainer's and ranks' peak, each worker's, and the limit.
+    /// Memory: the trainer's and ranks' peak, each worker's, and the limit: the cgroup's, or
+    /// without one the host's memory (`limit_is_host`).
     pub mains_kb: u64,
     pub per_worker_kb: u64,
     pub limit_kb: Option<u64>,
+    pub limit_is_host: bool,
 }
 
-/// The advice: the worker count that keeps up, bounded by CPUs and memory.
-pub fn keep_up_advice(k: &KeepUp) -> Vec<String> {
+/// The advice, and the num_workers it names (none when more workers cannot help): the worker
+/// count that keeps up, bounded by CPUs and memory.
+pub fn keep_up_advice(k: &KeepUp) -> (Vec<String>, Option<u64>) {
     let busy = (1.0 - k.wait_share).max(0.05);
     let per = (k.workers_cpus / k.workers.max(1) as f64).max(0.01);
     // The trainer consumed at 1/busy the rate it did when batches are there at once; the
@@ -188,9 +197,8 @@ pub fn keep_up_advice(k: &KeepUp) -> Vec<String> {
     let cpus_then = needed as f64 * per + trainer_then;
     let free = (k.budget_cpus - k.others_cpus).max(0.0);
     let arithmetic = format!(
-        "{} worker{} used {:.2} CPUs ({:.2} each) while the trainer waited {:.0} % of its time: to keep up they must deliver 1 / (1 - {:.2}) = {:.2} x as fast",
-        k.workers,
-        if k.workers == 1 { "" } else { "s" },
+        "{} used {:.2} CPUs ({:.2} each) while the trainer waited {:.0} % of its time: to keep up they must deliver 1 / (1 - {:.2}) = {:.2} x as fast",
+        workers_n(k.workers),
         k.workers_cpus,
         per,
         100.0 * k.wait_share,
@@ -200,36 +208,47 @@ pub fn keep_up_advice(k: &KeepUp) -> Vec<String> {
     let mem_fit = k
         .limit_kb
         .map(|l| ((l as f64 * 0.9) as u64).saturating_sub(k.mains_kb) / k.per_worker_kb.max(1));
-    let mem_clause = |n: u64| {
-        match (k.limit_kb, mem_fit) {
-        (Some(l), Some(fit)) if n <= fit => format!("; {n} x {} fits the {} limit (with the trainer's {} and 10 % headroom)", mib_kb(k.per_worker_kb), mib_kb(l), mib_kb(k.mains_kb)),
-        (Some(l), Some(fit)) => format!("; but only {fit} x {} fit the {} limit (with the trainer's {} and 10 % headroom): give the job more memory too", mib_kb(k.per_worker_kb), mib_kb(l), mib_kb(k.mains_kb)),
+    // "the 7168 MiB limit (with ...)" is a cgroup's; without one, "host memory (24105 MiB, with
+    // ...)".
+    let against = |l: u64| {
+        let with = format!("with the trainer's {} and 10 % headroom", mib_kb(k.mains_kb));
+        if k.limit_is_host {
+            format!("host memory ({}, {with})", mib_kb(l))
+        } else {
+            format!("the {} limit ({with})", mib_kb(l))
+        }
+    };
+    let per_worker = mib_kb(k.per_worker_kb);
+    let mem_clause = |n: u64| match (k.limit_kb, mem_fit) {
+        (Some(l), Some(fit)) if n <= fit => format!("; {n} x {per_worker} fits {}", against(l)),
+        (Some(l), Some(fit)) => format!(
+            "; but only {fit} x {per_worker} fit {}: give the job more memory too",
+            against(l)
+        ),
         _ => String::new(),
-    }
     };
     let cheaper = "make each sample cheaper: decode once and cache the decoded samples, smaller dtypes, move augmentation to the GPU (DALI, torchvision.transforms.v2 on CUDA tensors) or decode on the GPU";
-    let mut out = Vec::new();
     if cpus_then <= free + 0.05 {
-        out.push(format!(
+        let text = format!(
             "num_workers={needed} would keep up: {arithmetic}, {needed} x {per:.2} + the trainer's {trainer_then:.2} = {cpus_then:.2} CPUs of the {:.2} free ({} CPUs: {}, less {:.2} used by other processes that held the workers up){}",
             free, fmt_cpus(k.budget_cpus), k.budget_by, k.others_cpus, mem_clause(needed)
-        ));
-    } else {
-        let fit = ((free - trainer_then) / per).floor().max(0.0) as u64;
-        if fit <= k.workers {
-            out.push(format!(
-                "the {} CPUs ({}) are saturated: {arithmetic}, which needs {cpus_then:.2} CPUs against {free:.2} free ({:.2} used by other processes); more workers cannot help: {cheaper}, or give the job more CPUs",
-                fmt_cpus(k.budget_cpus), k.budget_by, k.others_cpus
-            ));
-        } else {
-            let after = (1.0 - busy * fit as f64 / k.workers as f64).max(0.0);
-            out.push(format!(
-                "num_workers={fit} uses the CPUs there are: {arithmetic}, {needed} workers would need {cpus_then:.2} CPUs but only {free:.2} are free ({} CPUs: {}, less {:.2} used by other processes that held the workers up); {fit} workers bring the trainer's wait to about {:.0} %{}; beyond that {cheaper}",
-                fmt_cpus(k.budget_cpus), k.budget_by, k.others_cpus, 100.0 * after, mem_clause(fit)
-            ));
-        }
+        );
+        return (vec![text], Some(needed));
     }
-    out
+    let fit = ((free - trainer_then) / per).floor().max(0.0) as u64;
+    if fit <= k.workers {
+        let text = format!(
+            "the {} CPUs ({}) are saturated: {arithmetic}, which needs {cpus_then:.2} CPUs against {free:.2} free ({:.2} used by other processes); more workers cannot help: {cheaper}, or give the job more CPUs",
+            fmt_cpus(k.budget_cpus), k.budget_by, k.others_cpus
+        );
+        return (vec![text], None);
+    }
+    let after = (1.0 - busy * fit as f64 / k.workers as f64).max(0.0);
+    let text = format!(
+        "num_workers={fit} uses the CPUs there are: {arithmetic}, {needed} workers would need {cpus_then:.2} CPUs but only {free:.2} are free ({} CPUs: {}, less {:.2} used by other processes that held the workers up); {fit} workers bring the trainer's wait to about {:.0} %{}; beyond that {cheaper}",
+        fmt_cpus(k.budget_cpus), k.budget_by, k.others_cpus, 100.0 * after, mem_clause(fit)
+    );
+    (vec![text], Some(fit))
 }
 
 fn fmt_cpus(c: f64) -> String {
@@ -241,13 +260,12 @@ fn fmt_cpus(c: f64) -> String {
 }
 
 /// The memory budget figures the memory advice uses: the trainers' and ranks' peak, the
-/// largest worker peak, the limit.
-fn memory(f: &Facts, workers: &[&ProcFacts]) -> (u64, u64, Option<u64>) {
+/// largest worker peak, the limit, and whether that is the host's memory (no cgroup limit).
+fn memory(f: &Facts, workers: &[&ProcFacts]) -> (u64, u64, Option<u64>, bool) {
     let mains = f.procs.iter().filter(|p| p.is_trainer || p.is_rank).map(|p| p.peak_mem_kb).sum();
     let per = workers.iter().map(|p| p.peak_mem_kb).max().unwrap_or(0).max(1);
-    let limit =
-        f.cgroup.as_ref().and_then(|c| c.limit_bytes).map(|b| b / 1024).or(f.host_mem_total_kb);
-    (mains, per, limit)
+    let cgroup = f.cgroup.as_ref().and_then(|c| c.limit_bytes).map(|b| b / 1024);
+    (mains, per, cgroup.or(f.host_mem_total_kb), cgroup.is_none())
 }
 
 fn keep_up(f: &Facts, s: &Starved) -> KeepUp {
@@ -256,7 +274,7 @@ fn keep_up(f: &Facts, s: &Starved) -> KeepUp {
     let default_cpu = CpuFacts { online_cpus: 1, ..Default::default() };
     let c = f.cpu.as_ref().unwrap_or(&default_cpu);
     let (budget_cpus, budget_by) = cpu_budget(c);
-    let (mains_kb, per_worker_kb, limit_kb) = memory(f, &s.workers);
+    let (mains_kb, per_worker_kb, limit_kb, limit_is_host) = memory(f, &s.workers);
     // Other processes stand in the way only where they held the workers up (in the run
     // queue); else they used CPU the job did not ask for, and would yield its fair share.
     let competing = w.share(w.runq_ns) >= COMPETING_RUNQUEUE_SHARE;
@@ -271,6 +289,7 @@ fn keep_up(f: &Facts, s: &Starved) -> KeepUp {
         mains_kb,
         per_worker_kb,
         limit_kb,
+        limit_is_host,
     }
 }
 
@@ -284,6 +303,26 @@ fn throttled(f: &Facts) -> Option<&Throttling> {
             t.periods >= 10 && t.throttled_periods as f64 >= THROTTLED_SHARE * t.periods as f64
         })
         .max_by_key(|t| t.throttled_ns)
+}
+
+/// cpu.stat's throttled time (v1 `throttled_time`, v2 `throttled_usec`) adds up the time each
+/// CPU's run queue of the cgroup sat throttled: on `cpus` CPUs up to `cpus` times the trace.
+/// Per CPU it is at most the trace: "0.80 s per CPU of the 6.0 s trace (1.60 s summed over
+/// the run queues of its 2 CPUs)".
+pub fn throttled_time(throttled_ns: u64, cpus: u32, span_ns: u64) -> String {
+    let cpus = cpus.max(1);
+    let mut per = throttled_ns / cpus as u64;
+    if span_ns > 0 {
+        per = per.min(span_ns);
+    }
+    let of =
+        if span_ns > 0 { format!(" of the {:.1} s trace", secs(span_ns)) } else { String::new() };
+    format!(
+        "{:.2} s per CPU{of} ({:.2} s summed over the run queues of its {cpus} CPU{})",
+        secs(per),
+        secs(throttled_ns),
+        if cpus == 1 { "" } else { "s" }
+    )
 }
 
 /// Who sets a CPU limit at this cgroup path.
@@ -309,16 +348,22 @@ pub fn cpu_quota_throttled(c: &Ctx) -> Option<Verdict> {
     let s = starved(f)?;
     let t = throttled(f)?;
     let quota = t.quota_cpus.or_else(|| f.cpu.as_ref().map(|c| cpu_budget(c).0))?;
+    let throttled = f.cpu.as_ref().map_or_else(
+        || throttled_time(t.throttled_ns, 1, f.end_ns.saturating_sub(f.start_ns)),
+        |c| {
+            let span = if c.span_ns > 0 { c.span_ns } else { f.end_ns.saturating_sub(f.start_ns) };
+            throttled_time(t.throttled_ns, c.allowed_cpus.unwrap_or(c.online_cpus), span)
+        },
+    );
     let mut chain = c.chain();
     chain.push(
         f.start_ns,
         format!(
-            "cgroup {} (quota {quota:.2} CPUs) was throttled in {} of its {} periods ({:.0} %), {:.2} s in all over the trace (cpu.stat)",
+            "cgroup {} (quota {quota:.2} CPUs) was throttled in {} of its {} periods ({:.0} %), {throttled} (cpu.stat)",
             t.path,
             t.throttled_periods,
             t.periods,
             100.0 * t.throttled_periods as f64 / t.periods.max(1) as f64,
-            secs(t.throttled_ns)
         ),
     );
     for p in &s.workers {
@@ -328,10 +373,9 @@ pub fn cpu_quota_throttled(c: &Ctx) -> Option<Verdict> {
     let used = k.workers_cpus + k.trainer_cpus;
     let need = k.workers_cpus / (1.0 - k.wait_share).max(0.05) + k.trainer_cpus;
     let text = format!(
-        "CPU quota throttling starves the input pipeline: {} throttled the job in {:.0} % of its scheduling periods ({:.2} s of throttled time, summed over CPUs), holding it to {quota:.2} CPUs{}.",
+        "CPU quota throttling starves the input pipeline: {} throttled the job in {:.0} % of its scheduling periods (throttled {throttled}), holding it to {quota:.2} CPUs{}.",
         quota_owner(&t.path),
         100.0 * t.throttled_periods as f64 / t.periods.max(1) as f64,
-        secs(t.throttled_ns),
         gpu_clause(f)
     );
     let advice = vec![
@@ -447,13 +491,16 @@ pub fn network_bound(c: &Ctx) -> Option<Verdict> {
         gpu_clause(f)
     );
     let n = s.workers.len() as u64;
-    let more = ((n as f64 / (1.0 - s.share).max(0.05)) - 1e-9).ceil() as u64;
+    let more = (((n as f64 / (1.0 - s.share).max(0.05)) - 1e-9).ceil() as u64).max(n + 1);
+    let idle =
+        if n == 1 { "the one worker is".to_string() } else { format!("the {n} workers are") };
     let advice = vec![
-        format!("hide the latency: num_workers={} (the {n} workers are idle on the network, not busy: 1 / (1 - {:.2}) = {:.2} x as many requests in flight keep up if the remote side has headroom), a larger prefetch_factor, or asynchronous fetches inside each worker", more.max(n + 1), s.share, 1.0 / (1.0 - s.share).max(0.05)),
+        format!("hide the latency: num_workers={more} ({idle} idle on the network, not busy: 1 / (1 - {:.2}) = {:.2} x as many requests in flight keep up if the remote side has headroom), a larger prefetch_factor, or asynchronous fetches inside each worker", s.share, 1.0 / (1.0 - s.share).max(0.05)),
         "or bring the data closer: cache the dataset on local disk or in memory after the first epoch, larger objects per request (shards, WebDataset tar files) to pay the round trip once per many samples".to_string(),
     ];
     let culprits = s.workers.iter().map(|p| p.pid).collect();
-    Some(c.verdict(Cause::NetworkBound, text, culprits, chain, advice))
+    let v = c.verdict(Cause::NetworkBound, text, culprits, chain, advice);
+    Some(Verdict { advice_num_workers: Some(more), ..v })
 }
 
 /// The workers were on CPU most of their time while the trainer waited for data.
@@ -477,13 +524,15 @@ pub fn cpu_bound_pipeline(c: &Ctx) -> Option<Verdict> {
         } else {
             format!("{} DataLoader workers were", s.workers.len())
         },
-        if s.workers.len() == 1 { "its" } else { "their" },
         100.0 * w.share(w.cpu_ns),
+        if s.workers.len() == 1 { "its" } else { "their" },
         k.workers_cpus,
         gpu_clause(f)
     );
     let culprits = s.workers.iter().map(|p| p.pid).collect();
-    Some(c.verdict(Cause::CpuBoundPipeline, text, culprits, chain, keep_up_advice(&k)))
+    let (advice, n) = keep_up_advice(&k);
+    let v = c.verdict(Cause::CpuBoundPipeline, text, culprits, chain, advice);
+    Some(Verdict { advice_num_workers: n, ..v })
 }
 
 /// The trainer was on CPU, not waiting for data, while the GPU idled.

@@ -72,7 +72,14 @@ impl<'a> Ctx<'a> {
         chain: Chain,
         advice: Vec<String>,
     ) -> Verdict {
-        Verdict { cause, culprit_pids: culprits, text, evidence: chain.done(), advice }
+        Verdict {
+            cause,
+            culprit_pids: culprits,
+            text,
+            evidence: chain.done(),
+            advice,
+            advice_num_workers: None,
+        }
     }
 }
 

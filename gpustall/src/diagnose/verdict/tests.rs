@@ -264,6 +264,20 @@ fn advice_computes_the_worker_count_that_fits() {
 }
 
 #[test]
+fn without_a_cgroup_limit_the_memory_advice_names_host_memory_and_one_worker() {
+    // One worker, the host's 1024 MiB and no cgroup limit.
+    let mut f = memory_facts();
+    f.procs.truncate(2);
+    f.cgroup.as_mut().expect("cgroup").limit_bytes = None;
+    f.host_mem_total_kb = Some(1024 * 1024);
+    let a = decide(&f).advice.join("\n");
+    assert!(a.contains("+ 1 worker x up to 300 MiB"), "{a}");
+    assert!(a.contains("against host memory (1024 MiB)"), "{a}");
+    assert!(a.contains("the one worker kept growing until its last sample"), "{a}");
+    assert!(!a.contains("MiB limit") && !a.contains("1 workers"), "{a}");
+}
+
+#[test]
 fn full_filesystem_is_disk_full() {
     let mut f = base();
     f.procs = vec![trainer(10)];

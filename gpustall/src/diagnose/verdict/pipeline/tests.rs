@@ -76,8 +76,21 @@ fn busy_workers_and_a_waiting_trainer_are_a_cpu_bound_pipeline_with_a_worker_cou
     // 2 / (1 - 0.64) = 5.6: 6 workers, 6 x 0.95 + 0.5 / 0.36 (at most 1) = 6.7 of 8 CPUs.
     assert!(a.starts_with("num_workers=6 would keep up"), "{a}");
     assert!(a.contains("6 x 480 MiB fits the 7168 MiB limit"), "{a}");
+    assert_eq!(v.advice_num_workers, Some(6), "the count, for scripts");
     assert!(
         v.evidence.iter().any(|e| e.contains("was on CPU 9.50 s of its 10.00 s (95 %)")),
+        "{:#?}",
+        v.evidence
+    );
+    assert!(!v.evidence.iter().any(|e| e.contains("summed over its threads")), "{:#?}", v.evidence);
+    // A worker whose queue feeder thread sat blocked all along: its off-CPU times exceed its life.
+    let mut f = job(6_400_000_000, 1, 8_000_000_000, 0);
+    f.procs[1].offcpu.as_mut().expect("offcpu").offcpu_wait_ns = 12 * S;
+    let v = decide(&f);
+    assert!(
+        v.evidence.iter().any(|e| e.contains(
+            "blocked on events 12.00 s and on I/O 0.00 s (off-CPU times summed over its threads)"
+        )),
         "{:#?}",
         v.evidence
     );
@@ -92,6 +105,7 @@ fn saturated_cpus_say_more_workers_cannot_help() {
     let a = v.advice.join("\n");
     assert!(a.starts_with("the 2 CPUs (2 online) are saturated"), "{a}");
     assert!(a.contains("more workers cannot help: make each sample cheaper"), "{a}");
+    assert_eq!(v.advice_num_workers, None, "no count when more workers cannot help");
 }
 
 #[test]
@@ -107,16 +121,72 @@ fn the_advice_is_bounded_by_cpus_and_memory() {
         mains_kb: 1 << 20,
         per_worker_kb: 480 << 10,
         limit_kb: Some(3 << 20),
+        limit_is_host: false,
     };
-    let a = keep_up_advice(&k).join("\n");
+    let (a, n) = keep_up_advice(&k);
+    let a = a.join("\n");
+    assert_eq!(n, Some(3));
     // 6 workers would need 6 x 0.95 + 0.56 = 6.26 CPUs: 3 fit in the 4 CPUs.
     assert!(a.starts_with("num_workers=3 uses the CPUs there are"), "{a}");
     assert!(a.contains("3 workers bring the trainer's wait to about 46 %"), "{a}");
     assert!(a.contains("3 x 480 MiB fits the 3072 MiB limit"), "{a}");
     let small = KeepUp { limit_kb: Some(2 << 20), budget_cpus: 16.0, ..k };
-    let a = keep_up_advice(&small).join("\n");
+    let a = keep_up_advice(&small).0.join("\n");
     assert!(a.starts_with("num_workers=6 would keep up"), "{a}");
     assert!(a.contains("but only 1 x 480 MiB fit the 2048 MiB limit"), "{a}");
+}
+
+#[test]
+fn without_a_cgroup_limit_the_advice_weighs_host_memory_and_counts_one_worker() {
+    // One worker, no memory limit: the host's 24105 MiB bound the job.
+    let mut f = job(6_400_000_000, 1, 9_500_000_000, 100_000_000);
+    f.cgroup.as_mut().expect("cgroup").limit_bytes = None;
+    f.host_mem_total_kb = Some(24105 * 1024);
+    let v = decide(&f);
+    assert_eq!(v.cause, Cause::CpuBoundPipeline, "{v:#?}");
+    let a = v.advice.join("\n");
+    assert!(a.starts_with("num_workers=3 would keep up: 1 worker used 0.95 CPUs"), "{a}");
+    assert!(
+        a.contains("3 x 480 MiB fits host memory (24105 MiB, with the trainer's 1024 MiB and 10 % headroom)"),
+        "{a}"
+    );
+    assert!(!a.contains("MiB limit") && !a.contains("1 workers"), "{a}");
+    assert_eq!(v.advice_num_workers, Some(3));
+    assert!(
+        v.text.contains(
+            "(pid 10)'s one DataLoader worker was on CPU 95 % of its time (0.95 CPUs together)"
+        ),
+        "{}",
+        v.text
+    );
+    // And two, with a limit: the cgroup's.
+    let v = decide(&job(6_400_000_000, 2, 9_500_000_000, 100_000_000));
+    assert!(v.advice[0].contains("2 workers used 1.90 CPUs"), "{}", v.advice[0]);
+    assert!(v.advice[0].contains("fits the 7168 MiB limit (with the trainer's"), "{}", v.advice[0]);
+    assert!(
+        v.text.contains(
+            "(pid 10)'s 2 DataLoader workers were on CPU 95 % of their time (1.90 CPUs together)"
+        ),
+        "{}",
+        v.text
+    );
+}
+
+#[test]
+fn one_network_bound_worker_is_one_worker() {
+    let mut f = job(4_900_000_000, 1, 300_000_000, 0);
+    for p in f.procs.iter_mut().filter(|p| p.is_worker) {
+        p.socket_waits = vec![("10.0.0.5:9000".into(), 9)];
+    }
+    let v = decide(&f);
+    assert_eq!(v.cause, Cause::NetworkBound, "{v:#?}");
+    // 1 / (1 - 0.49) = 1.96: 2 workers.
+    assert!(
+        v.advice[0].starts_with("hide the latency: num_workers=2 (the one worker is idle"),
+        "{}",
+        v.advice[0]
+    );
+    assert_eq!(v.advice_num_workers, Some(2));
 }
 
 #[test]
@@ -134,9 +204,31 @@ fn a_quota_that_throttled_the_job_comes_first_and_names_who_set_it() {
     assert!(v.text.contains("a Kubernetes CPU limit"), "{}", v.text);
     assert!(v.text.contains("90 % of its scheduling periods"), "{}", v.text);
     assert!(v.advice[0].starts_with("raise the limit to at least"), "{}", v.advice[0]);
+    // 8 s summed over the 8 CPUs' run queues: 1 s per CPU of the 10 s trace.
+    assert!(
+        v.text.contains("throttled 1.00 s per CPU of the 10.0 s trace (8.00 s summed over the run queues of its 8 CPUs)"),
+        "{}",
+        v.text
+    );
+    assert_eq!(v.advice_num_workers, None);
     assert_eq!(
         quota_owner("/user.slice/train.service"),
         "systemd's CPUQuota= of train.service (cgroup /user.slice/train.service)"
+    );
+}
+
+#[test]
+fn throttled_time_summed_over_cpus_never_reads_longer_than_the_trace() {
+    // v1's throttled_time on 2 CPUs throttled all along a 6 s trace: 12 s summed.
+    assert_eq!(
+        throttled_time(12 * S, 2, 6 * S),
+        "6.00 s per CPU of the 6.0 s trace (12.00 s summed over the run queues of its 2 CPUs)"
+    );
+    // More than the CPUs could hold (a CPU count read low): capped at the trace.
+    assert!(throttled_time(30 * S, 2, 6 * S).starts_with("6.00 s per CPU of the 6.0 s trace"));
+    assert_eq!(
+        throttled_time(S / 2, 1, 0),
+        "0.50 s per CPU (0.50 s summed over the run queues of its 1 CPU)"
     );
 }
 
