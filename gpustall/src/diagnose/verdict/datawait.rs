@@ -242,13 +242,12 @@ pub fn links(f: &Facts, chain: &mut Chain) {
         chain.push(
             p.started_ns.max(f.start_ns),
             format!(
-                "{}: {} waited in a device driver (ioctl) {:.2} s ({:.0} % of its time, {} waits, {} of them ended by other processes of the job): the GPU (a blocking synchronize) or another device, not the input pipeline",
+                "{}: {} waited in a device driver (ioctl) {:.2} s ({:.0} % of its time, {} waits, never a wait for data, even when a process of the job ended it): the GPU (a blocking synchronize) or another device, not the input pipeline",
                 at(f, p.started_ns.max(f.start_ns)),
                 name(p),
                 d.ns as f64 / 1e9,
                 share * 100.0,
-                d.count,
-                d.data_count
+                d.count
             ),
         );
     }
@@ -407,7 +406,7 @@ mod tests {
         let mut chain = Chain(Vec::new());
         links(&f, &mut chain);
         let text = chain.done().join("\n");
-        assert!(text.contains("waited in a device driver (ioctl) 7.40 s (74 % of its time, 20 waits, 20 of them ended by other processes of the job)"), "{text}");
+        assert!(text.contains("waited in a device driver (ioctl) 7.40 s (74 % of its time, 20 waits, never a wait for data, even when a process of the job ended it)"), "{text}");
         assert!(!text.contains("waited for data"), "{text}");
         assert!(!text.contains("kept the trainer waiting"), "no worker is blamed: {text}");
     }
