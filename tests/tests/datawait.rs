@@ -178,12 +178,16 @@ fn out_of_order_batches_charge_the_data_wait_to_the_slow_worker() {
     );
 }
 
-/// Two identical CPU-bound workers take turns: each kept the trainer waiting about half. The
-/// trainer's step waits as for a GPU: a trainer computing its step on this 2-CPU machine would
-/// share a CPU with one of the two workers, which then is the slower one (its batch comes
-/// 20-140 ms after the other's and is the one awaited, as it should be).
+/// Two identical CPU-bound workers fed round robin: the whole wait is charged, to the workers.
+/// How it splits between them is not asserted: fed in pairs, they fall into a phase where one
+/// worker's batch is always already there when the trainer gets to it and the other's is the
+/// one awaited (measured 53/47 to 96/4 from run to run, 100/0 when the trainer's step computes
+/// on this 2-CPU machine), and the awaited worker is the one charged. The verdict speaks of
+/// such workers as a group (`cpu_bound_pipeline`), not of one slow worker. A batch that came
+/// in the last quarter of a wait shares it (`co_waker`), which evens out near-simultaneous
+/// pairs only.
 #[test]
-fn two_identical_cpu_bound_workers_share_the_data_wait() {
+fn two_identical_cpu_bound_workers_are_charged_the_whole_wait() {
     tests::require_privileged_env();
     let args = [
         "--workers",
@@ -200,14 +204,6 @@ fn two_identical_cpu_bound_workers_share_the_data_wait() {
     let (t, truth) = job(Path::new("python3"), "reorder", &args);
     let d = DataWait::of("out of order, two CPU-bound workers", &t, &truth);
     d.assert_matches_data_time();
-    for &(pid, kept) in &d.kept {
-        let share = d.share(kept);
-        assert!(
-            (0.35..=0.65).contains(&share),
-            "worker {pid} kept the trainer waiting {kept} ns, {:.0} % of the workers' {} ns: {:?}",
-            share * 100.0,
-            d.kept.iter().map(|&(_, k)| k).sum::<u64>(),
-            d.kept
-        );
-    }
+    let kept: u64 = d.kept.iter().map(|&(_, k)| k).sum();
+    assert_eq!(kept, d.data_wait, "every wait is charged to a worker: {:?}", d.kept);
 }
