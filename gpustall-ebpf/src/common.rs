@@ -258,9 +258,16 @@ pub fn emit_bulk<T: 'static>(value: T) {
 }
 
 /// Finds or creates a value in a map shared by all CPUs. Two CPUs may create it at once: the
-/// insert only succeeds for the first (BPF_NOEXIST), and both then add to the same value.
+/// insert only succeeds for the first (BPF_NOEXIST), and both then add to the same value. The
+/// agent deletes the entries of processes it has settled: one deleted between the insert and
+/// the lookup is created once more (a trainer's last wait, charged at its exit to a worker that
+/// exited just before), and only a second miss is a full map.
 #[inline(always)]
 pub fn shared_value<K, V: Default>(map: &HashMap<K, V>, key: &K) -> Option<*mut V> {
+    if let Some(p) = map.get_ptr_mut(key) {
+        return Some(p);
+    }
+    let _ = map.insert(key, V::default(), BPF_NOEXIST);
     if let Some(p) = map.get_ptr_mut(key) {
         return Some(p);
     }
