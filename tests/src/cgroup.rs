@@ -8,7 +8,8 @@ pub struct MemCgroup {
     v2: bool,
 }
 
-fn write(path: &std::path::Path, value: &str) {
+/// Writes a cgroup control file, or panics naming it (a test cannot go on without its limit).
+pub(crate) fn write(path: &std::path::Path, value: &str) {
     std::fs::write(path, value)
         .unwrap_or_else(|e| panic!("writing {value} to {}: {e}", path.display()));
 }

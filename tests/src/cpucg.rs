@@ -9,10 +9,7 @@ pub struct CpuCgroup {
     v2: bool,
 }
 
-fn write(path: &std::path::Path, value: &str) {
-    std::fs::write(path, value)
-        .unwrap_or_else(|e| panic!("writing {value} to {}: {e}", path.display()));
-}
+use crate::cgroup::write;
 
 impl CpuCgroup {
     pub fn new(tag: &str) -> Self {
