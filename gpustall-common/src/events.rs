@@ -196,9 +196,8 @@ pub struct DataWaitEvent {
     /// The thread of the wakee's own process that passed the batch on (a relay: PyTorch's
     /// pin-memory thread); 0: the waker woke the wakee itself.
     pub relay_tid: u32,
-    /// Another process whose batch came at nearly the same time (`sched::co_arrival`): it
-    /// shares the wait with the waker, half each; 0: none.
-    pub co_waker: u32,
-    pub _pad3: u32,
+    /// The processes that share the wait with the waker, evenly (`sched::sharers`: a batch
+    /// that came with the awaited one, feeders busy producing when it came); 0: an empty place.
+    pub co_wakers: [u32; crate::sched::CO_WAKERS],
 }
-const _: () = assert!(core::mem::size_of::<DataWaitEvent>() == 88);
+const _: () = assert!(core::mem::size_of::<DataWaitEvent>() == 96);

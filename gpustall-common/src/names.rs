@@ -21,6 +21,7 @@ pub mod maps {
     pub const OFFCPU: &str = "OFFCPU";
     pub const WAKES: &str = "WAKES";
     pub const SYSCALL_WAITS: &str = "SYSCALL_WAITS";
+    pub const FEEDERS: &str = "FEEDERS";
     pub const KILLED_THREADS: &str = "KILLED_THREADS";
 }
 

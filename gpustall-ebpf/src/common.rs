@@ -213,10 +213,11 @@ const BPF_RB_AVAIL_DATA: u64 = 0;
 /// How urgently the agent must see a critical record.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Wake {
-    /// OOM kills and fatal signals: wake the agent now (it syncs the recording at once).
+    /// OOM kills and fatal signals: wake the agent now (it syncs the recording at once);
+    /// renames (it gives the kernel the roles they reveal).
     Now,
-    /// Forks, exits, renames: the agent's 100 ms drain is soon enough, and a wakeup per record
-    /// costs an interrupt (in a VM, an exit to the hypervisor) in the forking task.
+    /// Forks, exits: the agent's next drain is soon enough, and a wakeup per record costs an
+    /// interrupt (in a VM, an exit to the hypervisor) in the forking task.
     Later,
 }
 
@@ -228,7 +229,9 @@ pub fn emit<T: 'static>(value: T, wake: Wake) {
             entry.write(value);
             let half_full = CRITICAL.query(BPF_RB_AVAIL_DATA) > (CRITICAL_BYTES / 2) as u64;
             let flags = match wake {
-                Wake::Now => 0,
+                // Forced: the kernel's own choice wakes the agent only when the ring was empty
+                // before this record, never behind records put there without a wakeup.
+                Wake::Now => BPF_RB_FORCE_WAKEUP,
                 Wake::Later if half_full => BPF_RB_FORCE_WAKEUP,
                 Wake::Later => BPF_RB_NO_WAKEUP,
             };

@@ -121,7 +121,11 @@ pub fn task_rename(ctx: TracePointContext) -> u32 {
             _pad: 0,
             new_comm: comm_field(&ctx, offset!(rename_newcomm)),
         },
-        Wake::Later,
+        // A rename is how PyTorch's workers and threads say what they are: the agent gives
+        // the kernel their roles (off-CPU accounting, a trainer's feeders) as soon as it sees
+        // it, not after a quiet spell's drain delay. Renames are rare: one per worker or
+        // thread, one per exec.
+        Wake::Now,
     );
     0
 }

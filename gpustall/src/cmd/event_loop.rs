@@ -204,6 +204,7 @@ pub async fn run(
                 }
             }
         }
+        cmd.session().follow_roles(maps);
     };
     rings.drain(cmd.session());
     Ok(stop)

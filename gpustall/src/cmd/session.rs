@@ -65,6 +65,9 @@ pub struct Incident {
     pub pid: u32,
 }
 
+/// The least time between two passes of [`Session::follow_roles`].
+const ROLES_EVERY: Duration = Duration::from_millis(20);
+
 pub struct Session {
     pub model: Model,
     pub recorder: Option<Box<dyn Sink>>,
@@ -88,6 +91,10 @@ pub struct Session {
     pss_turns: PssTurns,
     /// Training-log steps seen so far: each step's number in the recording.
     steps_seen: u64,
+    /// A fork, exec or rename was drained since roles were last given to the kernel, and
+    /// when they last were.
+    roles_moved: bool,
+    roles_given: Instant,
 }
 
 impl Session {
@@ -106,6 +113,8 @@ impl Session {
             proc_cursor: 0,
             pss_turns: PssTurns::default(),
             steps_seen: 0,
+            roles_moved: false,
+            roles_given: Instant::now(),
         }
     }
 
@@ -170,6 +179,9 @@ impl Session {
                     });
                 }
                 Event::Signal { .. } => self.incident = true,
+                Event::Fork { .. } | Event::Exec { .. } | Event::Rename { .. } => {
+                    self.roles_moved = true;
+                }
                 _ => {}
             }
             // Roles need command lines (torchrun, forkserver, spawn): read them while the
@@ -281,6 +293,18 @@ impl Session {
         self.observe(Sample::Context(Box::new(ctx.read(&batch, now))));
         if let Some(log) = log {
             self.read_log(log, now);
+        }
+    }
+
+    /// Gives the kernel the job's roles as soon as a drain moved them (a worker forked and
+    /// renamed itself): its off-CPU accounting and its trainer's feeders start with its first
+    /// batch, not at the next beat. At most every [`ROLES_EVERY`]: each pass reads the roles
+    /// of the whole tree, and a fork burst drains many times a second.
+    pub fn follow_roles(&mut self, maps: &mut loader::KernelMaps) {
+        if self.roles_moved && self.roles_given.elapsed() >= ROLES_EVERY {
+            self.roles_moved = false;
+            self.roles_given = Instant::now();
+            maps.account_offcpu(&self.model.tree);
         }
     }
 

@@ -733,6 +733,7 @@ impl KernelMaps {
     /// Raises the live processes of the job's own roles to off-CPU accounting.
     pub fn account_offcpu(&mut self, tree: &crate::model::proctree::ProcessTree) {
         self.sched.account(&mut self.tracked, &crate::kernel::offcpu::wanted(tree));
+        self.sched.set_feeders(crate::kernel::offcpu::feeders(tree));
     }
 
     /// Adds a process to the tree the kernel follows.
@@ -869,6 +870,7 @@ mod tests {
             maps::OFFCPU,
             maps::WAKES,
             maps::SYSCALL_WAITS,
+            maps::FEEDERS,
         ];
         for m in map_names {
             assert!(

@@ -13,8 +13,8 @@ use gpustall_common::names::maps;
 use gpustall_common::offsets::MISSING;
 use gpustall_common::sched::{state, OffCpuThread, WAIT_DONE};
 use gpustall_common::sched::{
-    OffCpuCounters, SchedOffsets, StackLayout, WakeCounters, WakeKey, ACCOUNT, ACCOUNT_WAITS,
-    OFFCPU_PROCESSES,
+    Feeders, OffCpuCounters, SchedOffsets, StackLayout, WakeCounters, WakeKey, ACCOUNT,
+    ACCOUNT_WAITS, OFFCPU_PROCESSES,
 };
 use gpustall_common::syscall::SyscallWaits;
 use gpustall_common::task::UNKNOWN as TASK_UNKNOWN;
@@ -108,6 +108,9 @@ pub struct SchedMaps {
     accounted: BTreeMap<u32, u32>,
     /// Processes of the job's roles left out because [`OFFCPU_PROCESSES`] were accounted.
     pub over_cap: BTreeSet<u32>,
+    /// Each data waiter's workers, as written to `FEEDERS`.
+    feeders: HashMap<MapData, u32, Feeders>,
+    fed: BTreeMap<u32, Feeders>,
 }
 
 /// The `TRACKED` value a process of `role` gets: trainers and ranks wait for data, the other
@@ -124,6 +127,36 @@ pub fn level_of(role: Role) -> Option<u32> {
 /// The live processes of the tree to account, with their level.
 pub fn wanted(tree: &ProcessTree) -> Vec<(u32, u32)> {
     tree.alive_pids().into_iter().filter_map(|p| Some((p, level_of(tree.role(p))?))).collect()
+}
+
+/// Each live trainer's or rank's workers (the nearest data waiter above each live worker), the
+/// first [`FEEDER_SLOTS`] in the order they appeared: the kernel splits a wait between the
+/// worker whose batch ended it and those of them still busy producing (`sched::sharers`).
+pub fn feeders(tree: &ProcessTree) -> BTreeMap<u32, Feeders> {
+    let mut workers: BTreeMap<u32, Vec<(u64, u32)>> = BTreeMap::new();
+    for n in tree.iter().filter(|n| n.alive() && tree.role(n.pid) == Role::DataloaderWorker) {
+        let mut up = tree.get(n.ppid);
+        // Bounded: a tree is acyclic, but a pid reused under a stale parent must not loop.
+        for _ in 0..64 {
+            let Some(p) = up else { break };
+            if level_of(tree.role(p.pid)) == Some(ACCOUNT_WAITS) {
+                workers.entry(p.pid).or_default().push((n.order, n.pid));
+                break;
+            }
+            up = tree.get(p.ppid).filter(|q| q.pid != p.pid);
+        }
+    }
+    workers
+        .into_iter()
+        .map(|(waiter, mut w)| {
+            w.sort_unstable();
+            let mut f = Feeders::default();
+            for (slot, &(_, pid)) in f.pids.iter_mut().zip(&w) {
+                *slot = pid;
+            }
+            (waiter, f)
+        })
+        .collect()
 }
 
 fn take<T>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, super::loader::LoadError>
@@ -145,6 +178,8 @@ impl SchedMaps {
             known_wakes: Mutex::default(),
             accounted: BTreeMap::new(),
             over_cap: BTreeSet::new(),
+            feeders: take(ebpf, maps::FEEDERS)?,
+            fed: BTreeMap::new(),
         })
     }
 
@@ -226,6 +261,27 @@ impl SchedMaps {
         }
     }
 
+    /// Writes each data waiter's workers to `FEEDERS` where they changed, and drops waiters
+    /// that are gone.
+    pub fn set_feeders(&mut self, want: BTreeMap<u32, Feeders>) {
+        let gone: Vec<u32> = self.fed.keys().filter(|p| !want.contains_key(p)).copied().collect();
+        for pid in gone {
+            let _ = self.feeders.remove(&pid);
+            self.fed.remove(&pid);
+        }
+        for (pid, f) in want {
+            if self.fed.get(&pid) == Some(&f) {
+                continue;
+            }
+            match self.feeders.insert(pid, f, 0) {
+                Ok(()) => {
+                    self.fed.insert(pid, f);
+                }
+                Err(e) => log::debug!("the workers of pid {pid}: {e}"),
+            }
+        }
+    }
+
     /// Forgets that `pid` was raised: its `TRACKED` value was reset to 1 (a new process with
     /// a reused pid), so the next [`Self::account`] raises it again if its role asks.
     pub fn unaccount(&mut self, pid: u32) {
@@ -246,5 +302,27 @@ impl SchedMaps {
             let _ = self.wakes.remove(&k);
             known.remove(&k);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_trainers_live_workers_are_its_feeders_in_the_order_they_came() {
+        let mut t = ProcessTree::default();
+        t.seed(100, 1, "python3", true, 0);
+        for (i, pid) in [(0, 103), (1, 101), (2, 102)] {
+            t.on_fork(100, pid, "python3", i);
+            t.on_rename(pid, pid, "pt_data_worker");
+        }
+        // A helper the trainer runs is no feeder; a worker that exited is none any more.
+        t.on_fork(100, 104, "python3", 3);
+        t.on_exit(102, Some(0), 9);
+        let f = feeders(&t);
+        assert_eq!(f.keys().copied().collect::<Vec<_>>(), vec![100]);
+        assert_eq!(f[&100].pids, [103, 101, 0, 0, 0, 0, 0, 0]);
+        assert!(feeders(&ProcessTree::default()).is_empty());
     }
 }

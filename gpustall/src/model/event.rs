@@ -121,9 +121,12 @@ pub enum Event {
         /// pin-memory thread).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         relay_tid: Option<u32>,
-        /// Another process whose batch came at nearly the same time: it shares the wait with
-        /// the waker, half each (`sched::co_arrival`).
-        #[serde(default, skip_serializing_if = "Option::is_none")]
+        /// The processes that share the wait with the waker, evenly (`sched::sharers`: a
+        /// batch that came with the awaited one, the feeders busy producing when it came).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        co_wakers: Vec<u32>,
+        /// Recordings before `co_wakers`: the one process that shared the wait, half each.
+        #[serde(default, skip_serializing)]
         co_waker: Option<u32>,
     },
 }

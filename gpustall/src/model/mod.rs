@@ -238,6 +238,7 @@ impl Model {
                 wait_class,
                 slices,
                 job_wakes,
+                co_wakers,
                 co_waker,
                 ..
             } => self.offcpu.long.note_wait(crate::model::longwait::LongWait {
@@ -250,7 +251,11 @@ impl Model {
                 waker_reclaim_ns: 0,
                 wait_class: *wait_class,
                 timeouts: slices.zip(*job_wakes).map(|(s, j)| s.saturating_sub(j)),
-                co_waker: *co_waker,
+                co_wakers: if co_wakers.is_empty() {
+                    co_waker.iter().copied().collect()
+                } else {
+                    co_wakers.clone()
+                },
             }),
         }
     }
