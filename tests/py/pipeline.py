@@ -61,7 +61,12 @@ def worker(index, a, w):
         host, port = a.fetch.rsplit(":", 1)
         conn = socket.create_connection((host, int(port)))
     batch = bytes([index % 256]) * BATCH
+    store = os.open(a.read, os.O_RDONLY) if a.read else None
     while True:
+        if store is not None:
+            # A sample from a file on a network filesystem (a FUSE mount here): each read
+            # waits on its server.
+            os.pread(store, BATCH, 0)
         if conn is not None:
             conn.sendall(b"x")
             got = 0
@@ -145,6 +150,7 @@ def main():
     c.add_argument("--trainer-cost", type=float, default=0.0)
     c.add_argument("--seconds", type=float, default=6.0)
     c.add_argument("--fetch")
+    c.add_argument("--read", help="read each sample from this file (a network filesystem's)")
     c.add_argument("--wait-go", action="store_true")
     s = sub.add_parser("server")
     s.add_argument("--delay", type=float, default=0.1)

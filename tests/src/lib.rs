@@ -10,6 +10,7 @@ pub mod cpucg;
 pub mod kernel;
 pub mod mm;
 pub mod procs;
+pub mod slowfs;
 
 use std::path::PathBuf;
 

@@ -307,6 +307,26 @@ fn workers_waiting_on_a_storage_server_are_network_bound_with_its_address() {
     assert!(v["text"].as_str().is_some_and(|s| s.contains(&peer)), "{v:#}");
 }
 
+#[test]
+fn workers_reading_files_on_a_network_filesystem_are_network_bound_with_its_mount() {
+    tests::require_privileged_env();
+    let cg = CpuCgroup::favoured("pipe-nfs");
+    // Each read waits 0.1 s on the filesystem's server; the trainer needs a sample every
+    // 0.05 s. No local block device holds the file: not disk-bound.
+    let source = format!("storage-{}:/export", std::process::id());
+    let fs = tests::slowfs::SlowFs::mount(&source, Duration::from_millis(100));
+    let data = fs.data();
+    let data = data.to_str().expect("utf-8");
+    let job = ["--workers", "1", "--cost", "0", "--step", "0.05", "--seconds", "6", "--read", data];
+    let (t, result) = traced(&job, Some(&cg), &["--no-gpu"], &[]);
+    let v = verdict(&t, "network filesystem");
+    eprintln!("trainer's own wait share: {}", result["wait_share"]);
+    assert_eq!(v["cause"], "network_bound", "{v:#}");
+    let text = v["text"].as_str().unwrap_or_default();
+    assert!(text.contains("reading files on a network filesystem"), "{v:#}");
+    assert!(text.contains(&source) && text.contains(&fs.dir().display().to_string()), "{v:#}");
+}
+
 /// The culprits of a busy-host verdict that are the spinners (named `name` in the evidence).
 fn spinners_pids(v: &Value, name: &str) -> Vec<u64> {
     let evidence = v["evidence"].to_string();

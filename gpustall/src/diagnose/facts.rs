@@ -75,6 +75,9 @@ pub struct ProcFacts {
     /// the socket's peer ("" unknown) and how often.
     pub readings: u64,
     pub socket_waits: Vec<(String, u64)>,
+    /// Readings that found it blocked reading a file on a network or FUSE filesystem, by
+    /// "source (type at mount point)".
+    pub remote_file_waits: Vec<(String, u64)>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -287,6 +290,13 @@ fn proc_facts(m: &Model, n: &crate::model::proctree::ProcNode, now_ns: u64) -> P
             .ctx
             .cpu
             .socket
+            .get(&n.pid)
+            .map(|by| by.iter().map(|(p, c)| (p.clone(), *c)).collect())
+            .unwrap_or_default(),
+        remote_file_waits: m
+            .ctx
+            .cpu
+            .remote_file
             .get(&n.pid)
             .map(|by| by.iter().map(|(p, c)| (p.clone(), *c)).collect())
             .unwrap_or_default(),

@@ -74,14 +74,17 @@ pub struct OtherCpu {
     pub ticks: u64,
 }
 
-/// A traced process blocked in a read of a socket: the syscall and the socket's peer, when
-/// /proc/net/tcp{,6} names it.
+/// A traced process blocked in a read of a socket (the socket's peer, when /proc/net/tcp{,6}
+/// names it) or of a file on a network or FUSE filesystem (`fs`: its type; `peer`: the
+/// mount's source and mount point).
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 pub struct SocketWait {
     pub pid: u32,
     pub syscall: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peer: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fs: Option<String>,
 }
 
 /// One cgroup level's throttling over the trace.
@@ -115,6 +118,9 @@ pub struct CpuTrack {
     /// by peer ("" when unknown).
     pub readings: BTreeMap<u32, u64>,
     pub socket: BTreeMap<u32, BTreeMap<String, u64>>,
+    /// The same for reads of files on a network or FUSE filesystem, by "source (type at
+    /// mount point)".
+    pub remote_file: BTreeMap<u32, BTreeMap<String, u64>>,
 }
 
 impl CpuTrack {
@@ -141,7 +147,8 @@ impl CpuTrack {
         }
         for s in &c.sockets {
             let peer = s.peer.clone().unwrap_or_default();
-            *self.socket.entry(s.pid).or_default().entry(peer).or_default() += 1;
+            let by = if s.fs.is_some() { &mut self.remote_file } else { &mut self.socket };
+            *by.entry(s.pid).or_default().entry(peer).or_default() += 1;
         }
         self.last = Some(c.clone());
         self.last_ns = t_ns;

@@ -262,28 +262,105 @@ pub fn parse_level(
     }
 }
 
-/// The syscalls that read a socket, by number on this architecture.
+/// The syscalls that read a socket or a file, by number on this architecture.
 fn read_syscall_name(nr: u64) -> Option<&'static str> {
     #[cfg(target_arch = "x86_64")]
-    let table: &[(u64, &str)] = &[(0, "read"), (19, "readv"), (45, "recvfrom"), (47, "recvmsg")];
+    let table: &[(u64, &str)] = &[
+        (0, "read"),
+        (17, "pread64"),
+        (19, "readv"),
+        (45, "recvfrom"),
+        (47, "recvmsg"),
+        (295, "preadv"),
+        (327, "preadv2"),
+    ];
     #[cfg(target_arch = "aarch64")]
-    let table: &[(u64, &str)] = &[(63, "read"), (65, "readv"), (207, "recvfrom"), (212, "recvmsg")];
+    let table: &[(u64, &str)] = &[
+        (63, "read"),
+        (65, "readv"),
+        (67, "pread64"),
+        (69, "preadv"),
+        (207, "recvfrom"),
+        (212, "recvmsg"),
+        (286, "preadv2"),
+    ];
     #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
     let table: &[(u64, &str)] = &[];
     table.iter().find(|(n, _)| *n == nr).map(|(_, s)| *s)
 }
 
-/// `pid` blocked in a read of a socket: the syscall and the peer.
+/// `pid` blocked in a read of a socket (the syscall and the peer) or of a file on a network
+/// or FUSE filesystem (the mount's type, source and mount point).
 fn socket_wait(pid: u32) -> Option<SocketWait> {
     let text = read_text(Path::new(&format!("/proc/{pid}/syscall")))?;
     let (nr, fd) = parse_syscall(&text)?;
-    let syscall = read_syscall_name(nr)?;
+    let syscall = read_syscall_name(nr)?.to_string();
     let link = std::fs::read_link(format!("/proc/{pid}/fd/{fd}")).ok()?;
-    let inode: u64 = link.to_str()?.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok()?;
+    let Some(inode) = link.to_str().and_then(socket_inode) else {
+        let fdinfo = read_text(Path::new(&format!("/proc/{pid}/fdinfo/{fd}")))?;
+        let mountinfo = read_text(Path::new(&format!("/proc/{pid}/mountinfo")))?;
+        let m = remote_mount(&mountinfo, fdinfo_mnt_id(&fdinfo)?)?;
+        let peer = Some(format!("{} ({} at {})", m.source, m.fstype, m.mount_point));
+        return Some(SocketWait { pid, syscall, peer, fs: Some(m.fstype) });
+    };
     let peer = ["tcp", "tcp6"].iter().find_map(|f| {
         read_text(Path::new(&format!("/proc/{pid}/net/{f}"))).and_then(|t| tcp_peer(&t, inode))
     });
-    Some(SocketWait { pid, syscall: syscall.to_string(), peer })
+    Some(SocketWait { pid, syscall, peer, fs: None })
+}
+
+/// The inode of a "socket:[N]" fd link.
+fn socket_inode(link: &str) -> Option<u64> {
+    link.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok()
+}
+
+/// The mount id of an open file, from its /proc/PID/fdinfo/FD text ("mnt_id:\tN").
+pub fn fdinfo_mnt_id(text: &str) -> Option<u64> {
+    text.lines().find_map(|l| l.strip_prefix("mnt_id:")).and_then(|v| v.trim().parse().ok())
+}
+
+/// A mount whose reads go over the network or to a user-space server.
+#[derive(Debug, PartialEq, Eq)]
+pub struct RemoteMount {
+    pub fstype: String,
+    pub source: String,
+    pub mount_point: String,
+}
+
+/// Filesystem types whose reads wait on a server, not a local block device: network
+/// filesystems, and FUSE (s3fs, gcsfuse, sshfs, blobfuse: object stores mounted as files).
+fn remote_fstype(t: &str) -> bool {
+    const REMOTE: &[&str] = &[
+        "nfs",
+        "nfs4",
+        "cifs",
+        "smb3",
+        "9p",
+        "ceph",
+        "glusterfs",
+        "lustre",
+        "gpfs",
+        "beegfs",
+        "afs",
+        "fuse",
+        "fuseblk",
+    ];
+    REMOTE.contains(&t) || t.starts_with("fuse.")
+}
+
+/// The mount `id` in a /proc/PID/mountinfo text when it is a remote one ([`remote_fstype`]).
+/// A line: "ID PARENT MAJ:MIN ROOT MOUNT_POINT OPTIONS [OPTIONAL...] - TYPE SOURCE SUPER_OPTIONS".
+pub fn remote_mount(mountinfo: &str, id: u64) -> Option<RemoteMount> {
+    let line = mountinfo.lines().find(|l| l.split(' ').next() == Some(&id.to_string()))?;
+    let (left, right) = line.split_once(" - ")?;
+    let mount_point = left.split(' ').nth(4)?;
+    let mut r = right.split(' ');
+    let (fstype, source) = (r.next()?, r.next()?);
+    remote_fstype(fstype).then(|| RemoteMount {
+        fstype: fstype.to_string(),
+        source: crate::sources::cgroup::mounts::unescape(source),
+        mount_point: crate::sources::cgroup::mounts::unescape(mount_point),
+    })
 }
 
 /// /proc/PID/syscall of a blocked task: "NR ARG0 ARG1 ...": the number and its first argument.
@@ -364,6 +441,23 @@ mod tests {
         assert_eq!(m.len(), 2);
         assert_eq!((m[0].version, m[0].mount_point.to_str()), (1, Some("/sys/fs/cgroup/cpu")));
         assert_eq!(m[1].version, 2);
+    }
+
+    #[test]
+    fn a_read_of_a_file_on_a_network_or_fuse_mount_names_the_mount() {
+        let info = "22 1 8:1 / / rw - ext4 /dev/sda1 rw\n\
+                    46 22 0:40 / /mnt/my\\040data ro,nosuid - fuse slowfs:/export ro,user_id=0\n\
+                    47 22 0:41 / /data rw - nfs4 10.0.0.5:/export rw,vers=4.2\n";
+        assert_eq!(fdinfo_mnt_id("pos:\t0\nflags:\t0100000\nmnt_id:\t46\nino:\t2\n"), Some(46));
+        let fuse = remote_mount(info, 46).expect("a FUSE mount");
+        assert_eq!((fuse.fstype.as_str(), fuse.source.as_str()), ("fuse", "slowfs:/export"));
+        assert_eq!(fuse.mount_point, "/mnt/my data");
+        assert_eq!(remote_mount(info, 47).map(|m| m.fstype), Some("nfs4".into()));
+        assert_eq!(remote_mount(info, 22), None, "a local disk");
+        assert_eq!(remote_mount(info, 9), None, "no such mount");
+        assert!(remote_fstype("fuse.sshfs") && !remote_fstype("tmpfs"));
+        assert_eq!(socket_inode("socket:[4242]"), Some(4242));
+        assert_eq!(socket_inode("/data/x"), None);
     }
 
     #[test]

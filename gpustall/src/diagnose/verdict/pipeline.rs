@@ -448,29 +448,39 @@ pub fn busy_host(c: &Ctx) -> Option<Verdict> {
 }
 
 /// The job's workers sat blocked reading sockets (remote storage, an object store, a network
-/// filesystem's client over TCP) while the trainer waited.
+/// filesystem's client over TCP) or files on a network or FUSE filesystem (NFS, CIFS, s3fs,
+/// gcsfuse: no local block device involved) while the trainer waited.
 pub fn network_bound(c: &Ctx) -> Option<Verdict> {
     let f = c.f;
     let s = starved(f)?;
     let readings: u64 = s.workers.iter().map(|p| p.readings).sum();
-    let mut peers: std::collections::BTreeMap<String, u64> = Default::default();
-    for p in &s.workers {
-        for (peer, n) in &p.socket_waits {
-            *peers.entry(peer.clone()).or_default() += n;
+    let sum = |of: fn(&crate::diagnose::facts::ProcFacts) -> &Vec<(String, u64)>| {
+        let mut by: std::collections::BTreeMap<String, u64> = Default::default();
+        for p in &s.workers {
+            for (peer, n) in of(p) {
+                *by.entry(peer.clone()).or_default() += n;
+            }
         }
-    }
-    let in_socket: u64 = peers.values().sum();
-    if readings < 2 || (in_socket as f64) < SOCKET_SHARE * readings as f64 {
+        let mut v: Vec<(String, u64)> = by.into_iter().collect();
+        v.sort_by_key(|(p, n)| (std::cmp::Reverse(*n), p.clone()));
+        v
+    };
+    let (sockets, files) = (sum(|p| &p.socket_waits), sum(|p| &p.remote_file_waits));
+    let (in_socket, in_file): (u64, u64) =
+        (sockets.iter().map(|x| x.1).sum(), files.iter().map(|x| x.1).sum());
+    let blocked = in_socket + in_file;
+    if readings < 2 || (blocked as f64) < SOCKET_SHARE * readings as f64 {
         return None;
     }
-    let mut by: Vec<(String, u64)> = peers.into_iter().collect();
-    by.sort_by_key(|(p, n)| (std::cmp::Reverse(*n), p.clone()));
-    let named: Vec<String> = by
-        .iter()
-        .map(|(p, n)| {
-            format!("{} ({n} readings)", if p.is_empty() { "an unknown peer" } else { p })
-        })
-        .collect();
+    // Said as what the workers mostly waited on: a filesystem's mount or a socket's peer.
+    let (by, what, seen) = if in_file > in_socket {
+        (&files, "reading files on a network filesystem", "the file's mount")
+    } else {
+        (&sockets, "reading sockets", "the socket's peer")
+    };
+    let name = |p: &str| if p.is_empty() { "an unknown peer".to_string() } else { p.to_string() };
+    let named: Vec<String> =
+        sockets.iter().chain(&files).map(|(p, n)| format!("{} ({n} readings)", name(p))).collect();
     let mut chain = c.chain();
     for p in &s.workers {
         split_link(f, p, &mut chain);
@@ -478,15 +488,15 @@ pub fn network_bound(c: &Ctx) -> Option<Verdict> {
     chain.push(
         f.start_ns + 1,
         format!(
-            "the workers were found blocked reading a socket in {in_socket} of {readings} readings (/proc/PID/syscall), from {}",
+            "the workers were found blocked {what} in {blocked} of {readings} readings (/proc/PID/syscall, {seen}), from {}",
             named.join(", ")
         ),
     );
     let w = total(&s.workers);
     let text = format!(
-        "The input pipeline waits on the network: the job's DataLoader workers sat blocked reading sockets in {:.0} % of the readings (from {}) and were on CPU only {:.0} % of their time: remote storage or a data service, not the disk or the CPU{}.",
-        100.0 * in_socket as f64 / readings as f64,
-        by.first().map_or("an unknown peer", |(p, _)| if p.is_empty() { "an unknown peer" } else { p }),
+        "The input pipeline waits on the network: the job's DataLoader workers sat blocked {what} in {:.0} % of the readings (from {}) and were on CPU only {:.0} % of their time: remote storage or a data service, not the disk or the CPU{}.",
+        100.0 * blocked as f64 / readings as f64,
+        by.first().map_or_else(|| name(""), |(p, _)| name(p)),
         100.0 * w.share(w.cpu_ns),
         gpu_clause(f)
     );

@@ -49,7 +49,7 @@ fn parse_mountinfo_line(line: &str) -> Option<CgroupMount> {
 }
 
 /// mountinfo writes space, tab, newline and backslash in paths as \ooo octal escapes.
-fn unescape(s: &str) -> String {
+pub fn unescape(s: &str) -> String {
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
