@@ -286,21 +286,16 @@ fn proc_facts(m: &Model, n: &crate::model::proctree::ProcNode, now_ns: u64) -> P
         cpu_ns: m.ctx.cpu.cpu_ns(n.pid, n.started_ns, m.start_ns).map(|(ns, _)| ns),
         cpu_span_ns: m.ctx.cpu.cpu_ns(n.pid, n.started_ns, m.start_ns).map_or(0, |(_, s)| s),
         readings: m.ctx.cpu.readings.get(&n.pid).copied().unwrap_or(0),
-        socket_waits: m
-            .ctx
-            .cpu
-            .socket
-            .get(&n.pid)
-            .map(|by| by.iter().map(|(p, c)| (p.clone(), *c)).collect())
-            .unwrap_or_default(),
-        remote_file_waits: m
-            .ctx
-            .cpu
-            .remote_file
-            .get(&n.pid)
-            .map(|by| by.iter().map(|(p, c)| (p.clone(), *c)).collect())
-            .unwrap_or_default(),
+        socket_waits: by_peer(&m.ctx.cpu.socket, n.pid),
+        remote_file_waits: by_peer(&m.ctx.cpu.remote_file, n.pid),
     }
+}
+
+type PeerReadings = std::collections::BTreeMap<u32, std::collections::BTreeMap<String, u64>>;
+
+/// `pid`'s readings blocked on each peer or mount, from one of `CpuTrack`'s maps.
+fn by_peer(map: &PeerReadings, pid: u32) -> Vec<(String, u64)> {
+    map.get(&pid).map(|by| by.iter().map(|(p, c)| (p.clone(), *c)).collect()).unwrap_or_default()
 }
 
 /// The CPU figures of the trace, when any were read.
