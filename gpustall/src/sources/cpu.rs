@@ -3,7 +3,8 @@
 //! counters, the CPUs online and those the job may run on, the host's busy time (/proc/stat),
 //! the processes outside the traced tree that used the most CPU since the last beat (a scan of
 //! /proc/*/stat), and the traced processes blocked reading a socket (/proc/PID/syscall, the fd's
-//! socket inode, its peer from /proc/PID/net/tcp{,6}).
+//! socket inode, its peer from /proc/PID/net/tcp{,6}) or a file on a network or FUSE filesystem
+//! (the fd's mount id in /proc/PID/fdinfo, its type and source in /proc/PID/mountinfo).
 //!
 //! Readers return `None` or nothing when a file is missing: processes and cgroups come and go.
 //! Parsing is split from reading and unit-tested on text.

@@ -5,7 +5,8 @@
 //! uninterruptible) and the CPU time /proc/PID/stat gave (`model::cpu`):
 //! - `cpu_quota_throttled`: the job's cgroup CPU quota throttled it (cpu.stat over the trace);
 //! - `busy_host`: its workers waited in the run queue behind processes outside the job;
-//! - `network_bound`: its workers sat blocked reading sockets (sampled /proc/PID/syscall);
+//! - `network_bound`: its workers sat blocked reading sockets or files on a network or FUSE
+//!   filesystem (sampled /proc/PID/syscall);
 //! - `cpu_bound_pipeline`: its workers were on CPU most of their time: too few of them, or each
 //!   sample too costly; the advice computes the worker count that keeps up;
 //! - `trainer_bound`: the trainer did not wait for data but was on CPU while the GPU idled: the
