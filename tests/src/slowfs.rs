@@ -2,8 +2,11 @@
 //! each read answered after a fixed delay (opened with direct I/O, so that every read reaches
 //! it and none is served from the page cache). It stands for a network filesystem or an object
 //! store mounted as files (NFS, s3fs, gcsfuse): the reader blocks in read(2) on a file that no
-//! local block device holds. Mounted by the mount syscall (root, no libfuse), unmounted when
-//! the guard drops, also on a test's failure.
+//! local block device holds. Its first mkdir is answered only after `stall` (a server that
+//! stopped answering): the caller holds its directory's lock meanwhile, and a second mkdir
+//! there waits for that lock in uninterruptible sleep (D), as tasks behind a dead NFS server
+//! do. Mounted by the mount syscall (root, no libfuse), unmounted when the guard drops, also
+//! on a test's failure.
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
@@ -20,6 +23,8 @@ const TTL: Duration = Duration::from_secs(60);
 
 struct Slow {
     delay: Duration,
+    /// How long the first mkdir waits for its answer (then every mkdir is refused at once).
+    stall: Option<Duration>,
 }
 
 fn attr(ino: u64) -> FileAttr {
@@ -59,6 +64,13 @@ impl Filesystem for Slow {
         }
     }
 
+    fn mkdir(&mut self, _: &Request<'_>, _: u64, _: &OsStr, _: u32, _: u32, reply: ReplyEntry) {
+        if let Some(stall) = self.stall.take() {
+            std::thread::sleep(stall);
+        }
+        reply.error(libc::EACCES);
+    }
+
     fn open(&mut self, _: &Request<'_>, _: u64, _: i32, reply: ReplyOpen) {
         reply.opened(0, fuser::consts::FOPEN_DIRECT_IO);
     }
@@ -90,11 +102,17 @@ impl SlowFs {
     /// Mounts it on a fresh directory, its source named `source` (as mountinfo shows a
     /// network filesystem's "server:/export"), each read answered after `delay`.
     pub fn mount(source: &str, delay: Duration) -> Self {
+        Self::mount_stalling(source, delay, None)
+    }
+
+    /// As [`SlowFs::mount`], its first mkdir answered only after `stall`.
+    pub fn mount_stalling(source: &str, delay: Duration, stall: Option<Duration>) -> Self {
         let name = format!("gpustall-slowfs-{}-{}", std::process::id(), crate::unique());
         let dir = std::env::temp_dir().join(name);
         std::fs::create_dir_all(&dir).expect("the mount point");
-        let opts = [MountOption::RO, MountOption::FSName(source.to_string())];
-        let session = fuser::spawn_mount2(Slow { delay }, &dir, &opts)
+        // Writable: a read-only mount refuses a mkdir before it reaches the server.
+        let opts = [MountOption::FSName(source.to_string())];
+        let session = fuser::spawn_mount2(Slow { delay, stall }, &dir, &opts)
             .unwrap_or_else(|e| panic!("mounting a FUSE filesystem at {}: {e}", dir.display()));
         Self { dir, session: Some(session) }
     }

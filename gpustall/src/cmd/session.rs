@@ -95,6 +95,8 @@ pub struct Session {
     /// when they last were.
     roles_moved: bool,
     roles_given: Instant,
+    /// The kernel log, where it can be read (`follow_kernel_log`).
+    kmsg: Option<crate::sources::kmsg::KmsgReader>,
 }
 
 impl Session {
@@ -115,6 +117,7 @@ impl Session {
             steps_seen: 0,
             roles_moved: false,
             roles_given: Instant::now(),
+            kmsg: None,
         }
     }
 
@@ -293,6 +296,39 @@ impl Session {
         self.observe(Sample::Context(Box::new(ctx.read(&batch, now))));
         if let Some(log) = log {
             self.read_log(log, now);
+        }
+        self.read_kernel_log(now);
+    }
+
+    /// Follows the kernel log from now on; where it cannot be read, says so once (its verdicts,
+    /// a GPU's Xid faults, hung tasks, storage errors, are then not made).
+    pub fn follow_kernel_log(&mut self) {
+        match crate::sources::kmsg::KmsgReader::open() {
+            Ok(r) => self.kmsg = Some(r),
+            Err(e) => log::warn!(
+                "the kernel log is not read (/dev/kmsg: {e}): GPU Xid faults, hung tasks and storage errors it reports are not looked for"
+            ),
+        }
+    }
+
+    /// The kernel log's new lines that matter: a report naming a process (a hung task, a soft
+    /// lockup, an OOM kill) only when it is one of the traced tree's; the node's GPU, storage
+    /// and hardware errors always.
+    fn read_kernel_log(&mut self, now: u64) {
+        use crate::model::kernlog::LogWhat;
+        let Some(r) = self.kmsg.as_mut() else { return };
+        let lines = r.read();
+        let missed = std::mem::take(&mut r.missed);
+        for line in lines {
+            let names_a_process =
+                matches!(line.what, LogWhat::HungTask | LogWhat::SoftLockup | LogWhat::OomKill);
+            if names_a_process && !line.pid.is_some_and(|p| self.model.tree.contains(p)) {
+                continue;
+            }
+            self.observe(Sample::KernelLog(line));
+        }
+        if missed > 0 {
+            self.observe(Sample::KernelLogMissed { t_ns: now, records: missed });
         }
     }
 

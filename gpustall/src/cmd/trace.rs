@@ -222,6 +222,7 @@ fn setup(opts: &TraceOptions) -> anyhow::Result<(Trace, Probes, Rings, Option<Gp
         r.flush();
     }
     seed(&mut session, &mut probes.maps, opts.pid, start)?;
+    session.follow_kernel_log();
     // The trainer's waits count from the start, not from the first beat: a job's first batch
     // (the workers' start-up) is often its longest wait.
     probes.maps.account_offcpu(&session.model.tree);

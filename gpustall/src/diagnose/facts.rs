@@ -125,6 +125,10 @@ pub struct Facts {
     pub cpu: Option<CpuFacts>,
     /// The GPUs' average utilisation over their samples.
     pub gpu_util_avg_pct: Option<f64>,
+    /// The kernel log's lines that matter (`model::kernlog`), and the records the reader
+    /// missed.
+    pub kernel_log: Vec<crate::model::kernlog::KernelLogLine>,
+    pub kernel_log_missed: u64,
 }
 
 /// The job's CPU surroundings over the trace.
@@ -437,6 +441,8 @@ pub fn from_model(m: &Model, now_ns: u64) -> Facts {
         gpu_throttle_reasons: m.gpu.throttle_reasons.iter().cloned().collect(),
         data_time,
         data_time_rise_ns,
+        kernel_log: m.kernel_log.lines.clone(),
+        kernel_log_missed: m.kernel_log.missed,
         cpu: cpu_facts(m),
         gpu_util_avg_pct: m.gpu.summary.as_ref().and_then(|g| g.util_avg_pct()),
     }

@@ -8,6 +8,7 @@ pub mod event;
 pub mod folded;
 pub mod gpu;
 pub mod host;
+pub mod kernlog;
 pub mod longwait;
 pub mod offcpu;
 pub mod overhead;
@@ -73,6 +74,8 @@ pub struct Model {
     pub steps: Vec<(u64, crate::model::steps::StepTimes)>,
     /// Off-CPU time per process and who ended whose waits (sched_switch / sched_waking).
     pub offcpu: crate::model::offcpu::OffCpu,
+    /// The kernel log's lines that matter to a verdict (`sources::kmsg`).
+    pub kernel_log: crate::model::kernlog::KernelLog,
 }
 
 impl Model {
@@ -104,6 +107,8 @@ impl Model {
             Sample::Overhead { overhead, .. } => self.overhead = overhead.clone(),
             Sample::RecordingGap { lines, .. } => self.host.recording_gap_lines += lines,
             Sample::Fold { pids, .. } => self.fold(pids),
+            Sample::KernelLog(line) => self.kernel_log.apply(line),
+            Sample::KernelLogMissed { records, .. } => self.kernel_log.missed += records,
             Sample::Final { pids, .. } => {
                 for pid in pids {
                     if let Some(p) = self.procs.get_mut(pid) {

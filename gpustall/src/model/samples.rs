@@ -262,6 +262,14 @@ pub enum Sample {
         t_ns: u64,
         pids: Vec<u32>,
     },
+    /// A line of the kernel log that matters to a verdict (`model::kernlog`).
+    KernelLog(crate::model::kernlog::KernelLogLine),
+    /// Records of the kernel log the reader missed since the last such sample (overwritten in
+    /// the kernel's buffer before it read them).
+    KernelLogMissed {
+        t_ns: u64,
+        records: u64,
+    },
 }
 
 impl Sample {
@@ -276,7 +284,9 @@ impl Sample {
             | Sample::Overhead { t_ns, .. }
             | Sample::RecordingGap { t_ns, .. }
             | Sample::Fold { t_ns, .. }
-            | Sample::Final { t_ns, .. } => *t_ns,
+            | Sample::Final { t_ns, .. }
+            | Sample::KernelLogMissed { t_ns, .. } => *t_ns,
+            Sample::KernelLog(l) => l.t_ns,
             Sample::Counters(c) => c.t_ns,
             Sample::Context(c) => c.t_ns,
         }

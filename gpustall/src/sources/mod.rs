@@ -1,6 +1,6 @@
 //! Stage 2, everything else the agent reads from the machine: /proc (the tree at start,
 //! memory per process), the host and memory cgroup (`host`, `context`), NVML, the training log,
-//! the agent's own cost. Each reader returns the plain sample types of [`crate::model`].
+//! the agent's own cost, the kernel log's lines that matter to a verdict (`kmsg`). Each reader returns the plain sample types of [`crate::model`].
 
 pub mod agent;
 pub mod cgroup;
@@ -8,6 +8,7 @@ pub mod clock;
 pub mod context;
 pub mod cpu;
 pub mod host;
+pub mod kmsg;
 pub mod nvml;
 pub mod procfs;
 pub mod trainlog;

@@ -574,6 +574,7 @@ async fn setup(opts: WatchOptions) -> anyhow::Result<(Daemon, Probes, Rings, Opt
         opts.memory_budget,
     )));
     let mut session = Session::new(Model { start_ns: start, last_ns: start, ..Default::default() });
+    session.follow_kernel_log();
     session.recorder = Some(Box::new(FlightSink::new(flight.clone())));
     session.full_counters = true;
     let (gpu, gpu_header) = crate::cmd::gpu::open(opts.gpu.as_ref(), &mut session.model.gpu);

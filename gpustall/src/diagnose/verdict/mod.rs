@@ -24,6 +24,7 @@
 mod advice;
 mod datawait;
 mod evidence;
+mod kernlog;
 mod pipeline;
 mod rules;
 
@@ -36,11 +37,14 @@ use rules::Ctx;
 #[derive(Serialize, Debug, Clone, Copy, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum Cause {
+    GpuFault,
     HostMemoryOom,
     ProcessKilled,
     BusError,
     HostMemoryPressure,
     DiskFull,
+    StorageError,
+    HungTask,
     ProcessHung,
     GpuThrottling,
     DiskIoBound,
@@ -56,11 +60,14 @@ pub enum Cause {
 impl Cause {
     pub fn as_str(self) -> &'static str {
         match self {
+            Self::GpuFault => "gpu_fault",
             Self::HostMemoryOom => "host_memory_oom",
             Self::ProcessKilled => "process_killed",
             Self::BusError => "bus_error",
             Self::HostMemoryPressure => "host_memory_pressure",
             Self::DiskFull => "disk_full",
+            Self::StorageError => "storage_error",
+            Self::HungTask => "hung_task",
             Self::ProcessHung => "process_hung",
             Self::GpuThrottling => "gpu_throttling",
             Self::DiskIoBound => "disk_io_bound",
@@ -89,11 +96,14 @@ impl std::fmt::Display for Cause {
 type Rule = fn(&Ctx) -> Option<Verdict>;
 
 const RULES: &[(Cause, Rule)] = &[
+    (Cause::GpuFault, kernlog::gpu_fault),
     (Cause::HostMemoryOom, rules::host_memory_oom),
     (Cause::ProcessKilled, rules::process_killed),
     (Cause::BusError, rules::bus_error),
     (Cause::DiskFull, rules::disk_full),
+    (Cause::StorageError, kernlog::storage_error),
     (Cause::HostMemoryPressure, rules::host_memory_pressure),
+    (Cause::HungTask, kernlog::hung_task),
     (Cause::ProcessHung, rules::process_hung),
     (Cause::GpuThrottling, rules::gpu_throttling),
     (Cause::DiskIoBound, rules::disk_io_bound),

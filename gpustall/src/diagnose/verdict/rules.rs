@@ -61,6 +61,7 @@ impl<'a> Ctx<'a> {
         let mut chain = Chain(Vec::new());
         super::evidence::stall_links(self.f, &mut chain);
         super::datawait::links(self.f, &mut chain);
+        super::kernlog::links(self.f, &mut chain);
         chain
     }
 

@@ -404,3 +404,85 @@ fn a_worker_dead_of_sigbus_with_a_small_dev_shm_is_a_bus_error_not_oom() {
     );
     assert!(v.advice.join(" ").contains("--shm-size"), "{:?}", v.advice);
 }
+
+/// A kept kernel-log line, as `sources::kmsg` classifies the real line `text`.
+fn log_line(t: u64, text: &str) -> crate::model::kernlog::KernelLogLine {
+    use crate::model::kernlog::{KernelLogLine, LogWhat};
+    let (what, pid, comm, device, xid) = match text {
+        t if t.contains("): 45,") => {
+            (LogWhat::GpuXid, Some(11), Some("python3"), Some("0000:3b:00"), Some(45))
+        }
+        t if t.contains("): 79,") => {
+            (LogWhat::GpuXid, Some(11), Some("python3"), Some("0000:3b:00"), Some(79))
+        }
+        t if t.starts_with("INFO: task") => {
+            (LogWhat::HungTask, Some(11), Some("pt_data_worker"), None, None)
+        }
+        t if t.ends_with(" OK") => (LogWhat::RemoteFsUp, None, None, Some("nas1"), None),
+        _ => (LogWhat::RemoteFsDown, None, None, Some("nas1"), None),
+    };
+    KernelLogLine {
+        t_ns: t,
+        seq: t,
+        what,
+        pid,
+        comm: comm.map(Into::into),
+        device: device.map(Into::into),
+        xid,
+        text: text.into(),
+    }
+}
+
+#[test]
+fn a_gpu_xid_is_the_cause_before_the_memory_chain_and_a_cleanup_xid_is_only_evidence() {
+    let mut f = memory_facts();
+    let first = decide(&f).cause;
+    f.kernel_log =
+        vec![log_line(20 * S, "NVRM: Xid (PCI:0000:3b:00): 45, pid=11, name=python3, Ch 00000010")];
+    let v = decide(&f);
+    assert_eq!(v.cause, first, "Xid 45 follows another fault: no verdict of its own");
+    assert!(v.evidence.iter().any(|e| e.contains("Xid (PCI:0000:3b:00): 45")), "{v:#?}");
+    f.kernel_log.push(log_line(
+        30 * S,
+        "NVRM: Xid (PCI:0000:3b:00): 79, pid=11, name=python3, GPU has fallen off the bus.",
+    ));
+    let v = decide(&f);
+    assert_eq!(v.cause, Cause::GpuFault, "{v:#?}");
+    assert!(
+        v.text.contains("Xid 79 at +30.0s") && v.text.contains("fallen off the bus"),
+        "{}",
+        v.text
+    );
+    assert!(v.advice[0].contains("drain the node"), "{:?}", v.advice);
+}
+
+#[test]
+fn a_hung_task_report_names_the_process_and_the_storage_the_kernel_blamed() {
+    let mut f = base();
+    f.procs = vec![trainer(10), worker(11, 0, 1000, 1000)];
+    f.kernel_log = vec![
+        log_line(5 * S, "nfs: server nas1 not responding, still trying"),
+        log_line(9 * S, "INFO: task pt_data_worker:11 blocked for more than 2 seconds."),
+    ];
+    // The storage error comes first: it explains the hung task.
+    let v = decide(&f);
+    assert_eq!(v.cause, Cause::StorageError, "{v:#?}");
+    assert!(
+        v.text.contains(
+            "a server not responding on nas1 from +5.0s and had not answered 55.0 s later"
+        ),
+        "{}",
+        v.text
+    );
+    f.kernel_log.push(log_line(20 * S, "nfs: server nas1 OK"));
+    assert!(decide(&f).text.contains("for 15.0 s, then answered again"));
+    f.kernel_log.retain(|l| l.what == crate::model::kernlog::LogWhat::HungTask);
+    let v = decide(&f);
+    assert_eq!(v.cause, Cause::HungTask, "{v:#?}");
+    assert_eq!(v.culprit_pids, vec![11]);
+    assert!(
+        v.text.contains("DataLoader worker 0 (pid 11) blocked in uninterruptible sleep"),
+        "{}",
+        v.text
+    );
+}

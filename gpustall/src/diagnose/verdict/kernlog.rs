@@ -1,0 +1,220 @@
+//! Verdicts from the kernel log (`model::kernlog`): a GPU or driver fault (an Xid), a task the
+//! kernel reports as hung, a storage error or a network filesystem that stopped answering.
+//! Each line kept also goes into every verdict's evidence ([`links`]), so that a fault that
+//! does not explain the stall is still in front of the reader.
+
+use super::evidence::{at, Chain};
+use super::rules::Ctx;
+use super::{Cause, Verdict};
+use crate::diagnose::facts::Facts;
+use crate::model::kernlog::{KernelLogLine, LogWhat};
+
+/// What an Xid says about where the fault is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum XidSide {
+    /// The GPU's hardware (memory, bus, links): drain the node, reset or replace the GPU.
+    Hardware,
+    /// The driver or the GPU's firmware: reset the GPU, update the driver.
+    Driver,
+    /// The application's own GPU code (an illegal address, an exception).
+    Application,
+    /// A consequence of something else (the process was ended): evidence only.
+    Consequence,
+}
+
+/// NVIDIA's Xid catalogue (the Xid errors document, docs.nvidia.com/deploy/xid-errors), in
+/// one line each: the number, the side it points at, what it means.
+const XIDS: &[(u32, XidSide, &str)] = &[
+    (13, XidSide::Application, "Graphics Engine Exception: the application's kernel hit an illegal instruction or an out-of-range access"),
+    (31, XidSide::Application, "GPU memory page fault: the application accessed memory it did not map (an illegal address)"),
+    (32, XidSide::Driver, "invalid or corrupted push buffer stream (the driver's command stream; PCIe or driver)"),
+    (38, XidSide::Driver, "driver firmware error"),
+    (43, XidSide::Application, "GPU stopped processing: the application's work faulted and its channel was reset"),
+    (45, XidSide::Consequence, "preemptive cleanup: a process's GPU work was cleaned up after it ended or faulted"),
+    (48, XidSide::Hardware, "double-bit ECC error: an uncorrectable GPU memory error"),
+    (61, XidSide::Driver, "internal micro-controller breakpoint/warning"),
+    (62, XidSide::Driver, "internal micro-controller halt"),
+    (63, XidSide::Hardware, "ECC page retirement or row remapping event"),
+    (64, XidSide::Hardware, "ECC page retirement or row remapping failure"),
+    (69, XidSide::Application, "graphics engine class error"),
+    (74, XidSide::Hardware, "NVLink error"),
+    (79, XidSide::Hardware, "GPU has fallen off the bus: the host cannot reach it any more"),
+    (92, XidSide::Hardware, "high single-bit ECC error rate"),
+    (94, XidSide::Hardware, "contained ECC error: the affected application must restart, the GPU keeps working"),
+    (95, XidSide::Hardware, "uncontained ECC error: every application on the GPU is affected"),
+    (109, XidSide::Driver, "context switch timeout"),
+    (119, XidSide::Driver, "GSP RPC timeout: the GPU's system processor stopped answering the driver"),
+    (120, XidSide::Driver, "GSP error: the GPU's system processor reported an error"),
+    (121, XidSide::Hardware, "C2C link error"),
+    (140, XidSide::Hardware, "unrecovered ECC error"),
+    (154, XidSide::Driver, "GPU recovery action changed: nvidia-smi -q names the action the GPU needs"),
+];
+
+/// An Xid's side and meaning; an Xid outside the table is the driver's to explain.
+pub fn xid_meaning(xid: u32) -> (XidSide, &'static str) {
+    XIDS.iter().find(|(n, _, _)| *n == xid).map_or(
+        (XidSide::Driver, "an Xid outside gpustall's table: see NVIDIA's Xid catalogue"),
+        |&(_, s, m)| (s, m),
+    )
+}
+
+fn advice_for(side: XidSide) -> &'static str {
+    match side {
+        XidSide::Hardware => "drain the node (no new jobs on this GPU), reset the GPU (nvidia-smi -r, or reboot) and run the GPU's diagnostics (dcgmi diag -r 3); a repeated hardware Xid means the GPU or its slot must be replaced: report it with `nvidia-bug-report.sh`",
+        XidSide::Driver => "reset the GPU (nvidia-smi -r, or reboot the node) and check the driver version against NVIDIA's known issues; report it with `nvidia-bug-report.sh` if it repeats",
+        XidSide::Application => "the job's own GPU code faulted: rerun with CUDA_LAUNCH_BLOCKING=1 and compute-sanitizer to find the kernel; the GPU itself needs no action",
+        XidSide::Consequence => "none on its own: it follows another fault or the end of a process",
+    }
+}
+
+/// Every kept kernel-log line as a link, and the records the reader missed.
+pub fn links(f: &Facts, chain: &mut Chain) {
+    for l in &f.kernel_log {
+        chain.push(l.t_ns, format!("{}: the kernel log: \"{}\"", at(f, l.t_ns), l.text));
+    }
+    if f.kernel_log_missed > 0 {
+        chain.push(
+            f.start_ns,
+            format!(
+                "{} records of the kernel log were overwritten before gpustall read them",
+                f.kernel_log_missed
+            ),
+        );
+    }
+}
+
+fn of(f: &Facts, what: LogWhat) -> impl Iterator<Item = &KernelLogLine> {
+    f.kernel_log.iter().filter(move |l| l.what == what)
+}
+
+/// The GPU or its driver reported a fault (an Xid other than a consequence of another fault).
+pub fn gpu_fault(c: &Ctx) -> Option<Verdict> {
+    let f = c.f;
+    let faults: Vec<(&KernelLogLine, XidSide, &str)> = of(f, LogWhat::GpuXid)
+        .filter_map(|l| {
+            let (side, meaning) = xid_meaning(l.xid?);
+            (side != XidSide::Consequence).then_some((l, side, meaning))
+        })
+        .collect();
+    // The worst first: hardware, then the driver, then the application.
+    let rank = |s: XidSide| match s {
+        XidSide::Hardware => 0,
+        XidSide::Driver => 1,
+        _ => 2,
+    };
+    let &(first, side, meaning) = faults.iter().min_by_key(|(l, s, _)| (rank(*s), l.t_ns))?;
+    let gpu = first.device.as_deref().unwrap_or("?");
+    let by = match (first.pid, &first.comm) {
+        (Some(p), Some(c)) => format!(" in {c} (pid {p})"),
+        (Some(p), None) => format!(" in pid {p}"),
+        _ => String::new(),
+    };
+    let more = if faults.len() > 1 {
+        format!(" ({} Xid lines in all)", faults.len())
+    } else {
+        String::new()
+    };
+    let text = format!(
+        "The GPU at PCI {gpu} reported Xid {} at {}{by}: {meaning}{more}. A GPU or driver fault stalls a job like a starved GPU does (utilisation at 0 %, the process alive); this one is on the {} side.",
+        first.xid.unwrap_or(0),
+        at(f, first.t_ns),
+        match side {
+            XidSide::Hardware => "hardware",
+            XidSide::Driver => "driver",
+            _ => "application",
+        }
+    );
+    let culprits = first.pid.filter(|p| f.procs.iter().any(|q| q.pid == *p)).into_iter().collect();
+    Some(c.verdict(Cause::GpuFault, text, culprits, c.chain(), vec![advice_for(side).to_string()]))
+}
+
+/// The kernel's hung-task detector reported a process of the job.
+pub fn hung_task(c: &Ctx) -> Option<Verdict> {
+    let f = c.f;
+    let hung: Vec<&KernelLogLine> =
+        of(f, LogWhat::HungTask).chain(of(f, LogWhat::SoftLockup)).collect();
+    let first = hung.iter().min_by_key(|l| l.t_ns)?;
+    let pid = first.pid?;
+    let who = f.procs.iter().find(|p| p.pid == pid).map_or_else(
+        || format!("{} (pid {pid})", first.comm.as_deref().unwrap_or("?")),
+        super::evidence::name,
+    );
+    let storage = storage_troubles(f);
+    let why = if storage.is_empty() {
+        String::new()
+    } else {
+        format!("; the kernel also logged {}", storage.join(", "))
+    };
+    let (what, advice) = if first.what == LogWhat::SoftLockup {
+        ("stuck on a CPU in the kernel (a soft lockup)", "a soft lockup is a kernel or driver bug: the stack in the kernel log names the function; update the kernel or the driver named there")
+    } else {
+        ("blocked in uninterruptible sleep (D) past the kernel's hung-task timeout", "a task in D state waits on the kernel: its storage or network filesystem (see the kernel log around it), or a driver; `cat /proc/PID/stack` as root shows where")
+    };
+    let text = format!(
+        "The kernel reports {who} {what} at {}{why}: the job cannot make progress until that returns.",
+        at(f, first.t_ns)
+    );
+    let culprits = hung.iter().filter_map(|l| l.pid).collect();
+    Some(c.verdict(Cause::HungTask, text, culprits, c.chain(), vec![advice.to_string()]))
+}
+
+/// Storage errors and unresponsive network filesystems, as "NAME (what)", first seen first.
+fn storage_troubles(f: &Facts) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for l in &f.kernel_log {
+        let what = match l.what {
+            LogWhat::IoError => "I/O errors",
+            LogWhat::FsError => "filesystem errors",
+            LogWhat::RemoteFsDown => "a server not responding",
+            _ => continue,
+        };
+        let s = format!("{what} on {}", l.device.as_deref().unwrap_or("?"));
+        if !out.contains(&s) {
+            out.push(s);
+        }
+    }
+    out
+}
+
+/// The kernel logged I/O or filesystem errors, or a network filesystem's server stopped
+/// answering (and for how long, where it answered again).
+pub fn storage_error(c: &Ctx) -> Option<Verdict> {
+    let f = c.f;
+    let troubles = storage_troubles(f);
+    let first = f
+        .kernel_log
+        .iter()
+        .find(|l| matches!(l.what, LogWhat::IoError | LogWhat::FsError | LogWhat::RemoteFsDown))?;
+    let mut outage = String::new();
+    if first.what == LogWhat::RemoteFsDown {
+        let back = of(f, LogWhat::RemoteFsUp)
+            .find(|u| u.device == first.device && u.t_ns >= first.t_ns)
+            .map(|u| u.t_ns);
+        let secs = back.unwrap_or(f.end_ns).saturating_sub(first.t_ns) as f64 / 1e9;
+        outage = match back {
+            Some(_) => format!(" for {secs:.1} s, then answered again"),
+            None => format!(" and had not answered {secs:.1} s later, at the end of the trace"),
+        };
+    }
+    let text = format!(
+        "The kernel logged {} from {}{outage}: the job's reads and writes there fail or wait, and the stall follows from it, not from the job.",
+        troubles.join(", "),
+        at(f, first.t_ns)
+    );
+    let advice = vec!["check the device or the server the kernel names (dmesg -T around that time; smartctl or nvme smart-log for a local disk; the NFS or CIFS server and the network to it); move the job's data or checkpoints elsewhere until it is fixed".to_string()];
+    Some(c.verdict(Cause::StorageError, text, Vec::new(), c.chain(), advice))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn xids_point_at_the_hardware_the_driver_or_the_application() {
+        assert_eq!(xid_meaning(79).0, XidSide::Hardware);
+        assert_eq!(xid_meaning(119).0, XidSide::Driver);
+        assert_eq!(xid_meaning(13).0, XidSide::Application);
+        assert_eq!(xid_meaning(45).0, XidSide::Consequence);
+        assert_eq!(xid_meaning(9999).0, XidSide::Driver);
+    }
+}

@@ -1,0 +1,186 @@
+//! The kernel log as evidence, on the real /dev/kmsg: lines written into the kernel's log by
+//! the test (root may log there; the same path a driver's lines take to every reader) during a
+//! traced job, and a hung task the kernel's own detector reports about a process blocked for
+//! real in uninterruptible sleep (I/O to a suspended device-mapper device).
+
+use std::io::Write as _;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use serde_json::Value;
+use tests::procs::{TraceResult, Tracer, Workload};
+
+/// One test at a time: each writes into the one kernel log every reader shares, and the
+/// hung-task one changes machine-wide settings.
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static LOG: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOG.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Writes `line` into the kernel log (level 3, error; /dev/kmsg gives it the user facility).
+fn kmsg(line: &str) {
+    let mut f = std::fs::OpenOptions::new().write(true).open("/dev/kmsg").expect("/dev/kmsg");
+    f.write_all(format!("<3>{line}\n").as_bytes()).expect("writing /dev/kmsg");
+}
+
+/// Traces a `sleep SECS` job, running `during` once it is traced; returns the finished trace.
+fn traced_sleep(secs: &str, during: impl FnOnce(u32)) -> TraceResult {
+    let bin = Path::new(env!("CARGO_BIN_EXE_gpustall-workload"));
+    let mut w = Workload::start(bin, &["spawn", "sleep", secs], None);
+    let tracer = Tracer::start(w.pid(), &["--quiet", "--no-gpu"]);
+    w.go();
+    during(w.pid());
+    let (code, _) = w.wait(Duration::from_secs(60));
+    assert_eq!(code, Some(0));
+    tracer.wait(Duration::from_secs(30))
+}
+
+fn kept(t: &TraceResult) -> Vec<Value> {
+    t.record
+        .iter()
+        .filter(|r| r["type"] == "sample" && r["kind"] == "kernel_log")
+        .cloned()
+        .collect()
+}
+
+/// The verdict `gpustall report` gives on the trace's recording.
+fn replayed_verdict(t: &TraceResult) -> Value {
+    let out = t.dir.path("replayed.json");
+    let o = Command::new(tests::gpustall_bin())
+        .arg("report")
+        .arg(t.dir.path("record.jsonl"))
+        .arg("--summary-json")
+        .arg(&out)
+        .output()
+        .expect("gpustall report");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let s: Value =
+        serde_json::from_str(&std::fs::read_to_string(&out).expect("summary")).expect("json");
+    s["verdict"].clone()
+}
+
+#[test]
+fn a_gpus_xid_in_the_kernel_log_is_a_gpu_fault_and_other_lines_are_never_kept() {
+    tests::require_privileged_env();
+    let _one = one_at_a_time();
+    // A bus id of this test's own, so that no other line is taken for it.
+    let bus = format!("0000:{:02x}:00", std::process::id() % 251);
+    let private = format!("gpustall-test {} user=alice password=hunter2", std::process::id());
+    let t = traced_sleep("3", |pid| {
+        std::thread::sleep(Duration::from_millis(500));
+        kmsg(&private);
+        kmsg(&format!(
+            "NVRM: Xid (PCI:{bus}): 79, pid={pid}, name=sleep, GPU has fallen off the bus."
+        ));
+    });
+    let v = &t.summary["verdict"];
+    eprintln!("verdict: {v:#}");
+    assert_eq!(v["cause"], "gpu_fault", "{v:#}");
+    let text = v["text"].as_str().unwrap_or_default();
+    assert!(text.contains(&format!("The GPU at PCI {bus} reported Xid 79")), "{text}");
+    assert!(text.contains("fallen off the bus") && text.contains("hardware side"), "{text}");
+    assert!(v["advice"][0].as_str().is_some_and(|a| a.contains("drain the node")), "{v:#}");
+    // Recorded: the Xid line, with its number, bus and pid; never the other line.
+    let lines = kept(&t);
+    assert!(
+        lines.iter().any(|l| l["what"] == "gpu_xid" && l["xid"] == 79 && l["device"] == bus),
+        "{lines:?}"
+    );
+    let record = serde_json::to_string(&t.record).expect("json");
+    assert!(!record.contains("hunter2"), "a line that matters to no verdict was recorded");
+    // The recording replays to the same verdict.
+    assert_eq!(replayed_verdict(&t)["cause"], "gpu_fault");
+}
+
+#[test]
+fn a_network_filesystem_that_stopped_answering_is_a_storage_error_with_its_outage() {
+    tests::require_privileged_env();
+    let _one = one_at_a_time();
+    let server = format!("nas-{}", std::process::id());
+    let t = traced_sleep("4", |_| {
+        std::thread::sleep(Duration::from_millis(500));
+        kmsg(&format!("nfs: server {server} not responding, still trying"));
+        std::thread::sleep(Duration::from_millis(1500));
+        kmsg(&format!("nfs: server {server} OK"));
+    });
+    let v = &t.summary["verdict"];
+    eprintln!("verdict: {v:#}");
+    assert_eq!(v["cause"], "storage_error", "{v:#}");
+    let text = v["text"].as_str().unwrap_or_default();
+    assert!(text.contains(&format!("a server not responding on {server}")), "{text}");
+    assert!(text.contains("then answered again"), "{text}");
+    // 1.5 s apart, as the kernel's own timestamps say.
+    let secs: f64 = text
+        .split(" for ")
+        .nth(1)
+        .and_then(|s| s.split(" s").next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0.0);
+    assert!((1.3..=2.5).contains(&secs), "{text}");
+}
+
+/// Puts a sysctl back on drop, also on a test's failure.
+struct Sysctl {
+    path: &'static str,
+    old: String,
+}
+
+impl Sysctl {
+    fn set(path: &'static str, value: &str) -> Option<Self> {
+        let old = std::fs::read_to_string(path).ok()?;
+        std::fs::write(path, value).ok()?;
+        Some(Self { path, old })
+    }
+}
+
+impl Drop for Sysctl {
+    fn drop(&mut self) {
+        let _ = std::fs::write(self.path, self.old.trim());
+    }
+}
+
+#[test]
+fn a_task_the_kernels_detector_reports_hung_is_the_verdict_with_its_pid() {
+    tests::require_privileged_env();
+    let _one = one_at_a_time();
+    // The detector's period follows its timeout (hung_task_check_interval_secs 0); its
+    // warnings are limited in number (10 by default) unless -1.
+    let Some(_timeout) = Sysctl::set("/proc/sys/kernel/hung_task_timeout_secs", "2") else {
+        tests::degraded("no hung-task detector in this kernel (CONFIG_DETECT_HUNG_TASK)");
+        return;
+    };
+    let _warnings = Sysctl::set("/proc/sys/kernel/hung_task_warnings", "-1");
+    // A filesystem whose server stops answering: the first mkdir waits 8 s for its answer
+    // holding the directory's lock; the second waits for that lock, in D state, past the
+    // 2 s timeout.
+    let source = format!("stalled-{}:/export", std::process::id());
+    let fs = tests::slowfs::SlowFs::mount_stalling(
+        &source,
+        Duration::from_millis(1),
+        Some(Duration::from_secs(8)),
+    );
+    let dir = fs.dir().display().to_string();
+    let script =
+        format!("mkdir {dir}/a 2>/dev/null & sleep 0.5; mkdir {dir}/b 2>/dev/null; wait; true");
+    let bin = Path::new(env!("CARGO_BIN_EXE_gpustall-workload"));
+    let mut w = Workload::start(bin, &["spawn", "sh", "-c", &script], None);
+    let tracer = Tracer::start(w.pid(), &["--quiet", "--no-gpu"]);
+    w.go();
+    let (code, _) = w.wait(Duration::from_secs(60));
+    assert_eq!(code, Some(0));
+    let t = tracer.wait(Duration::from_secs(30));
+    let v = &t.summary["verdict"];
+    eprintln!("verdict: {v:#}");
+    assert_eq!(v["cause"], "hung_task", "{v:#}");
+    let pid = v["culprit_pids"][0].as_u64().expect("a culprit") as u32;
+    let text = v["text"].as_str().unwrap_or_default();
+    assert!(
+        text.contains(&format!("mkdir (pid {pid}) blocked in uninterruptible sleep")),
+        "{text}"
+    );
+    let traced = t.summary["processes"].as_array().expect("processes");
+    assert!(traced.iter().any(|p| p["pid"] == pid), "the hung task is the job's: {pid}");
+    let hung = kept(&t);
+    assert!(hung.iter().any(|l| l["what"] == "hung_task" && l["pid"] == pid), "{hung:?}");
+}
