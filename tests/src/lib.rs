@@ -11,6 +11,7 @@ pub mod kernel;
 pub mod mm;
 pub mod procs;
 pub mod slowfs;
+pub mod watcher;
 
 use std::path::PathBuf;
 

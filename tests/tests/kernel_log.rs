@@ -184,3 +184,36 @@ fn a_task_the_kernels_detector_reports_hung_is_the_verdict_with_its_pid() {
     let hung = kept(&t);
     assert!(hung.iter().any(|l| l["what"] == "hung_task" && l["pid"] == pid), "{hung:?}");
 }
+
+#[test]
+fn watch_makes_an_incident_bundle_and_counts_the_gpu_fault_in_its_metrics() {
+    tests::require_privileged_env();
+    let _one = one_at_a_time();
+    let dir = tests::TempDir::new("watch-xid");
+    let comm = tests::procs::unique_comm();
+    let rule = format!("comm:^{comm}$");
+    let (mut w, addr) = tests::watcher::bundling_watcher(&rule, dir.0.to_str().expect("utf-8"));
+    let bin = Path::new(env!("CARGO_BIN_EXE_gpustall-workload"));
+    let mut job = Workload::start_named(&comm, bin, &["spawn", "sleep", "30"], None, None);
+    w.wait_for(&format!("watching job {comm}-{}", job.pid()), Duration::from_secs(20));
+    job.go();
+    let bus = format!("0000:{:02x}:00", std::process::id() % 251);
+    kmsg(&format!("NVRM: Xid (PCI:{bus}): 48, pid={}, name={comm}, An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer at partition 6, subpartition 0.", job.pid()));
+    let wrote = w.wait_for("wrote incident bundle", Duration::from_secs(30));
+    assert!(wrote.contains("gpu_fault"), "{wrote}");
+    let metrics = tests::watcher::scrape(&addr);
+    let series = format!("gpustall_gpu_xid_errors_total{{pci_bus_id=\"{bus}\",xid=\"48\"}}");
+    assert_eq!(tests::watcher::value(&metrics, &series), Some(1.0), "{metrics}");
+    let bundle = std::fs::read_dir(&dir.0)
+        .expect("bundles")
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .find(|p| p.to_string_lossy().contains("gpu_fault"))
+        .expect("the bundle");
+    let summary = std::fs::read_to_string(bundle.join("summary.json")).expect("summary.json");
+    let s: Value = serde_json::from_str(&summary).expect("json");
+    assert_eq!(s["verdict"]["cause"], "gpu_fault", "{:#}", s["verdict"]);
+    assert!(s["verdict"]["text"].as_str().is_some_and(|t| t.contains("double-bit ECC")));
+    // SAFETY: plain kill of the test's own child.
+    unsafe { libc::kill(job.pid() as i32, libc::SIGKILL) };
+}

@@ -38,6 +38,8 @@ pub enum IncidentKind {
     ReclaimStorm,
     Sigkill,
     OomKill,
+    /// The GPU or its driver reported a fault (an Xid in the kernel log).
+    GpuFault,
 }
 
 impl IncidentKind {
@@ -47,6 +49,7 @@ impl IncidentKind {
             Self::ReclaimStorm => "reclaim_storm",
             Self::Sigkill => "sigkill",
             Self::OomKill => "oom_kill",
+            Self::GpuFault => "gpu_fault",
         }
     }
 }
@@ -324,6 +327,17 @@ impl Session {
                 matches!(line.what, LogWhat::HungTask | LogWhat::SoftLockup | LogWhat::OomKill);
             if names_a_process && !line.pid.is_some_and(|p| self.model.tree.contains(p)) {
                 continue;
+            }
+            // A GPU fault is an incident (a bundle in `watch`, a synced recording): an Xid
+            // that only follows another fault (45, a cleanup) is not.
+            let fault = line.xid.map(crate::model::kernlog::xid_meaning);
+            if fault.is_some_and(|(side, _)| side != crate::model::kernlog::XidSide::Consequence) {
+                self.incident = true;
+                self.incidents.push(Incident {
+                    kind: IncidentKind::GpuFault,
+                    t_ns: line.t_ns,
+                    pid: line.pid.unwrap_or(0),
+                });
             }
             self.observe(Sample::KernelLog(line));
         }

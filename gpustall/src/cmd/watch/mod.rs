@@ -381,6 +381,13 @@ impl Daemon {
                         self.metrics.gpu_stall(&GpuLabel { gpu: s.gpu_index.to_string() });
                     }
                 }
+                IncidentKind::GpuFault => {
+                    let lines = &self.session.model.kernel_log.lines;
+                    for l in lines.iter().filter(|l| l.t_ns == inc.t_ns && l.xid.is_some()) {
+                        let bus = l.device.clone().unwrap_or_default();
+                        self.metrics.gpu_xid(&bus, l.xid.unwrap_or(0));
+                    }
+                }
                 _ => {}
             }
             match &mut self.pending {

@@ -7,56 +7,7 @@ use super::evidence::{at, Chain};
 use super::rules::Ctx;
 use super::{Cause, Verdict};
 use crate::diagnose::facts::Facts;
-use crate::model::kernlog::{KernelLogLine, LogWhat};
-
-/// What an Xid says about where the fault is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum XidSide {
-    /// The GPU's hardware (memory, bus, links): drain the node, reset or replace the GPU.
-    Hardware,
-    /// The driver or the GPU's firmware: reset the GPU, update the driver.
-    Driver,
-    /// The application's own GPU code (an illegal address, an exception).
-    Application,
-    /// A consequence of something else (the process was ended): evidence only.
-    Consequence,
-}
-
-/// NVIDIA's Xid catalogue (the Xid errors document, docs.nvidia.com/deploy/xid-errors), in
-/// one line each: the number, the side it points at, what it means.
-const XIDS: &[(u32, XidSide, &str)] = &[
-    (13, XidSide::Application, "Graphics Engine Exception: the application's kernel hit an illegal instruction or an out-of-range access"),
-    (31, XidSide::Application, "GPU memory page fault: the application accessed memory it did not map (an illegal address)"),
-    (32, XidSide::Driver, "invalid or corrupted push buffer stream (the driver's command stream; PCIe or driver)"),
-    (38, XidSide::Driver, "driver firmware error"),
-    (43, XidSide::Application, "GPU stopped processing: the application's work faulted and its channel was reset"),
-    (45, XidSide::Consequence, "preemptive cleanup: a process's GPU work was cleaned up after it ended or faulted"),
-    (48, XidSide::Hardware, "double-bit ECC error: an uncorrectable GPU memory error"),
-    (61, XidSide::Driver, "internal micro-controller breakpoint/warning"),
-    (62, XidSide::Driver, "internal micro-controller halt"),
-    (63, XidSide::Hardware, "ECC page retirement or row remapping event"),
-    (64, XidSide::Hardware, "ECC page retirement or row remapping failure"),
-    (69, XidSide::Application, "graphics engine class error"),
-    (74, XidSide::Hardware, "NVLink error"),
-    (79, XidSide::Hardware, "GPU has fallen off the bus: the host cannot reach it any more"),
-    (92, XidSide::Hardware, "high single-bit ECC error rate"),
-    (94, XidSide::Hardware, "contained ECC error: the affected application must restart, the GPU keeps working"),
-    (95, XidSide::Hardware, "uncontained ECC error: every application on the GPU is affected"),
-    (109, XidSide::Driver, "context switch timeout"),
-    (119, XidSide::Driver, "GSP RPC timeout: the GPU's system processor stopped answering the driver"),
-    (120, XidSide::Driver, "GSP error: the GPU's system processor reported an error"),
-    (121, XidSide::Hardware, "C2C link error"),
-    (140, XidSide::Hardware, "unrecovered ECC error"),
-    (154, XidSide::Driver, "GPU recovery action changed: nvidia-smi -q names the action the GPU needs"),
-];
-
-/// An Xid's side and meaning; an Xid outside the table is the driver's to explain.
-pub fn xid_meaning(xid: u32) -> (XidSide, &'static str) {
-    XIDS.iter().find(|(n, _, _)| *n == xid).map_or(
-        (XidSide::Driver, "an Xid outside gpustall's table: see NVIDIA's Xid catalogue"),
-        |&(_, s, m)| (s, m),
-    )
-}
+use crate::model::kernlog::{xid_meaning, KernelLogLine, LogWhat, XidSide};
 
 fn advice_for(side: XidSide) -> &'static str {
     match side {
@@ -203,18 +154,4 @@ pub fn storage_error(c: &Ctx) -> Option<Verdict> {
     );
     let advice = vec!["check the device or the server the kernel names (dmesg -T around that time; smartctl or nvme smart-log for a local disk; the NFS or CIFS server and the network to it); move the job's data or checkpoints elsewhere until it is fixed".to_string()];
     Some(c.verdict(Cause::StorageError, text, Vec::new(), c.chain(), advice))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn xids_point_at_the_hardware_the_driver_or_the_application() {
-        assert_eq!(xid_meaning(79).0, XidSide::Hardware);
-        assert_eq!(xid_meaning(119).0, XidSide::Driver);
-        assert_eq!(xid_meaning(13).0, XidSide::Application);
-        assert_eq!(xid_meaning(45).0, XidSide::Consequence);
-        assert_eq!(xid_meaning(9999).0, XidSide::Driver);
-    }
 }

@@ -50,6 +50,14 @@ pub struct GpuLabel {
     pub gpu: String,
 }
 
+/// Labels of the GPU Xid counter: the GPU's PCI bus id as the driver logs it, and the Xid
+/// (a few dozen numbers: bounded).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct XidLabel {
+    pci_bus_id: String,
+    xid: String,
+}
+
 /// Label of the incident counter.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct IncidentKind {
@@ -142,6 +150,7 @@ pub struct Metrics {
     gpu_utilization: Family<GpuLabel, FloatGauge>,
     gpu_temperature: Family<GpuLabel, FloatGauge>,
     gpu_stall_episodes: Family<GpuLabel, Counter>,
+    gpu_xid_errors: Family<XidLabel, Counter>,
     lost_events: Counter,
     watched_jobs: ByteGauge,
     watched_processes: ByteGauge,
@@ -248,6 +257,7 @@ impl Metrics {
         let gpu_utilization = Family::<GpuLabel, FloatGauge>::default();
         let gpu_temperature = Family::<GpuLabel, FloatGauge>::default();
         let gpu_stall_episodes = Family::<GpuLabel, Counter>::default();
+        let gpu_xid_errors = Family::<XidLabel, Counter>::default();
         let lost_events = Counter::default();
         let watched_jobs = ByteGauge::default();
         let watched_processes = ByteGauge::default();
@@ -282,6 +292,11 @@ impl Metrics {
             "gpu_stall_episodes",
             "Episodes of low GPU utilisation while a watched job was alive",
             gpu_stall_episodes.clone(),
+        );
+        r.register(
+            "gpu_xid_errors",
+            "GPU faults the NVIDIA driver reported in the kernel log (Xid lines), by GPU and Xid",
+            gpu_xid_errors.clone(),
         );
         r.register(
             "lost_events",
@@ -340,6 +355,7 @@ impl Metrics {
             gpu_utilization,
             gpu_temperature,
             gpu_stall_episodes,
+            gpu_xid_errors,
             lost_events,
             watched_jobs,
             watched_processes,
@@ -429,6 +445,12 @@ impl Metrics {
 
     pub fn gpu_stall(&self, gpu: &GpuLabel) {
         self.gpu_stall_episodes.get_or_create(gpu).inc();
+    }
+
+    /// A GPU fault: Xid `xid` on the GPU at PCI `bus`.
+    pub fn gpu_xid(&self, bus: &str, xid: u32) {
+        let labels = XidLabel { pci_bus_id: bus.to_string(), xid: xid.to_string() };
+        self.gpu_xid_errors.get_or_create(&labels).inc();
     }
 
     /// Takes the cumulative count of lost events and adds what is new. A smaller total means the

@@ -1,0 +1,102 @@
+//! `gpustall watch` run by a test: its stderr followed line by line, its metrics scraped; the
+//! daemon is killed when the guard drops, also on a test's failure.
+
+use std::{
+    io::{BufRead, BufReader, Read, Write},
+    process::{Child, Command, Stdio},
+    sync::mpsc,
+    time::{Duration, Instant},
+};
+
+pub struct Watcher {
+    pub child: Child,
+    lines: mpsc::Receiver<String>,
+    seen: Vec<String>,
+}
+
+impl Watcher {
+    pub fn start(args: &[&str]) -> Self {
+        let mut cmd = Command::new(crate::gpustall_bin());
+        cmd.arg("watch").args(args);
+        Self::spawn(cmd)
+    }
+
+    pub fn spawn(mut cmd: Command) -> Self {
+        let mut child =
+            cmd.stderr(Stdio::piped()).stdout(Stdio::null()).spawn().expect("gpustall watch");
+        let err = child.stderr.take().expect("stderr");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for l in BufReader::new(err).lines().map_while(Result::ok) {
+                let _ = tx.send(l);
+            }
+        });
+        Self { child, lines: rx, seen: Vec::new() }
+    }
+
+    /// Waits for a stderr line containing `needle`.
+    pub fn wait_for(&mut self, needle: &str, timeout: Duration) -> String {
+        let end = Instant::now() + timeout;
+        if let Some(l) = self.seen.iter().find(|l| l.contains(needle)) {
+            return l.clone();
+        }
+        while Instant::now() < end {
+            if let Ok(l) = self.lines.recv_timeout(Duration::from_millis(100)) {
+                self.seen.push(l.clone());
+                if l.contains(needle) {
+                    return l;
+                }
+            }
+            if let Ok(Some(s)) = self.child.try_wait() {
+                panic!("gpustall watch exited ({s}):\n{}", self.seen.join("\n"));
+            }
+        }
+        panic!("no {needle:?} from gpustall watch within {timeout:?}:\n{}", self.seen.join("\n"));
+    }
+}
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `watch` for the jobs `rule` matches, bundling into `dir` 2 s after an incident and serving
+/// metrics on a free port: the watcher, once it serves, and that address.
+pub fn bundling_watcher(rule: &str, dir: &str) -> (Watcher, String) {
+    let mut w = Watcher::start(&[
+        "--match",
+        rule,
+        "--bundle-dir",
+        dir,
+        "--listen",
+        "127.0.0.1:0",
+        "--no-gpu",
+        "--after",
+        "2s",
+        "--scan-every",
+        "500ms",
+    ]);
+    let started = w.wait_for("metrics on http://", Duration::from_secs(60));
+    let addr = started.split("http://").nth(1).and_then(|r| r.split('/').next()).expect("address");
+    let addr = addr.to_string();
+    (w, addr)
+}
+
+pub fn scrape(addr: &str) -> String {
+    let mut s = std::net::TcpStream::connect(addr).expect("connect to the metrics endpoint");
+    s.write_all(
+        format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+    .expect("request");
+    let mut body = String::new();
+    s.read_to_string(&mut body).expect("response");
+    assert!(body.starts_with("HTTP/1.1 200"), "{body}");
+    body
+}
+
+/// The value of the first series starting with `prefix`.
+pub fn value(metrics: &str, prefix: &str) -> Option<f64> {
+    metrics.lines().find(|l| l.starts_with(prefix)).and_then(|l| l.rsplit(' ').next()?.parse().ok())
+}
