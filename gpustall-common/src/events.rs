@@ -196,8 +196,10 @@ pub struct DataWaitEvent {
     /// The thread of the wakee's own process that passed the batch on (a relay: PyTorch's
     /// pin-memory thread); 0: the waker woke the wakee itself.
     pub relay_tid: u32,
-    /// The processes that share the wait with the waker, evenly (`sched::sharers`: a batch
-    /// that came with the awaited one, feeders busy producing when it came); 0: an empty place.
-    pub co_wakers: [u32; crate::sched::CO_WAKERS],
+    /// Another process that shares the wait with the waker, half each (`sched::wait_woken`:
+    /// a batch that came with the awaited one, or a feeder busy producing when it came); 0:
+    /// none.
+    pub co_waker: u32,
+    pub _pad3: u32,
 }
-const _: () = assert!(core::mem::size_of::<DataWaitEvent>() == 96);
+const _: () = assert!(core::mem::size_of::<DataWaitEvent>() == 88);

@@ -172,7 +172,7 @@ pub struct OffCpuThread {
     /// A data waiter's thread: its logical wait in progress.
     pub wait: LogicalWait,
 }
-const _: () = assert!(core::mem::size_of::<OffCpuThread>() == 96);
+const _: () = assert!(core::mem::size_of::<OffCpuThread>() == 88);
 
 /// On-CPU time under this between two interruptible blocks of a data waiter's thread makes them
 /// one wait: a poll or a timed queue get that ran out and looped back to wait again, a batch
@@ -209,8 +209,9 @@ pub struct LogicalWait {
     pub waker: u32,
     pub waker_tid: u32,
     pub relay_tid: u32,
-    /// The process whose batch came before `waker`'s in this wait (another one): close enough
-    /// to the end, it shares the wait ([`co_arrival`]).
+    /// Who shares the wait with `waker` ([`wait_woken`]): a process whose batch came before
+    /// `waker`'s in this wait, close enough to the end ([`co_arrival`]), or a feeder busy
+    /// producing when `waker`'s came.
     pub co_waker: u32,
     /// Blocks entered; at `data_end_ns`: blocks then, and how many a process of the job ended.
     pub slices: u16,
@@ -222,12 +223,8 @@ pub struct LogicalWait {
     /// Off CPU since `data_end_ns` before the thread got back to work (run-queue waits, page
     /// faults, the GIL): the batch came, but the trainer could not use it yet (saturating).
     pub tail_ns: u32,
-    /// At `data_end_ns`: the waiter's other feeders that were busy producing ([`Feeders`]
-    /// slots, one bit each; [`busy_feeder`]): they share the wait.
-    pub busy: u8,
-    pub _pad: [u8; 7],
 }
-const _: () = assert!(core::mem::size_of::<LogicalWait>() == 72);
+const _: () = assert!(core::mem::size_of::<LogicalWait>() == 64);
 
 /// A logical wait that is over.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -243,10 +240,9 @@ pub struct FinishedWait {
     pub job_wakes: u16,
     pub class: u8,
     /// Another process whose batch came at nearly the same time as `waker`'s (within the
-    /// wait's last quarter): it shares the wait ([`sharers`]; 0: none).
+    /// wait's last quarter), or a feeder busy producing when it came: the two share the
+    /// wait, half each (0: none).
     pub co_waker: u32,
-    /// The waiter's feeders busy producing when its data came (`LogicalWait::busy`).
-    pub busy: u8,
 }
 
 impl FinishedWait {
@@ -272,8 +268,7 @@ pub const fn co_arrival(start: u64, end: u64, co_at: u64) -> bool {
 }
 
 /// Feeder slots per data waiter: the worker processes of a trainer or rank, as the agent
-/// knows them from the process tree (key: the waiter's tgid). A bit of `LogicalWait::busy`
-/// per slot.
+/// knows them from the process tree (key: the waiter's tgid).
 pub const FEEDER_SLOTS: usize = 8;
 
 /// A data waiter's feeders (0: an empty slot), written by the agent.
@@ -283,58 +278,12 @@ pub struct Feeders {
     pub pids: [u32; FEEDER_SLOTS],
 }
 
-/// At most this many processes share a wait with the one whose batch ended it.
-pub const CO_WAKERS: usize = 4;
-
 /// Whether a feeder whose main thread is in `st` is busy producing a batch: on a CPU, waiting
 /// for one, or blocked uninterruptibly (a disk read, reclaim). Blocked interruptibly, it is
 /// idle (waiting for an index: its batches are all delivered).
 #[inline(always)]
 pub const fn busy_feeder(st: u16) -> bool {
     st == state::ON_CPU || st == state::RUNQ || st == state::IO
-}
-
-/// Who shares a wait with its waker: the worker whose batch came with the awaited one
-/// (`co_waker`, [`co_arrival`]), then the feeders busy when the data came (`busy`), each once,
-/// never the waker, at most [`CO_WAKERS`] (0: an empty place). The wait is split evenly
-/// between the waker and them. Workers fed round robin deliver in turn: which one the trainer
-/// happens to wait for is a matter of phase when the others are as busy; when they are idle
-/// (their batches all delivered, waiting for indices) the awaited one alone was late.
-#[inline(always)]
-pub fn sharers(f: &FinishedWait, feeders: &Feeders) -> [u32; CO_WAKERS] {
-    let mut out = [0u32; CO_WAKERS];
-    let mut n = 0;
-    if f.co_waker != 0 && f.co_waker != f.waker {
-        out[0] = f.co_waker;
-        n = 1;
-    }
-    let mut i = 0;
-    while i < FEEDER_SLOTS {
-        let p = feeders.pids[i];
-        let fresh = p != 0 && p != f.waker && p != f.co_waker;
-        if n < CO_WAKERS && fresh && f.busy & (1 << i) != 0 {
-            out[n] = p;
-            n += 1;
-        }
-        i += 1;
-    }
-    out
-}
-
-/// Splits a wait of `ns` between its waker and its `sharers`: (each sharer's part, the
-/// waker's part: the rest, so that the parts add up to `ns`).
-#[inline(always)]
-pub const fn split(ns: u64, sharers: &[u32; CO_WAKERS]) -> (u64, u64) {
-    let mut n = 1u64;
-    let mut i = 0;
-    while i < CO_WAKERS {
-        if sharers[i] != 0 {
-            n += 1;
-        }
-        i += 1;
-    }
-    let part = ns / n;
-    (part, ns - part * (n - 1))
 }
 
 /// A block of this class never joins a wait for data, and ends the one in progress: a sleep
@@ -387,7 +336,7 @@ pub fn wait_woken(
     waker: u32,
     waker_tid: u32,
     relay_tid: u32,
-    busy: u8,
+    busy_feeder: u32,
 ) {
     if w.start_ns == 0 || w.flags & WAIT_DONE != 0 {
         return;
@@ -401,11 +350,18 @@ pub fn wait_woken(
             w.co_waker = w.waker;
             w.co_at_ns = w.data_end_ns;
         }
+        // A batch put aside close to this one shares the wait; else a feeder still busy on
+        // its next batch does: it was as late, and which of them the trainer happened to
+        // wait for is a matter of phase (`busy_feeder`).
+        let put_aside = w.co_waker != 0 && co_arrival(w.start_ns, now, w.co_at_ns);
+        if !put_aside && busy_feeder != 0 && busy_feeder != waker {
+            w.co_waker = busy_feeder;
+            w.co_at_ns = now;
+        }
         w.data_end_ns = now;
         w.waker = waker;
         w.waker_tid = waker_tid;
         w.relay_tid = relay_tid;
-        w.busy = busy;
         w.class = class;
         w.data_slices = w.slices;
         w.job_wakes = w.job_wakes.saturating_add(1);
@@ -459,7 +415,6 @@ pub fn wait_finish(w: &mut LogicalWait) -> Option<FinishedWait> {
             } else {
                 0
             },
-            busy: v.busy,
         }
     } else {
         FinishedWait {
@@ -472,7 +427,6 @@ pub fn wait_finish(w: &mut LogicalWait) -> Option<FinishedWait> {
             job_wakes: 0,
             class: 0,
             co_waker: 0,
-            busy: 0,
         }
     };
     (f.ns() > 0).then_some(f)
@@ -708,24 +662,23 @@ mod tests {
     }
 
     #[test]
-    fn busy_feeders_share_the_wait_and_idle_ones_do_not() {
-        let feeders = Feeders { pids: [5, 6, 7, 0, 0, 0, 0, 0] };
+    fn a_feeder_busy_when_the_batch_came_shares_the_wait_unless_a_batch_came_with_it() {
         let mut w = LogicalWait::default();
         let _ = wait_switch_out(&mut w, None, T0, state::WAIT, READ);
-        // Worker 6's batch ended the wait while 5 was on a CPU and 7 idle (bit 0 only).
-        wait_woken(&mut w, T0 + 90 * MS, READ, 6, 60, 0, 0b001);
+        // Worker 6's batch ended the wait while worker 5 was busy on its next one.
+        wait_woken(&mut w, T0 + 90 * MS, READ, 6, 60, 0, 5);
         let f = wait_finish(&mut w).unwrap();
-        assert_eq!(sharers(&f, &feeders), [5, 0, 0, 0]);
-        assert_eq!(split(f.ns(), &sharers(&f, &feeders)), (45 * MS, 45 * MS));
-        // The waker's own bit and a batch put aside shortly before are counted once each.
-        let f = FinishedWait { waker: 6, co_waker: 7, busy: 0b111, ..f };
-        assert_eq!(sharers(&f, &feeders), [7, 5, 0, 0]);
-        assert_eq!(split(100, &[7, 5, 0, 0]), (33, 34), "the parts add up");
-        let idle = FinishedWait { busy: 0, co_waker: 0, ..f };
-        assert_eq!(split(100, &sharers(&idle, &feeders)), (100, 100), "the waker alone");
-        let many = Feeders { pids: [1, 2, 3, 4, 5, 6, 7, 8] };
-        let all = FinishedWait { waker: 9, co_waker: 0, busy: 0xff, ..f };
-        assert_eq!(sharers(&all, &many), [1, 2, 3, 4], "at most CO_WAKERS");
+        assert_eq!((f.waker, f.co_waker), (6, 5));
+        // A batch of 7 put aside in the last quarter shares it instead.
+        let _ = wait_switch_out(&mut w, None, T0, state::WAIT, READ);
+        wait_woken(&mut w, T0 + 80 * MS, READ, 7, 70, 0, 0);
+        let _ = wait_switch_out(&mut w, Some(T0 + 80 * MS), T0 + 80 * MS, state::WAIT, READ);
+        wait_woken(&mut w, T0 + 90 * MS, READ, 6, 60, 0, 5);
+        assert_eq!(wait_finish(&mut w).map(|f| f.co_waker), Some(7));
+        // The waker itself, or no busy feeder: nobody shares.
+        let _ = wait_switch_out(&mut w, None, T0, state::WAIT, READ);
+        wait_woken(&mut w, T0 + 90 * MS, READ, 6, 60, 0, 6);
+        assert_eq!(wait_finish(&mut w).map(|f| f.co_waker), Some(0));
         assert!(busy_feeder(state::ON_CPU) && busy_feeder(state::RUNQ) && busy_feeder(state::IO));
         assert!(!busy_feeder(state::WAIT), "waiting for an index: idle");
     }
@@ -934,7 +887,6 @@ mod tests {
             job_wakes: 1,
             class: READ,
             co_waker: 0,
-            busy: 0,
         };
         assert!(consumer_wait(10, 10, &direct), "the main thread");
         assert!(!consumer_wait(10, 11, &direct), "a relay's own wait on the workers");

@@ -21,10 +21,10 @@ use gpustall_common::{
     hint::HINT_SLOTS,
     sched::{
         busy_feeder, classify, consumer_wait, on_switch_in, on_waking, relay_charge, report_state,
-        sharers, split, state, wait_finish, wait_switch_out, wait_tail, wait_woken, wake_bucket,
-        wrapping_us, Feeders, FinishedWait, LogicalWait, OffCpuCounters, OffCpuThread,
-        SchedOffsets, StackLayout, WakeCounters, WakeKey, WakeOutcome, ACCOUNT, ACCOUNT_WAITS,
-        CO_WAKERS, FEEDER_SLOTS, LONG_WAIT_NS, OFFCPU_PROCESSES, WAKE_BUCKETS,
+        state, wait_finish, wait_switch_out, wait_tail, wait_woken, wake_bucket, wrapping_us,
+        Feeders, FinishedWait, LogicalWait, OffCpuCounters, OffCpuThread, SchedOffsets,
+        StackLayout, WakeCounters, WakeKey, WakeOutcome, ACCOUNT, ACCOUNT_WAITS, FEEDER_SLOTS,
+        LONG_WAIT_NS, OFFCPU_PROCESSES, WAKE_BUCKETS,
     },
     syscall::{x86_64_class, SyscallWaits, WaitClass, WAIT_CLASSES},
     task::UNKNOWN as TASK_UNKNOWN,
@@ -64,9 +64,9 @@ macro_rules! sched_offset {
 /// Accounted threads by thread id: where each is (off CPU since when, in which state), and a
 /// data waiter's logical wait in progress. LRU: a thread that died unseen (its last switch-out
 /// after its process left the tracked set) is evicted by newer ones instead of filling the
-/// map. 2,304 threads of the job's roles (96 bytes each) keep all maps within 16 MiB.
+/// map. 2,432 threads of the job's roles (88 bytes each) keep all maps within 16 MiB.
 #[map]
-pub static OFFCPU_THREADS: LruHashMap<u32, OffCpuThread> = LruHashMap::with_max_entries(2304, 0);
+pub static OFFCPU_THREADS: LruHashMap<u32, OffCpuThread> = LruHashMap::with_max_entries(2432, 0);
 
 /// `OFFCPU_THREADS`' entries per bucket of tids (`gpustall_common::hint`): a switch-in or a
 /// wakeup of a thread no one accounts costs an array load, not an LRU lookup. Only this file
@@ -88,7 +88,7 @@ pub static OFFCPU: HashMap<u32, OffCpuCounters> =
 pub static WAKES: HashMap<WakeKey, WakeCounters> = HashMap::with_max_entries(384, 0);
 
 /// Each trainer's or rank's workers (key: its tgid), written by the agent from the process
-/// tree: when a batch ends its wait, those of them busy producing share it (`sched::sharers`).
+/// tree: when a batch ends its wait, one of them busy producing shares it (`busy_feeder_of`).
 /// One per data waiter: 64, a node's ranks (a few per GPU), within the 16 MiB bound of all
 /// maps; past it a waiter's waits go to the worker whose batch ended them alone.
 #[map]
@@ -403,7 +403,7 @@ fn on_waking_of(wakee: u32, interrupted: impl FnOnce() -> bool) -> u32 {
         }
     }
     add_syscall_wait(t.tgid, t.wait_class, ns);
-    let busy = if job != 0 && wakee == t.tgid { busy_feeders(t.tgid, job) } else { 0 };
+    let busy = if job != 0 && wakee == t.tgid { busy_feeder_of(t.tgid, job, now) } else { 0 };
     let mut w = t.wait;
     wait_woken(&mut w, now, t.wait_class, job, job_tid, relay, busy);
     // SAFETY: as above; only this thread's own switch-out and wakeups write its wait, and a
@@ -412,26 +412,27 @@ fn on_waking_of(wakee: u32, interrupted: impl FnOnce() -> bool) -> u32 {
     0
 }
 
-/// The feeders of data waiter `tgid` other than `waker` busy producing now (their main
-/// thread's state; one lookup each, at the consumer's wakes by the job only), one bit a slot.
+/// A feeder of data waiter `tgid` other than `waker` busy producing now (its main thread's
+/// state; one lookup a slot, at the consumer's wakes by the job only), 0: none. The scan
+/// starts at a slot the clock picks, so that with several busy feeders each is picked in
+/// turn over many waits.
 #[inline(always)]
-fn busy_feeders(tgid: u32, waker: u32) -> u8 {
+fn busy_feeder_of(tgid: u32, waker: u32, now: u64) -> u32 {
     // SAFETY: a live map value, read in place (the agent may rewrite it meanwhile: a worker
-    // replaced between two reads shares one wait less or more).
+    // replaced between two reads is seen or not).
     let Some(feeders) = (unsafe { FEEDERS.get(tgid) }) else { return 0 };
-    let mut busy = 0u8;
+    let start = (now >> 10) as usize;
     for i in 0..FEEDER_SLOTS {
-        let p = feeders.pids[i];
+        let p = feeders.pids[(start + i) % FEEDER_SLOTS];
         if p == 0 || p == waker || !maybe_in(&ACCOUNTED_HINT, p) {
             continue;
         }
         // SAFETY: a live map value, one field read.
-        let st = unsafe { OFFCPU_THREADS.get(p) }.map(|t| t.state);
-        if st.is_some_and(busy_feeder) {
-            busy |= 1 << i;
+        if unsafe { OFFCPU_THREADS.get(p) }.is_some_and(|t| busy_feeder(t.state)) {
+            return p;
         }
     }
-    busy
+    0
 }
 
 /// A thread of a tracked process exits (its last switch-out may come after its process left
@@ -460,7 +461,6 @@ fn finished_wait(tgid: u32, tid: u32, f: &FinishedWait) {
         return;
     }
     let ns = f.ns();
-    let co = if f.waker != 0 { co_wakers(tgid, f) } else { [0; CO_WAKERS] };
     if f.waker != 0 {
         add_data_wait(tgid, f.class, ns);
         if ns >= LONG_WAIT_NS {
@@ -483,29 +483,18 @@ fn finished_wait(tgid: u32, tid: u32, f: &FinishedWait) {
                 job_wakes: f.job_wakes,
                 _pad2: 0,
                 relay_tid: f.relay_tid,
-                co_wakers: co,
+                co_waker: f.co_waker,
+                _pad3: 0,
             });
         }
     }
-    // The processes that share the wait get their parts without a count (the wait is counted
+    // The process that shares the wait gets half of its time, no count (the wait is counted
     // once, with its length in the waker's histogram).
-    let (part, waker_part) = split(ns, &co);
-    for p in co {
-        if p != 0 {
-            add_wake(WakeKey { waker: p, wakee: tgid }, part, None);
-        }
+    let shared = if f.co_waker != 0 && f.waker != 0 { ns / 2 } else { 0 };
+    if shared != 0 {
+        add_wake(WakeKey { waker: f.co_waker, wakee: tgid }, shared, None);
     }
-    add_wake(WakeKey { waker: f.waker, wakee: tgid }, waker_part, Some(ns));
-}
-
-/// Who shares the wait `f` of data waiter `tgid` with its waker (`sched::sharers`).
-#[inline(always)]
-fn co_wakers(tgid: u32, f: &FinishedWait) -> [u32; CO_WAKERS] {
-    // SAFETY: a live map value, read in place.
-    match unsafe { FEEDERS.get(tgid) } {
-        Some(feeders) => sharers(f, feeders),
-        None => [0; CO_WAKERS],
-    }
+    add_wake(WakeKey { waker: f.waker, wakee: tgid }, ns - shared, Some(ns));
 }
 
 /// Adds `ns` of a wait to a (waker, wakee) pair; `whole`: the wait's length, for its count,

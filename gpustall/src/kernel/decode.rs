@@ -126,8 +126,7 @@ pub fn decode(bytes: &[u8]) -> Result<Event, DecodeError> {
                 slices: Some(u32::from(e.slices)),
                 job_wakes: Some(u32::from(e.job_wakes)),
                 relay_tid: (e.relay_tid != 0).then_some(e.relay_tid),
-                co_wakers: e.co_wakers.into_iter().filter(|&p| p != 0).collect(),
-                co_waker: None,
+                co_waker: (e.co_waker != 0).then_some(e.co_waker),
             }
         }
     })

@@ -121,12 +121,10 @@ pub enum Event {
         /// pin-memory thread).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         relay_tid: Option<u32>,
-        /// The processes that share the wait with the waker, evenly (`sched::sharers`: a
-        /// batch that came with the awaited one, the feeders busy producing when it came).
-        #[serde(default, skip_serializing_if = "Vec::is_empty")]
-        co_wakers: Vec<u32>,
-        /// Recordings before `co_wakers`: the one process that shared the wait, half each.
-        #[serde(default, skip_serializing)]
+        /// Another process that shares the wait with the waker, half each: its batch came at
+        /// nearly the same time (`sched::co_arrival`), or it was busy producing its next one
+        /// when the waker's came (`sched::wait_woken`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
         co_waker: Option<u32>,
     },
 }

@@ -17,7 +17,7 @@ const STALLS_KEPT: usize = 256;
 const STALL_HORIZON_NS: u64 = 60_000_000_000;
 
 /// One long wait, as the kernel reported it, with the waker's reclaim during it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct LongWait {
     /// When the wait ended (the waker's wakeup).
     pub t_ns: u64,
@@ -35,9 +35,9 @@ pub struct LongWait {
     /// queue get looping); `None` in recordings before logical waits.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub timeouts: Option<u32>,
-    /// The workers that share the wait with the waker, evenly (`sched::sharers`).
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub co_wakers: Vec<u32>,
+    /// A worker whose batch came with the waker's: the two share the wait, half each.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub co_waker: Option<u32>,
 }
 
 /// Per waker: the long waits it ended.
@@ -79,26 +79,24 @@ impl LongWaits {
         }
     }
 
-    /// A long wait of `wakee`'s thread that `waker` ended at `t_ns` (shared evenly with
-    /// `co_wakers`, as the kernel sums it: the wait is counted once, for the waker).
+    /// A long wait of `wakee`'s thread that `waker` ended at `t_ns` (shared with `co_waker`,
+    /// half each, as the kernel sums it: the wait is counted once, for the waker).
     pub fn note_wait(&mut self, mut w: LongWait) {
-        let sharers = w.co_wakers.len() as u64;
-        let part = w.duration_ns / (sharers + 1);
-        let own = w.duration_ns - part * sharers;
-        w.waker_reclaim_ns = self.in_reclaim(w.waker, &w).min(own);
+        let shared = if w.co_waker.is_some() { w.duration_ns / 2 } else { 0 };
+        w.waker_reclaim_ns = self.in_reclaim(w.waker, &w).min(w.duration_ns - shared);
         let s = self.per_waker.entry(w.waker).or_default();
         s.count += 1;
-        s.ns += own;
+        s.ns += w.duration_ns - shared;
         s.in_reclaim_ns += w.waker_reclaim_ns;
         if w.duration_ns > s.longest_ns {
             s.longest_at_ns = w.t_ns;
             s.longest_ns = w.duration_ns;
             s.longest_in_reclaim_ns = w.waker_reclaim_ns;
         }
-        for &co in &w.co_wakers {
-            let in_reclaim = self.in_reclaim(co, &w).min(part);
+        if let Some(co) = w.co_waker {
+            let in_reclaim = self.in_reclaim(co, &w).min(shared);
             let c = self.per_waker.entry(co).or_default();
-            c.ns += part;
+            c.ns += shared;
             c.in_reclaim_ns += in_reclaim;
         }
         if self.waits.len() < WAITS_KEPT {
@@ -159,7 +157,7 @@ mod tests {
             waker_reclaim_ns: 0,
             wait_class: None,
             timeouts: None,
-            co_wakers: Vec::new(),
+            co_waker: None,
         }
     }
 

@@ -243,7 +243,6 @@ impl Model {
                 wait_class,
                 slices,
                 job_wakes,
-                co_wakers,
                 co_waker,
                 ..
             } => self.offcpu.long.note_wait(crate::model::longwait::LongWait {
@@ -256,11 +255,7 @@ impl Model {
                 waker_reclaim_ns: 0,
                 wait_class: *wait_class,
                 timeouts: slices.zip(*job_wakes).map(|(s, j)| s.saturating_sub(j)),
-                co_wakers: if co_wakers.is_empty() {
-                    co_waker.iter().copied().collect()
-                } else {
-                    co_wakers.clone()
-                },
+                co_waker: *co_waker,
             }),
         }
     }

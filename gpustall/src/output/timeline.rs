@@ -237,13 +237,8 @@ impl Timeline {
         if let Some(relay) = v["relay_tid"].as_u64() {
             args["relay_tid"] = relay.into();
         }
-        // Who shared the wait (`co_wakers`; before it, one `co_waker`).
-        let shared: Vec<u64> = match v["co_wakers"].as_array() {
-            Some(a) => a.iter().filter_map(serde_json::Value::as_u64).collect(),
-            None => v["co_waker"].as_u64().into_iter().collect(),
-        };
-        if !shared.is_empty() {
-            args["shared_with_pids"] = shared.into();
+        if let Some(co) = v["co_waker"].as_u64() {
+            args["shared_with_pid"] = co.into();
         }
         // The syscall the wait blocked in (where the kernel read it): an ioctl is a driver's
         // wait (the GPU), not a batch.
