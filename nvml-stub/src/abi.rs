@@ -16,6 +16,7 @@ pub const NVML_ERROR_INVALID_ARGUMENT: nvmlReturn_t = 2;
 pub const NVML_ERROR_NOT_SUPPORTED: nvmlReturn_t = 3;
 pub const NVML_ERROR_INSUFFICIENT_SIZE: nvmlReturn_t = 7;
 pub const NVML_ERROR_DRIVER_NOT_LOADED: nvmlReturn_t = 9;
+pub const NVML_ERROR_TIMEOUT: nvmlReturn_t = 10;
 pub const NVML_ERROR_ARGUMENT_VERSION_MISMATCH: nvmlReturn_t = 25;
 pub const NVML_ERROR_UNKNOWN: nvmlReturn_t = 999;
 
@@ -67,4 +68,32 @@ pub struct nvmlProcessInfo_t {
     pub usedGpuMemory: c_ulonglong,
     pub gpuInstanceId: c_uint,
     pub computeInstanceId: c_uint,
+}
+
+/// `nvmlEventSet_t` is a pointer to an opaque struct; the stand-in's are `id + 1`.
+pub type nvmlEventSet_t = *mut c_void;
+
+/// `nvmlEventTypeXidCriticalError`.
+pub const NVML_EVENT_TYPE_XID_CRITICAL_ERROR: c_ulonglong = 0x8;
+
+/// `nvmlEventData_t`, filled by `nvmlEventSetWait_v2`.
+#[repr(C)]
+pub struct nvmlEventData_t {
+    pub device: nvmlDevice_t,
+    pub eventType: c_ulonglong,
+    pub eventData: c_ulonglong,
+    pub gpuInstanceId: c_uint,
+    pub computeInstanceId: c_uint,
+}
+
+/// `nvmlPciInfo_t` (v3, as `nvmlDeviceGetPciInfo_v3` fills it).
+#[repr(C)]
+pub struct nvmlPciInfo_t {
+    pub busIdLegacy: [std::ffi::c_char; 16],
+    pub domain: c_uint,
+    pub bus: c_uint,
+    pub device: c_uint,
+    pub pciDeviceId: c_uint,
+    pub pciSubSystemId: c_uint,
+    pub busId: [std::ffi::c_char; 32],
 }

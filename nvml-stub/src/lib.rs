@@ -15,7 +15,9 @@
 //! `nvmlDeviceGetTemperature` (GPU sensor), `nvmlDeviceGetClockInfo` (SM clock only),
 //! `nvmlDeviceGetPowerUsage`, `nvmlDeviceGetCurrentClocksThrottleReasons` (what
 //! nvml-wrapper 0.13 calls) and its newer name `nvmlDeviceGetCurrentClocksEventReasons`,
-//! `nvmlDeviceGetComputeRunningProcesses_v3`.
+//! `nvmlDeviceGetComputeRunningProcesses_v3`, `nvmlDeviceGetPciInfo_v3`, and the event calls `nvmlEventSetCreate`,
+//! `nvmlDeviceRegisterEvents` (critical Xid errors only), `nvmlEventSetWait_v2`,
+//! `nvmlEventSetFree`.
 //!
 //! # Scenario
 //! `nvmlInit` reads the JSON file named by `GPUSTALL_NVML_STUB_SCENARIO`. Unset or unreadable:
@@ -48,6 +50,10 @@
 //!   `applications_clocks_setting` 0x2, `sw_power_cap` 0x4, `hw_slowdown` 0x8, `sync_boost`
 //!   0x10, `sw_thermal_slowdown` 0x20, `hw_thermal_slowdown` 0x40, `hw_power_brake_slowdown`
 //!   0x80, `display_clock_setting` 0x100.
+//! - `pci_bus_id` ("0000:3b:00.0", optional) is the GPU's PCI address; left out, the PCI
+//!   query answers `NVML_ERROR_NOT_SUPPORTED`.
+//! - `xid` (a number) raises that critical Xid error at the entry's time, once: an event set
+//!   registered for the GPU before then gets it from `nvmlEventSetWait_v2`.
 //! - Units as NVML's: power is reported in milliwatts, memory in bytes (MiB × 1048576).
 //!
 //! No panic crosses the C boundary: each export runs under `catch_unwind` and answers
@@ -365,6 +371,105 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
             }
             *count = n as c_uint;
             NVML_SUCCESS
+        })
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlEventSetCreate(set: *mut nvmlEventSet_t) -> nvmlReturn_t {
+    guarded(|| {
+        if set.is_null() {
+            return NVML_ERROR_INVALID_ARGUMENT;
+        }
+        if state::with_scenario(|_| NVML_SUCCESS) != NVML_SUCCESS {
+            return NVML_ERROR_UNINITIALIZED;
+        }
+        // SAFETY: `set` is non-null and valid for a write (nvml.h contract).
+        unsafe { put(set, state::event_set_create()) }
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn nvmlEventSetFree(set: nvmlEventSet_t) -> nvmlReturn_t {
+    guarded(|| state::event_set_free(set))
+}
+
+#[no_mangle]
+pub extern "C" fn nvmlDeviceRegisterEvents(
+    device: nvmlDevice_t,
+    event_types: c_ulonglong,
+    set: nvmlEventSet_t,
+) -> nvmlReturn_t {
+    guarded(|| state::register_events(device, event_types, set))
+}
+
+/// Waits up to `timeout_ms` for a registered GPU's next Xid (polled every 10 ms, as the
+/// scenario's clock moves), or answers NVML_ERROR_TIMEOUT.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlEventSetWait_v2(
+    set: nvmlEventSet_t,
+    data: *mut nvmlEventData_t,
+    timeout_ms: c_uint,
+) -> nvmlReturn_t {
+    guarded(|| {
+        if data.is_null() {
+            return NVML_ERROR_INVALID_ARGUMENT;
+        }
+        let end = std::time::Instant::now() + std::time::Duration::from_millis(timeout_ms.into());
+        loop {
+            match state::next_event(set) {
+                Err(e) => return e,
+                Ok(Some((dev, xid))) => {
+                    let event = nvmlEventData_t {
+                        device: state::handle(dev),
+                        eventType: NVML_EVENT_TYPE_XID_CRITICAL_ERROR,
+                        eventData: xid,
+                        gpuInstanceId: NVML_NO_INSTANCE,
+                        computeInstanceId: NVML_NO_INSTANCE,
+                    };
+                    // SAFETY: `data` is non-null and valid for a write (nvml.h contract).
+                    return unsafe { put(data, event) };
+                }
+                Ok(None) if std::time::Instant::now() >= end => return NVML_ERROR_TIMEOUT,
+                Ok(None) => std::thread::sleep(std::time::Duration::from_millis(10)),
+            }
+        }
+    })
+}
+
+/// Copies `text` into a C char array, NUL-terminated (cut to fit).
+fn c_chars<const N: usize>(text: &str) -> [std::ffi::c_char; N] {
+    let mut out = [0 as std::ffi::c_char; N];
+    for (o, b) in out.iter_mut().zip(text.bytes().take(N - 1)) {
+        *o = b as std::ffi::c_char;
+    }
+    out
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(
+    device: nvmlDevice_t,
+    pci: *mut nvmlPciInfo_t,
+) -> nvmlReturn_t {
+    guarded(|| {
+        state::with_device(device, |gpu, _| {
+            let Some((domain, bus, dev, func)) = gpu.pci else {
+                return NVML_ERROR_NOT_SUPPORTED;
+            };
+            let info = nvmlPciInfo_t {
+                busIdLegacy: c_chars(&format!("{domain:04x}:{bus:02x}:{dev:02x}.{func:x}")),
+                domain,
+                bus,
+                device: dev,
+                pciDeviceId: 0x2335_10de,
+                pciSubSystemId: 0,
+                busId: c_chars(&format!("{domain:08x}:{bus:02x}:{dev:02x}.{func:x}")),
+            };
+            // SAFETY: `pci` is null or valid for a write (nvml.h contract); null is refused.
+            if pci.is_null() {
+                return NVML_ERROR_INVALID_ARGUMENT;
+            }
+            unsafe { put(pci, info) }
         })
     })
 }

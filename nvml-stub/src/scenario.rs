@@ -23,6 +23,9 @@ struct GpuFile {
     uuid: String,
     #[serde(default)]
     memory_total_mib: Option<u64>,
+    /// "DDDD:BB:DD.F" (as the kernel names the device); left out: unknown.
+    #[serde(default)]
+    pci_bus_id: Option<String>,
     #[serde(default)]
     timeline: Vec<EntryFile>,
 }
@@ -39,6 +42,8 @@ struct EntryFile {
     power_w: Option<f64>,
     throttle: Option<Vec<String>>,
     pids: Option<Vec<PidFile>>,
+    /// A critical Xid error raised at this entry's time (an event, not a level: once).
+    xid: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -92,17 +97,31 @@ pub struct State {
     pub power_mw: Option<u32>,
     pub throttle_mask: u64,
     pub processes: Vec<Process>,
+    /// A critical Xid error raised at `at_ns` (delivered once to each event set).
+    pub xid: Option<u64>,
 }
 
 pub struct Gpu {
     pub name: CString,
     pub uuid: CString,
     pub memory_total_bytes: Option<u64>,
+    /// (domain, bus, device, function) of its PCI address.
+    pub pci: Option<(u32, u32, u32, u32)>,
     /// Sorted by `at_ns`; each entry already carries forward what earlier ones set.
     timeline: Vec<State>,
 }
 
 impl Gpu {
+    /// How many timeline entries have begun by `elapsed_ns`.
+    pub fn entries_by(&self, elapsed_ns: u64) -> usize {
+        self.timeline.partition_point(|s| s.at_ns <= elapsed_ns)
+    }
+
+    /// The Xid of timeline entry `i`, if it raises one.
+    pub fn xid_of(&self, i: usize) -> Option<u64> {
+        self.timeline.get(i).and_then(|s| s.xid)
+    }
+
     /// The state at `elapsed_ns` after init: the last entry at or before it (a step function);
     /// before the first entry nothing is known.
     pub fn state_at(&self, elapsed_ns: u64) -> State {
@@ -139,10 +158,12 @@ fn gpu(file: GpuFile, env: &impl Fn(&str) -> Option<String>) -> Result<Gpu, Stri
         let prev = timeline.last().cloned().unwrap_or_default();
         timeline.push(entry(e, prev, env)?);
     }
+    let pci = file.pci_bus_id.as_deref().map(pci_address).transpose()?;
     Ok(Gpu {
         name: cstring(&file.name)?,
         uuid: cstring(&file.uuid)?,
         memory_total_bytes: file.memory_total_mib.map(|m| m.saturating_mul(MIB)),
+        pci,
         timeline,
     })
 }
@@ -183,7 +204,19 @@ fn entry(
         power_mw,
         throttle_mask,
         processes,
+        xid: e.xid,
     })
+}
+
+/// "DDDD:BB:DD.F" as (domain, bus, device, function).
+fn pci_address(s: &str) -> Result<(u32, u32, u32, u32), String> {
+    let bad = || format!("pci_bus_id {s:?} is not DDDD:BB:DD.F");
+    let (dbd, f) = s.split_once('.').ok_or_else(bad)?;
+    let mut p = dbd.split(':').map(|x| u32::from_str_radix(x, 16));
+    match (p.next(), p.next(), p.next(), p.next(), u32::from_str_radix(f, 16)) {
+        (Some(Ok(d)), Some(Ok(b)), Some(Ok(dev)), None, Ok(f)) => Ok((d, b, dev, f)),
+        _ => Err(bad()),
+    }
 }
 
 fn throttle_bit(name: &str) -> Result<u64, String> {

@@ -20,9 +20,13 @@ struct Loaded {
 struct Global {
     init_count: u32,
     loaded: Option<Loaded>,
+    /// Event sets by id (`None`: freed): per registered GPU, the next timeline entry whose
+    /// Xid it has not been given.
+    event_sets: Vec<Option<Vec<(usize, usize)>>>,
 }
 
-static GLOBAL: Mutex<Global> = Mutex::new(Global { init_count: 0, loaded: None });
+static GLOBAL: Mutex<Global> =
+    Mutex::new(Global { init_count: 0, loaded: None, event_sets: Vec::new() });
 
 fn global() -> MutexGuard<'static, Global> {
     // A panic while holding the lock was already caught and answered with an error code;
@@ -110,4 +114,68 @@ pub fn handle(index: usize) -> nvmlDevice_t {
 
 pub fn index_of(dev: nvmlDevice_t) -> Option<usize> {
     (dev as usize).checked_sub(1)
+}
+
+/// A new event set's handle (`id + 1`).
+pub fn event_set_create() -> nvmlEventSet_t {
+    let mut g = global();
+    g.event_sets.push(Some(Vec::new()));
+    std::ptr::without_provenance_mut::<c_void>(g.event_sets.len())
+}
+
+pub fn event_set_free(set: nvmlEventSet_t) -> nvmlReturn_t {
+    let mut g = global();
+    match (set as usize).checked_sub(1).and_then(|i| g.event_sets.get_mut(i)) {
+        Some(s @ Some(_)) => {
+            *s = None;
+            NVML_SUCCESS
+        }
+        _ => NVML_ERROR_INVALID_ARGUMENT,
+    }
+}
+
+/// Registers a GPU's critical Xid errors from now on (those already past are not given).
+pub fn register_events(dev: nvmlDevice_t, types: u64, set: nvmlEventSet_t) -> nvmlReturn_t {
+    if types & !NVML_EVENT_TYPE_XID_CRITICAL_ERROR != 0 {
+        return NVML_ERROR_NOT_SUPPORTED;
+    }
+    let mut g = global();
+    let Some(l) = &g.loaded else { return NVML_ERROR_UNINITIALIZED };
+    let Some(i) = index_of(dev).filter(|&i| i < l.scenario.gpus.len()) else {
+        return NVML_ERROR_INVALID_ARGUMENT;
+    };
+    let elapsed = u64::try_from(l.t0.elapsed().as_nanos()).unwrap_or(u64::MAX);
+    let next = l.scenario.gpus[i].entries_by(elapsed);
+    match (set as usize).checked_sub(1).and_then(|s| g.event_sets.get_mut(s)) {
+        Some(Some(regs)) => {
+            regs.retain(|&(d, _)| d != i);
+            regs.push((i, next));
+            NVML_SUCCESS
+        }
+        _ => NVML_ERROR_INVALID_ARGUMENT,
+    }
+}
+
+/// The next Xid of a registered GPU whose time has come: (GPU index, Xid).
+pub fn next_event(set: nvmlEventSet_t) -> Result<Option<(usize, u64)>, nvmlReturn_t> {
+    let mut g = global();
+    let g = &mut *g;
+    let Some(l) = &g.loaded else { return Err(NVML_ERROR_UNINITIALIZED) };
+    let Some(Some(regs)) = (set as usize).checked_sub(1).and_then(|s| g.event_sets.get_mut(s))
+    else {
+        return Err(NVML_ERROR_INVALID_ARGUMENT);
+    };
+    let elapsed = u64::try_from(l.t0.elapsed().as_nanos()).unwrap_or(u64::MAX);
+    for (dev, next) in regs.iter_mut() {
+        let gpu = &l.scenario.gpus[*dev];
+        let by = gpu.entries_by(elapsed);
+        while *next < by {
+            let i = *next;
+            *next += 1;
+            if let Some(xid) = gpu.xid_of(i) {
+                return Ok(Some((*dev, xid)));
+            }
+        }
+    }
+    Ok(None)
 }

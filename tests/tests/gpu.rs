@@ -14,7 +14,7 @@ fn trace_with_scenario(timeline: Value, secs: &str) -> (u32, TraceResult) {
     tests::require_privileged_env();
     let dir = tests::TempDir::new("gpu");
     let scenario = dir.path("scenario.json");
-    let doc = json!({"driver_version": "550.54.15", "gpus": [{"name": "Stand-in H200", "uuid": "GPU-stub-0", "memory_total_mib": 143771, "timeline": timeline}]});
+    let doc = json!({"driver_version": "550.54.15", "gpus": [{"name": "Stand-in H200", "uuid": "GPU-stub-0", "pci_bus_id": "0000:3b:00.0", "memory_total_mib": 143771, "timeline": timeline}]});
     std::fs::write(&scenario, doc.to_string()).expect("scenario");
     let bin = std::path::Path::new(env!("CARGO_BIN_EXE_gpustall-workload"));
     let mut w = Workload::start(bin, &["spawn", "sleep", secs], None);
@@ -124,4 +124,30 @@ fn no_nvml_is_one_notice_and_the_kernel_side_still_works() {
         "the kernel side traced the whole tree: {:#?}",
         t.processes()
     );
+}
+
+/// A GPU fault NVML reports (its critical Xid event) while the GPU stalls: the verdict is the
+/// fault, read through NVML (no driver line in the kernel log here), with what it means.
+#[test]
+fn an_xid_the_gpu_raises_through_nvml_is_a_gpu_fault() {
+    let mut fault = busy(1.0, 0);
+    fault["xid"] = json!(79);
+    let (_, t) = trace_with_scenario(json!([busy(0.0, 95), fault]), "4");
+    let v = &t.summary["verdict"];
+    assert_eq!(v["cause"], "gpu_fault", "{v:#}");
+    let text = v["text"].as_str().unwrap_or_default();
+    assert!(
+        text.contains("The GPU 0 (GPU-stub-0, PCI 0000:3b:00) reported Xid 79 through NVML"),
+        "{text}"
+    );
+    assert!(text.contains("fallen off the bus"), "{text}");
+    // Once, on the sample after it was raised.
+    let xids: Vec<&Value> = t
+        .record
+        .iter()
+        .filter(|r| r["kind"] == "gpu")
+        .flat_map(|r| r["gpus"].as_array().into_iter().flatten())
+        .flat_map(|g| g["xids"].as_array().into_iter().flatten())
+        .collect();
+    assert_eq!(xids, vec![&json!(79)], "the Xid in the recording's GPU samples");
 }

@@ -129,6 +129,18 @@ pub struct Facts {
     /// missed.
     pub kernel_log: Vec<crate::model::kernlog::KernelLogLine>,
     pub kernel_log_missed: u64,
+    /// Critical Xid errors NVML reported (its event sets).
+    pub gpu_xids: Vec<crate::model::gpu::GpuXid>,
+    /// The GPUs as their latest samples name them (index, UUID, PCI address).
+    pub gpus: Vec<GpuName>,
+}
+
+/// A GPU's names.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct GpuName {
+    pub index: u32,
+    pub uuid: String,
+    pub pci_bus_id: Option<String>,
 }
 
 /// The job's CPU surroundings over the trace.
@@ -443,6 +455,17 @@ pub fn from_model(m: &Model, now_ns: u64) -> Facts {
         data_time_rise_ns,
         kernel_log: m.kernel_log.lines.clone(),
         kernel_log_missed: m.kernel_log.missed,
+        gpu_xids: m.gpu.xids.clone(),
+        gpus: m
+            .gpu
+            .latest
+            .iter()
+            .map(|g| GpuName {
+                index: g.index,
+                uuid: g.uuid.clone(),
+                pci_bus_id: g.pci_bus_id.clone(),
+            })
+            .collect(),
         cpu: cpu_facts(m),
         gpu_util_avg_pct: m.gpu.summary.as_ref().and_then(|g| g.util_avg_pct()),
     }

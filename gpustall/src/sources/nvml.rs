@@ -1,9 +1,11 @@
 //! Reading every GPU once per tick through NVML (nvml-wrapper), onto the eBPF clock.
 
+use nvml_wrapper::bitmasks::event::EventTypes;
 use nvml_wrapper::enum_wrappers::device::{Clock, TemperatureSensor};
 use nvml_wrapper::enums::device::UsedGpuMemory;
+use nvml_wrapper::enums::event::XidError;
 use nvml_wrapper::error::NvmlError;
-use nvml_wrapper::Nvml;
+use nvml_wrapper::{EventSet, Nvml};
 
 use crate::{
     model::gpu::sample::{throttle_names, GpuProcess, GpuSample},
@@ -56,12 +58,34 @@ impl GpuUnavailable {
 struct GpuIdentity {
     uuid: String,
     name: String,
+    /// "0000:3b:00", as the driver's kernel-log lines name the GPU (`pci_bus`).
+    pci_bus_id: Option<String>,
 }
 
-/// NVML, open, with the GPUs it saw at start.
+/// NVML's PCI address as the NVIDIA driver writes it in its kernel-log lines ("NVRM: Xid
+/// (PCI:0000:3b:00)"): domain, bus and device, lower-case hex, no function.
+pub fn pci_bus(domain: u32, bus: u32, device: u32) -> String {
+    format!("{:04x}:{bus:02x}:{device:02x}", domain & 0xffff)
+}
+
+/// NVML, open, with the GPUs it saw at start, and the event sets their critical Xid errors
+/// come through. The event sets borrow NVML: it is boxed and leaked at open so that they can
+/// live beside it, and freed after them on drop (nvmlShutdown then runs as before).
 pub struct GpuSampler {
-    nvml: Nvml,
+    nvml: &'static Nvml,
     gpus: Vec<GpuIdentity>,
+    events: Vec<(u32, EventSet<'static>)>,
+}
+
+impl Drop for GpuSampler {
+    fn drop(&mut self) {
+        // The event sets first: they borrow NVML.
+        self.events.clear();
+        let nvml: *const Nvml = self.nvml;
+        // SAFETY: `nvml` came from `Box::leak` in `open` and nothing borrows it any more (the
+        // event sets are gone, devices are only borrowed within a call); it is freed once.
+        drop(unsafe { Box::from_raw(nvml.cast_mut()) });
+    }
 }
 
 impl GpuSampler {
@@ -92,10 +116,17 @@ impl GpuSampler {
                     // An unreadable name or UUID is left empty: the index still identifies it.
                     dev.as_ref().ok().and_then(|d| f(d).ok()).unwrap_or_default()
                 };
-                GpuIdentity { uuid: field(|d| d.uuid()), name: field(|d| d.name()) }
+                let pci = dev.as_ref().ok().and_then(|d| d.pci_info().ok());
+                GpuIdentity {
+                    uuid: field(|d| d.uuid()),
+                    name: field(|d| d.name()),
+                    pci_bus_id: pci.map(|p| pci_bus(p.domain, p.bus, p.device)),
+                }
             })
             .collect();
-        Ok(GpuSampler { nvml, gpus })
+        let nvml: &'static Nvml = Box::leak(Box::new(nvml));
+        let events = xid_events(nvml, count);
+        Ok(GpuSampler { nvml, gpus, events })
     }
 
     /// How many GPUs this sampler reads.
@@ -110,7 +141,39 @@ impl GpuSampler {
 
     /// One sample per GPU, in index order. Never fails: what NVML cannot read is `None`.
     pub fn sample(&mut self) -> Vec<GpuSample> {
-        (0..self.gpus.len()).map(|i| self.sample_one(i)).collect()
+        let mut samples: Vec<GpuSample> =
+            (0..self.gpus.len()).map(|i| self.sample_one(i)).collect();
+        for (index, xid) in self.drain_xids() {
+            if let Some(s) = samples.get_mut(index as usize) {
+                s.xids.push(xid);
+            }
+        }
+        samples
+    }
+
+    /// The critical Xid errors NVML queued since the last call: (GPU index, Xid). Bounded: a
+    /// GPU raising them without end is read again next tick.
+    fn drain_xids(&self) -> Vec<(u32, u64)> {
+        let mut out = Vec::new();
+        for (index, set) in &self.events {
+            for _ in 0..64 {
+                match set.wait(0) {
+                    Ok(e) => out.push((
+                        *index,
+                        match e.event_data {
+                            Some(XidError::Value(v)) => v,
+                            Some(XidError::Unknown) | None => 999,
+                        },
+                    )),
+                    Err(NvmlError::Timeout) => break,
+                    Err(e) => {
+                        log::debug!("NVML event wait on GPU {index}: {e}");
+                        break;
+                    }
+                }
+            }
+        }
+        out
     }
 
     fn sample_one(&self, i: usize) -> GpuSample {
@@ -120,6 +183,7 @@ impl GpuSampler {
             index: i as u32,
             uuid: id.uuid.clone(),
             name: id.name.clone(),
+            pci_bus_id: id.pci_bus_id.clone(),
             ..GpuSample::default()
         };
         // A GPU that fell off the bus still yields a sample, with nothing known.
@@ -157,6 +221,27 @@ impl GpuSampler {
             .unwrap_or_default();
         s
     }
+}
+
+/// Per GPU (index), an event set with its critical Xid errors registered: one set each, since
+/// NVML frees a set a registration fails on. A GPU, driver or NVML without events has none:
+/// said once, not an error (the kernel log still has the driver's Xid lines).
+fn xid_events(nvml: &'static Nvml, count: u32) -> Vec<(u32, EventSet<'static>)> {
+    let mut sets = Vec::new();
+    for i in 0..count {
+        let registered = nvml.create_event_set().map_err(|e| e.to_string()).and_then(|set| {
+            let dev = nvml.device_by_index(i).map_err(|e| e.to_string())?;
+            dev.register_events(EventTypes::CRITICAL_XID_ERROR, set)
+                .map_err(|e| e.error.to_string())
+        });
+        match registered {
+            Ok(set) => sets.push((i, set)),
+            Err(e) => log::info!(
+                "NVML gives no Xid events for GPU {i} ({e}): its faults are read from the kernel log only"
+            ),
+        }
+    }
+    sets
 }
 
 #[cfg(test)]
@@ -225,11 +310,12 @@ mod tests {
             &dir,
             "two-gpus.json",
             r#"{"gpus":[
-              {"name":"Stand-in H200","uuid":"GPU-stub-0","memory_total_mib":143771,"timeline":[
+              {"name":"Stand-in H200","uuid":"GPU-stub-0","pci_bus_id":"0000:3b:00.0","memory_total_mib":143771,"timeline":[
                 {"at_s":0,"util_gpu":95,"util_mem":40,"memory_used_mib":60000,"temperature_c":60,
                  "sm_clock_mhz":1980,"power_w":600.5,"throttle":["gpu_idle","sw_power_cap"],
                  "pids":[{"pid":"$GPUSTALL_TEST_TRAINER_PID","used_mib":50000},{"pid":77}]},
-                {"at_s":0.3,"util_gpu":0,"temperature_c":91,"throttle":["hw_thermal_slowdown"]}]},
+                {"at_s":0.3,"util_gpu":0,"temperature_c":91,"throttle":["hw_thermal_slowdown"],
+                 "xid":79}]},
               {"name":"Stand-in H200","uuid":"GPU-stub-1","timeline":[{"at_s":0,"util_gpu":3}]}]}"#,
         );
         std::env::set_var("GPUSTALL_NVML_STUB_SCENARIO", &scenario);
@@ -292,6 +378,11 @@ mod tests {
         );
         assert_eq!(g0.throttle_reasons, vec!["hw_thermal_slowdown".to_string()]);
         assert_eq!(g0.processes.len(), 2);
+        assert_eq!(g0.pci_bus_id.as_deref(), Some("0000:3b:00"), "as the driver's Xid lines");
+        assert_eq!(first[1].pci_bus_id, None, "a GPU whose PCI address NVML does not give");
+        // The Xid raised at 0.3 s comes once, through NVML's event set, on its GPU only.
+        assert_eq!((first[0].xids.len(), later[0].xids.clone()), (0, vec![79]));
+        assert!(later[1].xids.is_empty() && sampler.sample()[0].xids.is_empty());
         drop(sampler);
 
         // No GPU, no scenario, a broken scenario: each a clear refusal.

@@ -385,7 +385,18 @@ impl Daemon {
                     let lines = &self.session.model.kernel_log.lines;
                     for l in lines.iter().filter(|l| l.t_ns == inc.t_ns && l.xid.is_some()) {
                         let bus = l.device.clone().unwrap_or_default();
-                        self.metrics.gpu_xid(&bus, l.xid.unwrap_or(0));
+                        self.metrics.gpu_xid(&bus, u64::from(l.xid.unwrap_or(0)));
+                    }
+                    // NVML's events, where the kernel log has no line for them.
+                    let xids = &self.session.model.gpu.xids;
+                    for x in xids.iter().filter(|x| x.t_ns == inc.t_ns) {
+                        let logged = lines.iter().any(|l| {
+                            l.xid.map(u64::from) == Some(x.xid) && l.device == x.pci_bus_id
+                        });
+                        if !logged {
+                            let bus = x.pci_bus_id.clone().unwrap_or_default();
+                            self.metrics.gpu_xid(&bus, x.xid);
+                        }
                     }
                 }
                 _ => {}

@@ -23,6 +23,12 @@ pub fn links(f: &Facts, chain: &mut Chain) {
     for l in &f.kernel_log {
         chain.push(l.t_ns, format!("{}: the kernel log: \"{}\"", at(f, l.t_ns), l.text));
     }
+    for x in &f.gpu_xids {
+        chain.push(
+            x.t_ns,
+            format!("{}: NVML: GPU {} ({}) raised Xid {}", at(f, x.t_ns), x.index, x.uuid, x.xid),
+        );
+    }
     if f.kernel_log_missed > 0 {
         chain.push(
             f.start_ns,
@@ -38,45 +44,111 @@ fn of(f: &Facts, what: LogWhat) -> impl Iterator<Item = &KernelLogLine> {
     f.kernel_log.iter().filter(move |l| l.what == what)
 }
 
+/// One GPU fault, from the driver's kernel-log line or NVML's event.
+struct Fault {
+    t_ns: u64,
+    xid: u32,
+    side: XidSide,
+    meaning: &'static str,
+    /// "at PCI 0000:3b:00" (the kernel log) or "0 (GPU-...)" (NVML).
+    gpu: String,
+    pid: Option<u32>,
+    comm: Option<String>,
+    source: &'static str,
+}
+
+/// The faults of the trace: the driver's Xid lines, else (no kernel log: a container without
+/// /dev/kmsg) NVML's Xid events. Consequences of another fault (Xid 45) are left out.
+fn faults(f: &Facts) -> Vec<Fault> {
+    let from_log = of(f, LogWhat::GpuXid).filter_map(|l| {
+        let xid = l.xid?;
+        let (side, meaning) = xid_meaning(xid);
+        Some(Fault {
+            t_ns: l.t_ns,
+            xid,
+            side,
+            meaning,
+            gpu: gpu_at(f, l.device.as_deref()),
+            pid: l.pid,
+            comm: l.comm.clone(),
+            source: "in the kernel log",
+        })
+    });
+    let mut v: Vec<Fault> = from_log.collect();
+    if v.is_empty() {
+        v = f
+            .gpu_xids
+            .iter()
+            .map(|x| {
+                let xid = u32::try_from(x.xid).unwrap_or(u32::MAX);
+                let (side, meaning) = xid_meaning(xid);
+                Fault {
+                    t_ns: x.t_ns,
+                    xid,
+                    side,
+                    meaning,
+                    gpu: match &x.pci_bus_id {
+                        Some(bus) => format!("{} ({}, PCI {bus})", x.index, x.uuid),
+                        None => format!("{} ({})", x.index, x.uuid),
+                    },
+                    pid: None,
+                    comm: None,
+                    source: "through NVML",
+                }
+            })
+            .collect();
+    }
+    v.retain(|x| x.side != XidSide::Consequence);
+    v
+}
+
+/// "at PCI 0000:3b:00", with NVML's index and UUID of the GPU at that address where a GPU
+/// sample gave it.
+fn gpu_at(f: &Facts, bus: Option<&str>) -> String {
+    let Some(bus) = bus else { return "at PCI ?".into() };
+    match f.gpus.iter().find(|g| g.pci_bus_id.as_deref() == Some(bus)) {
+        Some(g) => format!("{} ({}) at PCI {bus}", g.index, g.uuid),
+        None => format!("at PCI {bus}"),
+    }
+}
+
 /// The GPU or its driver reported a fault (an Xid other than a consequence of another fault).
 pub fn gpu_fault(c: &Ctx) -> Option<Verdict> {
     let f = c.f;
-    let faults: Vec<(&KernelLogLine, XidSide, &str)> = of(f, LogWhat::GpuXid)
-        .filter_map(|l| {
-            let (side, meaning) = xid_meaning(l.xid?);
-            (side != XidSide::Consequence).then_some((l, side, meaning))
-        })
-        .collect();
+    let faults = faults(f);
     // The worst first: hardware, then the driver, then the application.
     let rank = |s: XidSide| match s {
         XidSide::Hardware => 0,
         XidSide::Driver => 1,
         _ => 2,
     };
-    let &(first, side, meaning) = faults.iter().min_by_key(|(l, s, _)| (rank(*s), l.t_ns))?;
-    let gpu = first.device.as_deref().unwrap_or("?");
+    let first = faults.iter().min_by_key(|x| (rank(x.side), x.t_ns))?;
     let by = match (first.pid, &first.comm) {
         (Some(p), Some(c)) => format!(" in {c} (pid {p})"),
         (Some(p), None) => format!(" in pid {p}"),
         _ => String::new(),
     };
     let more = if faults.len() > 1 {
-        format!(" ({} Xid lines in all)", faults.len())
+        format!(" ({} Xid errors in all)", faults.len())
     } else {
         String::new()
     };
     let text = format!(
-        "The GPU at PCI {gpu} reported Xid {} at {}{by}: {meaning}{more}. A GPU or driver fault stalls a job like a starved GPU does (utilisation at 0 %, the process alive); this one is on the {} side.",
-        first.xid.unwrap_or(0),
+        "The GPU {} reported Xid {} {} at {}{by}: {}{more}. A GPU or driver fault stalls a job like a starved GPU does (utilisation at 0 %, the process alive); this one is on the {} side.",
+        first.gpu,
+        first.xid,
+        first.source,
         at(f, first.t_ns),
-        match side {
+        first.meaning,
+        match first.side {
             XidSide::Hardware => "hardware",
             XidSide::Driver => "driver",
             _ => "application",
         }
     );
     let culprits = first.pid.filter(|p| f.procs.iter().any(|q| q.pid == *p)).into_iter().collect();
-    Some(c.verdict(Cause::GpuFault, text, culprits, c.chain(), vec![advice_for(side).to_string()]))
+    let advice = vec![advice_for(first.side).to_string()];
+    Some(c.verdict(Cause::GpuFault, text, culprits, c.chain(), advice))
 }
 
 /// The kernel's hung-task detector reported a process of the job.

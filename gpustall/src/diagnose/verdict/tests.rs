@@ -449,11 +449,29 @@ fn a_gpu_xid_is_the_cause_before_the_memory_chain_and_a_cleanup_xid_is_only_evid
     let v = decide(&f);
     assert_eq!(v.cause, Cause::GpuFault, "{v:#?}");
     assert!(
-        v.text.contains("Xid 79 at +30.0s") && v.text.contains("fallen off the bus"),
+        v.text.contains("Xid 79 in the kernel log at +30.0s") && v.text.contains("fallen off"),
         "{}",
         v.text
     );
     assert!(v.advice[0].contains("drain the node"), "{:?}", v.advice);
+    // Without the kernel log (a container without /dev/kmsg): NVML's own event.
+    f.kernel_log.clear();
+    f.gpu_xids = vec![crate::model::gpu::GpuXid {
+        t_ns: 12 * S,
+        index: 1,
+        uuid: "GPU-1".into(),
+        pci_bus_id: Some("0000:ca:00".into()),
+        xid: 119,
+    }];
+    let v = decide(&f);
+    assert_eq!(v.cause, Cause::GpuFault, "{v:#?}");
+    assert!(
+        v.text
+            .contains("The GPU 1 (GPU-1, PCI 0000:ca:00) reported Xid 119 through NVML at +12.0s"),
+        "{}",
+        v.text
+    );
+    assert!(v.text.contains("driver side") && v.advice[0].contains("reset the GPU"), "{v:#?}");
 }
 
 #[test]

@@ -32,6 +32,18 @@ pub struct GpuState {
     pub samples: u64,
     pub throttled_samples: u64,
     pub throttle_reasons: BTreeSet<String>,
+    /// Critical Xid errors NVML reported, in order.
+    pub xids: Vec<GpuXid>,
+}
+
+/// A critical Xid error NVML reported for a GPU, at the sample that carried it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct GpuXid {
+    pub t_ns: u64,
+    pub index: u32,
+    pub uuid: String,
+    pub pci_bus_id: Option<String>,
+    pub xid: u64,
 }
 
 impl GpuState {
@@ -55,6 +67,13 @@ impl GpuState {
         };
         let ended = detector.observe_all(samples, job_pids, alive);
         for s in samples {
+            self.xids.extend(s.xids.iter().map(|&xid| GpuXid {
+                t_ns: s.t_ns,
+                index: s.index,
+                uuid: s.uuid.clone(),
+                pci_bus_id: s.pci_bus_id.clone(),
+                xid,
+            }));
             self.samples += 1;
             if !s.throttle_reasons.is_empty() {
                 self.throttled_samples += 1;

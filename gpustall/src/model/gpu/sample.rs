@@ -41,6 +41,10 @@ pub struct GpuSample {
     pub index: u32,
     pub uuid: String,
     pub name: String,
+    /// Its PCI address as the driver's kernel-log lines name it ("0000:3b:00"), where NVML
+    /// gives it (absent in recordings before it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pci_bus_id: Option<String>,
     pub util_gpu_pct: Option<u32>,
     pub util_mem_pct: Option<u32>,
     pub mem_used_bytes: Option<u64>,
@@ -53,4 +57,8 @@ pub struct GpuSample {
     /// [`throttle_names`] of `throttle_mask`.
     pub throttle_reasons: Vec<String>,
     pub processes: Vec<GpuProcess>,
+    /// Critical Xid errors NVML reported for this GPU since its previous sample (its event
+    /// set; 999: an Xid NVML could not name). Absent in recordings before it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub xids: Vec<u64>,
 }

@@ -448,7 +448,7 @@ impl Metrics {
     }
 
     /// A GPU fault: Xid `xid` on the GPU at PCI `bus`.
-    pub fn gpu_xid(&self, bus: &str, xid: u32) {
+    pub fn gpu_xid(&self, bus: &str, xid: u64) {
         let labels = XidLabel { pci_bus_id: bus.to_string(), xid: xid.to_string() };
         self.gpu_xid_errors.get_or_create(&labels).inc();
     }
