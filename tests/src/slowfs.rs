@@ -99,6 +99,12 @@ pub struct SlowFs {
 }
 
 impl SlowFs {
+    /// The kernel can mount FUSE filesystems (after loading `fuse` where it is a module).
+    pub fn available() -> bool {
+        crate::blockdev::modprobe("fuse");
+        Path::new("/dev/fuse").exists()
+    }
+
     /// Mounts it on a fresh directory, its source named `source` (as mountinfo shows a
     /// network filesystem's "server:/export"), each read answered after `delay`.
     pub fn mount(source: &str, delay: Duration) -> Self {

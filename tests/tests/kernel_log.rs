@@ -151,6 +151,10 @@ fn a_task_the_kernels_detector_reports_hung_is_the_verdict_with_its_pid() {
         return;
     };
     let _warnings = Sysctl::set("/proc/sys/kernel/hung_task_warnings", "-1");
+    if !tests::slowfs::SlowFs::available() {
+        tests::degraded("no FUSE in this kernel: no server to stop answering");
+        return;
+    }
     // A filesystem whose server stops answering: the first mkdir waits 8 s for its answer
     // holding the directory's lock; the second waits for that lock, in D state, past the
     // 2 s timeout.
@@ -216,4 +220,52 @@ fn watch_makes_an_incident_bundle_and_counts_the_gpu_fault_in_its_metrics() {
     assert!(s["verdict"]["text"].as_str().is_some_and(|t| t.contains("double-bit ECC")));
     // SAFETY: plain kill of the test's own child.
     unsafe { libc::kill(job.pid() as i32, libc::SIGKILL) };
+}
+
+/// One real line of each pattern, written into the kernel log during a traced job: each is
+/// kept, as what it is (a report naming a process names the job's own).
+#[test]
+fn every_pattern_is_kept_from_the_real_kernel_log() {
+    tests::require_privileged_env();
+    let _one = one_at_a_time();
+    let me = std::process::id();
+    let t = traced_sleep("3", |pid| {
+        std::thread::sleep(Duration::from_millis(300));
+        for line in [
+            format!("NVRM: Xid (PCI:0000:{:02x}:00): 13, pid={pid}, name=sleep, Graphics SM Warp Exception", me % 251),
+            format!("INFO: task sleep:{pid} blocked for more than 120 seconds."),
+            format!("watchdog: BUG: soft lockup - CPU#1 stuck for 22s! [sleep:{pid}]"),
+            format!("I/O error, dev gpustall{me}, sector 2048 op 0x0:(READ) flags 0x0 phys_seg 1 prio class 2"),
+            format!("Buffer I/O error on dev gpustall{me}, logical block 0, async page read"),
+            format!("EXT4-fs error (device gpustall{me}): ext4_find_entry:1455: inode #2: comm ls: reading directory lblock 0"),
+            format!("XFS (gpustall{me}): Corruption of in-memory data (0x8) detected. Shutting down filesystem."),
+            format!("BTRFS error (device gpustall{me}): bdev /dev/x errs: wr 0, rd 1, flush 0"),
+            format!("nfs: server nas{me} not responding, still trying"),
+            format!("nfs: server nas{me} OK"),
+            format!("CIFS: VFS: \\\\smb{me} has not responded in 180 seconds. Reconnecting..."),
+            "mce: [Hardware Error]: Machine check events logged".to_string(),
+            format!("pcieport 0000:00:{:02x}.0: AER: Uncorrected (Fatal) error received: 0000:3b:00.0", me % 32),
+            format!("Out of memory: Killed process {pid} (sleep) total-vm:4096kB, anon-rss:100kB"),
+        ] {
+            kmsg(&line);
+        }
+    });
+    let kept = kept(&t);
+    let whats: Vec<&str> = kept.iter().filter_map(|l| l["what"].as_str()).collect();
+    for want in [
+        "gpu_xid",
+        "hung_task",
+        "soft_lockup",
+        "io_error",
+        "fs_error",
+        "remote_fs_down",
+        "remote_fs_up",
+        "machine_check",
+        "pcie_aer",
+        "oom_kill",
+    ] {
+        assert!(whats.contains(&want), "{want} not kept: {whats:?}");
+    }
+    assert_eq!(whats.iter().filter(|w| **w == "io_error").count(), 2, "{whats:?}");
+    assert_eq!(whats.iter().filter(|w| **w == "fs_error").count(), 3, "{whats:?}");
 }

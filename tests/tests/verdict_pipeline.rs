@@ -310,6 +310,10 @@ fn workers_waiting_on_a_storage_server_are_network_bound_with_its_address() {
 #[test]
 fn workers_reading_files_on_a_network_filesystem_are_network_bound_with_its_mount() {
     tests::require_privileged_env();
+    if !tests::slowfs::SlowFs::available() {
+        tests::degraded("no FUSE in this kernel: no network filesystem to stand in");
+        return;
+    }
     let cg = CpuCgroup::favoured("pipe-nfs");
     // Each read waits 0.1 s on the filesystem's server; the trainer needs a sample every
     // 0.05 s. No local block device holds the file: not disk-bound.
