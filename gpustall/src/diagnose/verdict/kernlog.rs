@@ -173,8 +173,16 @@ pub fn hung_task(c: &Ctx) -> Option<Verdict> {
     } else {
         ("blocked in uninterruptible sleep (D) past the kernel's hung-task timeout", "a task in D state waits on the kernel: its storage or network filesystem (see the kernel log around it), or a driver; `cat /proc/PID/stack` as root shows where")
     };
+    // Where it waits, where gpustall's own readings of the process caught it in D state.
+    let wchan = f
+        .procs
+        .iter()
+        .find(|p| p.pid == pid)
+        .and_then(|p| p.stuck.as_ref())
+        .filter(|s| !s.wchan.is_empty())
+        .map_or(String::new(), |s| format!(" (waiting in {})", s.wchan));
     let text = format!(
-        "The kernel reports {who} {what} at {}{why}: the job cannot make progress until that returns.",
+        "The kernel reports {who} {what}{wchan} at {}{why}: the job cannot make progress until that returns.",
         at(f, first.t_ns)
     );
     let culprits = hung.iter().filter_map(|l| l.pid).collect();
@@ -191,7 +199,10 @@ fn storage_troubles(f: &Facts) -> Vec<String> {
             LogWhat::RemoteFsDown => "a server not responding",
             _ => continue,
         };
-        let s = format!("{what} on {}", l.device.as_deref().unwrap_or("?"));
+        let dev = l.device.as_deref().unwrap_or("?");
+        // A disk the job read or wrote (its block I/O), said so: the error is on its path.
+        let used = f.disks.iter().any(|d| d.name == dev);
+        let s = format!("{what} on {dev}{}", if used { " (a disk the job uses)" } else { "" });
         if !out.contains(&s) {
             out.push(s);
         }
