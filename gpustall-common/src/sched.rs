@@ -268,13 +268,16 @@ pub const fn co_arrival(start: u64, end: u64, co_at: u64) -> bool {
 }
 
 /// Feeder slots per data waiter: the worker processes of a trainer or rank, as the agent
-/// knows them from the process tree (key: the waiter's tgid).
+/// knows them from the process tree (key: the waiter's tgid). A power of two (a mask bounds
+/// the kernel's index).
 pub const FEEDER_SLOTS: usize = 8;
+const _: () = assert!(FEEDER_SLOTS.is_power_of_two());
 
-/// A data waiter's feeders (0: an empty slot), written by the agent.
+/// A data waiter's feeders, written by the agent: `pids[..count]` (the rest 0).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Feeders {
+    pub count: u32,
     pub pids: [u32; FEEDER_SLOTS],
 }
 

@@ -421,9 +421,15 @@ fn busy_feeder_of(tgid: u32, waker: u32, now: u64) -> u32 {
     // SAFETY: a live map value, read in place (the agent may rewrite it meanwhile: a worker
     // replaced between two reads is seen or not).
     let Some(feeders) = (unsafe { FEEDERS.get(tgid) }) else { return 0 };
+    // Only the slots in use: a trainer with one worker (its waker) looks at none.
+    let n = (feeders.count as usize).min(FEEDER_SLOTS);
+    if n < 2 {
+        return 0;
+    }
     let start = (now >> 10) as usize;
     for i in 0..FEEDER_SLOTS {
-        let p = feeders.pids[(start + i) % FEEDER_SLOTS];
+        // A mask, not a remainder by `n`: a bound the verifier sees. Slots past `n` are 0.
+        let p = feeders.pids[(start + i) & (FEEDER_SLOTS - 1)];
         if p == 0 || p == waker || !maybe_in(&ACCOUNTED_HINT, p) {
             continue;
         }

@@ -153,6 +153,7 @@ pub fn feeders(tree: &ProcessTree) -> BTreeMap<u32, Feeders> {
             let mut f = Feeders::default();
             for (slot, &(_, pid)) in f.pids.iter_mut().zip(&w) {
                 *slot = pid;
+                f.count += 1;
             }
             (waiter, f)
         })
@@ -322,7 +323,7 @@ mod tests {
         t.on_exit(102, Some(0), 9);
         let f = feeders(&t);
         assert_eq!(f.keys().copied().collect::<Vec<_>>(), vec![100]);
-        assert_eq!(f[&100].pids, [103, 101, 0, 0, 0, 0, 0, 0]);
+        assert_eq!((f[&100].count, f[&100].pids), (2, [103, 101, 0, 0, 0, 0, 0, 0]));
         assert!(feeders(&ProcessTree::default()).is_empty());
     }
 }
