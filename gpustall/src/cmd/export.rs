@@ -18,7 +18,7 @@ pub struct ExportArgs {
 
 pub fn run(args: &ExportArgs) -> anyhow::Result<()> {
     let (file, out) = (&args.file, &args.perfetto);
-    crate::output::files::refuse_clashes(&[file], &[("--perfetto", out)])?;
+    crate::recording::files::refuse_clashes(&[file], &[("--perfetto", out)])?;
     let f = std::fs::File::open(file)
         .with_context(|| format!("cannot open the recording {}", file.display()))?;
     let r = replay(BufReader::new(f));

@@ -74,8 +74,10 @@ fn tag(h: &Header, input: &Path) -> String {
 fn load(input: &Path) -> anyhow::Result<(Lane, Option<String>)> {
     let file = recording_of(input)?;
     let r = crate::cmd::report::open_recording(&file)?;
-    let header: Header = serde_json::from_value(r.header.clone())
-        .with_context(|| format!("{}: the header does not parse", file.display()))?;
+    let header: Header = r
+        .header
+        .clone()
+        .with_context(|| format!("{}: the first line is not a header", file.display()))?;
     anyhow::ensure!(
         header.wall_clock_at_start_ns > 0,
         "{} has no wall_clock_at_start_ns: it cannot be put on a shared timeline",
@@ -122,7 +124,7 @@ pub fn run(args: &MergeArgs) -> anyhow::Result<()> {
     .filter_map(|(flag, p)| p.as_deref().map(|p| (flag, p)))
     .collect();
     let inputs: Vec<&Path> = recordings.iter().map(PathBuf::as_path).collect();
-    crate::output::files::refuse_clashes(&inputs, &outputs)?;
+    crate::recording::files::refuse_clashes(&inputs, &outputs)?;
 
     let mut lanes: Vec<Lane> = Vec::new();
     let mut stopped = Vec::new();
@@ -170,18 +172,18 @@ fn write_outputs(
     if let Some(path) = &args.summary_json {
         let s = out::summary(lanes, verdict, warnings, max_skew);
         let text = serde_json::to_string_pretty(&s)? + "\n";
-        crate::output::files::write_private(path, text.as_bytes())
+        crate::recording::files::write_private(path, text.as_bytes())
             .with_context(|| format!("writing the summary to {}", path.display()))?;
     }
     if let Some(path) = &args.html {
-        crate::output::files::write_private(
+        crate::recording::files::write_private(
             path,
             out::html_page(lanes, verdict, warnings).as_bytes(),
         )?;
     }
     if let Some(path) = &args.perfetto {
         let text = serde_json::to_string(&out::perfetto_trace(lanes, verdict))?;
-        crate::output::files::write_private(path, text.as_bytes())?;
+        crate::recording::files::write_private(path, text.as_bytes())?;
         say!("gpustall: wrote {} (open it in https://ui.perfetto.dev)", path.display());
     }
     Ok(())

@@ -29,7 +29,7 @@ pub fn run(args: &ReportArgs) -> anyhow::Result<()> {
             .into_iter()
             .filter_map(|(flag, p)| p.as_deref().map(|p| (flag, p)))
             .collect();
-    crate::output::files::refuse_clashes(&[file], &outputs)?;
+    crate::recording::files::refuse_clashes(&[file], &outputs)?;
     let r = open_recording(file)?;
     let summary = Summary::of(&r.model, r.end_ns, true);
     if let Some(path) = &args.summary_json {
@@ -37,9 +37,9 @@ pub fn run(args: &ReportArgs) -> anyhow::Result<()> {
     }
     if let Some(path) = &args.html {
         let page = html::render(&summary, &timeline::from_file(file, r.lines)?);
-        crate::output::files::write_private(path, page.as_bytes())?;
+        crate::recording::files::write_private(path, page.as_bytes())?;
     }
-    let json_on_stdout = args.summary_json.as_deref().is_some_and(crate::output::files::is_stdout);
+    let json_on_stdout = args.summary_json.as_deref().is_some_and(crate::recording::files::is_stdout);
     text::print_beside(&text::render(&summary), json_on_stdout);
     if let Some(e) = r.error {
         anyhow::bail!(

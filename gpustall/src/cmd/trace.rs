@@ -26,10 +26,7 @@ use crate::{
     },
     model::{overhead::Overhead, samples::Sample, Model},
     output::{status_line, summary::Summary},
-    recording::{
-        header::Header,
-        writer::{write_serialize, Recorder},
-    },
+    recording::{header::Header, record::Line, writer::Recorder},
     sources::{
         agent, clock::monotonic_ns, context::ContextReader, host, procfs, trainlog::LogSource,
     },
@@ -218,7 +215,7 @@ fn setup(opts: &TraceOptions) -> anyhow::Result<(Trace, Probes, Rings, Option<Gp
             targets: Some(vec![opts.pid]),
             ..Header::new(start, &probes.attached, &probes.skipped, gpu_header)
         };
-        r.write(&header.to_json());
+        r.write(Line::Header(&header));
         r.flush();
     }
     seed(&mut session, &mut probes.maps, opts.pid, start)?;
@@ -272,10 +269,10 @@ fn check_outputs(opts: &TraceOptions) -> anyhow::Result<()> {
     .filter_map(|(flag, p)| p.as_deref().map(|p| (flag, p)))
     .collect();
     let inputs: Vec<&Path> = opts.log.as_deref().into_iter().collect();
-    crate::output::files::refuse_clashes(&inputs, &outputs)?;
+    crate::recording::files::refuse_clashes(&inputs, &outputs)?;
     for (flag, path) in outputs {
         // The recording is written as it goes; the others whole, at the end.
-        crate::output::files::check_writable(flag, path, flag != "--record")?;
+        crate::recording::files::check_writable(flag, path, flag != "--record")?;
     }
     Ok(())
 }
@@ -393,8 +390,8 @@ impl Beat for Trace {
         if b.last_summary.elapsed() >= b.summary_every {
             let mut s = Summary::of(&session.model, now, false);
             b.periodic.only_changed(&mut s);
-            if let Some(r) = session.recorder.as_mut() {
-                write_serialize(r.as_mut(), &s);
+            if let (Some(r), Ok(v)) = (session.recorder.as_mut(), serde_json::to_value(&s)) {
+                r.write(Line::Summary(&v));
             }
             b.last_summary = Instant::now();
         }
@@ -428,13 +425,16 @@ fn finish(opts: &TraceOptions, mut t: Trace, probes: &Probes) -> anyhow::Result<
     // Each output is written whatever became of the others; what failed is said at the end.
     let mut failures = Vec::new();
     if let Some(r) = t.session.recorder.as_mut() {
-        write_serialize(r.as_mut(), &summary);
+        match serde_json::to_value(&summary) {
+            Ok(v) => r.write(Line::Summary(&v)),
+            Err(e) => failures.push(format!("the final summary does not serialize: {e}")),
+        }
         r.sync();
         failures.extend(r.failure());
     }
     let mut json_on_stdout = false;
     if let Some(path) = &opts.summary_json {
-        json_on_stdout = crate::output::files::is_stdout(path);
+        json_on_stdout = crate::recording::files::is_stdout(path);
         if let Err(e) = crate::output::summary::write_json(&summary, path) {
             failures.push(format!("{e:#}"));
         }

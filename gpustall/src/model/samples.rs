@@ -291,15 +291,6 @@ impl Sample {
             Sample::Context(c) => c.t_ns,
         }
     }
-
-    /// The record line: `{"type":"sample","kind":..,..}`.
-    pub fn to_json(&self) -> serde_json::Value {
-        let mut v = serde_json::to_value(self).unwrap_or_default();
-        if let Some(o) = v.as_object_mut() {
-            o.insert("type".into(), "sample".into());
-        }
-        v
-    }
 }
 
 #[cfg(test)]
@@ -313,16 +304,14 @@ mod tests {
             pid: 7,
             mem: MemSample { rss_kb: 1, swap_kb: 2, ..Default::default() },
         };
-        let line = s.to_json();
-        assert_eq!(
-            (line["type"].as_str(), line["kind"].as_str(), line["rss_kb"].as_u64()),
-            (Some("sample"), Some("proc_mem"), Some(1))
-        );
+        let line = serde_json::to_value(&s).expect("json");
+        assert_eq!((line["kind"].as_str(), line["rss_kb"].as_u64()), (Some("proc_mem"), Some(1)));
         let back: Sample = serde_json::from_value(line).expect("parses back");
         assert!(matches!(back, Sample::ProcMem { t_ns: 5, pid: 7, mem } if mem.swap_kb == 2));
         let step =
             Sample::TrainStep { t_ns: 1, data_time_s: Some(0.7384), iter_time_s: None, seq: None };
-        let back: Sample = serde_json::from_str(&step.to_json().to_string()).expect("parses");
+        let back: Sample =
+            serde_json::from_str(&serde_json::to_string(&step).expect("json")).expect("parses");
         assert!(matches!(back, Sample::TrainStep { data_time_s: Some(v), .. } if v == 0.7384));
     }
 

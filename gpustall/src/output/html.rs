@@ -469,7 +469,12 @@ mod tests {
         let r = crate::recording::replay::replay(text.as_bytes());
         assert!(r.error.is_none(), "{:?}", r.error);
         let summary = crate::output::summary::Summary::of(&r.model, r.end_ns, true);
-        let page = super::render(&summary, &crate::output::timeline::build(&lines));
+        let page = super::render(
+            &summary,
+            &crate::output::timeline::build(
+                lines.iter().map(|l| crate::output::timeline::fixtures::line(l.clone())),
+            ),
+        );
         assert!(page.contains("Waiting for data: the trainer and ranks"), "the chart");
         assert!(page.contains("python 10 waited"), "the trainer's series");
         assert!(page.contains("pt_data_worker 11 kept it waiting"), "the worker's series");

@@ -119,7 +119,7 @@ pub fn write_to(t: &Timeline, w: &mut dyn std::io::Write) -> std::io::Result<()>
 
 /// Writes the trace to `out`, streamed.
 pub fn write_file(timeline: &Timeline, out: &std::path::Path) -> anyhow::Result<()> {
-    crate::output::files::write_private_with(out, |w| write_to(timeline, w))?;
+    crate::recording::files::write_private_with(out, |w| write_to(timeline, w))?;
     say!("gpustall: wrote {} (open it in https://ui.perfetto.dev)", out.display());
     Ok(())
 }
@@ -128,19 +128,28 @@ pub fn write_file(timeline: &Timeline, out: &std::path::Path) -> anyhow::Result<
 mod tests {
     use super::*;
     use crate::output::timeline::build;
+    use crate::output::timeline::fixtures::{counters, header, line, wake};
 
     #[test]
     fn slices_instants_and_counters_land_on_their_tracks() {
         let lines = vec![
-            json!({"type":"header","start_ns":1000}),
-            json!({"type":"sample","kind":"seed","t_ns":1000,"pid":10,"ppid":1,"comm":"python","is_target":true}),
-            json!({"type":"event","kind":"reclaim","t_ns":3000,"pid":10,"tid":12,"comm":"w","reclaim":"direct","start_ns":2000,"duration_ns":1000,"nr_reclaimed":8}),
-            json!({"type":"event","kind":"oom_kill","t_ns":4000,"pid":10,"tid":10,"comm":"python","victim_pid":10}),
-            json!({"type":"sample","kind":"proc_mem","t_ns":5000,"pid":10,"rss_kb":1024,"swap_kb":0}),
+            header(1000),
+            line(
+                json!({"type":"sample","kind":"seed","t_ns":1000,"pid":10,"ppid":1,"comm":"python","is_target":true}),
+            ),
+            line(
+                json!({"type":"event","kind":"reclaim","t_ns":3000,"pid":10,"tid":12,"comm":"w","reclaim":"direct","start_ns":2000,"duration_ns":1000,"nr_reclaimed":8}),
+            ),
+            line(
+                json!({"type":"event","kind":"oom_kill","t_ns":4000,"pid":10,"tid":10,"comm":"python","victim_pid":10,"victim_comm":"python","oom_score_adj":0,"uid":0}),
+            ),
+            line(
+                json!({"type":"sample","kind":"proc_mem","t_ns":5000,"pid":10,"rss_kb":1024,"anon_kb":1024,"file_kb":0,"shmem_kb":0,"swap_kb":0,"hwm_kb":1024,"majflt":0}),
+            ),
         ];
-        let v = render(&build(&lines));
+        let v = render(&build(lines.clone()));
         let mut streamed = Vec::new();
-        write_to(&build(&lines), &mut streamed).expect("write");
+        write_to(&build(lines), &mut streamed).expect("write");
         assert_eq!(serde_json::from_slice::<Value>(&streamed).expect("json"), v, "streamed alike");
         let ev = v["traceEvents"].as_array().expect("events");
         let slice = ev.iter().find(|e| e["ph"] == "X").expect("a slice");
@@ -162,13 +171,14 @@ mod tests {
 
     #[test]
     fn the_wait_for_data_is_a_counter_on_the_trainer_placed_by_the_gpus() {
-        let wake = json!({"waker": 11, "wakee": 10, "count": 3, "ns": 500_000_000u64, "max_ns": 1, "hist": []});
         let lines = vec![
-            json!({"type":"header","start_ns":0}),
-            json!({"type":"sample","kind":"seed","t_ns":0,"pid":10,"ppid":1,"comm":"python","is_target":true}),
-            json!({"type":"sample","kind":"counters","t_ns":1_000_000_000u64,"procs":[],"io":[],"wakes":[wake]}),
+            header(0),
+            line(
+                json!({"type":"sample","kind":"seed","t_ns":0,"pid":10,"ppid":1,"comm":"python","is_target":true}),
+            ),
+            counters(1_000_000_000, vec![], vec![], vec![wake(11, 10, 500_000_000, 3)]),
         ];
-        let v = render(&build(&lines));
+        let v = render(&build(lines));
         let ev = v["traceEvents"].as_array().expect("events");
         let wait = ev.iter().find(|e| e["name"] == "data_wait_ms_s").expect("a data-wait counter");
         assert_eq!((wait["ph"].as_str(), wait["pid"].as_u64()), (Some("C"), Some(10)));
@@ -182,11 +192,13 @@ mod tests {
     #[test]
     fn a_long_wait_is_a_slice_with_an_arrow_from_the_worker_that_ended_it() {
         let lines = vec![
-            json!({"type":"header","start_ns":0}),
-            json!({"type":"event","kind":"data_wait","t_ns":90_000_000u64,"pid":11,"tid":11,"comm":"pt_data_worker",
+            header(0),
+            line(
+                json!({"type":"event","kind":"data_wait","t_ns":90_000_000u64,"pid":11,"tid":11,"comm":"pt_data_worker",
                 "wakee_pid":10,"wakee_tid":10,"start_ns":10_000_000u64,"duration_ns":80_000_000u64,"wait_class":"read"}),
+            ),
         ];
-        let v = render(&build(&lines));
+        let v = render(&build(lines));
         let ev = v["traceEvents"].as_array().expect("events");
         let wait = ev.iter().find(|e| e["name"] == "waiting for data").expect("the wait");
         assert_eq!(wait["args"]["syscall"], "read", "the syscall it blocked in: {wait}");

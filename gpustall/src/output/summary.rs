@@ -309,7 +309,7 @@ pub struct LatencySummary {
 /// Writes the summary as pretty JSON.
 pub fn write_json(s: &Summary, path: &std::path::Path) -> anyhow::Result<()> {
     let text = serde_json::to_string_pretty(s)?;
-    crate::output::files::write_private(path, (text + "\n").as_bytes())
+    crate::recording::files::write_private(path, (text + "\n").as_bytes())
         .with_context(|| format!("writing the summary to {}", path.display()))
 }
 

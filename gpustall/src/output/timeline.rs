@@ -16,6 +16,11 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 
+use crate::model::event::Event;
+use crate::model::gpu::StallEpisode;
+use crate::model::samples::{CountersSample, Sample};
+use crate::recording::record::Record;
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct Slice {
     pub pid: u32,
@@ -84,8 +89,9 @@ const WAKE_BLIP_NS: u64 = 1_000;
 /// Job-wide cumulative counters, to turn into per-second rates.
 #[derive(Default)]
 struct Totals {
-    io: BTreeMap<(u64, u64, u64, bool), (u64, u64)>, // (pid, dev, op, reclaim) -> (bytes, _)
-    swapout: BTreeMap<u64, u64>,
+    /// (pid, dev, op, in reclaim) -> bytes.
+    io: BTreeMap<(u32, u32, u32, bool), u64>,
+    swapout: BTreeMap<u32, u64>,
     last: Option<(u64, u64, u64, u64)>, // t, read+write bytes, reclaim bytes, swapout pages
     /// (waker, wakee) -> ns of the wakee's waits the waker ended (cumulative).
     wakes: BTreeMap<(u32, u32), u64>,
@@ -95,17 +101,17 @@ struct Totals {
     kept: BTreeMap<u32, u64>,
 }
 
-/// The timeline of a recording's lines (any recording: only the JSON is read).
+/// The timeline of a recording's records.
 #[cfg(test)]
-pub fn build<'a>(lines: impl IntoIterator<Item = &'a Value>) -> Timeline {
+pub fn build(records: impl IntoIterator<Item = Record>) -> Timeline {
     let mut b = Builder::default();
-    for v in lines {
-        b.add(v);
+    for r in records {
+        b.add(r);
     }
     b.t
 }
 
-/// A timeline built one line at a time (a recording streamed from its file).
+/// A timeline built one record at a time (a recording streamed from its file).
 #[derive(Default)]
 pub struct Builder {
     pub t: Timeline,
@@ -113,20 +119,21 @@ pub struct Builder {
 }
 
 impl Builder {
-    pub fn add(&mut self, v: &Value) {
+    pub fn add(&mut self, r: Record) {
         let t = &mut self.t;
-        let ts = v["t_ns"].as_u64().unwrap_or(0);
-        t.end_ns = t.end_ns.max(ts);
-        let pid = v["pid"].as_u64().unwrap_or(0) as u32;
-        match v["type"].as_str() {
-            Some("header") => {
-                t.start_ns = v["start_ns"].as_u64().unwrap_or(0);
+        if let Some(ts) = r.t_ns() {
+            t.end_ns = t.end_ns.max(ts);
+        }
+        match r {
+            Record::Header(h) => {
+                t.start_ns = h.start_ns;
                 t.end_ns = t.start_ns;
             }
-            Some("event") => t.event(v, ts, pid),
-            Some("sample") => t.sample(v, ts, pid, &mut self.totals),
-            Some("summary") if v["final"] == true => t.verdict = Some(v["verdict"].clone()),
-            _ => {}
+            Record::Event(e) => t.event(&e),
+            Record::GpuStall(s) => t.gpu_stall(&s),
+            Record::Sample(s) => t.sample(&s, &mut self.totals),
+            Record::Summary(s) if s.is_final => t.verdict = s.verdict().cloned(),
+            Record::Summary(_) | Record::Unknown { .. } => {}
         }
     }
 }
@@ -134,116 +141,119 @@ impl Builder {
 /// The timeline of a recording file's first `max_lines` lines, streamed.
 pub fn from_file(file: &std::path::Path, max_lines: usize) -> anyhow::Result<Timeline> {
     let mut b = Builder::default();
-    crate::recording::replay::for_each_line(file, max_lines, |v| b.add(v))?;
+    crate::recording::replay::for_each_record(file, max_lines, |r| b.add(r))?;
     Ok(b.t)
 }
 
+/// How a process ended, from its raw wait status.
+fn exit_name(status: Option<u32>) -> String {
+    match status {
+        Some(c) if c & 0x7f != 0 => format!("killed by signal {}", c & 0x7f),
+        Some(c) => format!("exit {}", (c >> 8) & 0xff),
+        None => "exit".into(),
+    }
+}
+
 impl Timeline {
-    /// An event line: instants (fork, exit, OOM kill, signals) and slices (reclaim, GPU stall).
-    fn event(&mut self, v: &Value, ts: u64, pid: u32) {
-        match v["kind"].as_str() {
-            Some("fork") => {
-                let child = v["child_pid"].as_u64().unwrap_or(0) as u32;
-                self.processes
-                    .entry(child)
-                    .or_insert_with(|| v["comm"].as_str().unwrap_or("?").to_string());
-                self.instants.push(Instant {
-                    pid,
-                    name: format!("fork {child}"),
-                    t_ns: ts,
-                    args: Value::Null,
-                });
+    fn instant(&mut self, pid: u32, name: String, t_ns: u64, args: Value) {
+        self.instants.push(Instant { pid, name, t_ns, args });
+    }
+
+    /// A kernel event: instants (fork, exit, OOM kill, signals) and slices (reclaim, waits).
+    fn event(&mut self, e: &Event) {
+        let h = e.header();
+        let (ts, pid) = (h.t_ns, h.tgid);
+        match e {
+            Event::Fork { child_pid, .. } => {
+                self.processes.entry(*child_pid).or_insert_with(|| h.comm.clone());
+                self.instant(pid, format!("fork {child_pid}"), ts, Value::Null);
             }
-            Some("rename") if v["renamed_tid"] == v["pid"] => {
-                self.processes.insert(pid, v["new_comm"].as_str().unwrap_or("?").to_string());
+            Event::Rename { pid: renamed, new_comm, .. } if *renamed == pid => {
+                self.processes.insert(pid, new_comm.clone());
             }
-            Some("exit") => {
-                let what = match (v["exit_signal"].as_i64(), v["exit_code"].as_i64()) {
-                    (Some(s), _) => format!("killed by signal {s}"),
-                    (_, Some(c)) => format!("exit {c}"),
-                    _ => "exit".into(),
-                };
-                self.instants.push(Instant { pid, name: what, t_ns: ts, args: Value::Null });
+            Event::Exit { exit_code, .. } => {
+                self.instant(pid, exit_name(*exit_code), ts, Value::Null)
             }
-            Some("oom_kill") => {
-                let victim = v["victim_pid"].as_u64().unwrap_or(0) as u32;
-                self.instants.push(Instant {
-                    pid: victim,
-                    name: "OOM kill".into(),
-                    t_ns: ts,
-                    args: v.clone(),
-                });
+            Event::OomVictim { victim_pid, .. } => {
+                let args = serde_json::to_value(e).unwrap_or_default();
+                self.instant(*victim_pid, "OOM kill".into(), ts, args);
             }
-            Some("signal") => {
-                let target = v["target_pid"].as_u64().unwrap_or(0) as u32;
-                let name = format!(
-                    "signal {} from {} ({})",
-                    v["sig"],
-                    v["pid"],
-                    v["comm"].as_str().unwrap_or("?")
-                );
-                self.instants.push(Instant { pid: target, name, t_ns: ts, args: Value::Null });
+            Event::Signal { sig, target_pid, .. } => {
+                let name = format!("signal {sig} from {pid} ({})", h.comm);
+                self.instant(*target_pid, name, ts, Value::Null);
             }
-            Some("reclaim") => {
-                let start = v["start_ns"].as_u64().unwrap_or(ts);
+            Event::Reclaim { kind, start_ns, duration_ns, nr_reclaimed, .. } => {
+                let kind = serde_json::to_value(kind).unwrap_or_default();
                 self.slices.push(Slice {
                     pid,
-                    tid: v["tid"].as_u64().unwrap_or(0) as u32,
-                    name: format!("{} reclaim", v["reclaim"].as_str().unwrap_or("?")),
-                    start_ns: start,
-                    dur_ns: v["duration_ns"].as_u64().unwrap_or(0),
-                    args: serde_json::json!({"nr_reclaimed": v["nr_reclaimed"]}),
+                    tid: h.tid,
+                    name: format!("{} reclaim", kind.as_str().unwrap_or("?")),
+                    start_ns: *start_ns,
+                    dur_ns: *duration_ns,
+                    args: serde_json::json!({"nr_reclaimed": nr_reclaimed}),
                 });
             }
-            Some("data_wait") => self.data_wait(v, ts, pid),
-            Some("gpu_stall") => {
-                let gpu = v["gpu_index"].as_u64().unwrap_or(0) as u32;
-                self.slices.push(Slice {
-                pid: gpu_pid(gpu),
-                tid: 0,
-                name: "GPU stall".into(),
-                start_ns: v["start_ns"].as_u64().unwrap_or(ts),
-                dur_ns: v["duration_ns"].as_u64().unwrap_or(0),
-                args: serde_json::json!({"throttle_reasons": v["throttle_reasons"], "pids": v["pids"]}),
-            });
-            }
-            _ => {}
+            Event::DataWait { .. } => self.data_wait(e),
+            Event::Rename { .. } | Event::Exec { .. } | Event::Throttled { .. } => {}
         }
     }
 
+    fn gpu_stall(&mut self, s: &StallEpisode) {
+        self.slices.push(Slice {
+            pid: gpu_pid(s.gpu_index),
+            tid: 0,
+            name: "GPU stall".into(),
+            start_ns: s.start_ns,
+            dur_ns: s.duration_ns,
+            args: serde_json::json!({"throttle_reasons": s.throttle_reasons, "pids": s.pids}),
+        });
+    }
+
     /// A long wait for data: a slice on the waiting thread, a blip on the waker's thread (the
-    /// wakeup: a flow needs a slice at each end) and the arrow between them. `waker` is the
+    /// wakeup: a flow needs a slice at each end) and the arrow between them. The waker is the
     /// event's process (its header).
-    fn data_wait(&mut self, v: &Value, ts: u64, waker: u32) {
-        let field = |k: &str| v[k].as_u64().unwrap_or(0);
-        let (wakee, wakee_tid, waker_tid) =
-            (field("wakee_pid") as u32, field("wakee_tid") as u32, field("tid") as u32);
-        let dur_ns = field("duration_ns");
-        let start_ns = v["start_ns"].as_u64().unwrap_or(ts.saturating_sub(dur_ns));
+    fn data_wait(&mut self, e: &Event) {
+        let Event::DataWait {
+            h,
+            wakee_pid: wakee,
+            wakee_tid,
+            start_ns,
+            duration_ns: dur_ns,
+            wait_class,
+            slices,
+            job_wakes,
+            relay_tid,
+            co_waker,
+        } = e
+        else {
+            return;
+        };
+        let (ts, waker, waker_tid, wakee, wakee_tid, dur_ns, start_ns) =
+            (h.t_ns, h.tgid, h.tid, *wakee, *wakee_tid, *dur_ns, *start_ns);
         // Logical waits are sent from the wakee's context, with no comm: the waker's name is
         // the tree's.
-        let comm = match v["comm"].as_str() {
-            Some(c) if !c.is_empty() => c.to_string(),
-            _ => self.processes.get(&waker).cloned().unwrap_or_default(),
+        let comm = match h.comm.as_str() {
+            "" => self.processes.get(&waker).cloned().unwrap_or_default(),
+            c => c.to_string(),
         };
         let mut args =
             serde_json::json!({"waker_pid": waker, "waker_comm": comm, "ms": dur_ns as f64 / 1e6});
         // Of its blocks, those that ran out (timeouts) and the relay thread that passed the
         // batch on, where the kernel joined blocks into one wait.
-        if let (Some(slices), Some(job)) = (v["slices"].as_u64(), v["job_wakes"].as_u64()) {
-            args["blocks"] = slices.into();
-            args["timeouts"] = slices.saturating_sub(job).into();
+        if let (Some(slices), Some(job)) = (slices, job_wakes) {
+            args["blocks"] = (*slices).into();
+            args["timeouts"] = slices.saturating_sub(*job).into();
         }
-        if let Some(relay) = v["relay_tid"].as_u64() {
-            args["relay_tid"] = relay.into();
+        if let Some(relay) = relay_tid {
+            args["relay_tid"] = (*relay).into();
         }
-        if let Some(co) = v["co_waker"].as_u64() {
-            args["shared_with_pid"] = co.into();
+        if let Some(co) = co_waker {
+            args["shared_with_pid"] = (*co).into();
         }
         // The syscall the wait blocked in (where the kernel read it): an ioctl is a driver's
         // wait (the GPU), not a batch.
-        if let Some(class) = v["wait_class"].as_str() {
-            args["syscall"] = class.into();
+        if let Some(class) = wait_class {
+            args["syscall"] = serde_json::to_value(class).unwrap_or_default();
         }
         self.slices.push(Slice {
             pid: wakee,
@@ -270,71 +280,49 @@ impl Timeline {
         });
     }
 
-    /// A sample line: names (seeds) and counter series.
-    fn sample(&mut self, v: &Value, ts: u64, pid: u32, totals: &mut Totals) {
-        match v["kind"].as_str() {
-            Some("seed") => {
-                self.processes.insert(pid, v["comm"].as_str().unwrap_or("?").to_string());
+    /// A sample: names (seeds) and counter series.
+    fn sample(&mut self, s: &Sample, totals: &mut Totals) {
+        let ts = s.t_ns();
+        match s {
+            Sample::Seed { pid, comm, .. } => {
+                self.processes.insert(*pid, comm.clone());
             }
-            Some("proc_mem") => {
-                self.point(
-                    Track::Process(pid),
-                    "rss_mib",
-                    ts,
-                    v["rss_kb"].as_f64().unwrap_or(0.0) / 1024.0,
-                );
-                self.point(
-                    Track::Process(pid),
-                    "swap_mib",
-                    ts,
-                    v["swap_kb"].as_f64().unwrap_or(0.0) / 1024.0,
-                );
-                let held =
-                    v["rss_kb"].as_f64().unwrap_or(0.0) + v["swap_kb"].as_f64().unwrap_or(0.0);
-                self.point(Track::Process(pid), "held_mib", ts, held / 1024.0);
+            Sample::ProcMem { pid, mem, .. } => {
+                let (rss, swap) = (mem.rss_kb as f64 / 1024.0, mem.swap_kb as f64 / 1024.0);
+                self.point(Track::Process(*pid), "rss_mib", ts, rss);
+                self.point(Track::Process(*pid), "swap_mib", ts, swap);
+                self.point(Track::Process(*pid), "held_mib", ts, rss + swap);
             }
-            Some("gpu") => {
-                for g in v["gpus"].as_array().into_iter().flatten() {
-                    let i = g["index"].as_u64().unwrap_or(0) as u32;
-                    self.gpus
-                        .entry(i)
-                        .or_insert_with(|| g["name"].as_str().unwrap_or("GPU").to_string());
-                    if let Some(u) = g["util_gpu_pct"].as_f64() {
-                        self.point(Track::Gpu(i), "util_pct", g["t_ns"].as_u64().unwrap_or(ts), u);
-                    }
-                    if let Some(c) = g["temperature_c"].as_f64() {
-                        self.point(
-                            Track::Gpu(i),
-                            "temperature_c",
-                            g["t_ns"].as_u64().unwrap_or(ts),
-                            c,
-                        );
-                    }
+            Sample::Gpu { gpus, .. } => self.gpus_sampled(gpus),
+            Sample::Counters(c) => totals.add(c, self),
+            Sample::Context(c) => {
+                if let Some(h) = &c.host {
+                    let used = h.swap_total_kb.saturating_sub(h.swap_free_kb);
+                    self.point(Track::Host, "swap_used_mib", ts, used as f64 / 1024.0);
+                    let avail = h.mem_available_kb as f64 / 1024.0;
+                    self.point(Track::Host, "mem_available_mib", ts, avail);
+                }
+                if let Some(cg) = &c.cgroup {
+                    let usage = cg.usage_bytes as f64 / 1048576.0;
+                    self.point(Track::Host, "cgroup_usage_mib", ts, usage);
                 }
             }
-            Some("counters") => totals.add(v, ts, self),
-            Some("context") => {
-                if let Some(h) = v["host"].as_object() {
-                    let used = h["swap_total_kb"].as_f64().unwrap_or(0.0)
-                        - h["swap_free_kb"].as_f64().unwrap_or(0.0);
-                    self.point(Track::Host, "swap_used_mib", ts, used / 1024.0);
-                    self.point(
-                        Track::Host,
-                        "mem_available_mib",
-                        ts,
-                        h["mem_available_kb"].as_f64().unwrap_or(0.0) / 1024.0,
-                    );
-                }
-                if let Some(u) = v["cgroup"]["usage_bytes"].as_f64() {
-                    self.point(Track::Host, "cgroup_usage_mib", ts, u / 1048576.0);
-                }
-            }
-            Some("train_step") => {
-                if let Some(d) = v["data_time_s"].as_f64() {
-                    self.point(Track::Host, "data_time_s", ts, d);
-                }
+            Sample::TrainStep { data_time_s: Some(d), .. } => {
+                self.point(Track::Host, "data_time_s", ts, *d);
             }
             _ => {}
+        }
+    }
+
+    fn gpus_sampled(&mut self, gpus: &[crate::model::gpu::GpuSample]) {
+        for g in gpus {
+            self.gpus.entry(g.index).or_insert_with(|| g.name.clone());
+            if let Some(u) = g.util_gpu_pct {
+                self.point(Track::Gpu(g.index), "util_pct", g.t_ns, f64::from(u));
+            }
+            if let Some(c) = g.temperature_c {
+                self.point(Track::Gpu(g.index), "temperature_c", g.t_ns, f64::from(c));
+            }
         }
     }
 }
@@ -345,44 +333,23 @@ pub fn gpu_pid(index: u32) -> u32 {
 }
 
 impl Totals {
-    fn add(&mut self, v: &Value, ts: u64, t: &mut Timeline) {
-        for r in v["io"].as_array().into_iter().flatten() {
-            let key = (
-                r["pid"].as_u64().unwrap_or(0),
-                r["dev"].as_u64().unwrap_or(0),
-                r["op"].as_u64().unwrap_or(0),
-                r["in_reclaim"] == true,
-            );
-            self.io.insert(key, (r["bytes"].as_u64().unwrap_or(0), 0));
+    fn add(&mut self, c: &CountersSample, t: &mut Timeline) {
+        let ts = c.t_ns;
+        for r in &c.io {
+            self.io.insert((r.pid, r.dev, r.op, r.in_reclaim), r.counters.bytes);
         }
-        for p in v["procs"].as_array().into_iter().flatten() {
-            self.swapout.insert(
-                p["pid"].as_u64().unwrap_or(0),
-                // Older recordings name it swapout_anon_folios (it counted one per folio).
-                p.get("swapout_anon_pages")
-                    .or_else(|| p.get("swapout_anon_folios"))
-                    .and_then(Value::as_u64)
-                    .unwrap_or(0),
-            );
+        for p in &c.procs {
+            self.swapout.insert(p.pid, p.counters.swapout_anon_pages);
         }
-        self.wait_rates(v, ts, t);
-        let bytes: u64 = self.io.values().map(|v| v.0).sum();
-        let reclaim: u64 = self.io.iter().filter(|(k, _)| k.3).map(|(_, v)| v.0).sum();
+        self.wait_rates(c, t);
+        let bytes: u64 = self.io.values().sum();
+        let reclaim: u64 = self.io.iter().filter(|(k, _)| k.3).map(|(_, v)| v).sum();
         let swap: u64 = self.swapout.values().sum();
         if let Some((t0, b0, r0, s0)) = self.last {
             let dt = ts.saturating_sub(t0).max(1) as f64 / 1e9;
-            t.point(
-                Track::Host,
-                "job_disk_mib_s",
-                ts,
-                bytes.saturating_sub(b0) as f64 / 1048576.0 / dt,
-            );
-            t.point(
-                Track::Host,
-                "job_reclaim_io_mib_s",
-                ts,
-                reclaim.saturating_sub(r0) as f64 / 1048576.0 / dt,
-            );
+            let mib_s = |now: u64, before: u64| now.saturating_sub(before) as f64 / 1048576.0 / dt;
+            t.point(Track::Host, "job_disk_mib_s", ts, mib_s(bytes, b0));
+            t.point(Track::Host, "job_reclaim_io_mib_s", ts, mib_s(reclaim, r0));
             t.point(Track::Host, "job_swapout_pages_s", ts, swap.saturating_sub(s0) as f64 / dt);
         }
         self.last = Some((ts, bytes, reclaim, swap));
@@ -393,11 +360,10 @@ impl Totals {
     /// ended. Each point is the rate over the interval that starts at it (since the previous
     /// counters sample), so a counter track shows it over the second it measures. Nothing is
     /// drawn for a recording without wake pairs.
-    fn wait_rates(&mut self, v: &Value, ts: u64, t: &mut Timeline) {
-        for w in v["wakes"].as_array().into_iter().flatten() {
-            let key =
-                (w["waker"].as_u64().unwrap_or(0) as u32, w["wakee"].as_u64().unwrap_or(0) as u32);
-            let ns = w["ns"].as_u64().unwrap_or(0);
+    fn wait_rates(&mut self, c: &CountersSample, t: &mut Timeline) {
+        let ts = c.t_ns;
+        for w in &c.wakes {
+            let (key, ns) = ((w.waker, w.wakee), w.counters.ns);
             // Totals only grow; a smaller one is an entry the kernel re-created after the
             // process's exit (the model ignores it too).
             let e = self.wakes.entry(key).or_default();
@@ -430,26 +396,98 @@ impl Totals {
     }
 }
 
+/// Records for tests, complete where the recording's own lines would be.
+#[cfg(test)]
+pub mod fixtures {
+    use super::*;
+    use crate::model::offcpu::WakeRec;
+    use crate::model::samples::{IoRec, ProcCountersRec};
+    use gpustall_common::sched::WakeCounters;
+
+    pub fn header(start_ns: u64) -> Record {
+        let h = crate::recording::header::Header { version: 1, start_ns, ..Default::default() };
+        Record::Header(Box::new(h))
+    }
+
+    /// A line as a recording holds it (every field there).
+    pub fn line(v: Value) -> Record {
+        Record::from_value(v.clone()).unwrap_or_else(|e| panic!("{v}: {e}"))
+    }
+
+    pub fn counters(
+        t_ns: u64,
+        procs: Vec<ProcCountersRec>,
+        io: Vec<IoRec>,
+        wakes: Vec<WakeRec>,
+    ) -> Record {
+        Record::Sample(Sample::Counters(CountersSample {
+            t_ns,
+            procs,
+            io,
+            wakes,
+            ..Default::default()
+        }))
+    }
+
+    /// `count` waits of `wakee` that `waker` ended, `ns` in all.
+    pub fn wake(waker: u32, wakee: u32, ns: u64, count: u64) -> WakeRec {
+        let counters = WakeCounters { count, ns, max_ns: ns / count.max(1), ..Default::default() };
+        WakeRec { waker, wakee, counters }
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use super::fixtures::*;
     use super::*;
     use serde_json::json;
 
     #[test]
     fn events_and_samples_become_tracks() {
+        use crate::model::samples::{IoRec, ProcCountersRec};
+        use gpustall_common::counters::{IoCounters, ProcCounters};
+        let swapped = |pages| ProcCountersRec {
+            pid: 11,
+            counters: ProcCounters { swapout_anon_pages: pages, ..Default::default() },
+        };
+        let reclaim_io = IoRec {
+            pid: 11,
+            dev: 1,
+            op: 1,
+            in_reclaim: true,
+            counters: IoCounters { bytes: 2097152, ..Default::default() },
+        };
+        let gpu = crate::model::gpu::GpuSample {
+            t_ns: 4000,
+            name: "H200".into(),
+            util_gpu_pct: Some(0),
+            ..Default::default()
+        };
         let lines = vec![
-            json!({"type":"header","start_ns":1000}),
-            json!({"type":"sample","kind":"seed","t_ns":1000,"pid":10,"ppid":1,"comm":"python","is_target":true}),
-            json!({"type":"event","kind":"fork","t_ns":1100,"pid":10,"tid":10,"comm":"python","child_pid":11}),
-            json!({"type":"event","kind":"rename","t_ns":1200,"pid":11,"tid":11,"comm":"python","renamed_tid":11,"new_comm":"pt_data_worker"}),
-            json!({"type":"event","kind":"reclaim","t_ns":1500,"pid":11,"tid":11,"comm":"w","reclaim":"memcg","start_ns":1300,"duration_ns":200,"nr_reclaimed":32}),
-            json!({"type":"sample","kind":"proc_mem","t_ns":2000,"pid":11,"rss_kb":2048,"swap_kb":1024}),
-            json!({"type":"sample","kind":"counters","t_ns":2000,"procs":[{"pid":11,"swapout_anon_folios":0}],"io":[]}),
-            json!({"type":"sample","kind":"counters","t_ns":3000,"procs":[{"pid":11,"swapout_anon_pages":500}],"io":[{"pid":11,"dev":1,"op":1,"in_reclaim":true,"bytes":2097152}]}),
-            json!({"type":"event","kind":"oom_kill","t_ns":4000,"pid":10,"tid":10,"comm":"python","victim_pid":11}),
-            json!({"type":"sample","kind":"gpu","t_ns":4000,"gpus":[{"index":0,"name":"H200","t_ns":4000,"util_gpu_pct":0}]}),
+            header(1000),
+            line(
+                json!({"type":"sample","kind":"seed","t_ns":1000,"pid":10,"ppid":1,"comm":"python","is_target":true}),
+            ),
+            line(
+                json!({"type":"event","kind":"fork","t_ns":1100,"pid":10,"tid":10,"comm":"python","child_pid":11,"clone_flags":17}),
+            ),
+            line(
+                json!({"type":"event","kind":"rename","t_ns":1200,"pid":11,"tid":11,"comm":"python","renamed_tid":11,"new_comm":"pt_data_worker"}),
+            ),
+            line(
+                json!({"type":"event","kind":"reclaim","t_ns":1500,"pid":11,"tid":11,"comm":"w","reclaim":"memcg","start_ns":1300,"duration_ns":200,"nr_reclaimed":32}),
+            ),
+            line(
+                json!({"type":"sample","kind":"proc_mem","t_ns":2000,"pid":11,"rss_kb":2048,"anon_kb":2048,"file_kb":0,"shmem_kb":0,"swap_kb":1024,"hwm_kb":2048,"majflt":0}),
+            ),
+            counters(2000, vec![swapped(0)], vec![], vec![]),
+            counters(3000, vec![swapped(500)], vec![reclaim_io], vec![]),
+            line(
+                json!({"type":"event","kind":"oom_kill","t_ns":4000,"pid":10,"tid":10,"comm":"python","victim_pid":11,"victim_comm":"pt_data_worker","oom_score_adj":0,"uid":0}),
+            ),
+            Record::Sample(Sample::Gpu { t_ns: 4000, gpus: vec![gpu] }),
         ];
-        let t = build(&lines);
+        let t = build(lines);
         assert_eq!(t.processes[&11], "pt_data_worker");
         assert_eq!(t.slices[0].name, "memcg reclaim");
         assert_eq!((t.slices[0].start_ns, t.slices[0].dur_ns), (1300, 200));
@@ -471,23 +509,32 @@ mod tests {
     #[test]
     fn the_wait_for_data_is_drawn_per_second_from_the_wake_pairs() {
         let s = 1_000_000_000u64;
-        let wake = |waker: u32, ns: u64| json!({"waker": waker, "wakee": 10, "count": 1, "ns": ns, "max_ns": ns, "hist": []});
         let lines = vec![
-            json!({"type":"header","start_ns":0}),
-            json!({"type":"sample","kind":"counters","t_ns":s,"procs":[],"io":[]}),
-            json!({"type":"sample","kind":"counters","t_ns":2 * s,"procs":[],"io":[],"wakes":[wake(11, 600_000_000), wake(12, 100_000_000)]}),
+            header(0),
+            counters(s, vec![], vec![], vec![]),
+            counters(
+                2 * s,
+                vec![],
+                vec![],
+                vec![wake(11, 10, 600_000_000, 1), wake(12, 10, 100_000_000, 1)],
+            ),
             // Only the slow worker's pair changed; a smaller total (re-created after an exit)
             // is ignored.
-            json!({"type":"sample","kind":"counters","t_ns":4 * s,"procs":[],"io":[],"wakes":[wake(11, 1_400_000_000), wake(12, 5)]}),
+            counters(
+                4 * s,
+                vec![],
+                vec![],
+                vec![wake(11, 10, 1_400_000_000, 1), wake(12, 10, 5, 1)],
+            ),
         ];
-        let t = build(&lines);
+        let t = build(lines.clone());
         let series =
             |pid, name: &str| t.counters[&(Track::Process(pid), name.to_string())].points.clone();
         assert_eq!(series(10, "data_wait_ms_s"), vec![(s, 700.0), (2 * s, 400.0)]);
         assert_eq!(series(11, "kept_waiting_ms_s"), vec![(s, 600.0), (2 * s, 400.0)]);
         assert_eq!(series(12, "kept_waiting_ms_s"), vec![(s, 100.0), (2 * s, 0.0)]);
         assert!(!t.counters.contains_key(&(Track::Process(10), "kept_waiting_ms_s".into())));
-        let none = build(&lines[..2]);
+        let none = build(lines[..2].to_vec());
         assert!(none.counters.keys().all(|(_, n)| !n.contains("wait")), "no wakes, no tracks");
     }
 }

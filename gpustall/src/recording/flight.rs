@@ -3,10 +3,8 @@
 
 use std::{collections::VecDeque, sync::Arc};
 
-use serde_json::Value;
-
-use crate::model::event::Event;
-use crate::recording::writer::{EventLine, Sink};
+use crate::recording::record::Line;
+use crate::recording::writer::Sink;
 
 pub struct FlightRecorder {
     /// Shared with a bundle being written: taking the window copies no line.
@@ -109,11 +107,8 @@ impl FlightSink {
 }
 
 impl Sink for FlightSink {
-    fn write(&mut self, v: &Value) {
-        self.push(v["t_ns"].as_u64(), serde_json::to_string(v));
-    }
-    fn write_event(&mut self, e: &Event) {
-        self.push(Some(e.header().t_ns), serde_json::to_string(&EventLine::of(e)));
+    fn write(&mut self, line: Line<'_>) {
+        self.push(line.t_ns(), line.to_json());
     }
 }
 

@@ -9,9 +9,6 @@ pub const VERSION: u32 = 1;
 /// `{"type":"header",...}`.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Header {
-    /// Always `"header"`.
-    #[serde(rename = "type")]
-    pub line_type: String,
     pub version: u32,
     #[serde(default)]
     pub tool: String,
@@ -54,7 +51,7 @@ pub struct GpuHeader {
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct IncidentHeader {
-    pub kind: crate::cmd::session::IncidentKind,
+    pub kind: crate::pipeline::session::IncidentKind,
     pub t_ns: u64,
     pub pid: u32,
 }
@@ -72,7 +69,6 @@ impl Header {
     /// A header for a recording made on this machine now.
     pub fn new(start_ns: u64, attached: &[String], skipped: &[String], gpu: GpuHeader) -> Self {
         Self {
-            line_type: "header".into(),
             version: VERSION,
             tool: concat!("gpustall ", env!("CARGO_PKG_VERSION")).into(),
             mode: None,
@@ -88,10 +84,6 @@ impl Header {
             incident: None,
         }
     }
-
-    pub fn to_json(&self) -> serde_json::Value {
-        serde_json::to_value(self).unwrap_or_default()
-    }
 }
 
 #[cfg(test)]
@@ -106,7 +98,7 @@ mod tests {
             &[],
             GpuHeader { enabled: false, status: "off".into(), ..Default::default() },
         );
-        let v = h.to_json();
+        let v = serde_json::to_value(crate::recording::record::Line::Header(&h)).expect("json");
         assert_eq!(v["type"], "header");
         assert_eq!(v["version"], 1);
         assert_eq!(v["clock"], "CLOCK_MONOTONIC");

@@ -3,5 +3,6 @@
 
 pub mod flight;
 pub mod header;
+pub mod record;
 pub mod replay;
 pub mod writer;

@@ -10,9 +10,9 @@ use std::{
 
 use serde_json::Value;
 
-use crate::model::samples::Sample;
 use crate::model::Model;
-use crate::recording::writer::event_from_json;
+use crate::recording::header::Header;
+use crate::recording::record::{Record, RecordError};
 
 /// A line longer than this is not a record (a recording's lines are a few KB; a summary of
 /// thousands of processes a few MB): it is an error naming the line, never a reason to hold
@@ -71,13 +71,15 @@ pub struct Replay {
     pub model: Model,
     /// The end of the trace: the final summary's time, else the last time seen.
     pub end_ns: u64,
-    pub header: Value,
+    /// The first line (`None` when it was not a header).
+    pub header: Option<Header>,
     /// Lines read successfully.
     pub lines: usize,
     pub error: Option<ReplayError>,
     /// The recording's own final summary, when it has one.
     pub recorded_summary: Option<Value>,
-    /// What was odd but not fatal (duplicates skipped, lines out of time order), one line each.
+    /// What was odd but not fatal (duplicates skipped, lines out of time order, lines of a
+    /// newer gpustall), one line each.
     pub warnings: Vec<String>,
 }
 
@@ -92,6 +94,8 @@ struct Oddities {
     out_of_order: usize,
     first_out_of_order: usize,
     worst_back_ns: u64,
+    /// Lines of a type or kind this gpustall does not know, by name.
+    unknown: std::collections::BTreeMap<String, usize>,
 }
 
 impl Oddities {
@@ -129,8 +133,24 @@ impl Oddities {
         self.max_t_ns = self.max_t_ns.max(t);
     }
 
+    fn unknown(&mut self, line_type: String, kind: Option<String>) {
+        let name = match kind {
+            Some(k) => format!("{line_type} {k}"),
+            None => line_type,
+        };
+        *self.unknown.entry(name).or_default() += 1;
+    }
+
     fn warnings(&self) -> Vec<String> {
         let mut w = Vec::new();
+        if !self.unknown.is_empty() {
+            let names: Vec<String> =
+                self.unknown.iter().map(|(name, n)| format!("{n} x {name}")).collect();
+            w.push(format!(
+                "lines a newer gpustall wrote were skipped ({}): a newer gpustall reads them",
+                names.join(", ")
+            ));
+        }
         if self.duplicates > 0 {
             w.push(format!(
                 "{} duplicated lines skipped (the first at line {})",
@@ -149,47 +169,45 @@ impl Oddities {
     }
 }
 
-fn apply_header(model: &mut Model, h: &Value) -> Result<(), String> {
-    let version = h["version"].as_u64().unwrap_or(1);
-    if version > u64::from(crate::recording::header::VERSION) {
+fn apply_header(model: &mut Model, h: &Header) -> Result<(), String> {
+    if h.version > crate::recording::header::VERSION {
         return Err(format!(
-            "recording format version {version} is newer than this gpustall reads ({}): use a newer gpustall",
+            "recording format version {} is newer than this gpustall reads ({}): use a newer gpustall",
+            h.version,
             crate::recording::header::VERSION
         ));
     }
-    let start = h["start_ns"].as_u64().ok_or("the header has no start_ns")?;
-    model.start_ns = start;
-    model.last_ns = start;
-    let gpu = &h["gpu"];
-    let status = gpu["status"].as_str().unwrap_or_default().to_string();
-    if gpu["enabled"].as_bool() == Some(true) {
-        let threshold = gpu["threshold_pct"].as_u64().ok_or("gpu.threshold_pct missing")? as u32;
-        let window = gpu["window_ns"].as_u64().ok_or("gpu.window_ns missing")?;
-        model.gpu.enable(status, threshold, window);
+    model.start_ns = h.start_ns;
+    model.last_ns = h.start_ns;
+    let gpu = &h.gpu;
+    if gpu.enabled {
+        let threshold = gpu.threshold_pct.ok_or("gpu.threshold_pct missing")?;
+        let window = gpu.window_ns.ok_or("gpu.window_ns missing")?;
+        model.gpu.enable(gpu.status.clone(), threshold, window);
     } else {
-        model.gpu.status = status;
+        model.gpu.status = gpu.status.clone();
     }
     Ok(())
 }
 
-fn apply_line(r: &mut Replay, v: Value) -> Result<(), String> {
-    match v["type"].as_str() {
-        Some("event") => {
-            if let Some(e) = event_from_json(&v).map_err(|e| format!("bad event: {e}"))? {
-                r.model.apply(&e);
-            }
+fn apply_record(r: &mut Replay, odd: &mut Oddities, record: Record) -> Result<(), String> {
+    match record {
+        Record::Event(e) => {
+            r.model.apply(&e);
         }
-        Some("sample") => {
-            let s: Sample = serde_json::from_value(v).map_err(|e| format!("bad sample: {e}"))?;
+        Record::Sample(s) => {
             r.model.observe(&s);
         }
-        Some("summary") if v["final"].as_bool() == Some(true) => {
-            r.end_ns = v["t_ns"].as_u64().unwrap_or(r.end_ns);
-            r.recorded_summary = Some(v);
+        // Derived: the replay finds the stalls again from the GPU samples.
+        Record::GpuStall(_) => {}
+        Record::Summary(s) if s.is_final => {
+            r.end_ns = s.t_ns.unwrap_or(r.end_ns);
+            r.recorded_summary = Some(s.body);
         }
-        Some("header") => return Err("a second header".into()),
-        // A newer gpustall may add record types: skip, do not fail.
-        _ => {}
+        Record::Summary(_) => {}
+        Record::Header(_) => return Err("a second header".into()),
+        // A newer gpustall may add record types and kinds: skip, do not fail.
+        Record::Unknown { line_type, kind } => odd.unknown(line_type, kind),
     }
     Ok(())
 }
@@ -198,7 +216,7 @@ pub fn replay(input: impl BufRead) -> Replay {
     let mut r = Replay {
         model: Model::default(),
         end_ns: 0,
-        header: Value::Null,
+        header: None,
         lines: 0,
         error: None,
         recorded_summary: None,
@@ -238,32 +256,32 @@ pub fn replay(input: impl BufRead) -> Replay {
 }
 
 fn replay_line(r: &mut Replay, odd: &mut Oddities, n: usize, line: &[u8]) -> Result<(), String> {
-    let v: Value = serde_json::from_slice(line).map_err(|e| {
-        if e.is_eof() {
-            "truncated (the line ends mid-record)".to_string()
-        } else {
-            format!("not JSON ({e})")
-        }
-    })?;
+    let record = Record::parse(line);
     if n == 1 {
-        if v["type"] != "header" {
-            return Err("not a gpustall recording: the first line is not a header".to_string());
-        }
-        r.header = v.clone();
-        return apply_header(&mut r.model, &v);
+        let h = match record {
+            Ok(Record::Header(h)) => h,
+            Err(e @ (RecordError::Truncated | RecordError::NotJson(_))) => {
+                return Err(e.to_string())
+            }
+            _ => return Err("not a gpustall recording: the first line is not a header".into()),
+        };
+        apply_header(&mut r.model, &h)?;
+        r.header = Some(*h);
+        return Ok(());
     }
-    if v["type"] != "summary" {
-        odd.time(n, v["t_ns"].as_u64());
+    let record = record.map_err(|e| e.to_string())?;
+    if !matches!(record, Record::Summary(_)) {
+        odd.time(n, record.t_ns());
     }
-    apply_line(r, v)
+    apply_record(r, odd, record)
 }
 
-/// Calls `f` on each line of a recording that parses, up to `max_lines` (a corrupt tail is
-/// left out, as the replay leaves it out), one at a time: memory does not grow with the file.
-pub fn for_each_line(
+/// Calls `f` on each record of a recording, up to `max_lines` (a corrupt tail is left out, as
+/// the replay leaves it out), one at a time: memory does not grow with the file.
+pub fn for_each_record(
     file: &Path,
     max_lines: usize,
-    mut f: impl FnMut(&Value),
+    mut f: impl FnMut(Record),
 ) -> anyhow::Result<()> {
     let input = std::fs::File::open(file)
         .with_context(|| format!("cannot open the recording {}", file.display()))?;
@@ -273,8 +291,8 @@ pub fn for_each_line(
         if n > max_lines {
             break;
         }
-        match serde_json::from_slice::<Value>(&line) {
-            Ok(v) => f(&v),
+        match Record::parse(&line) {
+            Ok(r) => f(r),
             Err(_) if line.iter().all(u8::is_ascii_whitespace) => {}
             Err(_) => break,
         }
@@ -372,11 +390,9 @@ mod tests {
         let mut kinds = std::collections::BTreeSet::new();
         for line in text.lines() {
             let v: Value = serde_json::from_str(line).expect("json line");
-            if v["type"] != "event" || v["kind"] == "gpu_stall" {
-                continue;
-            }
-            let e = event_from_json(&v).expect("reads").expect("an event");
-            assert_eq!(crate::recording::writer::event_json(&e), v, "{line}");
+            let Ok(Record::Event(e)) = Record::parse(line.as_bytes()) else { continue };
+            let written = serde_json::to_value(crate::recording::record::Line::Event(&e));
+            assert_eq!(written.expect("json"), v, "{line}");
             kinds.insert(v["kind"].as_str().unwrap_or_default().to_string());
         }
         let all = [

@@ -9,51 +9,37 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use serde_json::Value;
-
 use crate::model::samples::CountersSample;
 use crate::model::samples::Sample;
+use crate::recording::record::Record;
 
 /// Counters in a flight-recorder window are cumulative since the daemon started: make them
-/// count from the window's first read instead, one line at a time.
+/// count from the window's first read instead, one record at a time.
 #[derive(Default)]
 pub struct Rebase {
     base: Option<CountersSample>,
 }
 
 impl Rebase {
-    pub fn line(&mut self, v: Value) -> Value {
-        if v["type"] != "sample" || v["kind"] != "counters" {
-            return v;
-        }
-        let Ok(Sample::Counters(c)) = serde_json::from_value::<Sample>(v.clone()) else {
-            return v;
-        };
+    pub fn record(&mut self, r: Record) -> Record {
+        let Record::Sample(Sample::Counters(c)) = r else { return r };
         let b = self.base.get_or_insert_with(|| c.clone());
-        Sample::Counters(c.minus(b)).to_json()
+        Record::Sample(Sample::Counters(c.minus(b)))
     }
 }
 
 /// A context sample of a window as the job rooted at `root` saw it: `gpustall watch` reads
 /// each job's cgroup and filesystems into `jobs`; the bundle's replay (and so its verdict)
 /// takes the incident's job's as the sample's own. Without a job (a GPU stall no process is
-/// named for) the node's context is left without a cgroup. Other lines pass as they are.
-pub fn context_of_job(mut v: Value, root: Option<u32>) -> Value {
-    if v["type"] != "sample" || v["kind"] != "context" {
-        return v;
+/// named for) the node's context is left without a cgroup. Other records pass as they are.
+pub fn context_of_job(r: Record, root: Option<u32>) -> Record {
+    let Record::Sample(Sample::Context(mut c)) = r else { return r };
+    let jobs = std::mem::take(&mut c.jobs);
+    if let Some(job) = jobs.into_iter().find(|j| Some(j.root) == root) {
+        c.cgroup = job.cgroup;
+        c.filesystems = job.filesystems;
     }
-    let job = v["jobs"]
-        .as_array()
-        .and_then(|jobs| jobs.iter().find(|j| root.is_some_and(|r| j["root"] == r)))
-        .cloned();
-    if let Some(obj) = v.as_object_mut() {
-        obj.remove("jobs");
-        if let Some(job) = job {
-            obj.insert("cgroup".into(), job["cgroup"].clone());
-            obj.insert("filesystems".into(), job["filesystems"].clone());
-        }
-    }
-    v
+    Record::Sample(Sample::Context(c))
 }
 
 /// Writes one bundle from its lines, streamed: each line goes to record.jsonl as it comes and
@@ -63,7 +49,7 @@ pub fn context_of_job(mut v: Value, root: Option<u32>) -> Value {
 pub fn write(
     root: &Path,
     name: &str,
-    lines: impl Iterator<Item = Value>,
+    records: impl Iterator<Item = Record>,
 ) -> anyhow::Result<(PathBuf, crate::output::summary::Summary)> {
     let dir = root.join(name);
     std::fs::DirBuilder::new()
@@ -72,9 +58,9 @@ pub fn write(
         .create(&dir)
         .with_context(|| format!("creating {}", dir.display()))?;
     let record = dir.join("record.jsonl");
-    let mut rec = std::io::BufWriter::new(crate::output::files::create_private(&record)?);
-    for v in lines {
-        serde_json::to_writer(&mut rec, &v)?;
+    let mut rec = std::io::BufWriter::new(crate::recording::files::create_private(&record)?);
+    for line in records.filter_map(|r| r.as_line().map(|l| serde_json::to_vec(&l))) {
+        rec.write_all(&line?)?;
         rec.write_all(b"\n")?;
     }
     rec.flush()?;
@@ -87,9 +73,9 @@ pub fn write(
     };
     crate::output::summary::write_json(&summary, &dir.join("summary.json"))?;
     let report = crate::output::text::render(&summary);
-    crate::output::files::write_private(&dir.join("report.txt"), report.as_bytes())?;
+    crate::recording::files::write_private(&dir.join("report.txt"), report.as_bytes())?;
     let timeline = crate::output::timeline::from_file(&record, usize::MAX)?;
-    crate::output::files::write_private_with(&dir.join("trace.json"), |w| {
+    crate::recording::files::write_private_with(&dir.join("trace.json"), |w| {
         crate::output::perfetto::write_to(&timeline, w)
     })?;
     Ok((dir, summary))
@@ -152,32 +138,51 @@ mod tests {
 
     #[test]
     fn a_bundle_takes_its_jobs_context() {
-        let ctx = serde_json::json!({"type": "sample", "kind": "context", "t_ns": 1,
-        "cgroup": null, "filesystems": [],
-        "jobs": [
-            {"root": 10, "cgroup": {"path": "/a"}, "filesystems": [{"path": "/dev/shm"}]},
-            {"root": 20, "cgroup": {"path": "/b"}, "filesystems": []}
-        ]});
-        let other = serde_json::json!({"type": "event"});
-        let out = context_of_job(ctx.clone(), Some(20));
-        assert_eq!(out["cgroup"]["path"], "/b");
-        assert!(out.get("jobs").is_none());
-        assert_eq!(context_of_job(other.clone(), Some(20)), other);
-        let out = context_of_job(ctx.clone(), Some(10));
-        assert_eq!(out["filesystems"][0]["path"], "/dev/shm");
-        let out = context_of_job(ctx, None);
-        assert!(out["cgroup"].is_null(), "no job, no cgroup");
+        use crate::model::host::{FsUsage, JobContext};
+        use crate::model::samples::ContextSample;
+        let fs = |path: &str| FsUsage {
+            path: path.into(),
+            total_bytes: 1,
+            avail_bytes: 1,
+            used_pct: 0.0,
+        };
+        let job = |root, path| JobContext { root, cgroup: None, filesystems: vec![fs(path)] };
+        let ctx = Record::Sample(Sample::Context(Box::new(ContextSample {
+            t_ns: 1,
+            jobs: vec![job(10, "/dev/shm"), job(20, "/data")],
+            ..Default::default()
+        })));
+        let filesystems = |r: Record| match r {
+            Record::Sample(Sample::Context(c)) => {
+                assert!(c.jobs.is_empty(), "the jobs are folded in");
+                c.filesystems.iter().map(|f| f.path.clone()).collect::<Vec<_>>()
+            }
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(filesystems(context_of_job(ctx.clone(), Some(20))), ["/data"]);
+        assert_eq!(filesystems(context_of_job(ctx.clone(), Some(10))), ["/dev/shm"]);
+        assert!(filesystems(context_of_job(ctx, None)).is_empty(), "no job, no filesystems");
+        let other = Record::Sample(Sample::Vanished { t_ns: 1, pid: 2 });
+        assert!(matches!(context_of_job(other, Some(20)), Record::Sample(Sample::Vanished { .. })));
     }
 
     #[test]
     fn counters_in_a_window_start_from_zero() {
         let c = |ns: u64| {
-            Sample::Counters(CountersSample { t_ns: ns, host: vec![ns], ..Default::default() })
-                .to_json()
+            Record::Sample(Sample::Counters(CountersSample {
+                t_ns: ns,
+                host: vec![ns],
+                ..Default::default()
+            }))
+        };
+        let host = |r: Record| match r {
+            Record::Sample(Sample::Counters(c)) => c.host[0],
+            other => panic!("{other:?}"),
         };
         let mut r = Rebase::default();
-        assert_eq!(r.line(c(10))["host"][0], 0);
-        assert_eq!(r.line(serde_json::json!({"type": "event"}))["type"], "event");
-        assert_eq!(r.line(c(25))["host"][0], 15);
+        assert_eq!(host(r.record(c(10))), 0);
+        let other = r.record(Record::Sample(Sample::Vanished { t_ns: 1, pid: 2 }));
+        assert!(matches!(other, Record::Sample(Sample::Vanished { .. })));
+        assert_eq!(host(r.record(c(25))), 15);
     }
 }

@@ -16,7 +16,6 @@ use std::{
 };
 
 use anyhow::Context as _;
-use serde_json::Value;
 
 use crate::{
     cmd::{
@@ -32,6 +31,7 @@ use crate::{
     recording::{
         flight::{FlightRecorder, FlightSink},
         header::{Header, IncidentHeader},
+        record::Record,
     },
     sources::{agent, clock::monotonic_ns, context::ContextReader, host, procfs},
 };
@@ -460,7 +460,7 @@ impl Daemon {
                 pid: n.pid,
                 cmdline: c.clone(),
             });
-            std::iter::once(seed).chain(cmdline).map(|s| s.to_json())
+            std::iter::once(seed).chain(cmdline).map(Record::Sample)
         });
         // The bundle's verdict is the incident's job's: its cgroup, its filesystems. Each
         // line is parsed, adjusted and written in turn (see bundle::write).
@@ -468,12 +468,13 @@ impl Daemon {
         let mut rebase = crate::cmd::watch::bundle::Rebase::default();
         let window = lines
             .iter()
-            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-            .map(move |v| rebase.line(crate::cmd::watch::bundle::context_of_job(v, root)));
+            .filter_map(|l| Record::parse(l.as_bytes()).ok())
+            .map(move |r| rebase.record(crate::cmd::watch::bundle::context_of_job(r, root)));
         // An incomplete window says so in the bundle, where its summary will count it.
         let gap = (dropped > 0)
-            .then(|| Sample::RecordingGap { t_ns: inc.t_ns, lines: dropped }.to_json());
-        let out = std::iter::once(header.to_json()).chain(seeds).chain(window).chain(gap);
+            .then_some(Record::Sample(Sample::RecordingGap { t_ns: inc.t_ns, lines: dropped }));
+        let header = Record::Header(Box::new(header));
+        let out = std::iter::once(header).chain(seeds).chain(window).chain(gap);
         let secs = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());

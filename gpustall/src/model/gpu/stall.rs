@@ -12,23 +12,24 @@
 //! open `all_gpus` episodes are dropped: their premise turned out wrong.
 
 use super::sample::{throttle_names, GpuSample};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 pub const DEFAULT_THRESHOLD_PCT: u32 = 5;
 pub const DEFAULT_WINDOW_NS: u64 = 3_000_000_000;
 
 /// How a GPU was tied to the job.
-#[derive(Serialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum Attribution {
     /// NVML listed a job pid on this GPU.
+    #[default]
     ProcessList,
     /// No GPU listed any job pid, so every GPU was watched.
     AllGpus,
 }
 
-#[derive(Serialize, Clone, Debug, PartialEq, Eq)]
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
 pub struct StallEpisode {
     pub gpu_index: u32,
     pub gpu_uuid: String,

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use aya::maps::{MapData, RingBuf};
 
-use crate::cmd::pss::PssTurns;
+use crate::pipeline::pss::PssTurns;
 use crate::kernel::decode::decode;
 use crate::kernel::loader;
 use crate::model::event::Event;
@@ -15,7 +15,7 @@ use crate::model::samples::CountersSample;
 use crate::model::samples::Sample;
 use crate::model::stats::IoSlot;
 use crate::model::Model;
-use crate::recording::writer::stall_json;
+use crate::recording::record::Line;
 use crate::recording::writer::Sink;
 use crate::sources::context::ContextReader;
 use crate::sources::procfs;
@@ -126,7 +126,7 @@ impl Session {
 
     pub fn observe(&mut self, s: Sample) {
         if let Some(r) = self.recorder.as_mut() {
-            r.write(&s.to_json());
+            r.write(Line::Sample(&s));
         }
         let ended = self.model.observe(&s);
         self.stalls_ended(&ended);
@@ -144,7 +144,7 @@ impl Session {
                 pid: e.pids.first().copied().unwrap_or(0),
             });
             if let Some(r) = self.recorder.as_mut() {
-                r.write(&stall_json(e));
+                r.write(Line::GpuStall(e));
             }
         }
     }
@@ -163,7 +163,7 @@ impl Session {
                 }
             };
             if let Some(r) = self.recorder.as_mut() {
-                r.write_event(&e);
+                r.write(Line::Event(&e));
             }
             self.model.apply(&e);
             match &e {
