@@ -1,26 +1,44 @@
-//! The pipeline's one rule, held by a test: the model and the diagnosis are pure. They import
-//! nothing from the stages that touch the machine (`kernel`, `sources`), nothing from the
-//! stages after them (`recording`, `output`, `cmd`), no aya or tokio, and read no files, so
-//! both run the same live and on a replayed recording and are unit-tested on hand-built input.
+//! The pipeline's order, held by a test: each stage (a folder of `src/`) imports only the
+//! stages before it, never one after it, so the data flows the way the folders say.
+//!
+//! ```text
+//! model ──> diagnose ─────────────────────────────┐
+//!   └─> sources ──> kernel                        ├─> pipeline ──> cmd
+//!   └─> sources ──> recording ──> output ─────────┘
+//! ```
+//!
+//! `model/` and `diagnose/` are pure besides: no aya, no tokio, no files or /proc, so both run
+//! the same live and on a replayed recording and are unit-tested on hand-built input. Only
+//! `pipeline/` calls the diagnosis (`output/` may name its types, to print them). Unit tests
+//! (`#[cfg(test)] mod tests`, the files under a `tests` module) may reach anywhere.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-/// What `model/` and `diagnose/` must not mention.
-const FORBIDDEN: &[&str] = &[
-    "crate::kernel",
-    "crate::sources",
-    "crate::recording",
-    "crate::output",
-    "crate::cmd",
-    "aya::",
-    "tokio",
-    "std::fs",
-    "std::net",
-    "\"/proc",
-    "\"/sys",
-];
+const STAGES: &[&str] =
+    &["model", "diagnose", "sources", "kernel", "recording", "output", "pipeline", "cmd"];
 
-fn rust_files(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
+/// What each stage may import from the others.
+fn allowed(stage: &str) -> &'static [&'static str] {
+    match stage {
+        "model" => &[],
+        "diagnose" => &["model"],
+        "sources" => &["model"],
+        "kernel" => &["model", "sources"],
+        "recording" => &["model", "sources"],
+        "output" => &["model", "diagnose", "recording", "sources"],
+        "pipeline" => &["model", "diagnose", "sources", "kernel", "recording", "output"],
+        "cmd" => &["model", "sources", "kernel", "recording", "output", "pipeline"],
+        _ => &[],
+    }
+}
+
+/// What the pure stages must not mention at all.
+const IMPURE: &[&str] = &["aya::", "tokio", "std::fs", "std::net", "\"/proc", "\"/sys"];
+
+/// The diagnosis's deciding functions: called from `pipeline/` (and within `diagnose/`) only.
+const DECIDING: &[&str] = &["facts::from_model", "verdict::decide", "job::decide", "job::onsets"];
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     for entry in std::fs::read_dir(dir).expect("source dir").flatten() {
         let p = entry.path();
         if p.is_dir() {
@@ -31,23 +49,73 @@ fn rust_files(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
     }
 }
 
-#[test]
-fn model_and_diagnose_touch_no_machine_and_no_later_stage() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let mut files = Vec::new();
-    for stage in ["model", "diagnose"] {
-        rust_files(&src.join(stage), &mut files);
+/// A file's code lines before its unit tests, comments cut off.
+fn code_lines(f: &Path) -> Vec<(usize, String)> {
+    let text = std::fs::read_to_string(f).expect("source file");
+    let is_test_file = f.file_stem().is_some_and(|s| s == "tests");
+    let mut lines = Vec::new();
+    let mut prev = "";
+    for (n, line) in text.lines().enumerate() {
+        if is_test_file || (prev.trim() == "#[cfg(test)]" && line.trim_start().starts_with("mod "))
+        {
+            break;
+        }
+        prev = line;
+        lines.push((n + 1, line.split("//").next().unwrap_or_default().to_string()));
     }
-    assert!(files.len() >= 10, "found the stages' files: {files:?}");
+    lines
+}
+
+/// Every place a stage names another it may not, or a pure stage reaches outside.
+fn violations(src: &Path) -> Vec<String> {
     let mut found = Vec::new();
-    for f in &files {
-        let text = std::fs::read_to_string(f).expect("source file");
-        for (n, line) in text.lines().enumerate() {
-            let code = line.split("//").next().unwrap_or_default();
-            for bad in FORBIDDEN.iter().filter(|b| code.contains(*b)) {
-                found.push(format!("{}:{}: {bad}", f.display(), n + 1));
+    for stage in STAGES {
+        let mut files = Vec::new();
+        rust_files(&src.join(stage), &mut files);
+        assert!(!files.is_empty(), "the stage {stage} has files");
+        let pure = matches!(*stage, "model" | "diagnose");
+        for f in &files {
+            for (n, code) in code_lines(f) {
+                let mut say = |what: &str| found.push(format!("{}:{n}: {what}", f.display()));
+                for other in STAGES.iter().filter(|o| *o != stage) {
+                    let named = code.contains(&format!("crate::{other}"))
+                        || code.trim_start().starts_with(&format!("{other}::"));
+                    if named && !allowed(stage).contains(other) {
+                        say(&format!("{stage} imports {other}"));
+                    }
+                }
+                for bad in IMPURE.iter().filter(|b| pure && code.contains(*b)) {
+                    say(&format!("{stage} is pure but mentions {bad}"));
+                }
+                if !matches!(*stage, "pipeline" | "diagnose") {
+                    for call in DECIDING.iter().filter(|c| code.contains(*c)) {
+                        say(&format!("{stage} calls {call} (only pipeline/ decides)"));
+                    }
+                }
             }
         }
     }
-    assert!(found.is_empty(), "the pure stages reach outside:\n{}", found.join("\n"));
+    found
+}
+
+#[test]
+fn every_stage_imports_only_the_stages_before_it() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let found = violations(&src);
+    assert!(found.is_empty(), "imports that run back up:\n{}", found.join("\n"));
+}
+
+#[test]
+fn every_stage_folder_is_in_the_table() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut folders: Vec<String> = std::fs::read_dir(&src)
+        .expect("src")
+        .flatten()
+        .filter(|e| e.path().is_dir())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    folders.sort();
+    let mut stages: Vec<String> = STAGES.iter().map(|s| s.to_string()).collect();
+    stages.sort();
+    assert_eq!(folders, stages, "a new folder needs its place in the order");
 }

@@ -18,6 +18,7 @@ mod diagnose;
 mod kernel;
 mod model;
 mod output;
+mod pipeline;
 mod recording;
 mod sources;
 

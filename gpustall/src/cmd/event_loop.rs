@@ -15,10 +15,10 @@ use tokio::{
     time::{interval, Instant, Interval, MissedTickBehavior},
 };
 
+use crate::pipeline::session::Session;
 use crate::{
     cmd::{
         gpu::GpuWatch,
-        session::Session,
         signals::{Received, Signals},
     },
     kernel::loader::KernelMaps,

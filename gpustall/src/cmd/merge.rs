@@ -3,7 +3,8 @@
 //! which node stalled first, by how long it preceded the others, and why (its own verdict).
 //!
 //! Each recording is replayed on its own, exactly as `gpustall report` replays it; only the
-//! alignment and the job-level answer are new, and they live in `diagnose::job` (pure).
+//! alignment and the job-level answer are new (`pipeline::merge`, deciding with
+//! `diagnose::job`).
 
 use std::{
     path::{Path, PathBuf},
@@ -13,13 +14,8 @@ use std::{
 use anyhow::Context as _;
 
 use crate::{
-    diagnose::job::{self, Source},
-    output::{
-        job::{self as out, Lane},
-        summary::Summary,
-        timeline,
-    },
-    recording::header::Header,
+    output::job::{self as out, Lane},
+    pipeline::merge::{conclude_job, is_same_recording, load, recording_of, JobVerdict},
 };
 
 #[derive(clap::Args)]
@@ -42,74 +38,6 @@ pub struct MergeArgs {
     /// differ by more are warned about.
     #[arg(long, value_name = "D", default_value = "1s", value_parser = crate::cmd::units::parse_duration)]
     max_skew: Duration,
-}
-
-/// The recording of an input: the file itself, or a bundle directory's record.jsonl.
-fn recording_of(input: &Path) -> anyhow::Result<PathBuf> {
-    if input.is_dir() {
-        let rec = input.join("record.jsonl");
-        anyhow::ensure!(
-            rec.is_file(),
-            "{} is a directory without record.jsonl: not an incident bundle",
-            input.display()
-        );
-        return Ok(rec);
-    }
-    Ok(input.to_path_buf())
-}
-
-/// What tells two recordings of one host apart: the traced pid, else the incident, else the
-/// file.
-fn tag(h: &Header, input: &Path) -> String {
-    if let Some(pid) = h.targets.as_ref().and_then(|t| t.first()) {
-        return format!("pid {pid}");
-    }
-    if let Some(i) = &h.incident {
-        return format!("{} pid {}", i.kind, i.pid);
-    }
-    input.file_name().map_or_else(|| input.display().to_string(), |n| n.to_string_lossy().into())
-}
-
-/// One recording replayed: its lane (label filled in later) and whether it stopped early.
-fn load(input: &Path) -> anyhow::Result<(Lane, Option<String>)> {
-    let file = recording_of(input)?;
-    let r = crate::cmd::report::open_recording(&file)?;
-    let header: Header = r
-        .header
-        .clone()
-        .with_context(|| format!("{}: the first line is not a header", file.display()))?;
-    anyhow::ensure!(
-        header.wall_clock_at_start_ns > 0,
-        "{} has no wall_clock_at_start_ns: it cannot be put on a shared timeline",
-        file.display()
-    );
-    let summary = Summary::of(&r.model, r.end_ns, true);
-    let onsets = job::onsets(&r.model);
-    let rank = onsets.first().and_then(|o| job::rank_of(&r.model, o.pid));
-    let source = Source {
-        label: tag(&header, input),
-        host: header.host.clone(),
-        kernel: header.kernel.clone(),
-        mono_start_ns: header.start_ns,
-        wall_start_ns: header.wall_clock_at_start_ns,
-        mono_end_ns: r.end_ns.max(header.start_ns),
-        onsets,
-        rank,
-        verdict: summary.verdict.clone(),
-    };
-    let mut tl = timeline::from_file(&file, r.lines)?;
-    out::to_wall(&mut tl, |t| source.wall(t));
-    let stopped = r.error.map(|e| {
-        format!(
-            "{} line {}: {}; the merge covers lines 1-{}",
-            file.display(),
-            e.line,
-            e.why,
-            r.lines
-        )
-    });
-    let mode = header.mode.clone().unwrap_or_else(|| "trace".into());
-    Ok((Lane { source, file: file.display().to_string(), mode, summary, timeline: tl }, stopped))
 }
 
 pub fn run(args: &MergeArgs) -> anyhow::Result<()> {
@@ -141,31 +69,18 @@ pub fn run(args: &MergeArgs) -> anyhow::Result<()> {
         stopped.extend(err);
         lanes.push(lane);
     }
-    let names = job::labels(
-        &lanes.iter().map(|l| (l.source.host.clone(), l.source.label.clone())).collect::<Vec<_>>(),
-    );
-    for (l, name) in lanes.iter_mut().zip(names) {
-        l.source.label = name;
-    }
     let max_skew = args.max_skew.as_nanos() as u64;
-    let sources: Vec<Source> = lanes.iter().map(|l| l.source.clone()).collect();
-    let verdict = job::decide(&sources, max_skew);
-    let warnings = job::disagreements(&sources, max_skew);
+    let (verdict, warnings) = conclude_job(&mut lanes, max_skew);
     write_outputs(args, &lanes, &verdict, &warnings, max_skew)?;
     crate::output::text::print(&out::text(&lanes, &verdict, &warnings));
     anyhow::ensure!(stopped.is_empty(), "{}", stopped.join("; "));
     Ok(())
 }
 
-/// The same recording given twice (a file and its bundle, a copy): one header, one start.
-fn is_same_recording(a: &Source, b: &Source) -> bool {
-    a.host == b.host && a.mono_start_ns == b.mono_start_ns && a.wall_start_ns == b.wall_start_ns
-}
-
 fn write_outputs(
     args: &MergeArgs,
     lanes: &[Lane],
-    verdict: &job::JobVerdict,
+    verdict: &JobVerdict,
     warnings: &[String],
     max_skew: u64,
 ) -> anyhow::Result<()> {
@@ -192,6 +107,7 @@ fn write_outputs(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::diagnose::job::{self, Source};
 
     /// A pair of recordings made on this machine (`gpustall trace --record`, two process
     /// trees in memory cgroups, hosts renamed node-a and node-b): on node-a a worker is

@@ -1,14 +1,12 @@
 //! The commands: `trace` and `watch` run the pipeline live through one [`event_loop`] over a
-//! [`session::Session`]; `report`, `export` and `merge` replay recordings offline.
+//! [`crate::pipeline::session::Session`]; `report`, `export` and `merge` replay recordings offline.
 
 pub mod event_loop;
 pub mod export;
 pub mod gpu;
 pub mod launch;
 pub mod merge;
-pub mod pss;
 pub mod report;
-pub mod session;
 pub mod signals;
 pub mod trace;
 pub mod units;

@@ -12,12 +12,12 @@ use std::{
 
 use anyhow::Context as _;
 
+use crate::pipeline::session::Session;
 use crate::{
     cmd::{
         event_loop::{self, Beat, GpuTicks, Rings, Stop},
         gpu::{GpuArgs, GpuOptions, GpuWatch},
         launch::{Launched, Relay},
-        session::Session,
         signals::Received,
     },
     kernel::{
@@ -25,7 +25,7 @@ use crate::{
         preflight,
     },
     model::{overhead::Overhead, samples::Sample, Model},
-    output::{status_line, summary::Summary},
+    output::status_line,
     recording::{header::Header, record::Line, writer::Recorder},
     sources::{
         agent, clock::monotonic_ns, context::ContextReader, host, procfs, trainlog::LogSource,
@@ -388,7 +388,7 @@ impl Beat for Trace {
         b.prev = cur;
         b.prev_at = Instant::now();
         if b.last_summary.elapsed() >= b.summary_every {
-            let mut s = Summary::of(&session.model, now, false);
+            let mut s = crate::pipeline::conclude::summary(&session.model, now, false);
             b.periodic.only_changed(&mut s);
             if let (Some(r), Ok(v)) = (session.recorder.as_mut(), serde_json::to_value(&s)) {
                 r.write(Line::Summary(&v));
@@ -421,7 +421,7 @@ fn finish(opts: &TraceOptions, mut t: Trace, probes: &Probes) -> anyhow::Result<
         bpf_maps: maps,
     };
     t.session.observe(Sample::Overhead { t_ns: end, overhead });
-    let summary = Summary::of(&t.session.model, end, true);
+    let summary = crate::pipeline::conclude::summary(&t.session.model, end, true);
     // Each output is written whatever became of the others; what failed is said at the end.
     let mut failures = Vec::new();
     if let Some(r) = t.session.recorder.as_mut() {

@@ -8,6 +8,7 @@ pub mod event;
 pub mod folded;
 pub mod gpu;
 pub mod host;
+pub mod incident;
 pub mod kernlog;
 pub mod longwait;
 pub mod offcpu;

@@ -468,7 +468,7 @@ mod tests {
         let text: String = lines.iter().map(|l| l.to_string() + "\n").collect();
         let r = crate::recording::replay::replay(text.as_bytes());
         assert!(r.error.is_none(), "{:?}", r.error);
-        let summary = crate::output::summary::Summary::of(&r.model, r.end_ns, true);
+        let summary = crate::pipeline::conclude::summary(&r.model, r.end_ns, true);
         let page = super::render(
             &summary,
             &crate::output::timeline::build(

@@ -1,7 +1,6 @@
 //! Stage 5, what people read: the summary (JSON), the text report, the live status line, and
 //! the timeline drawn as a self-contained HTML page or a Perfetto trace.
 
-pub mod files;
 pub mod html;
 pub mod job;
 pub mod perfetto;

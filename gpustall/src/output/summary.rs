@@ -6,6 +6,7 @@ use serde::Serialize;
 
 use gpustall_common::counters::{HostCounter, IoOp, LostCounter};
 
+use crate::diagnose::facts::{Facts, ProcFacts};
 use crate::diagnose::verdict::Verdict;
 use crate::model::host::DiskStat;
 use crate::model::proctree::Role;
@@ -441,7 +442,11 @@ fn device_io(p: &crate::model::stats::ProcStats, disks: &[DiskStat]) -> Vec<Devi
         .collect()
 }
 
-fn process_summary(m: &Model, n: &crate::model::proctree::ProcNode) -> ProcessSummary {
+fn process_summary(
+    m: &Model,
+    n: &crate::model::proctree::ProcNode,
+    f: Option<&ProcFacts>,
+) -> ProcessSummary {
     let empty = crate::model::stats::ProcStats::default();
     let p = m.procs.get(&n.pid).unwrap_or(&empty);
     let c = &p.counters;
@@ -455,9 +460,9 @@ fn process_summary(m: &Model, n: &crate::model::proctree::ProcNode) -> ProcessSu
         dataloader_of: m.tree.dataloader_of(n.pid),
         thread_names: n.thread_names.values().cloned().collect(),
         thread_roles: n.thread_roles().map(|(tid, role)| ThreadRoleSummary { tid, role }).collect(),
-        block_read_bytes: p.io_bytes(IoOp::Read, None),
-        block_write_bytes: p.io_bytes(IoOp::Write, None),
-        reclaim_io_bytes: p.io.iter().filter(|(k, _)| k.in_reclaim).map(|(_, c)| c.bytes).sum(),
+        block_read_bytes: f.map_or(0, |f| f.read_bytes),
+        block_write_bytes: f.map_or(0, |f| f.write_bytes),
+        reclaim_io_bytes: f.map_or(0, |f| f.reclaim_io_bytes),
         io_by_device: device_io(p, &m.ctx.disks_last),
         direct_reclaim_count: c.direct_reclaim_count,
         direct_reclaim_ns: c.direct_reclaim_ns,
@@ -483,15 +488,14 @@ fn process_summary(m: &Model, n: &crate::model::proctree::ProcNode) -> ProcessSu
             .map(|((peak, _), (first, _))| peak.saturating_sub(first)),
         last_rss_kb: p.mem.rss_kb,
         last_swap_kb: p.mem.swap_kb,
-        major_faults: p.mem.majflt,
+        // Since the trace began, as the diagnosis counts them (not the process's lifetime).
+        major_faults: f.map_or(0, |f| f.major_faults),
         oom_killed: n.oom_killed,
         exit_code: n.exit_status(),
         exit_signal: n.exit_signal(),
         killed_by: n.killed_by.clone(),
         alive: n.alive(),
-        offcpu: m
-            .offcpu
-            .summary(n.pid, |pid| matches!(m.tree.role(pid), Role::Trainer | Role::Rank)),
+        offcpu: f.and_then(|f| f.offcpu.clone()),
     }
 }
 
@@ -581,14 +585,16 @@ impl PeriodicState {
 }
 
 impl Summary {
-    /// The summary of the model at `now_ns`, with the verdict decided from its facts.
-    pub fn of(m: &Model, now_ns: u64, is_final: bool) -> Self {
-        let verdict =
-            crate::diagnose::verdict::decide(&crate::diagnose::facts::from_model(m, now_ns));
-        Self::from_model(m, now_ns, is_final, verdict)
-    }
-
-    pub fn from_model(m: &Model, now_ns: u64, is_final: bool, mut verdict: Verdict) -> Self {
+    /// The summary of the model at `now_ns`: the per-process figures the diagnosis also uses
+    /// are its facts' (one derivation, one answer), the verdict the one decided from them
+    /// (`pipeline::conclude`).
+    pub fn from_model(
+        m: &Model,
+        facts: &Facts,
+        now_ns: u64,
+        is_final: bool,
+        mut verdict: Verdict,
+    ) -> Self {
         let host = &m.host;
         let lost = LostSummary {
             critical_ring: host.lost[LostCounter::CriticalRing as usize],
@@ -598,7 +604,10 @@ impl Summary {
             program_skipped: m.overhead.programs.iter().map(|p| p.missed).sum(),
             flight_recorder: host.recording_gap_lines,
         };
-        let processes = m.tree.iter().map(|n| process_summary(m, n)).collect();
+        let facts: std::collections::HashMap<u32, &ProcFacts> =
+            facts.procs.iter().map(|p| (p.pid, p)).collect();
+        let processes =
+            m.tree.iter().map(|n| process_summary(m, n, facts.get(&n.pid).copied())).collect();
         if lost.total() > 0 {
             // The verdict stands on what was seen; say that not everything was.
             verdict.text.push_str(&format!(

@@ -255,7 +255,7 @@ mod tests {
             let status = if pid == 150 { 11 } else { 0 };
             m.apply(&Event::Exit { h: h(u64::from(pid) + 1, pid), exit_code: Some(status) });
         }
-        let s = Summary::of(&m, 1_000, true);
+        let s = crate::pipeline::conclude::summary(&m, 1_000, true);
         let (rows, left_out) = table_rows(&s);
         assert_eq!(rows.len(), MAX_ROWS);
         assert_eq!(left_out, 201 - MAX_ROWS);

@@ -5,16 +5,17 @@ use std::time::{Duration, Instant};
 
 use aya::maps::{MapData, RingBuf};
 
-use crate::pipeline::pss::PssTurns;
 use crate::kernel::decode::decode;
 use crate::kernel::loader;
 use crate::model::event::Event;
 use crate::model::gpu::StallEpisode;
+use crate::model::incident::{Incident, IncidentKind};
 use crate::model::proctree::Role;
 use crate::model::samples::CountersSample;
 use crate::model::samples::Sample;
 use crate::model::stats::IoSlot;
 use crate::model::Model;
+use crate::pipeline::pss::PssTurns;
 use crate::recording::record::Line;
 use crate::recording::writer::Sink;
 use crate::sources::context::ContextReader;
@@ -26,47 +27,6 @@ const PROC_READS_PER_BEAT: usize = 256;
 
 /// fsync the recording at least this often (and at once after an incident).
 const SYNC_EVERY: Duration = Duration::from_secs(5);
-
-/// What kind of incident: its JSON name is the one in bundle names and metrics labels.
-#[derive(
-    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
-)]
-#[serde(rename_all = "snake_case")]
-pub enum IncidentKind {
-    // In order of gravity: when several fall in one bundle, the gravest names it.
-    GpuStall,
-    ReclaimStorm,
-    Sigkill,
-    OomKill,
-    /// The GPU or its driver reported a fault (an Xid in the kernel log).
-    GpuFault,
-}
-
-impl IncidentKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::GpuStall => "gpu_stall",
-            Self::ReclaimStorm => "reclaim_storm",
-            Self::Sigkill => "sigkill",
-            Self::OomKill => "oom_kill",
-            Self::GpuFault => "gpu_fault",
-        }
-    }
-}
-
-impl std::fmt::Display for IncidentKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// Something that happened to the job that deserves a bundle (watch) or an immediate fsync.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Incident {
-    pub kind: IncidentKind,
-    pub t_ns: u64,
-    pub pid: u32,
-}
 
 /// The least time between two passes of [`Session::follow_roles`].
 const ROLES_EVERY: Duration = Duration::from_millis(20);
@@ -176,7 +136,7 @@ impl Session {
                         pid: *victim_pid,
                     });
                 }
-                Event::Signal { h, sig: 9, target_pid, .. } => {
+                Event::Signal { h, sig, target_pid, .. } if *sig == libc::SIGKILL => {
                     self.incident = true;
                     self.incidents.push(Incident {
                         kind: IncidentKind::Sigkill,

@@ -51,7 +51,7 @@ pub struct GpuHeader {
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct IncidentHeader {
-    pub kind: crate::pipeline::session::IncidentKind,
+    pub kind: crate::model::incident::IncidentKind,
     pub t_ns: u64,
     pub pid: u32,
 }

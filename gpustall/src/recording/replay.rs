@@ -276,6 +276,25 @@ fn replay_line(r: &mut Replay, odd: &mut Oddities, n: usize, line: &[u8]) -> Res
     apply_record(r, odd, record)
 }
 
+/// Replays the recording at `file`, saying its warnings; an error when it holds nothing that
+/// parses. A recording cut short comes back with its `error` (the caller reports what parsed).
+pub fn open(file: &Path) -> anyhow::Result<Replay> {
+    let f = std::fs::File::open(file)
+        .with_context(|| format!("cannot open the recording {}", file.display()))?;
+    let r = replay(BufReader::new(f));
+    for w in &r.warnings {
+        say!("gpustall: warning: {}: {w}", file.display());
+    }
+    if r.lines == 0 {
+        let why = r
+            .error
+            .as_ref()
+            .map_or("it is empty".to_string(), |e| format!("line {}: {}", e.line, e.why));
+        anyhow::bail!("{} is not a gpustall recording: {why}", file.display());
+    }
+    Ok(r)
+}
+
 /// Calls `f` on each record of a recording, up to `max_lines` (a corrupt tail is left out, as
 /// the replay leaves it out), one at a time: memory does not grow with the file.
 pub fn for_each_record(
@@ -359,7 +378,7 @@ mod tests {
         assert!(r.warnings.is_empty(), "a clean recording: {:?}", r.warnings);
         let recorded = r.recorded_summary.clone().expect("the recording's final summary");
         let replayed =
-            serde_json::to_value(crate::output::summary::Summary::of(&r.model, r.end_ns, true))
+            serde_json::to_value(crate::pipeline::conclude::summary(&r.model, r.end_ns, true))
                 .expect("summary json");
         // Everything measured replays the same; the verdict's wording and advice are the
         // decision of the gpustall that replays it (they improved since): its cause is stable.

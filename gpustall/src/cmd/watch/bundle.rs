@@ -69,7 +69,7 @@ pub fn write(
         let f = std::fs::File::open(&record)
             .with_context(|| format!("reading back {}", record.display()))?;
         let r = crate::recording::replay::replay(std::io::BufReader::new(f));
-        crate::output::summary::Summary::of(&r.model, r.end_ns, true)
+        crate::pipeline::conclude::summary(&r.model, r.end_ns, true)
     };
     crate::output::summary::write_json(&summary, &dir.join("summary.json"))?;
     let report = crate::output::text::render(&summary);

@@ -21,13 +21,14 @@ use crate::{
     cmd::{
         event_loop::{self, Beat, GpuTicks, Rings, Stop},
         gpu::{GpuOptions, GpuWatch},
-        session::{Incident, IncidentKind, Session},
     },
     kernel::{
         loader::{self, KernelMaps, Probes},
         preflight,
     },
+    model::incident::{Incident, IncidentKind},
     model::{samples::Sample, stats::IoSlot, Model},
+    pipeline::session::Session,
     recording::{
         flight::{FlightRecorder, FlightSink},
         header::{Header, IncidentHeader},
@@ -114,11 +115,6 @@ pub struct WatchOptions {
     pub scan_every: Duration,
 }
 
-/// A storm: the watched processes together stalled at least this long in reclaim per second...
-const STORM_STALL_PER_S: f64 = 0.5;
-/// ... for this many consecutive seconds.
-const STORM_SECONDS: u32 = 3;
-
 struct Job {
     name: String,
 }
@@ -162,9 +158,7 @@ struct Daemon {
     /// is another process). Increments are taken per process, so a process leaving the model
     /// (pruned, folded) never makes a counter step back, and one counted once is never again.
     last_totals: HashMap<(u32, u64), Totals>,
-    storm_ticks: u32,
-    storm_on: bool,
-    last_reclaim_ns: u64,
+    storms: crate::pipeline::incident::Storms,
     pending: Option<(Incident, Instant)>,
     /// Incidents folded into the pending bundle and not said one by one (8,000 SIGKILLs of
     /// one job are one bundle and two lines in the log).
@@ -334,35 +328,10 @@ impl Daemon {
         self.metrics.set_bpf_maps(maps.iter().map(|m| m.bytes).sum());
     }
 
-    /// Reclaim storms: the watched processes stall in reclaim most of the time, for seconds.
+    /// Reclaim storms (`pipeline::incident::Storms`).
     fn storm(&mut self, now: u64) {
-        let total: u64 = self
-            .session
-            .model
-            .procs
-            .values()
-            .map(|p| p.counters.direct_reclaim_ns + p.counters.memcg_reclaim_ns)
-            .sum();
-        let rate = total.saturating_sub(self.last_reclaim_ns) as f64 / 1e9;
-        self.last_reclaim_ns = total;
-        self.storm_ticks = if rate >= STORM_STALL_PER_S { self.storm_ticks + 1 } else { 0 };
-        if self.storm_ticks >= STORM_SECONDS && !self.storm_on {
-            self.storm_on = true;
-            let pid = self
-                .session
-                .model
-                .procs
-                .iter()
-                .max_by_key(|(_, p)| p.counters.memcg_reclaim_ns + p.counters.direct_reclaim_ns)
-                .map_or(0, |(pid, _)| *pid);
-            self.session.incidents.push(Incident {
-                kind: IncidentKind::ReclaimStorm,
-                t_ns: now,
-                pid,
-            });
-        }
-        if self.storm_ticks == 0 {
-            self.storm_on = false;
+        if let Some(inc) = self.storms.tick(&self.session.model, now) {
+            self.session.incidents.push(inc);
         }
     }
 
@@ -610,9 +579,7 @@ async fn setup(opts: WatchOptions) -> anyhow::Result<(Daemon, Probes, Rings, Opt
         jobs: BTreeMap::new(),
         metrics,
         last_totals: HashMap::new(),
-        storm_ticks: 0,
-        storm_on: false,
-        last_reclaim_ns: 0,
+        storms: Default::default(),
         pending: None,
         pending_unsaid: 0,
         last_scan: Instant::now(),

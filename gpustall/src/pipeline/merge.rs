@@ -1,0 +1,104 @@
+//! `merge`'s core: each recording replayed into a lane of its own (its summary, its first
+//! stalls, its rank, its timeline on the wall clock), then the job's answer across lanes:
+//! which node stalled first, and where the recordings disagree.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context as _;
+
+pub use crate::diagnose::job::JobVerdict;
+
+use crate::{
+    diagnose::job::{self, Source},
+    output::{
+        job::{self as out, Lane},
+        timeline,
+    },
+    recording::header::Header,
+};
+
+/// The recording of an input: the file itself, or a bundle directory's record.jsonl.
+pub fn recording_of(input: &Path) -> anyhow::Result<PathBuf> {
+    if input.is_dir() {
+        let rec = input.join("record.jsonl");
+        anyhow::ensure!(
+            rec.is_file(),
+            "{} is a directory without record.jsonl: not an incident bundle",
+            input.display()
+        );
+        return Ok(rec);
+    }
+    Ok(input.to_path_buf())
+}
+
+/// What tells two recordings of one host apart: the traced pid, else the incident, else the
+/// file.
+fn tag(h: &Header, input: &Path) -> String {
+    if let Some(pid) = h.targets.as_ref().and_then(|t| t.first()) {
+        return format!("pid {pid}");
+    }
+    if let Some(i) = &h.incident {
+        return format!("{} pid {}", i.kind, i.pid);
+    }
+    input.file_name().map_or_else(|| input.display().to_string(), |n| n.to_string_lossy().into())
+}
+
+/// One recording replayed: its lane (label filled in later) and whether it stopped early.
+pub fn load(input: &Path) -> anyhow::Result<(Lane, Option<String>)> {
+    let file = recording_of(input)?;
+    let r = crate::recording::replay::open(&file)?;
+    let header: Header = r
+        .header
+        .clone()
+        .with_context(|| format!("{}: the first line is not a header", file.display()))?;
+    anyhow::ensure!(
+        header.wall_clock_at_start_ns > 0,
+        "{} has no wall_clock_at_start_ns: it cannot be put on a shared timeline",
+        file.display()
+    );
+    let summary = crate::pipeline::conclude::summary(&r.model, r.end_ns, true);
+    let onsets = job::onsets(&r.model);
+    let rank = onsets.first().and_then(|o| job::rank_of(&r.model, o.pid));
+    let source = Source {
+        label: tag(&header, input),
+        host: header.host.clone(),
+        kernel: header.kernel.clone(),
+        mono_start_ns: header.start_ns,
+        wall_start_ns: header.wall_clock_at_start_ns,
+        mono_end_ns: r.end_ns.max(header.start_ns),
+        onsets,
+        rank,
+        verdict: summary.verdict.clone(),
+    };
+    let mut tl = timeline::from_file(&file, r.lines)?;
+    out::to_wall(&mut tl, |t| source.wall(t));
+    let stopped = r.error.map(|e| {
+        format!(
+            "{} line {}: {}; the merge covers lines 1-{}",
+            file.display(),
+            e.line,
+            e.why,
+            r.lines
+        )
+    });
+    let mode = header.mode.clone().unwrap_or_else(|| "trace".into());
+    Ok((Lane { source, file: file.display().to_string(), mode, summary, timeline: tl }, stopped))
+}
+
+/// The job's verdict over its lanes, and the disagreements between them; each lane gets its
+/// display name (host, and what tells two recordings of one host apart).
+pub fn conclude_job(lanes: &mut [Lane], max_skew_ns: u64) -> (JobVerdict, Vec<String>) {
+    let names = job::labels(
+        &lanes.iter().map(|l| (l.source.host.clone(), l.source.label.clone())).collect::<Vec<_>>(),
+    );
+    for (l, name) in lanes.iter_mut().zip(names) {
+        l.source.label = name;
+    }
+    let sources: Vec<Source> = lanes.iter().map(|l| l.source.clone()).collect();
+    (job::decide(&sources, max_skew_ns), job::disagreements(&sources, max_skew_ns))
+}
+
+/// The same recording given twice (a file and its bundle, a copy): one header, one start.
+pub fn is_same_recording(a: &Source, b: &Source) -> bool {
+    a.host == b.host && a.mono_start_ns == b.mono_start_ns && a.wall_start_ns == b.wall_start_ns
+}
