@@ -380,18 +380,7 @@ fn lost_oom_kills(m: &Model, recorded: &[OomFacts], counted: bool) -> Vec<OomFac
 const SI_KERNEL: i32 = 0x80;
 
 pub fn from_model(m: &Model, now_ns: u64) -> Facts {
-    let mut procs: Vec<ProcFacts> = m.tree.iter().map(|n| proc_facts(m, n, now_ns)).collect();
-    // Folded processes still count for the disk: as one process of all their I/O and lives.
-    for (role, t) in &m.folded {
-        procs.push(ProcFacts {
-            comm: format!("{} folded {role:?} processes", t.processes),
-            read_bytes: t.block_read_bytes,
-            write_bytes: t.block_write_bytes,
-            io_wait_ns: t.io_wait_ns,
-            lifetime_ns: t.lifetime_ns,
-            ..Default::default()
-        });
-    }
+    let mut procs = proc_facts_all(m, now_ns);
     let ctx = &m.ctx;
     let vm = ctx.vm_delta();
     let mut oom_kills: Vec<OomFacts> = m.oom_kills.iter().map(|o| oom_facts(m, o)).collect();
@@ -400,35 +389,13 @@ pub fn from_model(m: &Model, now_ns: u64) -> Facts {
     for p in &mut procs {
         p.oom_killed |= oom_kills.iter().any(|o| o.victim_pid == p.pid);
     }
-    let peaks = &ctx.disk_peak_busy;
-    let disks = ctx
-        .disk_busy_overall()
-        .into_iter()
-        .map(|d| {
-            let peak = peaks.get(&d.name).copied().unwrap_or(d.busy_pct);
-            DiskFacts { name: d.name, busy_pct: d.busy_pct, peak_busy_pct: peak }
-        })
-        .collect();
-    let data_times: Vec<f64> = m.steps.iter().filter_map(|(_, s)| s.data_time_s).collect();
-    let data_time = crate::model::steps::data_time_trend(&data_times);
-    let data_time_rise_ns = data_time.as_ref().and_then(|t| t.first_rise_index).and_then(|i| {
-        m.steps.iter().filter(|(_, s)| s.data_time_s.is_some()).nth(i).map(|(t, _)| *t)
-    });
+    let (data_time, data_time_rise_ns) = data_time_facts(m);
     Facts {
         start_ns: m.start_ns,
         end_ns: now_ns,
         procs,
         oom_kills,
-        cgroup: ctx.cgroup_last.as_ref().map(|c| CgroupFacts {
-            path: c.path.clone(),
-            limit_bytes: c.limit_bytes,
-            limit_set_by: c.limit_set_by.clone(),
-            swap_limit_bytes: c.swap_limit_bytes,
-            peak_usage_bytes: ctx.cgroup_peak_usage,
-            oom_kills: ctx.cgroup_oom_kills(),
-            events: ctx.cgroup_events(),
-            pressure: ctx.cgroup_psi.delta(),
-        }),
+        cgroup: cgroup_facts(m),
         host_pressure: ctx.host_psi.delta(),
         host_mem_total_kb: ctx.host_last.as_ref().map(|h| h.mem_total_kb),
         host_min_available_kb: ctx.host_min_available_kb,
@@ -436,7 +403,7 @@ pub fn from_model(m: &Model, now_ns: u64) -> Facts {
         page_size: ctx.host_last.as_ref().and_then(|h| h.page_size),
         pswpout: vm.pswpout,
         pswpin: vm.pswpin,
-        disks,
+        disks: disk_facts(m),
         filesystems: ctx
             .filesystems
             .iter()
@@ -456,19 +423,72 @@ pub fn from_model(m: &Model, now_ns: u64) -> Facts {
         kernel_log: m.kernel_log.lines.clone(),
         kernel_log_missed: m.kernel_log.missed,
         gpu_xids: m.gpu.xids.clone(),
-        gpus: m
-            .gpu
-            .latest
-            .iter()
-            .map(|g| GpuName {
-                index: g.index,
-                uuid: g.uuid.clone(),
-                pci_bus_id: g.pci_bus_id.clone(),
-            })
-            .collect(),
+        gpus: gpu_names(m),
         cpu: cpu_facts(m),
         gpu_util_avg_pct: m.gpu.summary.as_ref().and_then(|g| g.util_avg_pct()),
     }
+}
+
+/// Every process of the tree; folded processes still count for the disk, as one process of
+/// all their I/O and lives.
+fn proc_facts_all(m: &Model, now_ns: u64) -> Vec<ProcFacts> {
+    let mut procs: Vec<ProcFacts> = m.tree.iter().map(|n| proc_facts(m, n, now_ns)).collect();
+    for (role, t) in &m.folded {
+        procs.push(ProcFacts {
+            comm: format!("{} folded {role:?} processes", t.processes),
+            read_bytes: t.block_read_bytes,
+            write_bytes: t.block_write_bytes,
+            io_wait_ns: t.io_wait_ns,
+            lifetime_ns: t.lifetime_ns,
+            ..Default::default()
+        });
+    }
+    procs
+}
+
+fn cgroup_facts(m: &Model) -> Option<CgroupFacts> {
+    let ctx = &m.ctx;
+    ctx.cgroup_last.as_ref().map(|c| CgroupFacts {
+        path: c.path.clone(),
+        limit_bytes: c.limit_bytes,
+        limit_set_by: c.limit_set_by.clone(),
+        swap_limit_bytes: c.swap_limit_bytes,
+        peak_usage_bytes: ctx.cgroup_peak_usage,
+        oom_kills: ctx.cgroup_oom_kills(),
+        events: ctx.cgroup_events(),
+        pressure: ctx.cgroup_psi.delta(),
+    })
+}
+
+fn disk_facts(m: &Model) -> Vec<DiskFacts> {
+    let peaks = &m.ctx.disk_peak_busy;
+    m.ctx
+        .disk_busy_overall()
+        .into_iter()
+        .map(|d| {
+            let peak = peaks.get(&d.name).copied().unwrap_or(d.busy_pct);
+            DiskFacts { name: d.name, busy_pct: d.busy_pct, peak_busy_pct: peak }
+        })
+        .collect()
+}
+
+/// The training log's data_time trend, and when it first rose.
+fn data_time_facts(m: &Model) -> (Option<crate::model::steps::DataTimeTrend>, Option<u64>) {
+    let data_times: Vec<f64> = m.steps.iter().filter_map(|(_, s)| s.data_time_s).collect();
+    let data_time = crate::model::steps::data_time_trend(&data_times);
+    let rise_ns = data_time.as_ref().and_then(|t| t.first_rise_index).and_then(|i| {
+        m.steps.iter().filter(|(_, s)| s.data_time_s.is_some()).nth(i).map(|(t, _)| *t)
+    });
+    (data_time, rise_ns)
+}
+
+fn gpu_names(m: &Model) -> Vec<GpuName> {
+    let names = m.gpu.latest.iter().map(|g| GpuName {
+        index: g.index,
+        uuid: g.uuid.clone(),
+        pci_bus_id: g.pci_bus_id.clone(),
+    });
+    names.collect()
 }
 
 #[cfg(test)]

@@ -189,39 +189,8 @@ impl Model {
             Event::Exit { h, exit_code } => self.tree.on_exit(h.tgid, *exit_code, h.t_ns),
             Event::Rename { h, pid, new_comm } => self.tree.on_rename(h.tgid, *pid, new_comm),
             Event::Exec { h, filename, .. } => self.tree.on_exec(h.tgid, &h.comm, filename),
-            Event::OomVictim { h, victim_pid, victim_comm, rss, oom_score_adj, .. } => {
-                self.tree.on_oom_victim(*victim_pid);
-                self.oom_kills.push(OomKill {
-                    t_ns: h.t_ns,
-                    victim_pid: *victim_pid,
-                    victim_comm: victim_comm.clone(),
-                    rss: *rss,
-                    oom_score_adj: *oom_score_adj,
-                    trigger_pid: h.tgid,
-                    trigger_comm: h.comm.clone(),
-                });
-            }
-            Event::Signal { h, sig, code, target_pid, target_comm, .. } => {
-                self.tree.on_signal(
-                    *target_pid,
-                    Killer {
-                        sig: *sig,
-                        sender_pid: h.tgid,
-                        sender_comm: h.comm.clone(),
-                        si_code: *code,
-                        t_ns: h.t_ns,
-                    },
-                );
-                self.signals.push(SignalRecord {
-                    t_ns: h.t_ns,
-                    sig: *sig,
-                    si_code: *code,
-                    sender_pid: h.tgid,
-                    sender_comm: h.comm.clone(),
-                    target_pid: *target_pid,
-                    target_comm: target_comm.clone(),
-                });
-            }
+            Event::OomVictim { .. } => self.on_oom_kill(e),
+            Event::Signal { .. } => self.on_signal(e),
             Event::Reclaim { h, kind: ReclaimKind::Kswapd, duration_ns, .. } => {
                 let _ = h;
                 self.host.kswapd_episodes += 1;
@@ -235,30 +204,75 @@ impl Model {
                     Some(p.first_reclaim_ns.map_or(*start_ns, |f| f.min(*start_ns)));
             }
             Event::Throttled { .. } => {}
-            Event::DataWait {
-                h,
-                wakee_pid,
-                wakee_tid,
-                start_ns,
-                duration_ns,
-                wait_class,
-                slices,
-                job_wakes,
-                co_waker,
-                ..
-            } => self.offcpu.long.note_wait(crate::model::longwait::LongWait {
-                t_ns: h.t_ns,
-                start_ns: *start_ns,
-                duration_ns: *duration_ns,
-                waker: h.tgid,
-                wakee: *wakee_pid,
-                wakee_tid: *wakee_tid,
-                waker_reclaim_ns: 0,
-                wait_class: *wait_class,
-                timeouts: slices.zip(*job_wakes).map(|(s, j)| s.saturating_sub(j)),
-                co_waker: *co_waker,
-            }),
+            Event::DataWait { .. } => self.on_data_wait(e),
         }
+    }
+
+    fn on_oom_kill(&mut self, e: &Event) {
+        let Event::OomVictim { h, victim_pid, victim_comm, rss, oom_score_adj, .. } = e else {
+            return;
+        };
+        self.tree.on_oom_victim(*victim_pid);
+        self.oom_kills.push(OomKill {
+            t_ns: h.t_ns,
+            victim_pid: *victim_pid,
+            victim_comm: victim_comm.clone(),
+            rss: *rss,
+            oom_score_adj: *oom_score_adj,
+            trigger_pid: h.tgid,
+            trigger_comm: h.comm.clone(),
+        });
+    }
+
+    fn on_signal(&mut self, e: &Event) {
+        let Event::Signal { h, sig, code, target_pid, target_comm, .. } = e else { return };
+        let killer = Killer {
+            sig: *sig,
+            sender_pid: h.tgid,
+            sender_comm: h.comm.clone(),
+            si_code: *code,
+            t_ns: h.t_ns,
+        };
+        self.tree.on_signal(*target_pid, killer);
+        self.signals.push(SignalRecord {
+            t_ns: h.t_ns,
+            sig: *sig,
+            si_code: *code,
+            sender_pid: h.tgid,
+            sender_comm: h.comm.clone(),
+            target_pid: *target_pid,
+            target_comm: target_comm.clone(),
+        });
+    }
+
+    fn on_data_wait(&mut self, e: &Event) {
+        let Event::DataWait {
+            h,
+            wakee_pid,
+            wakee_tid,
+            start_ns,
+            duration_ns,
+            wait_class,
+            slices,
+            job_wakes,
+            co_waker,
+            ..
+        } = e
+        else {
+            return;
+        };
+        self.offcpu.long.note_wait(crate::model::longwait::LongWait {
+            t_ns: h.t_ns,
+            start_ns: *start_ns,
+            duration_ns: *duration_ns,
+            waker: h.tgid,
+            wakee: *wakee_pid,
+            wakee_tid: *wakee_tid,
+            waker_reclaim_ns: 0,
+            wait_class: *wait_class,
+            timeouts: slices.zip(*job_wakes).map(|(s, j)| s.saturating_sub(j)),
+            co_waker: *co_waker,
+        })
     }
 }
 

@@ -253,80 +253,99 @@ impl JobFamilies {
 
 impl Metrics {
     pub fn new() -> Self {
-        let jobs = JobFamilies::default();
-        let gpu_utilization = Family::<GpuLabel, FloatGauge>::default();
-        let gpu_temperature = Family::<GpuLabel, FloatGauge>::default();
-        let gpu_stall_episodes = Family::<GpuLabel, Counter>::default();
-        let gpu_xid_errors = Family::<XidLabel, Counter>::default();
-        let lost_events = Counter::default();
-        let watched_jobs = ByteGauge::default();
-        let watched_processes = ByteGauge::default();
-        let incidents = Family::<IncidentKind, Counter>::default();
-        let agent_cpu_seconds = SecondsCounter::default();
-        let agent_resident_bytes = ByteGauge::default();
-        let agent_bpf_map_bytes = ByteGauge::default();
-        let agent_memory_budget = ByteGauge::default();
-        let flight_recorder_bytes = ByteGauge::default();
-        let flight_recorder_dropped = Counter::default();
-
+        let m = Self {
+            registry: Registry::default(),
+            jobs: JobFamilies::default(),
+            known: Mutex::new(HashSet::new()),
+            gpu_utilization: Family::default(),
+            gpu_temperature: Family::default(),
+            gpu_stall_episodes: Family::default(),
+            gpu_xid_errors: Family::default(),
+            lost_events: Counter::default(),
+            watched_jobs: ByteGauge::default(),
+            watched_processes: ByteGauge::default(),
+            incidents: Family::default(),
+            agent_cpu_seconds: SecondsCounter::default(),
+            agent_resident_bytes: ByteGauge::default(),
+            agent_bpf_map_bytes: ByteGauge::default(),
+            agent_memory_budget: ByteGauge::default(),
+            flight_recorder_bytes: ByteGauge::default(),
+            flight_recorder_dropped: Counter::default(),
+            totals: Mutex::new(Totals::default()),
+            cgroups: cgroup::CgroupFamilies::default(),
+        };
         // The registry adds the `gpustall_` prefix, the unit suffix and, for counters, `_total`;
-        // the names below are the stems. Families are `Arc`s inside, so the clones registered
-        // here and the fields kept in `Metrics` are the same series.
+        // the names registered are the stems. Families are `Arc`s inside, so the clones
+        // registered and the fields kept in `Metrics` are the same series.
         let mut r = Registry::with_prefix("gpustall");
-        jobs.register(&mut r);
-        let cgroups = cgroup::CgroupFamilies::default();
-        cgroups.register(&mut r);
+        m.jobs.register(&mut r);
+        m.cgroups.register(&mut r);
+        m.register_gpus(&mut r);
+        m.register_node(&mut r);
+        m.register_agent(&mut r);
+        Self { registry: r, ..m }
+    }
+
+    fn register_gpus(&self, r: &mut Registry) {
         r.register_with_unit(
             "gpu_utilization",
             "GPU utilisation reported by NVML over its last sample period, 0 to 1",
             Unit::Other("ratio".to_string()),
-            gpu_utilization.clone(),
+            self.gpu_utilization.clone(),
         );
         r.register_with_unit(
             "gpu_temperature",
             "GPU core temperature reported by NVML",
             Unit::Celsius,
-            gpu_temperature.clone(),
+            self.gpu_temperature.clone(),
         );
         r.register(
             "gpu_stall_episodes",
             "Episodes of low GPU utilisation while a watched job was alive",
-            gpu_stall_episodes.clone(),
+            self.gpu_stall_episodes.clone(),
         );
         r.register(
             "gpu_xid_errors",
             "GPU faults the NVIDIA driver reported in the kernel log (Xid lines), by GPU and Xid",
-            gpu_xid_errors.clone(),
+            self.gpu_xid_errors.clone(),
         );
+    }
+
+    /// What the agent watches and what it found.
+    fn register_node(&self, r: &mut Registry) {
         r.register(
             "lost_events",
             "Kernel events dropped because a ring buffer was full",
-            lost_events.clone(),
+            self.lost_events.clone(),
         );
-        r.register("watched_jobs", "Jobs the agent currently watches", watched_jobs.clone());
+        r.register("watched_jobs", "Jobs the agent currently watches", self.watched_jobs.clone());
         r.register(
             "watched_processes",
             "Processes the agent currently follows across all watched jobs",
-            watched_processes.clone(),
+            self.watched_processes.clone(),
         );
-        r.register("incidents", "Incidents detected, by kind", incidents.clone());
+        r.register("incidents", "Incidents detected, by kind", self.incidents.clone());
+    }
+
+    /// The agent's own cost and its flight recorder.
+    fn register_agent(&self, r: &mut Registry) {
         r.register_with_unit(
             "agent_cpu",
             "CPU time (user and system) used by the gpustall agent itself",
             Unit::Seconds,
-            agent_cpu_seconds.clone(),
+            self.agent_cpu_seconds.clone(),
         );
         r.register_with_unit(
             "agent_resident_memory",
             "Resident memory of the gpustall agent itself",
             Unit::Bytes,
-            agent_resident_bytes.clone(),
+            self.agent_resident_bytes.clone(),
         );
         r.register_with_unit(
             "agent_bpf_map_memory",
             "Kernel memory of the gpustall agent's BPF maps and rings (not in its resident memory)",
             Unit::Bytes,
-            agent_bpf_map_bytes.clone(),
+            self.agent_bpf_map_bytes.clone(),
         );
         // What the alert "agent over its memory budget" compares: the flight recorder against
         // --memory-budget, and the lines it had to drop to stay within it.
@@ -334,41 +353,19 @@ impl Metrics {
             "agent_memory_budget",
             "The flight recorder's memory budget (--memory-budget)",
             Unit::Bytes,
-            agent_memory_budget.clone(),
+            self.agent_memory_budget.clone(),
         );
         r.register_with_unit(
             "flight_recorder",
             "Memory held by the flight recorder's window of events and samples",
             Unit::Bytes,
-            flight_recorder_bytes.clone(),
+            self.flight_recorder_bytes.clone(),
         );
         r.register(
             "flight_recorder_dropped_lines",
             "Lines the flight recorder dropped before they left its window, to stay within its budget",
-            flight_recorder_dropped.clone(),
+            self.flight_recorder_dropped.clone(),
         );
-
-        Self {
-            registry: r,
-            jobs,
-            known: Mutex::new(HashSet::new()),
-            gpu_utilization,
-            gpu_temperature,
-            gpu_stall_episodes,
-            gpu_xid_errors,
-            lost_events,
-            watched_jobs,
-            watched_processes,
-            incidents,
-            agent_cpu_seconds,
-            agent_resident_bytes,
-            agent_bpf_map_bytes,
-            agent_memory_budget,
-            flight_recorder_bytes,
-            flight_recorder_dropped,
-            totals: Mutex::new(Totals::default()),
-            cgroups,
-        }
     }
 
     /// Remembers `labels` for `forget_job`; the returned guard must be held while the caller
