@@ -120,6 +120,7 @@ impl Probes {
 
 /// Loads with this kernel's layouts and attaches; one warning per tracepoint the kernel lacks.
 pub fn load_and_warn() -> anyhow::Result<Probes> {
+    // The environment is read here, once: below, the loader sees only `options`.
     let options = LoadOptions::from_env();
     let tracefs = Tracefs::open()?;
     let btf = crate::kernel::btf::open();
