@@ -42,93 +42,111 @@ fn header(h: &EventHeader) -> Header {
     Header { t_ns: h.t_ns, tgid: h.tgid, tid: h.tid, comm: c_str(&h.comm) }
 }
 
+/// One ring record as an [`Event`]: its header says which record it is.
 pub fn decode(bytes: &[u8]) -> Result<Event, DecodeError> {
     let h: EventHeader = read(bytes, "header")?;
-    let kind = EventKind::try_from(h.kind).map_err(DecodeError::UnknownKind)?;
-    Ok(match kind {
-        EventKind::Fork => {
-            let e: ForkEvent = read(bytes, "fork")?;
-            Event::Fork { h: header(&e.header), child_pid: e.child_pid, clone_flags: e.clone_flags }
-        }
-        EventKind::Exit => {
-            let e: ExitEvent = read(bytes, "exit")?;
-            Event::Exit {
-                h: header(&e.header),
-                exit_code: (e.exit_code_known != 0).then_some(e.exit_code),
-            }
-        }
-        EventKind::Rename => {
-            let e: RenameEvent = read(bytes, "rename")?;
-            Event::Rename { h: header(&e.header), pid: e.pid, new_comm: c_str(&e.new_comm) }
-        }
-        EventKind::Exec => {
-            let e: ExecEvent = read(bytes, "exec")?;
-            Event::Exec { h: header(&e.header), old_pid: e.old_pid, filename: c_str(&e.filename) }
-        }
-        EventKind::OomVictim => {
-            let e: OomVictimEvent = read(bytes, "oom victim")?;
-            Event::OomVictim {
-                h: header(&e.header),
-                victim_pid: e.victim_pid,
-                victim_tid: Some(e.victim_tid),
-                victim_comm: c_str(&e.victim_comm),
-                rss: (e.has_rss != 0).then_some(OomRss {
-                    total_vm_kb: e.total_vm_kb,
-                    anon_rss_kb: e.anon_rss_kb,
-                    file_rss_kb: e.file_rss_kb,
-                    shmem_rss_kb: e.shmem_rss_kb,
-                }),
-                oom_score_adj: e.oom_score_adj,
-                uid: e.uid,
-            }
-        }
-        EventKind::Signal => {
-            let e: SignalEvent = read(bytes, "signal")?;
-            Event::Signal {
-                h: header(&e.header),
-                sig: e.sig,
-                code: e.code,
-                target_pid: e.target_pid,
-                target_tid: Some(e.target_tid),
-                result: e.result,
-                target_comm: c_str(&e.target_comm),
-            }
-        }
-        EventKind::Reclaim => {
-            let e: ReclaimEvent = read(bytes, "reclaim")?;
-            Event::Reclaim {
-                h: header(&e.header),
-                kind: ReclaimKind::try_from(e.kind).map_err(DecodeError::UnknownReclaimKind)?,
-                start_ns: e.start_ns,
-                duration_ns: e.duration_ns,
-                nr_reclaimed: e.nr_reclaimed,
-            }
-        }
-        EventKind::Throttled => {
-            let e: ThrottledEvent = read(bytes, "throttled")?;
-            Event::Throttled {
-                h: header(&e.header),
-                usec_timeout: e.usec_timeout,
-                usec_delayed: e.usec_delayed,
-                reason: e.reason,
-                nid: e.nid,
-            }
-        }
-        EventKind::DataWait => {
-            let e: DataWaitEvent = read(bytes, "data wait")?;
-            Event::DataWait {
-                h: header(&e.header),
-                wakee_pid: e.wakee_tgid,
-                wakee_tid: e.wakee_tid,
-                start_ns: e.start_ns,
-                duration_ns: e.duration_ns,
-                wait_class: Some(WaitClass::from_u8(e.wait_class)),
-                slices: Some(u32::from(e.slices)),
-                job_wakes: Some(u32::from(e.job_wakes)),
-                relay_tid: (e.relay_tid != 0).then_some(e.relay_tid),
-                co_waker: (e.co_waker != 0).then_some(e.co_waker),
-            }
-        }
+    match EventKind::try_from(h.kind).map_err(DecodeError::UnknownKind)? {
+        EventKind::Fork => fork(bytes),
+        EventKind::Exit => exit(bytes),
+        EventKind::Rename => rename(bytes),
+        EventKind::Exec => exec(bytes),
+        EventKind::OomVictim => oom_victim(bytes),
+        EventKind::Signal => signal(bytes),
+        EventKind::Reclaim => reclaim(bytes),
+        EventKind::Throttled => throttled(bytes),
+        EventKind::DataWait => data_wait(bytes),
+    }
+}
+
+fn fork(bytes: &[u8]) -> Result<Event, DecodeError> {
+    let e: ForkEvent = read(bytes, "fork")?;
+    Ok(Event::Fork { h: header(&e.header), child_pid: e.child_pid, clone_flags: e.clone_flags })
+}
+
+fn exit(bytes: &[u8]) -> Result<Event, DecodeError> {
+    let e: ExitEvent = read(bytes, "exit")?;
+    Ok(Event::Exit {
+        h: header(&e.header),
+        exit_code: (e.exit_code_known != 0).then_some(e.exit_code),
+    })
+}
+
+fn rename(bytes: &[u8]) -> Result<Event, DecodeError> {
+    let e: RenameEvent = read(bytes, "rename")?;
+    Ok(Event::Rename { h: header(&e.header), pid: e.pid, new_comm: c_str(&e.new_comm) })
+}
+
+fn exec(bytes: &[u8]) -> Result<Event, DecodeError> {
+    let e: ExecEvent = read(bytes, "exec")?;
+    Ok(Event::Exec { h: header(&e.header), old_pid: e.old_pid, filename: c_str(&e.filename) })
+}
+
+fn oom_victim(bytes: &[u8]) -> Result<Event, DecodeError> {
+    let e: OomVictimEvent = read(bytes, "oom victim")?;
+    Ok(Event::OomVictim {
+        h: header(&e.header),
+        victim_pid: e.victim_pid,
+        victim_tid: Some(e.victim_tid),
+        victim_comm: c_str(&e.victim_comm),
+        rss: (e.has_rss != 0).then_some(OomRss {
+            total_vm_kb: e.total_vm_kb,
+            anon_rss_kb: e.anon_rss_kb,
+            file_rss_kb: e.file_rss_kb,
+            shmem_rss_kb: e.shmem_rss_kb,
+        }),
+        oom_score_adj: e.oom_score_adj,
+        uid: e.uid,
+    })
+}
+
+fn signal(bytes: &[u8]) -> Result<Event, DecodeError> {
+    let e: SignalEvent = read(bytes, "signal")?;
+    Ok(Event::Signal {
+        h: header(&e.header),
+        sig: e.sig,
+        code: e.code,
+        target_pid: e.target_pid,
+        target_tid: Some(e.target_tid),
+        result: e.result,
+        target_comm: c_str(&e.target_comm),
+    })
+}
+
+fn reclaim(bytes: &[u8]) -> Result<Event, DecodeError> {
+    let e: ReclaimEvent = read(bytes, "reclaim")?;
+    Ok(Event::Reclaim {
+        h: header(&e.header),
+        kind: ReclaimKind::try_from(e.kind).map_err(DecodeError::UnknownReclaimKind)?,
+        start_ns: e.start_ns,
+        duration_ns: e.duration_ns,
+        nr_reclaimed: e.nr_reclaimed,
+    })
+}
+
+fn throttled(bytes: &[u8]) -> Result<Event, DecodeError> {
+    let e: ThrottledEvent = read(bytes, "throttled")?;
+    Ok(Event::Throttled {
+        h: header(&e.header),
+        usec_timeout: e.usec_timeout,
+        usec_delayed: e.usec_delayed,
+        reason: e.reason,
+        nid: e.nid,
+    })
+}
+
+fn data_wait(bytes: &[u8]) -> Result<Event, DecodeError> {
+    let e: DataWaitEvent = read(bytes, "data wait")?;
+    Ok(Event::DataWait {
+        h: header(&e.header),
+        wakee_pid: e.wakee_tgid,
+        wakee_tid: e.wakee_tid,
+        start_ns: e.start_ns,
+        duration_ns: e.duration_ns,
+        wait_class: Some(WaitClass::from_u8(e.wait_class)),
+        slices: Some(u32::from(e.slices)),
+        job_wakes: Some(u32::from(e.job_wakes)),
+        relay_tid: (e.relay_tid != 0).then_some(e.relay_tid),
+        co_waker: (e.co_waker != 0).then_some(e.co_waker),
     })
 }
 

@@ -200,7 +200,7 @@ mod tests {
 
     /// The object's maps as the loader sizes them, with the typed request programs or without.
     fn loaded_maps(typed_pair: bool) -> Vec<(String, MapDef)> {
-        let (inflight, slots) = crate::kernel::loader::inflight_entries(typed_pair);
+        let (inflight, slots) = crate::kernel::maps::inflight_entries(typed_pair);
         let mut maps = object_maps();
         for (name, m) in &mut maps {
             match name.as_str() {

@@ -3,13 +3,18 @@
 //! decoded into [`crate::model::event::Event`]s and counter maps read. The only code that
 //! touches aya.
 
+mod attach;
 pub mod batch;
 pub mod btf;
 pub mod decode;
 pub mod folio;
 pub mod hint;
+pub mod layouts;
 pub mod loader;
 pub mod mapmem;
+pub mod maps;
 pub mod offcpu;
 pub mod preflight;
+mod probes;
+pub mod stats;
 pub mod tracefs;

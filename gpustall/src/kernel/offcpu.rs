@@ -20,7 +20,7 @@ use gpustall_common::syscall::SyscallWaits;
 use gpustall_common::task::UNKNOWN as TASK_UNKNOWN;
 
 use crate::kernel::batch;
-use crate::kernel::loader::iterate;
+use crate::kernel::maps::{iterate, take};
 use crate::kernel::tracefs::Tracefs;
 use crate::model::offcpu::{OffCpuRec, OpenWaitRec, SyscallWaitsRec, WakeRec};
 use crate::model::proctree::{ProcessTree, Role};
@@ -85,7 +85,7 @@ pub fn stack_layout(btf: &btf_rs::Btf, syscall_nr: Option<u32>) -> StackLayout {
 }
 
 /// The note when the typed program can run but the syscall number's place is unknown.
-pub fn syscall_degradation(layouts: &super::loader::Layouts) -> Option<String> {
+pub fn syscall_degradation(layouts: &super::layouts::Layouts) -> Option<String> {
     (layouts.task.task_pid != TASK_UNKNOWN && layouts.syscall_nr == TASK_UNKNOWN).then(|| {
         format!(
             "sched:sched_switch: {} (only x86_64's pt_regs.orig_ax is read; this is {})",
@@ -158,15 +158,6 @@ pub fn feeders(tree: &ProcessTree) -> BTreeMap<u32, Feeders> {
             (waiter, f)
         })
         .collect()
-}
-
-fn take<T>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, super::loader::LoadError>
-where
-    T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>,
-{
-    use super::loader::LoadError;
-    let map = ebpf.take_map(name).ok_or(LoadError::MissingMap(name))?;
-    T::try_from(map).map_err(|source| LoadError::Map { name, source })
 }
 
 impl SchedMaps {

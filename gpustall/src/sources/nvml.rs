@@ -290,24 +290,11 @@ mod tests {
         path
     }
 
-    /// The real nvml-wrapper against the stand-in library. One test on purpose: the scenario
-    /// is named by a process-wide environment variable, and the stub's state is global.
-    #[test]
-    fn samples_the_stub_through_real_nvml_wrapper() {
-        let stub = stub();
-        let stub = stub.as_path();
-        assert!(
-            stub.exists(),
-            "{} is missing: build it first: cargo build -p nvml-stub",
-            stub.display()
-        );
-        let dir = std::env::temp_dir().join(format!("gpustall-nvml-test-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("temp dir");
-        let me = std::process::id();
-        std::env::set_var("GPUSTALL_TEST_TRAINER_PID", me.to_string());
-
-        let scenario = write_scenario(
-            &dir,
+    /// Two GPUs: GPU 0 busy then idle and hot at 0.3 s (with an Xid), the trainer (this test's
+    /// process) among its processes; GPU 1 gives only utilisation.
+    fn two_gpus(dir: &Path) -> std::path::PathBuf {
+        write_scenario(
+            dir,
             "two-gpus.json",
             r#"{"gpus":[
               {"name":"Stand-in H200","uuid":"GPU-stub-0","pci_bus_id":"0000:3b:00.0","memory_total_mib":143771,"timeline":[
@@ -317,18 +304,11 @@ mod tests {
                 {"at_s":0.3,"util_gpu":0,"temperature_c":91,"throttle":["hw_thermal_slowdown"],
                  "xid":79}]},
               {"name":"Stand-in H200","uuid":"GPU-stub-1","timeline":[{"at_s":0,"util_gpu":3}]}]}"#,
-        );
-        std::env::set_var("GPUSTALL_NVML_STUB_SCENARIO", &scenario);
-        let mut sampler = match GpuSampler::open(Some(stub)) {
-            Ok(s) => s,
-            Err(e) => panic!("open the stub: {e}"),
-        };
-        assert_eq!(sampler.gpu_count(), 2);
-        assert_eq!(sampler.driver_version().as_deref(), Some("nvml-stub"));
+        )
+    }
 
-        let before = monotonic_ns();
-        let first = sampler.sample();
-        let after = monotonic_ns();
+    /// The first sample of [`two_gpus`], taken between `before` and `after`.
+    fn check_first_sample(first: &[GpuSample], me: u32, before: u64, after: u64) {
         assert_eq!(first.len(), 2);
         let g0 = &first[0];
         assert!(g0.t_ns >= before && g0.t_ns <= after, "sample time on CLOCK_MONOTONIC");
@@ -367,9 +347,10 @@ mod tests {
             (None, None, None, None)
         );
         assert!(g1.processes.is_empty() && g1.throttle_mask == 0);
+    }
 
-        // The timeline is a step function of the time since nvmlInit.
-        std::thread::sleep(std::time::Duration::from_millis(400));
+    /// A sample of [`two_gpus`] after 0.3 s (`first`: the first one).
+    fn check_later_sample(sampler: &mut GpuSampler, first: &[GpuSample]) {
         let later = sampler.sample();
         let g0 = &later[0];
         assert_eq!(
@@ -383,12 +364,13 @@ mod tests {
         // The Xid raised at 0.3 s comes once, through NVML's event set, on its GPU only.
         assert_eq!((first[0].xids.len(), later[0].xids.clone()), (0, vec![79]));
         assert!(later[1].xids.is_empty() && sampler.sample()[0].xids.is_empty());
-        drop(sampler);
+    }
 
-        // No GPU, no scenario, a broken scenario: each a clear refusal.
+    /// No GPU, no scenario, a broken scenario: each a clear refusal.
+    fn check_refusals(dir: &Path, stub: &Path) {
         std::env::set_var(
             "GPUSTALL_NVML_STUB_SCENARIO",
-            write_scenario(&dir, "none.json", r#"{"gpus":[]}"#),
+            write_scenario(dir, "none.json", r#"{"gpus":[]}"#),
         );
         let e = GpuSampler::open(Some(stub)).err().map(|e| e.to_string());
         assert_eq!(e.as_deref(), Some("NVML found no GPU: GPU data is off"));
@@ -396,14 +378,49 @@ mod tests {
         let e = GpuSampler::open(Some(stub)).err();
         assert!(matches!(e, Some(GpuUnavailable::DriverNotLoaded { .. })), "{e:?}");
         let bad = write_scenario(
-            &dir,
+            dir,
             "bad.json",
             r#"{"gpus":[{"name":"x","uuid":"u","timeline":[{"at_s":0,"throttle":["hot"]}]}]}"#,
         );
         std::env::set_var("GPUSTALL_NVML_STUB_SCENARIO", bad);
         let e = GpuSampler::open(Some(stub)).err();
         assert!(matches!(e, Some(GpuUnavailable::InitFailed { .. })), "{e:?}");
+    }
 
+    /// The real nvml-wrapper against the stand-in library. One test on purpose: the scenario
+    /// is named by a process-wide environment variable, and the stub's state is global.
+    #[test]
+    fn samples_the_stub_through_real_nvml_wrapper() {
+        let stub = stub();
+        let stub = stub.as_path();
+        assert!(
+            stub.exists(),
+            "{} is missing: build it first: cargo build -p nvml-stub",
+            stub.display()
+        );
+        let dir = std::env::temp_dir().join(format!("gpustall-nvml-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let me = std::process::id();
+        std::env::set_var("GPUSTALL_TEST_TRAINER_PID", me.to_string());
+
+        let scenario = two_gpus(&dir);
+        std::env::set_var("GPUSTALL_NVML_STUB_SCENARIO", &scenario);
+        let mut sampler = match GpuSampler::open(Some(stub)) {
+            Ok(s) => s,
+            Err(e) => panic!("open the stub: {e}"),
+        };
+        assert_eq!(sampler.gpu_count(), 2);
+        assert_eq!(sampler.driver_version().as_deref(), Some("nvml-stub"));
+        let before = monotonic_ns();
+        let first = sampler.sample();
+        let after = monotonic_ns();
+        check_first_sample(&first, me, before, after);
+        // The timeline is a step function of the time since nvmlInit.
+        std::thread::sleep(std::time::Duration::from_millis(400));
+        check_later_sample(&mut sampler, &first);
+        drop(sampler);
+
+        check_refusals(&dir, stub);
         // The library path may also come from the environment.
         std::env::set_var("GPUSTALL_NVML_STUB_SCENARIO", &scenario);
         std::env::set_var(NVML_LIB_ENV, stub);
