@@ -201,6 +201,30 @@ fn the_bundled_dataloader_workload_is_the_host_memory_chain() {
     );
     the_worker_that_kept_the_trainer_waiting_is_named(&t, v, &workers);
     the_trainers_data_wait_is_the_logs_data_time(&t, &log);
+    its_recording_replays_to_the_same_steps_and_verdict(&t);
+}
+
+/// `gpustall report` on the demo workload's recording says what the live trace said: the same
+/// training steps (two steps read in one batch with equal times are two records, not a
+/// duplicated line), the same verdict, and no line skipped.
+fn its_recording_replays_to_the_same_steps_and_verdict(t: &tests::procs::TraceResult) {
+    let out = t.dir.path("replayed.json");
+    let o = std::process::Command::new(tests::gpustall_bin())
+        .arg("report")
+        .arg(t.dir.path("record.jsonl"))
+        .arg("--summary-json")
+        .arg(&out)
+        .output()
+        .expect("gpustall report");
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(0), "{stderr}");
+    assert!(!stderr.contains("skipped"), "nothing skipped on replay: {stderr}");
+    let replayed: Value =
+        serde_json::from_slice(&std::fs::read(&out).expect("replayed summary")).expect("json");
+    let steps = |s: &Value| s["context"]["train_steps"].as_u64();
+    assert_eq!(steps(&replayed), steps(&t.summary), "the same training steps");
+    let verdict = |s: &Value| (s["verdict"]["cause"].clone(), s["verdict"]["culprit_pids"].clone());
+    assert_eq!(verdict(&replayed), verdict(&t.summary), "the same verdict");
 }
 
 /// The demo's trainer polls its worker's pipe in 100 ms slices (its `receive`) and sleeps
