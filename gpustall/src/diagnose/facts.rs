@@ -8,6 +8,7 @@ use crate::model::host::{MemEvents, PsiDelta};
 use crate::model::proctree::Role;
 use crate::model::steps::DataTimeTrend;
 use crate::model::Model;
+use gpustall_common::events::SI_KERNEL;
 
 /// One traced process, as the verdict needs it.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -375,9 +376,6 @@ fn lost_oom_kills(m: &Model, recorded: &[OomFacts], counted: bool) -> Vec<OomFac
         })
         .collect()
 }
-
-/// SI_KERNEL: the kernel itself sent the signal (the OOM killer's SIGKILL).
-const SI_KERNEL: i32 = 0x80;
 
 pub fn from_model(m: &Model, now_ns: u64) -> Facts {
     let mut procs = proc_facts_all(m, now_ns);

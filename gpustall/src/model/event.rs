@@ -187,7 +187,7 @@ mod wait_status {
 }
 
 /// `OomVictim.rss` as recorded: four numbers, all null on kernels that do not give them.
-mod oom_rss {
+pub(crate) mod oom_rss {
     use serde::{de::Error as _, Deserialize, Deserializer, Serialize, Serializer};
 
     use super::OomRss;

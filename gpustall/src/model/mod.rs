@@ -32,11 +32,13 @@ use crate::model::stats::HostStats;
 use crate::model::stats::IoSlot;
 use crate::model::stats::ProcStats;
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// An OOM kill as the summary lists it (the victim's RSS as four nullable numbers, as recorded).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct OomKill {
     pub t_ns: u64,
     pub victim_pid: u32,
     pub victim_comm: String,
+    #[serde(flatten, with = "crate::model::event::oom_rss")]
     pub rss: Option<OomRss>,
     pub oom_score_adj: i32,
     /// The task whose allocation invoked the OOM killer.
@@ -44,7 +46,7 @@ pub struct OomKill {
     pub trigger_comm: String,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct SignalRecord {
     pub t_ns: u64,
     pub sig: i32,

@@ -40,8 +40,8 @@ pub struct Summary {
     pub lower_bounds: Vec<String>,
     pub events: u64,
     pub processes: Vec<ProcessSummary>,
-    pub oom_kills: Vec<OomKillSummary>,
-    pub signals: Vec<SignalSummary>,
+    pub oom_kills: Vec<crate::model::OomKill>,
+    pub signals: Vec<crate::model::SignalRecord>,
     pub host: HostSummary,
     pub block_latency_us: Vec<LatencySummary>,
     pub overhead: crate::model::overhead::Overhead,
@@ -246,36 +246,11 @@ pub struct ProcessSummary {
     pub offcpu: Option<crate::model::offcpu::OffCpuSummary>,
 }
 
-#[derive(Serialize, Debug, Clone)]
-pub struct OomKillSummary {
-    pub t_ns: u64,
-    pub victim_pid: u32,
-    pub victim_comm: String,
-    pub anon_rss_kb: Option<u64>,
-    pub file_rss_kb: Option<u64>,
-    pub shmem_rss_kb: Option<u64>,
-    pub total_vm_kb: Option<u64>,
-    pub oom_score_adj: i32,
-    pub trigger_pid: u32,
-    pub trigger_comm: String,
-}
-
 /// A thread with a role in its process.
 #[derive(Serialize, Debug, Clone, PartialEq, Eq)]
 pub struct ThreadRoleSummary {
     pub tid: u32,
     pub role: crate::model::proctree::ThreadRole,
-}
-
-#[derive(Serialize, Debug, Clone)]
-pub struct SignalSummary {
-    pub t_ns: u64,
-    pub sig: i32,
-    pub si_code: i32,
-    pub sender_pid: u32,
-    pub sender_comm: String,
-    pub target_pid: u32,
-    pub target_comm: String,
 }
 
 #[derive(Serialize, Debug, Clone, Default)]
@@ -536,33 +511,6 @@ fn host_summary(host: &crate::model::stats::HostStats) -> HostSummary {
     }
 }
 
-fn oom_kill_summary(o: &crate::model::OomKill) -> OomKillSummary {
-    OomKillSummary {
-        t_ns: o.t_ns,
-        victim_pid: o.victim_pid,
-        victim_comm: o.victim_comm.clone(),
-        anon_rss_kb: o.rss.map(|r| r.anon_rss_kb),
-        file_rss_kb: o.rss.map(|r| r.file_rss_kb),
-        shmem_rss_kb: o.rss.map(|r| r.shmem_rss_kb),
-        total_vm_kb: o.rss.map(|r| r.total_vm_kb),
-        oom_score_adj: o.oom_score_adj,
-        trigger_pid: o.trigger_pid,
-        trigger_comm: o.trigger_comm.clone(),
-    }
-}
-
-fn signal_summary(s: &crate::model::SignalRecord) -> SignalSummary {
-    SignalSummary {
-        t_ns: s.t_ns,
-        sig: s.sig,
-        si_code: s.si_code,
-        sender_pid: s.sender_pid,
-        sender_comm: s.sender_comm.clone(),
-        target_pid: s.target_pid,
-        target_comm: s.target_comm.clone(),
-    }
-}
-
 /// What each process looked like in the previous periodic summary (a hash of its entry).
 #[derive(Default)]
 pub struct PeriodicState {
@@ -631,8 +579,8 @@ impl Summary {
             lost,
             events: m.events,
             processes,
-            oom_kills: m.oom_kills.iter().map(oom_kill_summary).collect(),
-            signals: m.signals.iter().map(signal_summary).collect(),
+            oom_kills: m.oom_kills.clone(),
+            signals: m.signals.clone(),
             host: host_summary(host),
             block_latency_us: latency_summary(host),
             overhead: m.overhead.clone(),

@@ -184,7 +184,7 @@ fn footer(o: &mut String, s: &Summary) {
             "OOM kill: pid {} ({}) anon-rss {} kB, invoked by pid {} ({})",
             k.victim_pid,
             k.victim_comm,
-            k.anon_rss_kb.map_or("?".into(), |v| v.to_string()),
+            k.rss.map(|r| r.anon_rss_kb).map_or("?".into(), |v| v.to_string()),
             k.trigger_pid,
             k.trigger_comm
         );
