@@ -326,6 +326,7 @@ fn seed_pass(
         if let Some(c) = host::cmdline(p.pid) {
             session.observe(Sample::Cmdline { t_ns, pid: p.pid, cmdline: c.join(" ") });
         }
+        session.note_identity(p.pid, t_ns);
     }
     Ok(())
 }

@@ -152,6 +152,9 @@ pub fn rank_of(m: &Model, pid: u32) -> Option<String> {
     // A bounded walk that a reused pid cannot send into another process's tree.
     for cur in m.tree.ancestors(pid) {
         if matches!(role_name(m, cur.pid).as_str(), "rank" | "trainer") {
+            if let Some(r) = m.identities.get(&cur.pid).and_then(|i| i.rank) {
+                return Some(format!("rank {r} (pid {}, {})", cur.pid, cur.comm));
+            }
             return Some(format!("{} pid {} ({})", role_name(m, cur.pid), cur.pid, cur.comm));
         }
         root = cur;

@@ -8,6 +8,7 @@ pub mod event;
 pub mod folded;
 pub mod gpu;
 pub mod host;
+pub mod identity;
 pub mod incident;
 pub mod kernlog;
 pub mod longwait;
@@ -79,9 +80,18 @@ pub struct Model {
     pub offcpu: crate::model::offcpu::OffCpu,
     /// The kernel log's lines that matter to a verdict (`sources::kmsg`).
     pub kernel_log: crate::model::kernlog::KernelLog,
+    /// Each process's identity in its cluster, where one was found.
+    pub identities: BTreeMap<u32, crate::model::identity::Identity>,
 }
 
 impl Model {
+    /// The job's identity: what its processes' identities say together (`Identity::of_job`),
+    /// `None` when none was found.
+    pub fn job_identity(&self) -> Option<crate::model::identity::Identity> {
+        let job = crate::model::identity::Identity::of_job(self.identities.values());
+        (!job.is_empty()).then_some(job)
+    }
+
     /// Folds in one observation (see `observe`): the same path live and on replay.
     /// Returns GPU stall episodes that ended with it.
     pub fn observe(&mut self, s: &Sample) -> Vec<crate::model::gpu::StallEpisode> {
@@ -93,6 +103,9 @@ impl Model {
             Sample::ProcMem { t_ns, pid, mem } => self.proc_mut(*pid).record_mem(*mem, *t_ns),
             Sample::Vanished { t_ns, pid } => self.tree.mark_vanished(*pid, *t_ns),
             Sample::Cmdline { pid, cmdline, .. } => self.tree.set_cmdline(*pid, cmdline.clone()),
+            Sample::Identity { pid, identity, .. } => {
+                self.identities.insert(*pid, identity.clone());
+            }
             Sample::Counters(c) => self.apply_counters(c),
             Sample::Context(c) => self.ctx.apply(c),
             Sample::Gpu { gpus, .. } => {

@@ -220,6 +220,14 @@ pub enum Sample {
         pid: u32,
         cmdline: String,
     },
+    /// Which job the process belongs to in its cluster (pod, Slurm job, torchrun rank),
+    /// where anything was found (`model::identity`).
+    Identity {
+        t_ns: u64,
+        pid: u32,
+        #[serde(flatten)]
+        identity: crate::model::identity::Identity,
+    },
     Counters(CountersSample),
     /// Boxed: the largest sample by far (a cgroup with its limits, events and PSI, every
     /// watched job's), and the rarest (one a second).
@@ -279,6 +287,7 @@ impl Sample {
             | Sample::ProcMem { t_ns, .. }
             | Sample::Vanished { t_ns, .. }
             | Sample::Cmdline { t_ns, .. }
+            | Sample::Identity { t_ns, .. }
             | Sample::Gpu { t_ns, .. }
             | Sample::TrainStep { t_ns, .. }
             | Sample::Overhead { t_ns, .. }

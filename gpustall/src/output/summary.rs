@@ -23,6 +23,10 @@ pub struct Summary {
     pub is_final: bool,
     pub t_ns: u64,
     pub duration_s: f64,
+    /// Which job this is in its cluster (pod, Slurm job, torchrun run and rank), where its
+    /// processes said.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub job: Option<crate::model::identity::Identity>,
     /// A periodic summary lists only the processes whose figures changed since the previous
     /// one (a tree of thousands would otherwise repeat them all every few seconds).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
@@ -237,6 +241,9 @@ pub struct ProcessSummary {
     pub last_rss_kb: u64,
     pub last_swap_kb: u64,
     pub major_faults: u64,
+    /// Its own identity in the cluster (a rank's rank), where one was found.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub identity: Option<crate::model::identity::Identity>,
     pub oom_killed: bool,
     pub exit_code: Option<i32>,
     pub exit_signal: Option<i32>,
@@ -465,6 +472,7 @@ fn process_summary(
         last_swap_kb: p.mem.swap_kb,
         // Since the trace began, as the diagnosis counts them (not the process's lifetime).
         major_faults: f.map_or(0, |f| f.major_faults),
+        identity: m.identities.get(&n.pid).cloned(),
         oom_killed: n.oom_killed,
         exit_code: n.exit_status(),
         exit_signal: n.exit_signal(),
@@ -569,6 +577,7 @@ impl Summary {
             processes_changed_only: false,
             t_ns: now_ns,
             duration_s: now_ns.saturating_sub(m.start_ns) as f64 / 1e9,
+            job: m.job_identity(),
             lost_events: lost.total(),
             lower_bounds: lost.lower_bounds(),
             folded: m

@@ -42,6 +42,9 @@ pub fn render(s: &Summary) -> String {
 fn verdict(o: &mut String, s: &Summary) {
     let v = &s.verdict;
     let _ = writeln!(o, "\n== gpustall: {} ==", v.cause);
+    if let Some(job) = s.job.as_ref().and_then(|j| j.label()) {
+        let _ = writeln!(o, "Job: {job}");
+    }
     let _ = writeln!(o, "{}", v.text);
     if !s.lower_bounds.is_empty() {
         let _ = writeln!(

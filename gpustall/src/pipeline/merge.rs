@@ -10,6 +10,7 @@ pub use crate::diagnose::job::JobVerdict;
 
 use crate::{
     diagnose::job::{self, Source},
+    model::identity::Identity,
     output::{
         job::{self as out, Lane},
         timeline,
@@ -33,7 +34,10 @@ pub fn recording_of(input: &Path) -> anyhow::Result<PathBuf> {
 
 /// What tells two recordings of one host apart: the traced pid, else the incident, else the
 /// file.
-fn tag(h: &Header, input: &Path) -> String {
+fn tag(h: &Header, input: &Path, job: Option<&Identity>) -> String {
+    if let Some(rank) = job.and_then(|j| j.rank) {
+        return format!("rank {rank}");
+    }
     if let Some(pid) = h.targets.as_ref().and_then(|t| t.first()) {
         return format!("pid {pid}");
     }
@@ -60,7 +64,7 @@ pub fn load(input: &Path) -> anyhow::Result<(Lane, Option<String>)> {
     let onsets = job::onsets(&r.model);
     let rank = onsets.first().and_then(|o| job::rank_of(&r.model, o.pid));
     let source = Source {
-        label: tag(&header, input),
+        label: tag(&header, input, summary.job.as_ref()),
         host: header.host.clone(),
         kernel: header.kernel.clone(),
         mono_start_ns: header.start_ns,
@@ -85,9 +89,17 @@ pub fn load(input: &Path) -> anyhow::Result<(Lane, Option<String>)> {
     Ok((Lane { source, file: file.display().to_string(), mode, summary, timeline: tl }, stopped))
 }
 
-/// The job's verdict over its lanes, and the disagreements between them; each lane gets its
-/// display name (host, and what tells two recordings of one host apart).
-pub fn conclude_job(lanes: &mut [Lane], max_skew_ns: u64) -> (JobVerdict, Vec<String>) {
+/// A lane's place in the job: its rank (global, else its node's), where the recording says.
+fn rank_key(l: &Lane) -> (bool, u32) {
+    let rank = l.summary.job.as_ref().and_then(|j| j.rank.or(j.group_rank));
+    (rank.is_none(), rank.unwrap_or(0))
+}
+
+/// The job's verdict over its lanes, and the disagreements between them; lanes in rank order
+/// where their recordings say, each with its display name (host, and what tells two
+/// recordings of one host apart: the rank, the pid, the incident).
+pub fn conclude_job(lanes: &mut Vec<Lane>, max_skew_ns: u64) -> (JobVerdict, Vec<String>) {
+    lanes.sort_by_key(rank_key);
     let names = job::labels(
         &lanes.iter().map(|l| (l.source.host.clone(), l.source.label.clone())).collect::<Vec<_>>(),
     );
@@ -95,7 +107,26 @@ pub fn conclude_job(lanes: &mut [Lane], max_skew_ns: u64) -> (JobVerdict, Vec<St
         l.source.label = name;
     }
     let sources: Vec<Source> = lanes.iter().map(|l| l.source.clone()).collect();
-    (job::decide(&sources, max_skew_ns), job::disagreements(&sources, max_skew_ns))
+    let mut warnings = job::disagreements(&sources, max_skew_ns);
+    warnings.extend(runs_differ(lanes));
+    (job::decide(&sources, max_skew_ns), warnings)
+}
+
+/// Recordings of more than one torchrun run (or Slurm job) merged: said, not refused.
+fn runs_differ(lanes: &[Lane]) -> Option<String> {
+    let runs: std::collections::BTreeSet<String> = lanes
+        .iter()
+        .filter_map(|l| l.summary.job.as_ref())
+        .filter_map(|j| j.run_id.clone().or_else(|| j.slurm_job.clone()))
+        .collect();
+    (runs.len() > 1).then(|| {
+        let runs: Vec<String> = runs.into_iter().collect();
+        format!(
+            "the recordings are of {} different runs ({}): merged as one job",
+            runs.len(),
+            runs.join(", ")
+        )
+    })
 }
 
 /// The same recording given twice (a file and its bundle, a copy): one header, one start.

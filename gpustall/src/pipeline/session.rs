@@ -92,6 +92,15 @@ impl Session {
         self.stalls_ended(&ended);
     }
 
+    /// Records which job `pid` belongs to in its cluster, where anything says so.
+    pub fn note_identity(&mut self, pid: u32, t_ns: u64) {
+        let identity = crate::sources::identity::read(pid);
+        let known = self.model.identities.get(&pid);
+        if !identity.is_empty() && known != Some(&identity) {
+            self.observe(Sample::Identity { t_ns, pid, identity });
+        }
+    }
+
     pub fn stalls_ended(&mut self, ended: &[StallEpisode]) {
         if ended.is_empty() {
             return;
@@ -158,9 +167,13 @@ impl Session {
                 _ => None,
             };
             if let Some(pid) = pid {
+                let t_ns = e.header().t_ns;
                 if let Some(c) = crate::sources::host::cmdline(pid) {
-                    let t_ns = e.header().t_ns;
                     self.observe(Sample::Cmdline { t_ns, pid, cmdline: c.join(" ") });
+                }
+                // A rank's environment is its own from its exec (torchrun sets RANK there).
+                if matches!(e, Event::Exec { .. }) {
+                    self.note_identity(pid, t_ns);
                 }
             }
         }

@@ -8,6 +8,7 @@ pub mod clock;
 pub mod context;
 pub mod cpu;
 pub mod host;
+pub mod identity;
 pub mod kmsg;
 pub mod nvml;
 pub mod procfs;

@@ -240,6 +240,7 @@ impl Daemon {
                         cmdline: c.join(" "),
                     });
                 }
+                self.session.note_identity(p.pid, now);
             }
             say!("gpustall: watching job {name} ({} processes)", members.len());
             // Each job is read in its own cgroup and mount namespace.
@@ -322,6 +323,7 @@ impl Daemon {
                 self.metrics.set_job_cgroup(&job.name, cg);
             }
         }
+        self.export_identities();
         let (cpu, rss_kb) = agent::agent_usage();
         self.metrics.set_agent(cpu, rss_kb * 1024);
         let maps = crate::kernel::mapmem::held_maps();
@@ -332,6 +334,22 @@ impl Daemon {
     fn storm(&mut self, now: u64) {
         if let Some(inc) = self.storms.tick(&self.session.model, now) {
             self.session.incidents.push(inc);
+        }
+    }
+
+    /// Each watched job's identity (its processes' together) as its info series.
+    fn export_identities(&self) {
+        let mut by_job: BTreeMap<u32, Vec<&crate::model::identity::Identity>> = BTreeMap::new();
+        for (pid, id) in &self.session.model.identities {
+            if let Some(root) = self.root_of(*pid) {
+                by_job.entry(root).or_default().push(id);
+            }
+        }
+        for (root, ids) in by_job {
+            if let Some(job) = self.jobs.get(&root) {
+                let id = crate::model::identity::Identity::of_job(ids);
+                self.metrics.set_job_identity(&job.name, &id);
+            }
         }
     }
 
@@ -429,7 +447,12 @@ impl Daemon {
                 pid: n.pid,
                 cmdline: c.clone(),
             });
-            std::iter::once(seed).chain(cmdline).map(Record::Sample)
+            let identity = self.session.model.identities.get(&n.pid).map(|i| Sample::Identity {
+                t_ns: from,
+                pid: n.pid,
+                identity: i.clone(),
+            });
+            std::iter::once(seed).chain(cmdline).chain(identity).map(Record::Sample)
         });
         // The bundle's verdict is the incident's job's: its cgroup, its filesystems. Each
         // line is parsed, adjusted and written in turn (see bundle::write).

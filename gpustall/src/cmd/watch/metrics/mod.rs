@@ -44,6 +44,33 @@ pub struct JobRole {
     pub role: String,
 }
 
+/// Labels of a job's info series (value 1): which job it is in its cluster, to join its other
+/// series on (`* on (training_job) group_left(namespace, pod) gpustall_job_info`). One series
+/// per job; a label is empty where nothing said.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct JobInfo {
+    pub training_job: String,
+    pub namespace: String,
+    pub pod: String,
+    pub slurm_job: String,
+    pub run_id: String,
+    pub world_size: String,
+}
+
+impl JobInfo {
+    pub fn of(job: &str, id: &crate::model::identity::Identity) -> Self {
+        let text = |v: &Option<String>| v.clone().unwrap_or_default();
+        JobInfo {
+            training_job: job.to_string(),
+            namespace: text(&id.namespace),
+            pod: id.pod.clone().or_else(|| id.pod_uid.clone()).unwrap_or_default(),
+            slurm_job: text(&id.slurm_job),
+            run_id: text(&id.run_id),
+            world_size: id.world_size.map(|w| w.to_string()).unwrap_or_default(),
+        }
+    }
+}
+
 /// Label of per-GPU series.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct GpuLabel {
@@ -163,6 +190,9 @@ pub struct Metrics {
     flight_recorder_dropped: Counter,
     totals: Mutex<Totals>,
     cgroups: cgroup::CgroupFamilies,
+    job_info: Family<JobInfo, Gauge>,
+    /// Each job's info labels now, to remove the old series when they change.
+    job_info_now: Mutex<std::collections::HashMap<String, JobInfo>>,
 }
 
 impl Default for Metrics {
@@ -273,6 +303,8 @@ impl Metrics {
             flight_recorder_dropped: Counter::default(),
             totals: Mutex::new(Totals::default()),
             cgroups: cgroup::CgroupFamilies::default(),
+            job_info: Family::default(),
+            job_info_now: Mutex::new(std::collections::HashMap::new()),
         };
         // The registry adds the `gpustall_` prefix, the unit suffix and, for counters, `_total`;
         // the names registered are the stems. Families are `Arc`s inside, so the clones
@@ -313,6 +345,11 @@ impl Metrics {
 
     /// What the agent watches and what it found.
     fn register_node(&self, r: &mut Registry) {
+        r.register(
+            "job_info",
+            "A watched job's identity in its cluster (namespace, pod, Slurm job, torchrun run), value 1",
+            self.job_info.clone(),
+        );
         r.register(
             "lost_events",
             "Kernel events dropped because a ring buffer was full",
@@ -504,9 +541,22 @@ impl Metrics {
         self.cgroups.update(job, c);
     }
 
+    /// The job's identity as its info series (replacing the one it had).
+    pub fn set_job_identity(&self, job: &str, id: &crate::model::identity::Identity) {
+        let info = JobInfo::of(job, id);
+        let mut now = lock(&self.job_info_now);
+        if let Some(old) = now.insert(job.to_string(), info.clone()).filter(|o| *o != info) {
+            self.job_info.remove(&old);
+        }
+        self.job_info.get_or_create(&info).set(1);
+    }
+
     /// Removes every series whose job label is `job`.
     pub fn forget_job(&self, job: &str) {
         self.cgroups.forget(job);
+        if let Some(info) = lock(&self.job_info_now).remove(job) {
+            self.job_info.remove(&info);
+        }
         let mut known = lock(&self.known);
         known.retain(|labels| {
             if labels.training_job == job {

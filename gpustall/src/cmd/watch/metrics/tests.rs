@@ -304,3 +304,25 @@ fn a_new_jobs_series_start_at_zero() {
     m.set_gpu(&gpu, 0.9, None);
     has(&m.encode(), r#"gpustall_gpu_stall_episodes_total{gpu="1"}"#, "0");
 }
+
+#[test]
+fn a_jobs_identity_is_one_info_series_replaced_when_it_changes() {
+    use crate::model::identity::Identity;
+    let m = Metrics::new();
+    let id = Identity {
+        namespace: Some("ml-team".into()),
+        pod: Some("train-7f9c".into()),
+        run_id: Some("run-1".into()),
+        world_size: Some(2),
+        ..Default::default()
+    };
+    m.set_job_identity("train-7", &id);
+    let series = r#"gpustall_job_info{training_job="train-7",namespace="ml-team",pod="train-7f9c",slurm_job="",run_id="run-1",world_size="2"}"#;
+    has(&m.encode(), series, "1");
+    m.set_job_identity("train-7", &Identity { slurm_job: Some("42".into()), ..id });
+    let text = m.encode();
+    assert!(!text.contains(series), "the old labels are gone:\n{text}");
+    assert!(text.contains(r#"slurm_job="42""#), "{text}");
+    m.forget_job("train-7");
+    assert!(!m.encode().contains("gpustall_job_info{"), "forgotten with its job");
+}
