@@ -1,0 +1,176 @@
+//! Which job, which rank, which pod: a real torchrun job's ranks named with their rank and run,
+//! two ranks' recordings merged in rank order without saying which go together, and a process
+//! in a cgroup laid out as the kubelet lays out a pod's.
+
+use std::{path::Path, process::Command, time::Duration};
+
+use serde_json::Value;
+use tests::procs::{Tracer, Workload};
+
+fn summary(path: &Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(path).expect("summary")).expect("json")
+}
+
+/// `gpustall trace -- CMD`, its summary and its report's text.
+fn trace_launch(
+    dir: &tests::TempDir,
+    name: &str,
+    cmd: &[&str],
+    env: &[(&str, &str)],
+) -> (Value, String) {
+    let out = dir.path(&format!("{name}.json"));
+    let rec = dir.path(&format!("{name}.jsonl"));
+    let o = Command::new(tests::gpustall_bin())
+        .args(["trace", "--no-gpu", "--summary-json"])
+        .arg(&out)
+        .arg("--record")
+        .arg(&rec)
+        .arg("--")
+        .args(cmd)
+        .envs(env.iter().copied())
+        .env_remove("SUDO_UID")
+        .output()
+        .expect("gpustall");
+    let stderr = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert_eq!(o.status.code(), Some(0), "{stderr}");
+    (summary(&out), String::from_utf8_lossy(&o.stdout).into_owned() + &stderr)
+}
+
+const ALL_REDUCE: &str = "
+import time, torch, torch.distributed as dist
+dist.init_process_group('gloo')
+t = torch.ones(4)
+for _ in range(20):
+    dist.all_reduce(t)
+    time.sleep(0.05)
+dist.destroy_process_group()
+";
+
+#[test]
+fn a_torchrun_jobs_ranks_are_named_with_their_rank_and_run() {
+    tests::require_privileged_env();
+    let python = tests::torch_python();
+    let dir = tests::TempDir::new_in("/var/tmp", "identity-torchrun");
+    let script = dir.path("all_reduce.py");
+    std::fs::write(&script, ALL_REDUCE).expect("script");
+    let python = python.to_str().expect("utf-8");
+    let cmd = [python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"];
+    let cmd: Vec<&str> = cmd.into_iter().chain([script.to_str().expect("utf-8")]).collect();
+    let (s, report) = trace_launch(&dir, "torchrun", &cmd, &[]);
+    let ranks: Vec<&Value> = s["processes"]
+        .as_array()
+        .expect("processes")
+        .iter()
+        .filter(|p| p["identity"]["rank"].is_u64())
+        .collect();
+    let mut numbers: Vec<u64> =
+        ranks.iter().filter_map(|p| p["identity"]["rank"].as_u64()).collect();
+    numbers.sort();
+    assert_eq!(numbers, [0, 1], "both ranks found: {}", s["processes"]);
+    let run = s["job"]["run_id"].as_str().expect("the run id").to_string();
+    for r in &ranks {
+        let id = &r["identity"];
+        assert_eq!(
+            (id["run_id"].as_str(), id["world_size"].as_u64()),
+            (Some(run.as_str()), Some(2)),
+            "{r}"
+        );
+        assert!(id["master"].as_str().is_some_and(|m| m.contains(':')), "the rendezvous: {id}");
+    }
+    assert_eq!(s["job"]["world_size"], 2);
+    assert!(s["job"].get("rank").is_none(), "a job of two ranks has no one rank: {}", s["job"]);
+    let heading = format!("Job: torchrun run {run}, 2 ranks");
+    assert!(report.contains(&heading), "the report says which job: {report}");
+}
+
+/// One process per "rank" with the variables torchrun gives its ranks (no torch needed for
+/// this: what is tested is the merge), each traced on its own.
+#[test]
+fn two_ranks_recordings_merge_in_rank_order_named_by_rank() {
+    tests::require_privileged_env();
+    let dir = tests::TempDir::new_in("/var/tmp", "identity-merge");
+    let run = format!("run-{}", tests::unique());
+    for rank in ["1", "0"] {
+        let env = [
+            ("RANK", rank),
+            ("LOCAL_RANK", rank),
+            ("WORLD_SIZE", "2"),
+            ("TORCHELASTIC_RUN_ID", run.as_str()),
+            ("MASTER_ADDR", "127.0.0.1"),
+            ("MASTER_PORT", "29500"),
+        ];
+        let (s, _) = trace_launch(&dir, &format!("rank{rank}"), &["sh", "-c", "sleep 1"], &env);
+        assert_eq!(s["job"]["rank"].as_u64(), rank.parse().ok(), "{}", s["job"]);
+    }
+    let merged = dir.path("merged.json");
+    let o = Command::new(tests::gpustall_bin())
+        .arg("merge")
+        .arg(dir.path("rank1.jsonl"))
+        .arg(dir.path("rank0.jsonl"))
+        .arg("--summary-json")
+        .arg(&merged)
+        .output()
+        .expect("gpustall merge");
+    assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stderr));
+    let m = summary(&merged);
+    let labels: Vec<String> = m["nodes"]
+        .as_array()
+        .expect("nodes")
+        .iter()
+        .map(|n| n["label"].as_str().unwrap_or_default().to_string())
+        .collect();
+    assert_eq!(labels.len(), 2, "{m}");
+    assert!(
+        labels[0].ends_with("rank 0") && labels[1].ends_with("rank 1"),
+        "in rank order: {labels:?}"
+    );
+}
+
+/// Removes a cgroup tree made by a test, deepest first, whatever happened.
+struct CgroupTree(Vec<std::path::PathBuf>);
+
+impl Drop for CgroupTree {
+    fn drop(&mut self) {
+        for d in self.0.iter().rev() {
+            let _ = std::fs::remove_dir(d);
+        }
+    }
+}
+
+/// A process in a cgroup named exactly as the kubelet's cgroupfs driver names a burstable
+/// pod's container (a unique pod UID per run). Made by the test: no kubelet runs here.
+#[test]
+fn a_process_in_a_pods_cgroup_is_named_by_its_pod_and_container() {
+    tests::require_privileged_env();
+    let base = ["/sys/fs/cgroup/memory", "/sys/fs/cgroup/unified", "/sys/fs/cgroup"]
+        .into_iter()
+        .map(Path::new)
+        .find(|b| b.join("cgroup.procs").exists())
+        .expect("a cgroup hierarchy");
+    let n = tests::unique();
+    let uid = format!("{:08x}-0000-4000-8000-{:012x}", std::process::id(), n & 0xffff_ffff_ffff);
+    let cid = format!("{:064x}", n);
+    let mut dirs = Vec::new();
+    let mut d = base.to_path_buf();
+    let guard = {
+        for part in ["kubepods".to_string(), "burstable".into(), format!("pod{uid}"), cid.clone()] {
+            d = d.join(part);
+            if !d.exists() {
+                std::fs::create_dir(&d).unwrap_or_else(|e| panic!("{}: {e}", d.display()));
+                dirs.push(d.clone());
+            }
+        }
+        CgroupTree(dirs)
+    };
+    let workload = Path::new(env!("CARGO_BIN_EXE_gpustall-workload"));
+    let mut w = Workload::start(workload, &["hog", "8", "8", "1500"], None);
+    std::fs::write(d.join("cgroup.procs"), w.pid().to_string()).expect("moving it into the pod");
+    let tracer = Tracer::start_with_env(w.pid(), &["--quiet", "--no-gpu"], &[]);
+    w.go();
+    let _ = w.wait(Duration::from_secs(30));
+    let t = tracer.wait(Duration::from_secs(30));
+    let job = &t.summary["job"];
+    assert_eq!(job["pod_uid"].as_str(), Some(uid.as_str()), "{job}");
+    assert_eq!(job["container_id"].as_str(), Some(cid.as_str()), "{job}");
+    drop(guard);
+}
