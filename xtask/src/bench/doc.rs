@@ -124,6 +124,29 @@ fn opt(v: Option<f64>, decimals: usize) -> String {
     v.map_or("-".into(), |x| num(x, decimals))
 }
 
+/// `text` as lines of at most `width` characters (longer words stay whole), words kept in order.
+pub fn wrap(text: &str, width: usize) -> String {
+    let mut out = String::new();
+    let mut line = String::new();
+    for word in text.split_whitespace() {
+        if !line.is_empty() && line.chars().count() + 1 + word.chars().count() > width {
+            out.push_str(&line);
+            out.push('\n');
+            line.clear();
+        }
+        if !line.is_empty() {
+            line.push(' ');
+        }
+        line.push_str(word);
+    }
+    out.push_str(&line);
+    out.push('\n');
+    out
+}
+
+/// Prose lines' width in the document.
+const WIDTH: usize = 100;
+
 /// A Markdown table: the first column left-aligned, the others right-aligned.
 pub fn table(head: &[&str], rows: &[Vec<String>]) -> String {
     let mut out = format!("| {} |\n|", head.join(" | "));
@@ -139,11 +162,10 @@ pub fn table(head: &[&str], rows: &[Vec<String>]) -> String {
 
 /// The header: where and when the latest run measured, and which cases it ran.
 pub fn header(m: &Machine, cases: &[&str]) -> String {
-    format!(
-        "Latest run: {}, cases {}, on {}.\n",
-        m.date,
-        cases.iter().map(|c| format!("`{c}`")).collect::<Vec<_>>().join(", "),
-        m.describe()
+    let cases: Vec<String> = cases.iter().map(|c| format!("`{c}`")).collect();
+    wrap(
+        &format!("Latest run: {}, cases {}, on {}.", m.date, cases.join(", "), m.describe()),
+        WIDTH,
     )
 }
 
@@ -159,11 +181,9 @@ pub fn section(name: &str, v: &Value, m: &Machine) -> Option<String> {
         "ctxswitch" => ("Context-switch-heavy job", CTX_PROSE, ctxswitch(v)),
         _ => return None,
     };
-    Some(format!(
-        "## {title}\n\n{prose}\n\nMeasured {} on {} (`cargo xtask bench --only {name}`).\n\n{tables}",
-        m.date,
-        m.describe()
-    ))
+    let when =
+        format!("Measured {} on {} (`cargo xtask bench --only {name}`).", m.date, m.describe());
+    Some(format!("## {title}\n\n{}\n{}\n{tables}", wrap(prose, WIDTH), wrap(&when, WIDTH)))
 }
 
 const SWAP_PROSE: &str = "Three workers allocate 300 MiB each in a 128 MiB memory cgroup with \
@@ -526,22 +546,27 @@ fn close(name: &str) -> String {
     format!("<!-- /bench:{name} -->")
 }
 
+/// The title and the fixed introduction, everything before the first section.
+fn intro() -> String {
+    format!("# Benchmarks\n\n{}", wrap(INTRO, WIDTH))
+}
+
 /// The document before any run: the fixed introduction and every section's markers.
 pub fn skeleton() -> String {
-    let mut doc = String::from(INTRO);
+    let mut doc = intro();
     for name in SECTIONS {
         doc.push_str(&format!("\n{}\n{}{}\n", open(name), placeholder(name), close(name)));
     }
     doc
 }
 
-const INTRO: &str = "# Benchmarks\n\nWritten by `cargo xtask bench` (every case) or `cargo \
+const INTRO: &str = "Written by `cargo xtask bench` (every case) or `cargo \
 xtask bench --only CASE` (one section; the others stay as they were); do not edit between the \
 `bench:` markers. Each case runs its variants side by side, alternating, in one run on the same \
 machine: on a shared machine only the ratios between them mean something. Every figure is also \
 in `target/bench/overhead.json`. Per-program figures are the kernel's BPF stats \
 (`kernel.bpf_stats_enabled=1` during the run): a program's runs and its run time, the stats' own \
-clock reads included.\n";
+clock reads included.";
 
 /// `doc` with section `name`'s text replaced by `body`; a document without that section gets it
 /// at the end.
@@ -559,9 +584,12 @@ pub fn replace_section(doc: &str, name: &str, body: &str) -> String {
 }
 
 /// The document after a run: `old` (or the skeleton when it has no section markers) with the
-/// header and the sections of `results` (section name, figures) replaced.
+/// introduction, the header and the sections of `results` (section name, figures) replaced.
 pub fn updated(old: &str, results: &[(&str, &Value)], m: &Machine) -> String {
-    let mut doc = if old.contains("<!-- bench:") { old.to_string() } else { skeleton() };
+    let mut doc = match old.find("<!-- bench:") {
+        Some(first) => format!("{}\n{}", intro(), &old[first..]),
+        None => skeleton(),
+    };
     let names: Vec<&str> = results.iter().map(|r| r.0).collect();
     doc = replace_section(&doc, "header", &header(m, &names));
     for (name, v) in results {
@@ -603,6 +631,13 @@ mod tests {
         assert_eq!(parse_cpuinfo(cpuinfo), (2, "Test CPU @ 2GHz".into()));
         assert_eq!(parse_meminfo("MemTotal:        8048576 kB\nMemFree: 1 kB\n"), 8_048_576);
         assert_eq!(machine().describe(), "2 x Test CPU, 8.0 GiB memory, kernel 6.18.0");
+    }
+
+    #[test]
+    fn wrapping() {
+        assert_eq!(wrap("aa bb cc", 5), "aa bb\ncc\n");
+        assert_eq!(wrap("a verylongword b", 4), "a\nverylongword\nb\n");
+        assert_eq!(wrap("", 10), "\n");
     }
 
     #[test]
