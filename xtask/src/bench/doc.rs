@@ -126,9 +126,20 @@ fn opt(v: Option<f64>, decimals: usize) -> String {
 
 /// `text` as lines of at most `width` characters (longer words stay whole), words kept in order.
 pub fn wrap(text: &str, width: usize) -> String {
+    // A code span (`cargo xtask bench --only peer`) stays on one line.
+    let mut units: Vec<String> = Vec::new();
+    for word in text.split_whitespace() {
+        match units.last_mut() {
+            Some(u) if u.matches('`').count() % 2 == 1 => {
+                u.push(' ');
+                u.push_str(word);
+            }
+            _ => units.push(word.to_string()),
+        }
+    }
     let mut out = String::new();
     let mut line = String::new();
-    for word in text.split_whitespace() {
+    for word in &units {
         if !line.is_empty() && line.chars().count() + 1 + word.chars().count() > width {
             out.push_str(&line);
             out.push('\n');
@@ -638,6 +649,7 @@ mod tests {
         assert_eq!(wrap("aa bb cc", 5), "aa bb\ncc\n");
         assert_eq!(wrap("a verylongword b", 4), "a\nverylongword\nb\n");
         assert_eq!(wrap("", 10), "\n");
+        assert_eq!(wrap("run `cargo xtask bench` now", 12), "run\n`cargo xtask bench`\nnow\n");
     }
 
     #[test]

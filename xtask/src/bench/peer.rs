@@ -33,6 +33,7 @@ use tests::{
 
 use super::{
     common::{release_bin, tracepoint_of, usage, BpfStats},
+    doc::num,
     floor::Floor,
 };
 use crate::util::{run_cmd, workspace_root};
@@ -558,6 +559,7 @@ fn outside(label: &str, load: &mut dyn FnMut() -> String) -> anyhow::Result<Valu
 /// The outside cases (also `--only outside`): a fork-heavy loop, 20,000 O_DIRECT reads, a
 /// context-switch-heavy ping-pong, each run by a process gpustall does not trace.
 pub fn outside_cases() -> anyhow::Result<Value> {
+    let _stats = BpfStats::enable();
     let fork = outside("fork-heavy", &mut || {
         let t = Instant::now();
         for _ in 0..3000 {
@@ -576,7 +578,7 @@ pub fn outside_cases() -> anyhow::Result<Value> {
     })?;
     let switch = outside("context-switch-heavy", &mut || {
         let n = ping_pong(Duration::from_secs(5));
-        format!("{n} pipe round trips in 5 s")
+        format!("{} pipe round trips in 5 s", num(n as f64, 0))
     })?;
     Ok(json!({"fork_heavy": fork, "io_heavy": io, "context_switch_heavy": switch}))
 }
