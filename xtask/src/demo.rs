@@ -23,7 +23,7 @@ use tests::{
     procs::{Tracer, Workload},
 };
 
-use crate::util::{cargo, is_root, run_cmd, workspace_root};
+use crate::util::{cargo, is_root, run_cmd, target_dir, workspace_root};
 
 const LIMIT_MIB: u64 = 512;
 const SWAP_MIB: u64 = 1024;
@@ -321,7 +321,7 @@ fn outcome(
     );
 }
 
-/// The recording, summary, log and status lines, left in target/demo/.
+/// The recording, summary, log and status lines, left in `<target dir>/demo/`.
 fn save(
     out: &Path,
     record_linked: bool,
@@ -338,10 +338,11 @@ fn save(
     std::fs::copy(log, out.join("train.log")).context("copying the training log")?;
     std::fs::write(out.join("gpustall.stderr"), trace.stderr.clone() + "\n")?;
     println!("\n== files ==");
-    println!("recording:               target/demo/record.jsonl ({} lines)", trace.record.len());
-    println!("summary:                 target/demo/summary.json");
-    println!("training log:            target/demo/train.log");
-    println!("gpustall's status lines: target/demo/gpustall.stderr");
+    let d = out.display();
+    println!("recording:               {d}/record.jsonl ({} lines)", trace.record.len());
+    println!("summary:                 {d}/summary.json");
+    println!("training log:            {d}/train.log");
+    println!("gpustall's status lines: {d}/gpustall.stderr");
     Ok(())
 }
 
@@ -353,7 +354,8 @@ pub fn run() -> anyhow::Result<()> {
     crate::setup::run_setup(true)?;
     run_cmd(cargo().args(["build", "-p", "gpustall"]))?;
     let root = workspace_root().canonicalize().context("the workspace root")?;
-    std::env::set_var("GPUSTALL_BIN", root.join("target/debug/gpustall"));
+    let target = target_dir().canonicalize().context("the target directory")?;
+    std::env::set_var("GPUSTALL_BIN", target.join("debug/gpustall"));
     ensure_python()?;
     tests::require_privileged_env();
 
@@ -386,7 +388,7 @@ pub fn run() -> anyhow::Result<()> {
     let trainer_pid = workload.pid();
     let tracer = Tracer::start(trainer_pid, &["--log", utf8(&p.log)?.as_str()]);
     // The tracer's files go with it when it is done: keep a second name for the recording.
-    let out = root.join("target/demo");
+    let out = target.join("demo");
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
     let _ = std::fs::remove_file(out.join("record.jsonl"));
     let record_linked = std::fs::hard_link(tracer.record_path(), out.join("record.jsonl")).is_ok();

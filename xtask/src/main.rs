@@ -4,10 +4,6 @@
 //! others call it first, so each is one command on a fresh clone.
 
 mod bench;
-mod bench_ctx;
-mod bench_floor;
-mod bench_fork;
-mod bench_peer;
 mod demo;
 mod lint;
 mod screenshot;
@@ -38,11 +34,15 @@ enum Cmd {
     },
     /// Set up, build, and trace a bundled memory-hungry workload in a memory-limited cgroup.
     Demo,
-    /// Measure the tracer's overhead side by side with an untraced run.
+    /// Measure the tracer's overhead side by side with an untraced run; writes
+    /// docs/BENCHMARKS.md's sections and target/bench/overhead.json.
     Bench {
-        /// Run one case only: `fork-burst` (gpustall watch through 18,000 short children), `peer`
-        /// (gpustall against a bpftrace script answering the same questions, per program),
-        /// `ctxswitch` (a pipe ping-pong untraced, outside and inside the traced job).
+        /// Run one case only (and rewrite only its section): `swap-heavy` (a swapping workload
+        /// untraced and traced), `watch` (the daemon on an idle and a busy job), `fork-burst`
+        /// (gpustall watch through 18,000 short children), `peer` (gpustall against a bpftrace
+        /// script answering the same questions, per program; then `outside`), `outside` (the
+        /// cost to processes gpustall does not trace), `ctxswitch` (a pipe ping-pong untraced,
+        /// outside and inside the traced job).
         #[arg(long)]
         only: Option<String>,
     },

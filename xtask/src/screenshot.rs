@@ -3,7 +3,7 @@
 
 use std::{path::Path, process::Command};
 
-use crate::util::{cargo, output, run_cmd, workspace_root};
+use crate::util::{cargo, output, run_cmd, target_dir};
 
 pub fn run(recording: &Path, png: &Path) -> anyhow::Result<()> {
     if output(Command::new("sh").args(["-c", "command -v chromium"])).is_none() {
@@ -13,7 +13,7 @@ pub fn run(recording: &Path, png: &Path) -> anyhow::Result<()> {
     run_cmd(cargo().args(["build", "-p", "gpustall"]))?;
     let html = png.with_extension("html");
     run_cmd(
-        Command::new(workspace_root().join("target/debug/gpustall"))
+        Command::new(target_dir().join("debug/gpustall"))
             .arg("report")
             .arg(recording)
             .arg("--html")

@@ -1,7 +1,7 @@
 //! `cargo xtask test`: the README's test command. Sets up, builds everything the tests run
 //! (gpustall, the workloads, the stand-in NVML library, a venv with torch), then runs every test.
 
-use crate::util::{cargo, is_root, run_cmd, workspace_root};
+use crate::util::{cargo, is_root, run_cmd, target_dir};
 
 pub fn run(extra: &[String]) -> anyhow::Result<()> {
     if !is_root() {
@@ -9,7 +9,7 @@ pub fn run(extra: &[String]) -> anyhow::Result<()> {
     }
     crate::setup::run_setup(true)?;
     run_cmd(cargo().args(["build", "-p", "gpustall", "-p", "tests", "-p", "nvml-stub"]))?;
-    let bin = workspace_root().join("target/debug/gpustall");
+    let bin = target_dir().join("debug/gpustall");
     // A real PyTorch for the DataLoader test, cached after the first run.
     let torch = crate::torch::ensure_venv()?;
     // The whole workspace: `tests` is not a default member, so that a plain `cargo test` (no

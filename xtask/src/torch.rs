@@ -1,5 +1,5 @@
 //! A cached virtual environment with a real PyTorch for the DataLoader test (tests/tests/
-//! datawait.rs), made once at `target/torch-venv` by `cargo xtask test`.
+//! datawait.rs), made once at `<target dir>/torch-venv` by `cargo xtask test`.
 //!
 //! PyPI's Linux torch wheel is the CUDA build; it runs on the CPU with the NVIDIA runtime
 //! libraries it links against and no driver. `torch --no-deps` plus only the libraries it loads
@@ -45,7 +45,7 @@ fn recipe() -> String {
 
 /// The venv's python, making the venv first unless its stamp says it is complete.
 pub fn ensure_venv() -> anyhow::Result<PathBuf> {
-    let venv = crate::vm::target_dir().join("torch-venv");
+    let venv = crate::util::target_dir().join("torch-venv");
     let python = venv.join("bin/python");
     let stamp = venv.join(STAMP);
     if std::fs::read_to_string(&stamp).is_ok_and(|s| s == recipe()) {

@@ -8,6 +8,15 @@ pub fn workspace_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
+/// Where cargo builds: `$CARGO_TARGET_DIR` when set (a relative one is taken from the workspace,
+/// where xtask runs cargo), else the workspace's `target/`.
+pub fn target_dir() -> PathBuf {
+    match std::env::var_os("CARGO_TARGET_DIR") {
+        Some(d) if !d.is_empty() => workspace_root().join(d),
+        _ => workspace_root().join("target"),
+    }
+}
+
 /// Runs a command, inheriting stdio; fails with the command line when it fails.
 pub fn run_cmd(cmd: &mut Command) -> anyhow::Result<()> {
     let shown = format!("{cmd:?}");
@@ -33,11 +42,4 @@ pub fn cargo() -> Command {
     let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
     c.current_dir(workspace_root());
     c
-}
-
-/// The tracepoint a gpustall program serves: its typed twins (`_btf`, `_raw`) line up with the
-/// classic program (and a peer's) on the same event.
-pub fn tracepoint_of(program: &str) -> &str {
-    let name = program.strip_suffix("_btf").or_else(|| program.strip_suffix("_raw"));
-    name.unwrap_or(program)
 }

@@ -19,7 +19,7 @@ use std::{
 
 use anyhow::{bail, Context as _};
 
-use crate::util::{cargo, is_root, output, run_cmd, workspace_root};
+use crate::util::{cargo, is_root, output, run_cmd, target_dir, workspace_root};
 use report::{Outcome, Run};
 
 /// The whole matrix, what `cargo xtask vm-test` runs without arguments.
@@ -59,14 +59,6 @@ pub struct Args {
     /// Write the table as Markdown here too.
     #[arg(long)]
     markdown: Option<PathBuf>,
-}
-
-/// `CARGO_TARGET_DIR` if set (relative to the workspace), else the workspace's `target/`.
-pub fn target_dir() -> PathBuf {
-    match std::env::var_os("CARGO_TARGET_DIR") {
-        Some(d) => workspace_root().join(d),
-        None => workspace_root().join("target"),
-    }
 }
 
 /// qemu, a static busybox, kmod and cpio (and the disk tools the guest uses).

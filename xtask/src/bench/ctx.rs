@@ -22,6 +22,8 @@ use anyhow::Context as _;
 use serde_json::{json, Value};
 use tests::procs::{Tracer, Workload};
 
+use super::common::{median, tracepoint_of, workload_bin, BpfStats};
+
 const ROUNDS: usize = 3;
 /// Ping-pong time, and the wait before it (the tracer's next beat accounts the child).
 const RUN_MS: &str = "5000";
@@ -53,8 +55,7 @@ struct Run {
 }
 
 fn ping_pong() -> Workload {
-    let bin = crate::bench::target_dir().join("release/gpustall-workload");
-    Workload::start(&bin, &["pingpong", RUN_MS, SETTLE_MS], None)
+    Workload::start(&workload_bin(), &["pingpong", RUN_MS, SETTLE_MS], None)
 }
 
 /// The workload's own count: (round trips, per second).
@@ -75,11 +76,7 @@ fn run_once(case: Case) -> anyhow::Result<Run> {
             (code, lines, None)
         }
         Case::Outside => {
-            let mut idle = Workload::start(
-                &crate::bench::target_dir().join("release/gpustall-workload"),
-                &["spawn", "sleep", "600"],
-                None,
-            );
+            let mut idle = Workload::start(&workload_bin(), &["spawn", "sleep", "600"], None);
             idle.go();
             let tracer = Tracer::start(idle.pid(), &flags);
             let mut w = ping_pong();
@@ -107,19 +104,12 @@ fn program(summary: &Value, name: &str) -> (u64, f64) {
     let p = summary["overhead"]["programs"]
         .as_array()
         .and_then(|a| {
-            a.iter()
-                .find(|p| p["name"].as_str().map(crate::util::tracepoint_of) == Some(name))
-                .cloned()
+            a.iter().find(|p| p["name"].as_str().map(tracepoint_of) == Some(name)).cloned()
         })
         .unwrap_or(Value::Null);
     let runs = p["run_count"].as_u64().unwrap_or(0);
     let ns = p["run_time_ns"].as_u64().unwrap_or(0);
     (runs, if runs == 0 { 0.0 } else { ns as f64 / runs as f64 })
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
 
 /// The inside case's accounting: the time the worker kept the trainer waiting, and the
@@ -134,7 +124,7 @@ fn accounted(summary: &Value) -> (u64, u64) {
 }
 
 pub fn run() -> anyhow::Result<Value> {
-    let _stats = crate::bench::BpfStats::enable();
+    let _stats = BpfStats::enable();
     let cases = [Case::Untraced, Case::Outside, Case::Inside];
     let mut runs: Vec<Vec<Run>> = cases.iter().map(|_| Vec::new()).collect();
     for round in 1..=ROUNDS {
@@ -190,6 +180,7 @@ pub fn run() -> anyhow::Result<Value> {
                 let trips: Vec<u64> = runs[i].iter().map(|r| r.round_trips).collect();
                 let run_ns: f64 = RUN_MS.parse::<f64>().unwrap_or(1.0) * 1e6;
                 acc = format!("{:.2}", kept[0] as f64 / run_ns);
+                row["accounted_per_ns"] = json!(kept[0] as f64 / run_ns);
                 row["worker_kept_waiting_ns"] = json!(kept);
                 row["trainer_data_wait_ns"] = json!(waited);
                 row["round_trips"] = json!(trips);
@@ -215,6 +206,8 @@ pub fn run() -> anyhow::Result<Value> {
             row,
         );
     }
+    out.insert("rounds".to_string(), json!(ROUNDS));
+    out.insert("run_ms".to_string(), json!(RUN_MS.parse::<u64>().unwrap_or(0)));
     println!("(switches/s: sched_switch runs per second machine-wide, others' included; accounted: the worker's kept_waiting_ns per ns of ping-pong, round 1)");
     Ok(Value::Object(out))
 }

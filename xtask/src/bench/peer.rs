@@ -10,9 +10,10 @@
 //! any program pays on that event, so the table also says what gpustall's and the peer's runs
 //! would cost if every program did nothing.
 //!
-//! Then the cost gpustall adds to processes it does not trace: gpustall traces an idle job
-//! while a fork-heavy loop (`/bin/true` spawned 3,000 times), then a context-switch-heavy one
-//! (two threads ping-ponging a byte over pipes), run outside it; ns per run of each program.
+//! `outside_cases` (`--only outside`, and after the peer in a whole run): the cost gpustall adds
+//! to processes it does not trace. gpustall traces an idle job while a fork-heavy loop
+//! (`/bin/true` spawned 3,000 times), O_DIRECT reads, then a context-switch-heavy one (two
+//! threads ping-ponging a byte over pipes) run outside it; ns per run of each program.
 
 use std::{
     io::{BufRead as _, Read as _, Write as _},
@@ -30,7 +31,12 @@ use tests::{
     procs::{Tracer, Workload},
 };
 
-use crate::{bench::usage, util::workspace_root};
+use super::{
+    common::{release_bin, tracepoint_of, usage, BpfStats},
+    doc::num,
+    floor::Floor,
+};
+use crate::util::{run_cmd, workspace_root};
 
 const READS: u64 = 40_000;
 const WORKERS_MIB: &str = "200,200,200";
@@ -39,7 +45,7 @@ const MEMCG_MIB: u64 = 200;
 const BOTH_ROUNDS: usize = 3;
 
 fn bin(name: &str) -> PathBuf {
-    crate::bench::target_dir().join("release").join(name)
+    release_bin(name)
 }
 
 /// Installs bpftrace from Debian when missing.
@@ -48,7 +54,7 @@ fn ensure_bpftrace() -> anyhow::Result<()> {
         return Ok(());
     }
     eprintln!("bench: installing bpftrace (apt-get install -y bpftrace)");
-    crate::util::run_cmd(
+    run_cmd(
         Command::new("apt-get")
             .args(["install", "-y", "bpftrace"])
             .env("DEBIAN_FRONTEND", "noninteractive"),
@@ -147,7 +153,7 @@ const FLOOR_ORDER: [&str; 10] = [
     "hrtimer_expire_exit",
 ];
 
-/// The events the typed floor (`bench_floor`) attaches to: where gpustall runs typed programs
+/// The events the typed floor (`floor`) attaches to: where gpustall runs typed programs
 /// (floor.bt's, less the hrtimer ones, which are classic).
 const TYPED_FLOOR: &[&str] = FLOOR_ORDER.split_at(8).0;
 
@@ -254,7 +260,7 @@ fn run_once(under: Under, data: &str) -> anyhow::Result<RunResult> {
     let peer = matches!(under, Under::Peer | Under::Both).then(Bpftrace::peer).transpose()?;
     let floor = (under == Under::Both).then(Bpftrace::floor).transpose()?;
     let typed_floor = match under {
-        Under::Both => TYPED_FLOOR.iter().map(|e| crate::bench_floor::Floor::attach(e)).collect(),
+        Under::Both => TYPED_FLOOR.iter().map(|e| Floor::attach(e)).collect(),
         _ => Ok(Vec::new()),
     };
     let typed_floor = typed_floor.context("the typed floor")?;
@@ -295,10 +301,10 @@ fn gpustall_programs(summary: &Value) -> Vec<Prog> {
                 .map(|p| {
                     let name = p["name"].as_str().unwrap_or("?");
                     Prog {
-                        name: crate::util::tracepoint_of(name).to_string(),
+                        name: tracepoint_of(name).to_string(),
                         runs: p["run_count"].as_u64().unwrap_or(0),
                         run_ns: p["run_time_ns"].as_u64().unwrap_or(0),
-                        typed: crate::util::tracepoint_of(name) != name,
+                        typed: tracepoint_of(name) != name,
                     }
                 })
                 .collect()
@@ -339,7 +345,7 @@ fn data_file(tag: &str, mib: u64) -> anyhow::Result<(tests::TempDir, String)> {
     let scratch = tests::TempDir::new_in("/var/tmp", tag);
     let data = scratch.path("reads.dat");
     let data = data.to_str().context("utf-8 path")?.to_string();
-    crate::util::run_cmd(Command::new("dd").args([
+    run_cmd(Command::new("dd").args([
         "if=/dev/zero",
         &format!("of={data}"),
         "bs=1M",
@@ -351,7 +357,7 @@ fn data_file(tag: &str, mib: u64) -> anyhow::Result<(tests::TempDir, String)> {
 
 pub fn run() -> anyhow::Result<Value> {
     ensure_bpftrace()?;
-    let _stats = crate::bench::BpfStats::enable();
+    let _stats = BpfStats::enable();
     let _swap = SwapFile::ensure(1024);
     let (_scratch, data) = data_file("bench-peer", READS * 4096 / (1 << 20) + 1)?;
 
@@ -379,8 +385,7 @@ pub fn run() -> anyhow::Result<Value> {
     let mut value = print_table(&ours, &peer, ours_cpu, peer_cpu, &walls, both_wall);
     let peer_total = value["peer_total_ms"].as_f64().unwrap_or(0.0);
     value["floor"] = print_floor(&ours, &peer, &floor, peer_total);
-    let outside = outside_cases()?;
-    Ok(json!({"peer": value, "outside_the_job": outside}))
+    Ok(value)
 }
 
 fn print_table(
@@ -511,6 +516,8 @@ fn print_floor(ours: &[Prog], peer: &[Prog], floor: &[Prog], peer_total_ms: f64)
             "tracepoint": p.name, "typed": p.typed,
             "classic_floor_ns_per_run": floor_of(&p.name, false),
             "typed_floor_ns_per_run": floor_of(&p.name, true),
+            "gpustall_ns_per_run": ns_per_run(p),
+            "peer_ns_per_run": b.as_ref().map(ns_per_run),
         }));
     }
     let ours_kernel = ours.iter().map(|p| p.run_ns).sum::<u64>() as f64 / 1e6;
@@ -552,6 +559,7 @@ fn outside(label: &str, load: &mut dyn FnMut() -> String) -> anyhow::Result<Valu
 /// The outside cases (also `--only outside`): a fork-heavy loop, 20,000 O_DIRECT reads, a
 /// context-switch-heavy ping-pong, each run by a process gpustall does not trace.
 pub fn outside_cases() -> anyhow::Result<Value> {
+    let _stats = BpfStats::enable();
     let fork = outside("fork-heavy", &mut || {
         let t = Instant::now();
         for _ in 0..3000 {
@@ -570,7 +578,7 @@ pub fn outside_cases() -> anyhow::Result<Value> {
     })?;
     let switch = outside("context-switch-heavy", &mut || {
         let n = ping_pong(Duration::from_secs(5));
-        format!("{n} pipe round trips in 5 s")
+        format!("{} pipe round trips in 5 s", num(n as f64, 0))
     })?;
     Ok(json!({"fork_heavy": fork, "io_heavy": io, "context_switch_heavy": switch}))
 }

@@ -1,4 +1,4 @@
-//! `cargo xtask bench` case 3, a fork burst under `gpustall watch`: a job forks 18,000 short
+//! `cargo xtask bench --only fork-burst`: a fork burst under `gpustall watch`: a job forks 18,000 short
 //! children (each one 4 KiB O_DIRECT write), then idles while they age out of a 30 s window.
 //! Sampled every second: the daemon's RSS against its --memory-budget, its CPU, and how long
 //! /metrics takes to answer (it must answer throughout, pruning included).
@@ -12,6 +12,8 @@ use std::{
 use anyhow::Context as _;
 use serde_json::{json, Value};
 use tests::procs::Workload;
+
+use super::common::{release_bin, usage, workload_bin};
 
 const CHILDREN: &str = "18000";
 const BUDGET_MIB: u64 = 64;
@@ -27,7 +29,7 @@ struct Reading {
 }
 
 pub fn run() -> anyhow::Result<Value> {
-    let bin = crate::bench::target_dir().join("release/gpustall-workload");
+    let bin = workload_bin();
     let scratch = tests::TempDir::new_in("/var/tmp", "bench-burst");
     let bundles = tests::TempDir::new("bench-burst-bundles");
     let dir = scratch.0.to_str().context("utf-8 path")?;
@@ -41,7 +43,7 @@ pub fn run() -> anyhow::Result<Value> {
     let mut burst_s = None;
     while w.child.try_wait()?.is_none() {
         std::thread::sleep(Duration::from_secs(1));
-        let (cpu_s, rss_kb, _) = crate::bench::usage(daemon.id())?;
+        let (cpu_s, rss_kb, _) = usage(daemon.id())?;
         let t_s = t0.elapsed().as_secs_f64();
         let (metrics_ms, written) = scrape(&addr).unzip();
         readings.push(Reading { t_s, rss_kb, cpu_s, metrics_ms, written });
@@ -107,7 +109,7 @@ fn start_daemon(
     comm: &str,
     bundles: &std::path::Path,
 ) -> anyhow::Result<(std::process::Child, String)> {
-    let mut child = std::process::Command::new(crate::bench::target_dir().join("release/gpustall"))
+    let mut child = std::process::Command::new(release_bin("gpustall"))
         .args(["watch", "--match", &format!("comm:^{comm}$"), "--window", "30"])
         .args(["--listen", "127.0.0.1:0", "--no-gpu", "--bundle-dir"])
         .arg(bundles)

@@ -1,0 +1,794 @@
+//! docs/BENCHMARKS.md, written by the bench: a header (date, machine, kernel), then one section
+//! per case, each between `<!-- bench:NAME -->` and `<!-- /bench:NAME -->`. A run replaces only
+//! the sections of the cases it ran, so `--only X` leaves the others as they were. The
+//! formatting functions take the figures the cases return (as in target/bench/overhead.json)
+//! and return Markdown; they read nothing else.
+
+use serde_json::Value;
+
+/// The sections in the order of the document.
+pub const SECTIONS: [&str; 7] =
+    ["header", "swap-heavy", "watch", "fork-burst", "peer", "outside", "ctxswitch"];
+
+/// The machine a run measured.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Machine {
+    /// UTC, YYYY-MM-DD.
+    pub date: String,
+    pub cpus: usize,
+    pub cpu_model: String,
+    pub mem_kib: u64,
+    /// `uname -r`.
+    pub kernel: String,
+}
+
+impl Machine {
+    /// This machine, now.
+    pub fn read() -> Self {
+        let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
+        let (cpus, cpu_model) = parse_cpuinfo(&read("/proc/cpuinfo"));
+        let secs = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        Self {
+            date: date_of(secs),
+            cpus: std::thread::available_parallelism().map_or(cpus, |n| n.get().max(cpus)),
+            cpu_model,
+            mem_kib: parse_meminfo(&read("/proc/meminfo")),
+            kernel: read("/proc/sys/kernel/osrelease").trim().to_string(),
+        }
+    }
+
+    /// "2 x Intel Xeon ..., 7.8 GiB, kernel 6.18.0".
+    pub fn describe(&self) -> String {
+        format!(
+            "{} x {}, {:.1} GiB memory, kernel {}",
+            self.cpus,
+            self.cpu_model,
+            self.mem_kib as f64 / 1048576.0,
+            self.kernel
+        )
+    }
+}
+
+/// The number of processors and the first model name in /proc/cpuinfo.
+pub fn parse_cpuinfo(text: &str) -> (usize, String) {
+    let cpus = text.lines().filter(|l| l.starts_with("processor")).count();
+    let model = text
+        .lines()
+        .find(|l| l.starts_with("model name"))
+        .and_then(|l| l.split_once(':'))
+        .map(|(_, m)| m.split_whitespace().collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|| "unknown CPU".into());
+    (cpus, model)
+}
+
+/// MemTotal in KiB from /proc/meminfo.
+pub fn parse_meminfo(text: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix("MemTotal:")?.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// The UTC date (YYYY-MM-DD) of seconds since the epoch.
+pub fn date_of(secs: u64) -> String {
+    // Days to a civil date (proleptic Gregorian), after Howard Hinnant's days_from_civil.
+    let z = (secs / 86400) as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02}")
+}
+
+/// A number with `decimals` decimals and thousands separated by commas.
+pub fn num(x: f64, decimals: usize) -> String {
+    if !x.is_finite() {
+        return "-".into();
+    }
+    let s = format!("{:.*}", decimals, x.abs());
+    let (int, frac) = s.split_once('.').map_or((s.as_str(), None), |(i, f)| (i, Some(f)));
+    let mut grouped = String::new();
+    for (i, c) in int.chars().enumerate() {
+        if i > 0 && (int.len() - i) % 3 == 0 {
+            grouped.push(',');
+        }
+        grouped.push(c);
+    }
+    let sign = if x < 0.0 && s.chars().any(|c| c.is_ascii_digit() && c != '0') { "-" } else { "" };
+    match frac {
+        Some(f) => format!("{sign}{grouped}.{f}"),
+        None => format!("{sign}{grouped}"),
+    }
+}
+
+/// A ratio as `x0.93`; "-" when it cannot be computed.
+pub fn ratio(a: f64, b: f64) -> String {
+    if b == 0.0 || !a.is_finite() || !b.is_finite() {
+        "-".into()
+    } else {
+        format!("x{:.2}", a / b)
+    }
+}
+
+fn f(v: &Value) -> Option<f64> {
+    v.as_f64()
+}
+
+/// `v` with `decimals`, or "-" when absent.
+fn opt(v: Option<f64>, decimals: usize) -> String {
+    v.map_or("-".into(), |x| num(x, decimals))
+}
+
+/// `text` as lines of at most `width` characters (longer words stay whole), words kept in order.
+pub fn wrap(text: &str, width: usize) -> String {
+    // A code span (`cargo xtask bench --only peer`) stays on one line.
+    let mut units: Vec<String> = Vec::new();
+    for word in text.split_whitespace() {
+        match units.last_mut() {
+            Some(u) if u.matches('`').count() % 2 == 1 => {
+                u.push(' ');
+                u.push_str(word);
+            }
+            _ => units.push(word.to_string()),
+        }
+    }
+    let mut out = String::new();
+    let mut line = String::new();
+    for word in &units {
+        if !line.is_empty() && line.chars().count() + 1 + word.chars().count() > width {
+            out.push_str(&line);
+            out.push('\n');
+            line.clear();
+        }
+        if !line.is_empty() {
+            line.push(' ');
+        }
+        line.push_str(word);
+    }
+    out.push_str(&line);
+    out.push('\n');
+    out
+}
+
+/// Prose lines' width in the document.
+const WIDTH: usize = 100;
+
+/// A Markdown table: the first column left-aligned, the others right-aligned.
+pub fn table(head: &[&str], rows: &[Vec<String>]) -> String {
+    let mut out = format!("| {} |\n|", head.join(" | "));
+    for i in 0..head.len() {
+        out.push_str(if i == 0 { "---|" } else { "---:|" });
+    }
+    out.push('\n');
+    for r in rows {
+        out.push_str(&format!("| {} |\n", r.join(" | ")));
+    }
+    out
+}
+
+/// The header: where and when the latest run measured, and which cases it ran.
+pub fn header(m: &Machine, cases: &[&str]) -> String {
+    let cases: Vec<String> = cases.iter().map(|c| format!("`{c}`")).collect();
+    wrap(
+        &format!("Latest run: {}, cases {}, on {}.", m.date, cases.join(", "), m.describe()),
+        WIDTH,
+    )
+}
+
+/// One section's text (heading, what it measures, when and where, the tables), or None for a
+/// name that has no section.
+pub fn section(name: &str, v: &Value, m: &Machine) -> Option<String> {
+    let (title, prose, tables) = match name {
+        "swap-heavy" => ("Swap-heavy workload, untraced and traced", SWAP_PROSE, swap_heavy(v)),
+        "watch" => ("`gpustall watch`: the daemon's cost", WATCH_PROSE, watch(v)),
+        "fork-burst" => ("`gpustall watch` through a fork burst", FORK_PROSE, fork_burst(v)),
+        "peer" => ("Against a bpftrace peer, and the floor", PEER_PROSE, peer(v)),
+        "outside" => ("Cost to processes outside the traced job", OUTSIDE_PROSE, outside(v)),
+        "ctxswitch" => ("Context-switch-heavy job", CTX_PROSE, ctxswitch(v)),
+        _ => return None,
+    };
+    let when =
+        format!("Measured {} on {} (`cargo xtask bench --only {name}`).", m.date, m.describe());
+    Some(format!("## {title}\n\n{}\n{}\n{tables}", wrap(prose, WIDTH), wrap(&when, WIDTH)))
+}
+
+const SWAP_PROSE: &str = "Three workers allocate 300 MiB each in a 128 MiB memory cgroup with \
+swap, untraced and traced, alternating, five rounds each (medians). The kernel counts \
+write_folio and block_bio_queue hits in place; ring records are what reaches the agent, so their \
+ratio is the aggregation done in the kernel. Each program's runs and ns per run are the kernel's \
+BPF stats (`kernel.bpf_stats_enabled`) in the median traced run; the agent's CPU leaves out its \
+start-up (loading and verifying the programs).";
+
+const WATCH_PROSE: &str = "The `gpustall watch` daemon's CPU and memory while it watches an \
+idle job for 20 s, then while it watches the swap-heavy workload.";
+
+const FORK_PROSE: &str = "A job forks 18,000 short children (each one 4 KiB O_DIRECT write), \
+then idles while they age out of the daemon's 30 s window. Sampled every second: the daemon's \
+RSS against its memory budget, its CPU, and how long `/metrics` takes to answer (it must answer \
+throughout, pruning included); the job's block writes as `/metrics` counted them.";
+
+const PEER_PROSE: &str = "gpustall against `xtask/bench/peer.bt`, the bpftrace script a user \
+would write for the same questions (per-pid block bytes, reclaim stall time, anonymous \
+write_folio, OOM victims), on one workload: 40,000 4 KiB O_DIRECT reads, then three 200 MiB \
+workers in a 200 MiB memory cgroup with swap. Wall times: one run untraced, under each tracer \
+alone, and under both. Per program: both tracers attached at once, runs and run time summed \
+over the rounds, from the kernel's BPF stats (a typed program is shown on its tracepoint). In \
+those runs a program that does nothing is attached to each event too, classic (bpftrace, \
+`xtask/bench/floor.bt`, the peer's kind) and raw (`r0 = 0; exit`, loaded by xtask; gpustall's \
+typed programs run from the same place): its ns per run is what the kernel charges any program \
+on that event before it does any work. gpustall runs more programs than the peer because it \
+answers more (bytes per bio, each request's latency, off-CPU time); \"at the floor\" is what its \
+runs would cost if every program did nothing.";
+
+const OUTSIDE_PROSE: &str = "gpustall traces an idle job while processes it does not trace \
+run a fork-heavy loop, O_DIRECT reads and a pipe ping-pong: what each program costs every other \
+process on the host (runs and ns per run, kernel BPF stats).";
+
+const CTX_PROSE: &str = "A process and a child named like a DataLoader worker pass a byte back \
+and forth over two pipes (two wakeups and four switches per round trip): untraced, while \
+gpustall traces an unrelated idle job (every switch runs the sched programs, which find nothing \
+to count), and as the traced job (trainer and worker accounted). Medians of the rounds; \
+sched_switch runs per second are machine-wide. \"Accounted\" is the time the worker kept the \
+trainer waiting per ns of ping-pong (near 1: the trainer does nothing between its reads, so its \
+run is one logical wait).";
+
+/// Runs and ns per run of a program in a gpustall summary's `overhead.programs`.
+fn runs_ns(p: &Value) -> (u64, Option<f64>) {
+    let runs = p["run_count"].as_u64().unwrap_or(0);
+    let ns = match (p["run_time_ns"].as_u64(), f(&p["avg_ns"])) {
+        (Some(t), _) if runs > 0 => Some(t as f64 / runs as f64),
+        (_, avg) => avg,
+    };
+    (runs, ns)
+}
+
+pub fn swap_heavy(v: &Value) -> String {
+    let (p, t) = (f(&v["untraced_median_s"]), f(&v["traced_median_s"]));
+    let rounds = v["rounds"].as_u64().unwrap_or(0);
+    let wall = table(
+        &["", "untraced", "traced", "traced / untraced"],
+        &[vec![
+            format!("workload wall time, s (median of {rounds})"),
+            opt(p, 2),
+            opt(t, 2),
+            f(&v["slowdown_ratio"]).map_or("-".into(), |r| format!("x{r:.3}")),
+        ]],
+    );
+    let per_s = |k: &str| opt(f(&v[k]), 0);
+    let rss = f(&v["agent_peak_rss_kb"]).map(|kb| kb / 1024.0);
+    let figures = table(
+        &["figure", "value"],
+        &[
+            vec![
+                "write_folio hits per second, counted in the kernel".into(),
+                per_s("write_folio_hits_per_s"),
+            ],
+            vec![
+                "block_bio_queue hits per second, counted in the kernel".into(),
+                per_s("block_bio_queue_hits_per_s"),
+            ],
+            vec!["ring records per second reaching the agent".into(), per_s("ring_records_per_s")],
+            vec![
+                "ring records / write_folio hits".into(),
+                ratio(
+                    f(&v["ring_records_per_s"]).unwrap_or(0.0),
+                    f(&v["write_folio_hits_per_s"]).unwrap_or(0.0),
+                ),
+            ],
+            vec![
+                "agent CPU while tracing, % of one core".into(),
+                opt(f(&v["agent_cpu_pct_of_one_core"]), 2),
+            ],
+            vec!["agent peak RSS, MiB".into(), opt(rss, 1)],
+            vec!["lost events".into(), opt(f(&v["lost_events"]), 0)],
+        ],
+    );
+    let rows: Vec<Vec<String>> = v["programs"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|p| {
+            let (runs, ns) = runs_ns(p);
+            (runs > 0).then(|| {
+                vec![p["name"].as_str().unwrap_or("?").to_string(), num(runs as f64, 0), opt(ns, 0)]
+            })
+        })
+        .collect();
+    let programs = table(&["program", "runs", "ns per run"], &rows);
+    format!("{wall}\n{figures}\nEach program in the median traced run:\n\n{programs}")
+}
+
+pub fn watch(v: &Value) -> String {
+    let row = |label: &str, j: &Value| {
+        vec![
+            label.to_string(),
+            opt(f(&j["cpu_pct_of_one_core"]), 2),
+            opt(f(&j["rss_kb"]).map(|k| k / 1024.0), 1),
+            opt(f(&j["peak_rss_kb"]).map(|k| k / 1024.0), 1),
+            opt(f(&j["seconds"]), 0),
+        ]
+    };
+    table(
+        &["job watched", "CPU, % of one core", "RSS, MiB", "peak RSS, MiB", "over, s"],
+        &[row("idle", &v["idle"]), row("swap-heavy workload", &v["busy_swap_heavy"])],
+    )
+}
+
+pub fn fork_burst(v: &Value) -> String {
+    let children: f64 = v["children"]
+        .as_str()
+        .and_then(|s| s.parse().ok())
+        .or_else(|| f(&v["children"]))
+        .unwrap_or(0.0);
+    let expected = children * 4096.0;
+    let written = f(&v["block_write_bytes_by_metrics"]).unwrap_or(0.0);
+    let mib = |k: &str| opt(f(&v[k]).map(|kb| kb / 1024.0), 1);
+    table(
+        &["figure", "value"],
+        &[
+            vec!["children".into(), num(children, 0)],
+            vec!["burst, s".into(), opt(f(&v["burst_s"]), 1)],
+            vec!["peak RSS, MiB".into(), mib("peak_rss_kb")],
+            vec!["memory budget, MiB".into(), opt(f(&v["memory_budget_mib"]), 0)],
+            vec!["RSS at the end, MiB".into(), mib("end_rss_kb")],
+            vec!["CPU, % of one core".into(), opt(f(&v["cpu_pct_of_one_core"]), 2)],
+            vec!["`/metrics` slowest answer, ms".into(), opt(f(&v["metrics_slowest_ms"]), 1)],
+            vec!["`/metrics` unanswered seconds".into(), opt(f(&v["metrics_unanswered"]), 0)],
+            vec![
+                "block writes counted / written".into(),
+                format!(
+                    "{} / {} ({})",
+                    num(written, 0),
+                    num(expected, 0),
+                    ratio(written, expected)
+                ),
+            ],
+        ],
+    )
+}
+
+pub fn peer(v: &Value) -> String {
+    let cell = |j: &Value| (j["runs"].as_u64(), f(&j["ns_per_run"]));
+    let rows: Vec<Vec<String>> = v["programs"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|r| {
+            let (gr, gns) = cell(&r["gpustall"]);
+            let (pr, pns) = cell(&r["peer"]);
+            let both = gns.zip(pns).map_or("-".into(), |(a, b)| ratio(a, b));
+            vec![
+                r["tracepoint"].as_str().unwrap_or("?").to_string(),
+                opt(gr.map(|x| x as f64), 0),
+                opt(gns, 0),
+                opt(pr.map(|x| x as f64), 0),
+                opt(pns, 0),
+                both,
+            ]
+        })
+        .collect();
+    let programs = table(
+        &[
+            "tracepoint",
+            "gpustall runs",
+            "ns per run",
+            "peer runs",
+            "ns per run",
+            "gpustall / peer, per run",
+        ],
+        &rows,
+    );
+    let pair = |label: &str, a: &str, b: &str, d: usize| {
+        let (x, y) = (f(&v[a]), f(&v[b]));
+        vec![label.to_string(), opt(x, d), opt(y, d), ratio(x.unwrap_or(0.0), y.unwrap_or(0.0))]
+    };
+    let totals = table(
+        &["both attached, summed", "gpustall", "peer", "gpustall / peer"],
+        &[
+            pair("program runs", "gpustall_runs", "peer_runs", 0),
+            pair("in the kernel, ms", "gpustall_kernel_ms", "peer_kernel_ms", 1),
+            pair("agent CPU while tracing, ms", "gpustall_agent_cpu_ms", "peer_agent_cpu_ms", 1),
+            pair("**total, ms**", "gpustall_total_ms", "peer_total_ms", 1),
+        ],
+    );
+    let base = f(&v["wall_untraced_s"]).unwrap_or(0.0);
+    let wall = |label: &str, k: &str| {
+        let s = f(&v[k]);
+        vec![label.to_string(), opt(s, 2), ratio(s.unwrap_or(0.0), base)]
+    };
+    let rounds = v["both_rounds"].as_u64().unwrap_or(0);
+    let walls = table(
+        &["workload under", "wall, s", "to untraced"],
+        &[
+            wall("nothing", "wall_untraced_s"),
+            wall("gpustall", "wall_gpustall_s"),
+            wall("the peer", "wall_peer_s"),
+            wall(&format!("both (mean of {rounds})"), "wall_both_s"),
+        ],
+    );
+    let fl = &v["floor"];
+    let frows: Vec<Vec<String>> = fl["programs"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|r| {
+            vec![
+                r["tracepoint"].as_str().unwrap_or("?").to_string(),
+                opt(f(&r["classic_floor_ns_per_run"]), 0),
+                opt(f(&r["typed_floor_ns_per_run"]), 0),
+                opt(f(&r["gpustall_ns_per_run"]), 0),
+                opt(f(&r["peer_ns_per_run"]), 0),
+            ]
+        })
+        .collect();
+    let floor = table(
+        &[
+            "tracepoint",
+            "classic floor, ns",
+            "typed floor, ns",
+            "gpustall ns per run",
+            "peer ns per run",
+        ],
+        &frows,
+    );
+    let at_floor = table(
+        &["at the floor of their kind", "value"],
+        &[
+            vec![
+                "gpustall's runs on these events, ms".into(),
+                format!(
+                    "{} ({} runs; {} runs elsewhere not counted)",
+                    opt(f(&fl["gpustall_runs_at_floor_ms"]), 1),
+                    opt(f(&fl["gpustall_runs_counted"]), 0),
+                    opt(f(&fl["gpustall_runs_elsewhere"]), 0)
+                ),
+            ],
+            vec!["the peer's runs, ms".into(), opt(f(&fl["peer_runs_at_floor_ms"]), 1)],
+            vec![
+                "gpustall's runs at the floor / the peer's whole cost".into(),
+                f(&fl["floor_to_peer_total"]).map_or("-".into(), |r| format!("x{r:.2}")),
+            ],
+        ],
+    );
+    format!("{programs}\n{totals}\n{walls}\nThe floor, in the same runs:\n\n{floor}\n{at_floor}")
+}
+
+pub fn outside(v: &Value) -> String {
+    let loads = [
+        ("fork_heavy", "fork-heavy"),
+        ("io_heavy", "I/O-heavy"),
+        ("context_switch_heavy", "context-switch-heavy"),
+    ];
+    let mut names: Vec<String> = Vec::new();
+    for (k, _) in loads {
+        for p in v[k]["programs"].as_array().into_iter().flatten() {
+            let n = p["program"].as_str().unwrap_or("?").to_string();
+            if !names.contains(&n) {
+                names.push(n);
+            }
+        }
+    }
+    names.sort();
+    let rows: Vec<Vec<String>> = names
+        .iter()
+        .map(|n| {
+            let mut row = vec![n.clone()];
+            for (k, _) in loads {
+                let p = v[k]["programs"]
+                    .as_array()
+                    .and_then(|a| a.iter().find(|p| p["program"].as_str() == Some(n)));
+                row.push(opt(p.and_then(|p| f(&p["runs"])), 0));
+                row.push(opt(p.and_then(|p| f(&p["ns_per_run"])), 0));
+            }
+            row
+        })
+        .collect();
+    let mut head = vec!["program".to_string()];
+    for (_, label) in loads {
+        head.push(format!("{label} runs"));
+        head.push("ns per run".into());
+    }
+    let head: Vec<&str> = head.iter().map(String::as_str).collect();
+    let what: Vec<String> = loads
+        .iter()
+        .filter_map(|(k, label)| Some(format!("- {label}: {}\n", v[*k]["load"].as_str()?)))
+        .collect();
+    format!("{}\n{}", what.concat(), table(&head, &rows))
+}
+
+pub fn ctxswitch(v: &Value) -> String {
+    let cases = [
+        ("untraced", "untraced"),
+        ("outside_traced_job", "outside the traced job"),
+        ("inside_traced_job", "inside the traced job"),
+    ];
+    let rows: Vec<Vec<String>> = cases
+        .iter()
+        .map(|(k, label)| {
+            let r = &v[*k];
+            vec![
+                label.to_string(),
+                opt(f(&r["median_round_trips_per_s"]), 0),
+                f(&r["ratio_to_untraced"]).map_or("-".into(), |x| format!("x{x:.2}")),
+                opt(f(&r["sched_switch"]["median_runs_per_s"]), 0),
+                opt(f(&r["sched_switch"]["median_ns_per_run"]), 0),
+                opt(f(&r["sched_waking"]["median_ns_per_run"]), 0),
+                opt(f(&r["accounted_per_ns"]), 2),
+            ]
+        })
+        .collect();
+    let how = match (v["rounds"].as_u64(), v["run_ms"].as_u64()) {
+        (Some(n), Some(ms)) => format!("{n} rounds of {} s each.\n\n", num(ms as f64 / 1000.0, 0)),
+        _ => String::new(),
+    };
+    let t = table(
+        &[
+            "case",
+            "round trips per s",
+            "to untraced",
+            "sched_switch runs per s",
+            "sched_switch ns per run",
+            "sched_waking ns per run",
+            "accounted",
+        ],
+        &rows,
+    );
+    format!("{how}{t}")
+}
+
+/// The text a document has for a section before any run measured it.
+fn placeholder(name: &str) -> String {
+    match name {
+        "header" => "No run yet.\n".into(),
+        _ => format!("Not measured yet: `cargo xtask bench --only {name}`.\n"),
+    }
+}
+
+fn open(name: &str) -> String {
+    format!("<!-- bench:{name} -->")
+}
+
+fn close(name: &str) -> String {
+    format!("<!-- /bench:{name} -->")
+}
+
+/// The title and the fixed introduction, everything before the first section.
+fn intro() -> String {
+    format!("# Benchmarks\n\n{}", wrap(INTRO, WIDTH))
+}
+
+/// The document before any run: the fixed introduction and every section's markers.
+pub fn skeleton() -> String {
+    let mut doc = intro();
+    for name in SECTIONS {
+        doc.push_str(&format!("\n{}\n{}{}\n", open(name), placeholder(name), close(name)));
+    }
+    doc
+}
+
+const INTRO: &str = "Written by `cargo xtask bench` (every case) or `cargo \
+xtask bench --only CASE` (one section; the others stay as they were); do not edit between the \
+`bench:` markers. Each case runs its variants side by side, alternating, in one run on the same \
+machine: on a shared machine only the ratios between them mean something. Every figure is also \
+in `target/bench/overhead.json`. Per-program figures are the kernel's BPF stats \
+(`kernel.bpf_stats_enabled=1` during the run): a program's runs and its run time, the stats' own \
+clock reads included.";
+
+/// `doc` with section `name`'s text replaced by `body`; a document without that section gets it
+/// at the end.
+pub fn replace_section(doc: &str, name: &str, body: &str) -> String {
+    let (o, c) = (open(name), close(name));
+    let body = if body.ends_with('\n') { body.to_string() } else { format!("{body}\n") };
+    if let Some(start) = doc.find(&o) {
+        if let Some(len) = doc[start..].find(&c) {
+            let end = start + len;
+            return format!("{}{o}\n{body}{}", &doc[..start], &doc[end..]);
+        }
+    }
+    let sep = if doc.ends_with('\n') { "" } else { "\n" };
+    format!("{doc}{sep}\n{o}\n{body}{c}\n")
+}
+
+/// The document after a run: `old` (or the skeleton when it has no section markers) with the
+/// introduction, the header and the sections of `results` (section name, figures) replaced.
+pub fn updated(old: &str, results: &[(&str, &Value)], m: &Machine) -> String {
+    let mut doc = match old.find("<!-- bench:") {
+        Some(first) => format!("{}\n{}", intro(), &old[first..]),
+        None => skeleton(),
+    };
+    let names: Vec<&str> = results.iter().map(|r| r.0).collect();
+    doc = replace_section(&doc, "header", &header(m, &names));
+    for (name, v) in results {
+        if let Some(text) = section(name, v, m) {
+            doc = replace_section(&doc, name, &text);
+        }
+    }
+    doc
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn machine() -> Machine {
+        Machine {
+            date: "2026-12-05".into(),
+            cpus: 2,
+            cpu_model: "Test CPU".into(),
+            mem_kib: 8 * 1048576,
+            kernel: "6.18.0".into(),
+        }
+    }
+
+    #[test]
+    fn numbers_dates_and_proc_files() {
+        assert_eq!(num(1234567.891, 1), "1,234,567.9");
+        assert_eq!(num(999.0, 0), "999");
+        assert_eq!(num(-1500.0, 0), "-1,500");
+        assert_eq!(num(f64::NAN, 0), "-");
+        assert_eq!(ratio(1.0, 4.0), "x0.25");
+        assert_eq!(ratio(1.0, 0.0), "-");
+        assert_eq!(date_of(0), "1970-01-01");
+        assert_eq!(date_of(951_782_400), "2000-02-29");
+        assert_eq!(date_of(1_798_675_200), "2026-12-31");
+        let cpuinfo = "processor\t: 0\nmodel name\t: Test  CPU @ 2GHz\n\nprocessor\t: 1\nmodel name\t: Test  CPU @ 2GHz\n";
+        assert_eq!(parse_cpuinfo(cpuinfo), (2, "Test CPU @ 2GHz".into()));
+        assert_eq!(parse_meminfo("MemTotal:        8048576 kB\nMemFree: 1 kB\n"), 8_048_576);
+        assert_eq!(machine().describe(), "2 x Test CPU, 8.0 GiB memory, kernel 6.18.0");
+    }
+
+    #[test]
+    fn wrapping() {
+        assert_eq!(wrap("aa bb cc", 5), "aa bb\ncc\n");
+        assert_eq!(wrap("a verylongword b", 4), "a\nverylongword\nb\n");
+        assert_eq!(wrap("", 10), "\n");
+        assert_eq!(wrap("run `cargo xtask bench` now", 12), "run\n`cargo xtask bench`\nnow\n");
+    }
+
+    #[test]
+    fn a_table() {
+        let t = table(&["a", "b"], &[vec!["x".into(), "1".into()]]);
+        assert_eq!(t, "| a | b |\n|---|---:|\n| x | 1 |\n");
+    }
+
+    #[test]
+    fn ctxswitch_side_by_side() {
+        let v = json!({
+            "rounds": 3, "run_ms": 5000,
+            "untraced": {"median_round_trips_per_s": 100000.0, "ratio_to_untraced": 1.0},
+            "outside_traced_job": {"median_round_trips_per_s": 93000.0, "ratio_to_untraced": 0.93,
+                "sched_switch": {"median_ns_per_run": 144.4, "median_runs_per_s": 400000.0},
+                "sched_waking": {"median_ns_per_run": 102.0}},
+            "inside_traced_job": {"median_round_trips_per_s": 84000.0, "ratio_to_untraced": 0.84,
+                "sched_switch": {"median_ns_per_run": 311.0, "median_runs_per_s": 350000.0},
+                "sched_waking": {"median_ns_per_run": 280.0}, "accounted_per_ns": 0.987},
+        });
+        let t = ctxswitch(&v);
+        assert!(t.starts_with("3 rounds of 5 s each.\n\n| case |"), "{t}");
+        assert!(t.contains("| untraced | 100,000 | x1.00 | - | - | - | - |"), "{t}");
+        assert!(
+            t.contains("| outside the traced job | 93,000 | x0.93 | 400,000 | 144 | 102 | - |"),
+            "{t}"
+        );
+        assert!(
+            t.contains("| inside the traced job | 84,000 | x0.84 | 350,000 | 311 | 280 | 0.99 |"),
+            "{t}"
+        );
+    }
+
+    #[test]
+    fn swap_heavy_figures() {
+        let v = json!({
+            "rounds": 5, "untraced_median_s": 2.5, "traced_median_s": 2.6, "slowdown_ratio": 1.04,
+            "ring_records_per_s": 1300.0, "write_folio_hits_per_s": 58000.0,
+            "block_bio_queue_hits_per_s": 58100.0, "agent_cpu_pct_of_one_core": 1.6,
+            "agent_peak_rss_kb": 95232, "lost_events": 0,
+            "programs": [
+                {"name": "mm_vmscan_write_folio_btf", "run_count": 1000, "run_time_ns": 200000},
+                {"name": "idle", "run_count": 0, "run_time_ns": 0},
+            ],
+        });
+        let t = swap_heavy(&v);
+        assert!(
+            t.contains("| workload wall time, s (median of 5) | 2.50 | 2.60 | x1.040 |"),
+            "{t}"
+        );
+        assert!(t.contains("| ring records / write_folio hits | x0.02 |"), "{t}");
+        assert!(t.contains("| agent peak RSS, MiB | 93.0 |"), "{t}");
+        assert!(t.contains("| mm_vmscan_write_folio_btf | 1,000 | 200 |"), "{t}");
+        assert!(!t.contains("| idle |"), "{t}");
+    }
+
+    #[test]
+    fn peer_and_floor() {
+        let v = json!({
+            "programs": [
+                {"tracepoint": "block_io_start",
+                 "gpustall": {"runs": 1000, "run_time_ns": 400000, "ns_per_run": 400.0},
+                 "peer": {"runs": 1000, "run_time_ns": 320000, "ns_per_run": 320.0}},
+                {"tracepoint": "sched_switch",
+                 "gpustall": {"runs": 5000, "run_time_ns": 800000, "ns_per_run": 160.0}, "peer": null},
+            ],
+            "gpustall_runs": 6000, "peer_runs": 1000, "gpustall_kernel_ms": 1.2, "peer_kernel_ms": 0.32,
+            "gpustall_agent_cpu_ms": 10.0, "peer_agent_cpu_ms": 0.0,
+            "gpustall_total_ms": 11.2, "peer_total_ms": 0.32,
+            "wall_untraced_s": 10.0, "wall_gpustall_s": 10.5, "wall_peer_s": 10.2, "wall_both_s": 11.0,
+            "both_rounds": 3,
+            "floor": {"programs": [{"tracepoint": "block_io_start", "classic_floor_ns_per_run": 60.0,
+                "typed_floor_ns_per_run": 65.0, "gpustall_ns_per_run": 400.0, "peer_ns_per_run": 320.0}],
+                "gpustall_runs_at_floor_ms": 0.065, "peer_runs_at_floor_ms": 0.06,
+                "gpustall_runs_counted": 1000, "gpustall_runs_elsewhere": 5000, "floor_to_peer_total": 0.2},
+        });
+        let t = peer(&v);
+        assert!(t.contains("| block_io_start | 1,000 | 400 | 1,000 | 320 | x1.25 |"), "{t}");
+        assert!(t.contains("| sched_switch | 5,000 | 160 | - | - | - |"), "{t}");
+        assert!(t.contains("| **total, ms** | 11.2 | 0.3 | x35.00 |"), "{t}");
+        assert!(t.contains("| gpustall | 10.50 | x1.05 |"), "{t}");
+        assert!(t.contains("| both (mean of 3) | 11.00 | x1.10 |"), "{t}");
+        assert!(t.contains("| block_io_start | 60 | 65 | 400 | 320 |"), "{t}");
+        assert!(
+            t.contains("| gpustall's runs at the floor / the peer's whole cost | x0.20 |"),
+            "{t}"
+        );
+    }
+
+    #[test]
+    fn watch_fork_and_outside() {
+        let w = json!({"idle": {"cpu_pct_of_one_core": 0.3, "rss_kb": 41984, "seconds": 20.0},
+            "busy_swap_heavy": {"cpu_pct_of_one_core": 0.54, "rss_kb": 51200, "peak_rss_kb": 58368, "seconds": 9.0}});
+        let t = watch(&w);
+        assert!(t.contains("| idle | 0.30 | 41.0 | - | 20 |"), "{t}");
+        assert!(t.contains("| swap-heavy workload | 0.54 | 50.0 | 57.0 | 9 |"), "{t}");
+        let b = json!({"children": "18000", "burst_s": 30.2, "peak_rss_kb": 47000, "end_rss_kb": 30000,
+            "memory_budget_mib": 64, "cpu_pct_of_one_core": 1.5, "metrics_slowest_ms": 12.0,
+            "metrics_unanswered": 0, "block_write_bytes_by_metrics": 73728000});
+        let t = fork_burst(&b);
+        assert!(
+            t.contains("| block writes counted / written | 73,728,000 / 73,728,000 (x1.00) |"),
+            "{t}"
+        );
+        let o = json!({
+            "fork_heavy": {"load": "3,000 /bin/true in 4.0 s",
+                "programs": [{"program": "task_newtask", "runs": 3000, "ns_per_run": 301.0}]},
+            "io_heavy": {"load": "reads", "programs": [{"program": "block_io_start", "runs": 20000, "ns_per_run": 90.0}]},
+            "context_switch_heavy": {"load": "pings", "programs": []},
+        });
+        let t = outside(&o);
+        assert!(t.starts_with("- fork-heavy: 3,000 /bin/true in 4.0 s\n"), "{t}");
+        assert!(t.contains("| block_io_start | - | - | 20,000 | 90 | - | - |"), "{t}");
+        assert!(t.contains("| task_newtask | 3,000 | 301 | - | - | - | - |"), "{t}");
+    }
+
+    #[test]
+    fn a_partial_run_replaces_only_its_sections() {
+        let m = machine();
+        let first = updated("# old narrative\n", &[], &m);
+        assert!(!first.contains("old narrative"));
+        for name in SECTIONS {
+            assert!(first.contains(&open(name)) && first.contains(&close(name)), "{name}");
+        }
+        // Someone's earlier figures in another section stay.
+        let doc = replace_section(&first, "peer", "PEER FIGURES");
+        let v = json!({"untraced": {"median_round_trips_per_s": 1.0, "ratio_to_untraced": 1.0}});
+        let after = updated(&doc, &[("ctxswitch", &v)], &m);
+        assert!(after.contains("<!-- bench:peer -->\nPEER FIGURES\n<!-- /bench:peer -->"));
+        assert!(after.contains("## Context-switch-heavy job"));
+        assert!(after.contains("Measured 2026-12-05 on 2 x Test CPU"));
+        assert!(after.contains("Latest run: 2026-12-05, cases `ctxswitch`"));
+        assert!(after.contains("Not measured yet: `cargo xtask bench --only watch`"));
+        // Running it again replaces the section rather than adding one.
+        let again = updated(&after, &[("ctxswitch", &v)], &m);
+        assert_eq!(again, after);
+        assert_eq!(again.matches("<!-- bench:ctxswitch -->").count(), 1);
+        // A document missing a section gets it at the end.
+        let added = replace_section("# x\n", "watch", "W");
+        assert_eq!(added, "# x\n\n<!-- bench:watch -->\nW\n<!-- /bench:watch -->\n");
+    }
+}
