@@ -98,7 +98,7 @@ fn rank_key(l: &Lane) -> (bool, u32) {
 /// The job's verdict over its lanes, and the disagreements between them; lanes in rank order
 /// where their recordings say, each with its display name (host, and what tells two
 /// recordings of one host apart: the rank, the pid, the incident).
-pub fn conclude_job(lanes: &mut Vec<Lane>, max_skew_ns: u64) -> (JobVerdict, Vec<String>) {
+pub fn conclude_job(lanes: &mut [Lane], max_skew_ns: u64) -> (JobVerdict, Vec<String>) {
     lanes.sort_by_key(rank_key);
     let names = job::labels(
         &lanes.iter().map(|l| (l.source.host.clone(), l.source.label.clone())).collect::<Vec<_>>(),
