@@ -81,6 +81,22 @@ fn a_torchrun_jobs_ranks_are_named_with_their_rank_and_run() {
     assert!(s["job"].get("rank").is_none(), "a job of two ranks has no one rank: {}", s["job"]);
     let heading = format!("Job: torchrun run {run}, 2 ranks");
     assert!(report.contains(&heading), "the report says which job: {report}");
+    // The Perfetto trace names each rank's process with its rank; the HTML page says the job.
+    let (trace, html) = (dir.path("trace.json"), dir.path("report.html"));
+    let rec = dir.path("torchrun.jsonl");
+    let run_ok = |args: &[&std::ffi::OsStr]| {
+        let o = Command::new(tests::gpustall_bin()).args(args).output().expect("gpustall");
+        assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stderr));
+    };
+    run_ok(&["export".as_ref(), "--perfetto".as_ref(), trace.as_os_str(), rec.as_os_str()]);
+    run_ok(&["report".as_ref(), rec.as_os_str(), "--html".as_ref(), html.as_os_str()]);
+    let trace = std::fs::read_to_string(&trace).expect("trace");
+    for r in &ranks {
+        let name = format!("({}, rank {})", r["pid"], r["identity"]["rank"]);
+        assert!(trace.contains(&name), "Perfetto names {name}");
+    }
+    let html = std::fs::read_to_string(&html).expect("html");
+    assert!(html.contains(&heading), "the page says which job");
 }
 
 /// One process per "rank" with the variables torchrun gives its ranks (no torch needed for
@@ -113,6 +129,7 @@ fn two_ranks_recordings_merge_in_rank_order_named_by_rank() {
         .expect("gpustall merge");
     assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stderr));
     let m = summary(&merged);
+    assert_eq!(m["warnings"], serde_json::json!([]), "all ranks are here: {}", m["warnings"]);
     let labels: Vec<String> = m["nodes"]
         .as_array()
         .expect("nodes")
@@ -124,6 +141,17 @@ fn two_ranks_recordings_merge_in_rank_order_named_by_rank() {
         labels[0].contains("rank 0") && labels[1].contains("rank 1"),
         "in rank order: {labels:?}"
     );
+    // One rank alone: the other is named missing.
+    let o = Command::new(tests::gpustall_bin())
+        .arg("merge")
+        .arg(dir.path("rank1.jsonl"))
+        .arg("--summary-json")
+        .arg(&merged)
+        .output()
+        .expect("gpustall merge");
+    assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stderr));
+    let warnings = summary(&merged)["warnings"].to_string();
+    assert!(warnings.contains("ranks 0 of 2 have no recording"), "{warnings}");
 }
 
 /// Removes a cgroup tree made by a test, deepest first, whatever happened.

@@ -183,6 +183,24 @@ impl Identity {
     }
 }
 
+impl Identity {
+    /// A short name safe in a file name: "rank3", "slurm4821", "pod-train-7f9c", joined by
+    /// dashes; `None` when nothing is known.
+    pub fn file_tag(&self) -> Option<String> {
+        let mut parts = Vec::new();
+        parts.extend(self.slurm_job.as_ref().map(|j| format!("slurm{j}")));
+        parts.extend(self.pod.as_ref().map(|p| format!("pod-{p}")));
+        parts.extend(self.rank.map(|r| format!("rank{r}")));
+        let tag: String = parts
+            .join("-")
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() || "._-".contains(c) { c } else { '_' })
+            .take(80)
+            .collect();
+        (!tag.is_empty()).then_some(tag)
+    }
+}
+
 fn fill<T: Clone>(into: &mut Option<T>, from: &Option<T>) {
     if into.is_none() {
         into.clone_from(from);
@@ -310,5 +328,7 @@ mod tests {
         assert_eq!(both.label().as_deref(), Some("torchrun run x, 2 ranks"));
         assert_eq!(Identity::of_job([&rank(1)]).rank, Some(1));
         assert_eq!(Identity::of_job([]).label(), None);
+        let pod = Identity { pod: Some("train/../x".into()), rank: Some(3), ..Default::default() };
+        assert_eq!(pod.file_tag().as_deref(), Some("pod-train_.._x-rank3"));
     }
 }

@@ -177,7 +177,10 @@ fn compact(v: f64) -> String {
 /// The page: verdict, evidence and advice, the timeline charts, the table of processes.
 pub fn render(summary: &Summary, t: &Timeline) -> String {
     let cause = esc(summary.verdict.cause.as_str());
-    let heading = format!(r#"<h1>gpustall: <span class="cause">{cause}</span></h1>"#);
+    let mut heading = format!(r#"<h1>gpustall: <span class="cause">{cause}</span></h1>"#);
+    if let Some(job) = summary.job.as_ref().and_then(|j| j.label()) {
+        let _ = write!(heading, "<p>Job: {}</p>", esc(&job));
+    }
     page(summary.verdict.cause.as_str(), &(heading + &body(summary, t)))
 }
 

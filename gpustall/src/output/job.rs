@@ -50,6 +50,7 @@ fn on_axis(tl: &Timeline, t0: u64, t1: u64) -> Timeline {
         end_ns: t1,
         processes: tl.processes.clone(),
         gpus: tl.gpus.clone(),
+        ranks: tl.ranks.clone(),
         slices: tl.slices.clone(),
         instants: tl.instants.clone(),
         flows: tl.flows.clone(),

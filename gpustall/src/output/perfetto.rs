@@ -22,8 +22,12 @@ fn us(t: &Timeline, ns: u64) -> f64 {
 /// Every trace event of the timeline, one at a time.
 fn for_each_event(t: &Timeline, mut emit: impl FnMut(Value)) {
     for (pid, name) in &t.processes {
+        let name = match t.ranks.get(pid) {
+            Some(rank) => format!("{name} ({pid}, rank {rank})"),
+            None => format!("{name} ({pid})"),
+        };
         emit(
-            json!({"ph": "M", "name": "process_name", "pid": pid, "tid": pid, "args": {"name": format!("{name} ({pid})")}}),
+            json!({"ph": "M", "name": "process_name", "pid": pid, "tid": pid, "args": {"name": name}}),
         );
     }
     for (i, name) in &t.gpus {

@@ -69,6 +69,8 @@ pub struct Timeline {
     /// pid -> (name, role label).
     pub processes: BTreeMap<u32, String>,
     pub gpus: BTreeMap<u32, String>,
+    /// pid -> its torch.distributed rank, where its identity says.
+    pub ranks: BTreeMap<u32, u32>,
     pub slices: Vec<Slice>,
     pub instants: Vec<Instant>,
     pub flows: Vec<Flow>,
@@ -286,6 +288,11 @@ impl Timeline {
         match s {
             Sample::Seed { pid, comm, .. } => {
                 self.processes.insert(*pid, comm.clone());
+            }
+            Sample::Identity { pid, identity, .. } => {
+                if let Some(rank) = identity.rank {
+                    self.ranks.insert(*pid, rank);
+                }
             }
             Sample::ProcMem { pid, mem, .. } => {
                 let (rss, swap) = (mem.rss_kb as f64 / 1024.0, mem.swap_kb as f64 / 1024.0);

@@ -109,7 +109,26 @@ pub fn conclude_job(lanes: &mut [Lane], max_skew_ns: u64) -> (JobVerdict, Vec<St
     let sources: Vec<Source> = lanes.iter().map(|l| l.source.clone()).collect();
     let mut warnings = job::disagreements(&sources, max_skew_ns);
     warnings.extend(runs_differ(lanes));
+    warnings.extend(missing_ranks(lanes));
     (job::decide(&sources, max_skew_ns), warnings)
+}
+
+/// Ranks of the job's world size that no recording holds (a merge of some ranks only).
+fn missing_ranks(lanes: &[Lane]) -> Option<String> {
+    let jobs: Vec<&Identity> = lanes.iter().filter_map(|l| l.summary.job.as_ref()).collect();
+    let world = jobs.iter().filter_map(|j| j.world_size).max()?;
+    let have: std::collections::BTreeSet<u32> = jobs.iter().filter_map(|j| j.rank).collect();
+    if have.is_empty() {
+        return None;
+    }
+    let missing: Vec<String> =
+        (0..world).filter(|r| !have.contains(r)).map(|r| r.to_string()).collect();
+    (!missing.is_empty()).then(|| {
+        format!(
+            "ranks {} of {world} have no recording here: the first to stall may be among them",
+            missing.join(", ")
+        )
+    })
 }
 
 /// Recordings of more than one torchrun run (or Slurm job) merged: said, not refused.

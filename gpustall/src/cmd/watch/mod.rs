@@ -339,18 +339,19 @@ impl Daemon {
 
     /// Each watched job's identity (its processes' together) as its info series.
     fn export_identities(&self) {
-        let mut by_job: BTreeMap<u32, Vec<&crate::model::identity::Identity>> = BTreeMap::new();
-        for (pid, id) in &self.session.model.identities {
-            if let Some(root) = self.root_of(*pid) {
-                by_job.entry(root).or_default().push(id);
-            }
-        }
-        for (root, ids) in by_job {
-            if let Some(job) = self.jobs.get(&root) {
-                let id = crate::model::identity::Identity::of_job(ids);
+        for (root, job) in &self.jobs {
+            let id = self.identity_of_job(*root);
+            if !id.is_empty() {
                 self.metrics.set_job_identity(&job.name, &id);
             }
         }
+    }
+
+    /// The identity of the job rooted at `root`: its processes' together.
+    fn identity_of_job(&self, root: u32) -> crate::model::identity::Identity {
+        let ids = self.session.model.identities.iter();
+        let ids = ids.filter(|(pid, _)| self.root_of(**pid) == Some(root)).map(|(_, id)| id);
+        crate::model::identity::Identity::of_job(ids)
     }
 
     fn take_incidents(&mut self) {
@@ -470,7 +471,10 @@ impl Daemon {
         let secs = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
-        let name = format!("incident-{secs:012}-{}-{}", inc.kind, inc.pid);
+        // The job's identity in the name where known: bundles are found by pod, job or rank.
+        let who = root.and_then(|r| self.identity_of_job(r).file_tag());
+        let who = who.map(|w| format!("-{w}")).unwrap_or_default();
+        let name = format!("incident-{secs:012}-{}-{}{who}", inc.kind, inc.pid);
         let written = crate::cmd::watch::bundle::write(&self.opts.bundle_dir, &name, out);
         drop(lines);
         match written {
