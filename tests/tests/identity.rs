@@ -202,3 +202,37 @@ fn a_process_in_a_pods_cgroup_is_named_by_its_pod_and_container() {
     assert_eq!(job["container_id"].as_str(), Some(cid.as_str()), "{job}");
     drop(guard);
 }
+
+/// `gpustall watch` exports a watched job's identity as `gpustall_job_info`: one series per
+/// job, its labels from the rank's environment.
+#[test]
+fn watch_exports_a_jobs_identity_as_its_info_series() {
+    use tests::watcher::{bundling_watcher, scrape};
+    tests::require_privileged_env();
+    let bundles = tests::TempDir::new("identity-watch");
+    let comm = tests::procs::unique_comm();
+    let (mut w, addr) =
+        bundling_watcher(&format!("comm:^{comm}$"), bundles.0.to_str().expect("utf-8"));
+    let run = format!("run-{}", tests::unique());
+    let workload = env!("CARGO_BIN_EXE_gpustall-workload");
+    let env_args = ["RANK=1", "WORLD_SIZE=2", &format!("TORCHELASTIC_RUN_ID={run}")];
+    let args: Vec<&str> = env_args.into_iter().chain([workload, "hog", "8", "8", "6000"]).collect();
+    let mut job = Workload::start_named(&comm, Path::new("/usr/bin/env"), &args, None, None);
+    w.wait_for(&format!("watching job {comm}-{}", job.pid()), Duration::from_secs(20));
+    job.go();
+    let want = format!("training_job=\"{comm}-{}\"", job.pid());
+    let end = std::time::Instant::now() + Duration::from_secs(20);
+    let line = loop {
+        let metrics = scrape(&addr);
+        let found =
+            metrics.lines().find(|l| l.starts_with("gpustall_job_info{") && l.contains(&want));
+        if let Some(l) = found {
+            break l.to_string();
+        }
+        assert!(std::time::Instant::now() < end, "no gpustall_job_info for {want}:\n{metrics}");
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    assert!(line.contains(&format!("run_id=\"{run}\"")), "{line}");
+    assert!(line.contains("world_size=\"2\"") && line.ends_with(" 1"), "{line}");
+    let _ = job.wait(Duration::from_secs(30));
+}
