@@ -72,3 +72,70 @@ fn under_sudo_the_job_runs_as_the_caller_and_gets_the_signals() {
     let s = summary(&out);
     assert_eq!(s["final"], true, "everything written");
 }
+
+/// The job gets the signal dispositions a shell gives it: SIGPIPE kills a pipeline's writer
+/// (gpustall's runtime ignores SIGPIPE, and an ignored signal stays ignored across exec: this
+/// loop used to print "I/O error" for ever).
+#[test]
+fn a_pipelines_writer_dies_of_its_closed_pipe() {
+    tests::require_privileged_env();
+    let start = std::time::Instant::now();
+    let o = Command::new("timeout")
+        .arg("60")
+        .arg(tests::gpustall_bin())
+        .args(["trace", "--quiet", "--no-gpu", "--", "sh", "-c"])
+        .arg("while :; do echo x; done | head -1")
+        .env_remove("SUDO_UID")
+        .output()
+        .expect("gpustall");
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "the pipeline ended: {}",
+        &stderr[..stderr.len().min(2000)]
+    );
+    assert!(start.elapsed() < std::time::Duration::from_secs(30), "{:?}", start.elapsed());
+    assert!(!stderr.contains("I/O error"), "the writer died of SIGPIPE at once");
+}
+
+/// `--duration` ends the trace, never waits for a job that outlives it: the job keeps running
+/// (said), or `--stop-job` stops it as timeout(1) would and gpustall exits with its status.
+#[test]
+fn the_end_of_a_duration_does_not_wait_for_the_job() {
+    tests::require_privileged_env();
+    let dir = tests::TempDir::new("launch-duration");
+    // To files, not pipes: a job left running holds the pipes it inherited open.
+    let run = |extra: &[&str]| {
+        let err = dir.path("stderr");
+        let start = std::time::Instant::now();
+        let status = Command::new("timeout")
+            .arg("60")
+            .arg(tests::gpustall_bin())
+            .args(["trace", "--quiet", "--no-gpu", "--duration", "2"])
+            .args(extra)
+            .args(["--", "sleep", "40"])
+            .env_remove("SUDO_UID")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&err).expect("stderr file"))
+            .status()
+            .expect("gpustall");
+        let stderr = std::fs::read_to_string(&err).expect("stderr");
+        (status.code(), stderr, start.elapsed())
+    };
+    let (code, stderr, took) = run(&[]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(took < std::time::Duration::from_secs(20), "did not wait for the job: {took:?}");
+    let pid: i32 = stderr
+        .split("the job (pid ")
+        .nth(1)
+        .and_then(|r| r.split(')').next())
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("says the job keeps running: {stderr}"));
+    // SAFETY: signal 0 checks the process exists; then it is ended, the test's own job.
+    assert_eq!(unsafe { libc::kill(pid, 0) }, 0, "the job {pid} is still running");
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    let (code, stderr, took) = run(&["--stop-job"]);
+    assert_eq!(code, Some(128 + libc::SIGTERM), "stopped by SIGTERM: {stderr}");
+    assert!(took < std::time::Duration::from_secs(20), "{took:?}");
+}

@@ -101,6 +101,7 @@ impl Launched {
             let ok = wait_for_go(read.as_raw_fd()).is_ok()
                 && creds.as_ref().is_none_or(|c| drop_to(c).is_ok());
             if ok {
+                default_signals();
                 // SAFETY: NUL-terminated path and argv, made before the fork.
                 unsafe { libc::execv(c_path.as_ptr(), c_argv.as_ptr()) };
             }
@@ -151,10 +152,61 @@ impl Launched {
         code
     }
 
+    /// The job's status if it has exited, without waiting.
+    pub fn try_exit_code(&mut self) -> Option<i32> {
+        if self.reaped.is_none() {
+            let mut status = 0;
+            // SAFETY: a non-blocking wait for our own child.
+            if unsafe { libc::waitpid(self.pid, &mut status, libc::WNOHANG) } == self.pid {
+                self.reaped = Some(if libc::WIFEXITED(status) {
+                    libc::WEXITSTATUS(status)
+                } else {
+                    128 + libc::WTERMSIG(status)
+                });
+            }
+        }
+        self.reaped
+    }
+
+    /// Stops the job as timeout(1) with `--kill-after` does: SIGTERM, then SIGKILL if it is
+    /// still there after `grace`. Returns its status.
+    pub fn stop(&mut self, grace: std::time::Duration) -> i32 {
+        self.forward(libc::SIGTERM);
+        let end = std::time::Instant::now() + grace;
+        while std::time::Instant::now() < end {
+            if let Some(code) = self.try_exit_code() {
+                return code;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        self.forward(libc::SIGKILL);
+        self.exit_code()
+    }
+
     /// Stops a job that never ran (tracing could not start).
     pub fn abandon(mut self) {
         self.forward(libc::SIGKILL);
         let _ = self.exit_code();
+    }
+}
+
+/// In the child, before its exec: every signal's default disposition and none blocked, as a
+/// job started from a shell has them. Rust's runtime ignores SIGPIPE (and SIGXFSZ is ignored
+/// where gpustall's parent ignored it): ignored stays ignored across exec, so a pipeline's
+/// writer would never die of its closed pipe (`while :; do echo x; done | head -1` looped
+/// for ever). Only async-signal-safe calls.
+fn default_signals() {
+    for sig in 1..=64 {
+        if sig != libc::SIGKILL && sig != libc::SIGSTOP {
+            // SAFETY: signal(2) with SIG_DFL; an invalid number only returns an error.
+            unsafe { libc::signal(sig, libc::SIG_DFL) };
+        }
+    }
+    // SAFETY: an empty set, initialised by sigemptyset before use.
+    unsafe {
+        let mut none: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut none);
+        libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
     }
 }
 

@@ -47,6 +47,11 @@ pub struct TraceArgs {
     /// the job exits or Ctrl-C.
     #[arg(long, short = 'd', value_name = "D", value_parser = crate::cmd::units::parse_duration)]
     duration: Option<Duration>,
+    /// With `-- CMD`: when --duration ends the trace, stop the job too (SIGTERM, then SIGKILL
+    /// after 10 s, as timeout(1) -k 10s does) and exit with its status. Without it the job
+    /// keeps running on its own and gpustall exits 0 once its report is written.
+    #[arg(long, requires = "duration", requires = "command")]
+    stop_job: bool,
     /// Write every event as JSON Lines to FILE (header, events, samples, summaries).
     #[arg(long, value_name = "FILE")]
     record: Option<PathBuf>,
@@ -79,6 +84,7 @@ impl TraceArgs {
             pid: self.pid.unwrap_or(0),
             launch: self.command,
             duration: self.duration,
+            stop_job: self.stop_job,
             record: self.record,
             summary_json: self.summary_json,
             quiet: self.quiet,
@@ -97,6 +103,8 @@ pub struct TraceOptions {
     /// `-- CMD`: start it under the tracer (its pid becomes `pid`).
     pub launch: Vec<String>,
     pub duration: Option<Duration>,
+    /// `--stop-job`: the end of `duration` stops the launched job too.
+    pub stop_job: bool,
     pub record: Option<PathBuf>,
     pub summary_json: Option<PathBuf>,
     pub quiet: bool,
@@ -145,7 +153,10 @@ pub async fn run(mut opts: TraceOptions) -> anyhow::Result<()> {
     let launched = t.launched.take();
     let result = finish(&opts, t, &probes);
     let Some(mut job) = launched else { return result };
-    let code = job.exit_code();
+    let code = match job_at_end(&opts, &stop, &mut job) {
+        Some(code) => code,
+        None => return result,
+    };
     match result {
         Err(e) if e.downcast_ref::<crate::cmd::LostEvents>().is_some() => {
             say!("gpustall: warning: {e}");
@@ -159,6 +170,27 @@ pub async fn run(mut opts: TraceOptions) -> anyhow::Result<()> {
         Ok(()) => {}
     }
     Err(crate::cmd::JobExit(code).into())
+}
+
+/// The launched job's status once the trace is over: it has exited (the trace ended with it, or
+/// with a signal passed on to it), or --duration ended the trace and `--stop-job` stops it.
+/// `None`: --duration ended the trace of a job that keeps running on its own (said); gpustall
+/// never waits for it there, so it cannot hang behind a job that outlives the trace.
+fn job_at_end(opts: &TraceOptions, stop: &Stop, job: &mut Launched) -> Option<i32> {
+    if !matches!(stop, Stop::Deadline) {
+        return Some(job.exit_code());
+    }
+    if let Some(code) = job.try_exit_code() {
+        return Some(code);
+    }
+    if opts.stop_job {
+        return Some(job.stop(Duration::from_secs(10)));
+    }
+    say!(
+        "gpustall: the job (pid {}) keeps running: --duration ended the trace, not the job (--stop-job stops it too)",
+        job.pid()
+    );
+    None
 }
 
 /// What a running trace holds besides the kernel side.
