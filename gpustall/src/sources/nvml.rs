@@ -88,6 +88,62 @@ impl Drop for GpuSampler {
     }
 }
 
+/// Whether `path` is a regular file holding a whole 64-bit little-endian ELF object: its
+/// header, program and section header tables, and every segment's bytes within the file.
+fn loadable_elf(path: &Path) -> Result<(), String> {
+    use std::io::Read as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| e.to_string())?;
+    let len = f.metadata().map_err(|e| e.to_string())?;
+    if !len.is_file() {
+        return Err("not a regular file".into());
+    }
+    let len = len.len();
+    // Headers only: an NVML library is a few MB, its tables are within the first read.
+    let mut head = Vec::new();
+    f.by_ref().take(1 << 20).read_to_end(&mut head).map_err(|e| e.to_string())?;
+    elf_within(&head, len)
+}
+
+/// The checks of [`loadable_elf`] on the file's first bytes `head` and its length.
+fn elf_within(head: &[u8], len: u64) -> Result<(), String> {
+    let u16_at = |o: usize| head.get(o..o + 2).map(|b| u64::from(u16::from_le_bytes([b[0], b[1]])));
+    let u64_at =
+        |o: usize| head.get(o..o + 8).map(|b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8])));
+    if head.len() < 64 || &head[..4] != b"\x7fELF" || head[4] != 2 || head[5] != 1 {
+        return Err("not a 64-bit little-endian ELF library".into());
+    }
+    let short = || "truncated: its headers point past its end".to_string();
+    let (phoff, phentsize, phnum) = (u64_at(32), u16_at(54), u16_at(56));
+    let (shoff, shentsize, shnum) = (u64_at(40), u16_at(58), u16_at(60));
+    let (Some(phoff), Some(phentsize), Some(phnum)) = (phoff, phentsize, phnum) else {
+        return Err(short());
+    };
+    let table_end = |off: u64, size: u64, n: u64| off.checked_add(size.checked_mul(n)?);
+    let ph_end = table_end(phoff, phentsize, phnum).ok_or_else(short)?;
+    let sh_end = match (shoff, shentsize, shnum) {
+        (Some(o), Some(s), Some(n)) => table_end(o, s, n).ok_or_else(short)?,
+        _ => return Err(short()),
+    };
+    if ph_end > len || sh_end > len {
+        return Err(short());
+    }
+    for i in 0..phnum {
+        let at = (phoff + i * phentsize) as usize;
+        let (Some(offset), Some(filesz)) = (u64_at(at + 8), u64_at(at + 32)) else {
+            return Err(short());
+        };
+        if offset.checked_add(filesz).is_none_or(|end| end > len) {
+            return Err(short());
+        }
+    }
+    Ok(())
+}
+
 impl GpuSampler {
     /// Loads NVML from `lib_path`, else from `$GPUSTALL_NVML_LIB`, else the driver's default,
     /// and lists the GPUs. Errors say, in one line, that GPU data is off and why.
@@ -99,6 +155,12 @@ impl GpuSampler {
                 .unwrap_or_else(|| DEFAULT_LIB.into()),
         };
         let shown = lib.to_string_lossy().into_owned();
+        // A path (not a name for the loader to search) is checked first: dlopen of a FIFO
+        // blocks for ever, of a truncated library dies of SIGBUS when a segment is mapped.
+        if lib.as_encoded_bytes().contains(&b'/') && Path::new(&lib).exists() {
+            loadable_elf(Path::new(&lib))
+                .map_err(|detail| GpuUnavailable::NotNvml { lib: shown.clone(), detail })?;
+        }
         let nvml = Nvml::builder()
             .lib_path(&lib)
             .init()
@@ -247,6 +309,22 @@ fn xid_events(nvml: &'static Nvml, count: u32) -> Vec<(u32, EventSet<'static>)> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_truncated_or_foreign_library_is_refused_before_loading() {
+        let me = std::fs::read("/proc/self/exe").expect("this test binary, an ELF");
+        let len = me.len() as u64;
+        assert_eq!(elf_within(&me, len), Ok(()));
+        assert!(elf_within(&me, len / 2).is_err_and(|e| e.contains("truncated")));
+        assert!(elf_within(b"#!/bin/sh\n", 10).is_err_and(|e| e.contains("not a 64-bit")));
+        let fifo = std::env::temp_dir().join(format!("gpustall-nvml-fifo-{}", std::process::id()));
+        let c = std::ffi::CString::new(fifo.to_str().expect("utf-8")).expect("path");
+        // SAFETY: a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let e = loadable_elf(&fifo);
+        let _ = std::fs::remove_file(&fifo);
+        assert_eq!(e, Err("not a regular file".to_string()), "refused, not blocked on");
+    }
 
     /// The stand-in library `cargo build -p nvml-stub` made, in this build's target directory
     /// (`CARGO_TARGET_DIR` when set, as it is for parallel work trees; `./target` otherwise).

@@ -97,8 +97,7 @@ impl LogTail {
     pub fn open(path: &Path, from_start: bool) -> anyhow::Result<Self> {
         let open_err =
             |e: std::io::Error| anyhow::anyhow!("cannot open training log {}: {e}", path.display());
-        let file = File::open(path).map_err(open_err)?;
-        let meta = file.metadata().map_err(open_err)?;
+        let (file, meta) = open_regular(path).map_err(open_err)?;
         let mut tail = LogTail {
             path: path.to_path_buf(),
             file,
@@ -187,9 +186,8 @@ impl LogTail {
     }
 
     fn reopen(&mut self) {
-        let opened = File::open(&self.path).and_then(|f| Ok((f.metadata()?, f)));
-        match opened {
-            Ok((meta, file)) => {
+        match open_regular(&self.path) {
+            Ok((file, meta)) => {
                 self.file = file;
                 self.id = (meta.dev(), meta.ino());
                 self.pos = 0;
@@ -206,6 +204,21 @@ impl LogTail {
             self.warned = true;
         }
     }
+}
+
+/// Opens a log for reading, never blocking: a FIFO (or device) put at the log's path would
+/// block an open, and the trace with it, until a writer came; it is refused instead.
+fn open_regular(path: &Path) -> std::io::Result<(File, std::fs::Metadata)> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let file = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path)?;
+    let meta = file.metadata()?;
+    if !meta.is_file() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "not a regular file (a FIFO or device is never read as a log)",
+        ));
+    }
+    Ok((file, meta))
 }
 
 /// Whether the byte before `len` is a line end (true when it cannot be read: no harm then in
@@ -387,6 +400,19 @@ mod tests {
         let mut t = LogTail::open(&log.0, true).expect("test setup");
         std::fs::remove_file(&log.0).expect("test setup");
         assert!(t.poll().is_empty());
+    }
+
+    #[test]
+    fn a_fifo_at_the_logs_path_is_refused_without_blocking() {
+        let dir = std::env::temp_dir().join(format!("gpustall-fifo-{}", std::process::id()));
+        let _ = std::fs::create_dir(&dir);
+        let fifo = dir.join("train.log");
+        let c = std::ffi::CString::new(fifo.to_str().expect("utf-8")).expect("path");
+        // SAFETY: a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let e = LogTail::open(&fifo, true).err().expect("refused");
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(e.to_string().contains("not a regular file"), "{e}");
     }
 
     #[test]
