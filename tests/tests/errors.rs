@@ -53,3 +53,20 @@ fn a_bare_number_is_a_duration_in_seconds() {
     assert_eq!(code, 2, "a duration no trace means is refused, not a panic: {err}");
     assert!(err.contains("longer than"), "{err}");
 }
+
+/// A report that could not be printed (stdout on a full disk) fails, with one line that says
+/// why; a reader that stopped early (`| head`) is no failure.
+#[test]
+fn a_report_that_cannot_be_printed_fails() {
+    let rec =
+        concat!(env!("CARGO_MANIFEST_DIR"), "/../gpustall/src/recording/testdata/trace-v1.jsonl");
+    let o = std::process::Command::new(tests::gpustall_bin())
+        .args(["report", rec])
+        .stdout(std::fs::File::create("/dev/full").expect("/dev/full"))
+        .output()
+        .expect("gpustall report");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("cannot print the report: No space left on device"), "{err}");
+    assert_eq!(err.lines().filter(|l| l.contains("error")).count(), 1, "{err}");
+}

@@ -169,3 +169,45 @@ fn two_nodes_merge_on_their_wall_clocks() {
     assert_eq!(labels.len(), 2);
     assert!(labels.iter().all(|l| l.starts_with("node-a [pid ")), "{labels:?}");
 }
+
+/// Inputs that cannot be merged (a FIFO nobody writes to, a recording of a newer format) are
+/// each skipped with a warning, never a hang: the others are merged, and the exit status says
+/// some were left out.
+#[test]
+fn bad_inputs_are_skipped_and_the_rest_merged() {
+    let dir = tests::TempDir::new("merge-bad");
+    let fifo = dir.path("fifo");
+    let c = std::ffi::CString::new(fifo.to_str().expect("utf-8")).expect("path");
+    // SAFETY: a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let newer = dir.path("v99.jsonl");
+    std::fs::write(
+        &newer,
+        "{\"type\":\"header\",\"version\":99,\"start_ns\":1,\"gpu\":{\"enabled\":false}}\n",
+    )
+    .expect("v99");
+    let good = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../gpustall/src/recording/testdata/merge-node-a.jsonl"
+    );
+    let out = dir.path("job.json");
+    let o = std::process::Command::new("timeout")
+        .arg("30")
+        .arg(tests::gpustall_bin())
+        .arg("merge")
+        .arg(good)
+        .arg(&fifo)
+        .arg(&newer)
+        .arg("--summary-json")
+        .arg(&out)
+        .output()
+        .expect("gpustall merge");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("fifo is not a gpustall recording: it is empty: skipped"), "{err}");
+    assert!(err.contains("version 99 is newer"), "{err}");
+    assert!(err.contains("2 of 3 inputs could not be merged"), "{err}");
+    let job: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&out).expect("summary")).expect("json");
+    assert_eq!(job["nodes"].as_array().map(Vec::len), Some(1), "{job}");
+}

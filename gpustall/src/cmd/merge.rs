@@ -56,8 +56,18 @@ pub fn run(args: &MergeArgs) -> anyhow::Result<()> {
 
     let mut lanes: Vec<Lane> = Vec::new();
     let mut stopped = Vec::new();
+    let mut skipped = Vec::new();
     for input in &args.files {
-        let (lane, err) = load(input)?;
+        // One recording that cannot be read costs only its lane: the job's other nodes are
+        // still merged, and the exit status says one was left out.
+        let (lane, err) = match load(input) {
+            Ok(loaded) => loaded,
+            Err(e) => {
+                say!("gpustall: warning: {e:#}: skipped");
+                skipped.push(format!("{e:#}"));
+                continue;
+            }
+        };
         if let Some(same) = lanes.iter().find(|l| is_same_recording(&l.source, &lane.source)) {
             say!(
                 "gpustall: warning: {} is the same recording as {}: skipped",
@@ -69,10 +79,15 @@ pub fn run(args: &MergeArgs) -> anyhow::Result<()> {
         stopped.extend(err);
         lanes.push(lane);
     }
+    anyhow::ensure!(!lanes.is_empty(), "no recording could be merged: {}", skipped.join("; "));
+    if !skipped.is_empty() {
+        let n = args.files.len();
+        stopped.push(format!("{} of {n} inputs could not be merged (said above)", skipped.len()));
+    }
     let max_skew = args.max_skew.as_nanos() as u64;
     let (verdict, warnings) = conclude_job(&mut lanes, max_skew);
     write_outputs(args, &lanes, &verdict, &warnings, max_skew)?;
-    crate::output::text::print(&out::text(&lanes, &verdict, &warnings));
+    crate::output::text::print(&out::text(&lanes, &verdict, &warnings))?;
     anyhow::ensure!(stopped.is_empty(), "{}", stopped.join("; "));
     Ok(())
 }

@@ -472,7 +472,10 @@ fn finish(opts: &TraceOptions, mut t: Trace, probes: &Probes) -> anyhow::Result<
             failures.push(format!("{e:#}"));
         }
     }
-    crate::output::text::print_beside(&crate::output::text::render(&summary), json_on_stdout);
+    let report = crate::output::text::render(&summary);
+    if let Err(e) = crate::output::text::print_beside(&report, json_on_stdout) {
+        failures.push(format!("{e:#}"));
+    }
     if let (Some(out), Some(record)) = (&opts.perfetto, &t.record_path) {
         drop(t.session.recorder.take());
         if let Err(e) = write_perfetto_from(record, t.scratch.as_deref(), out) {

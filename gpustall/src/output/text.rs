@@ -10,23 +10,26 @@ fn mib(bytes: u64) -> f64 {
 
 /// Prints the report on stdout. A reader that went away (`gpustall report f | head`) is not an
 /// error: the files the command writes matter more than the lines nobody reads.
-pub fn print(text: &str) {
+pub fn print(text: &str) -> anyhow::Result<()> {
     use std::io::Write as _;
     let mut out = std::io::stdout().lock();
-    if let Err(e) = out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
-        if e.kind() != std::io::ErrorKind::BrokenPipe {
-            say!("gpustall: cannot print the report: {e}");
-        }
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        // A reader that stopped reading (`| head`) took what it wanted.
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        Err(e) => Err(anyhow::anyhow!("cannot print the report: {e}")),
+        Ok(()) => Ok(()),
     }
 }
 
-/// The report on stdout, or on stderr when stdout carries JSON (`--summary-json -`).
-pub fn print_beside(text: &str, json_on_stdout: bool) {
+/// The report on stdout, or on stderr when stdout carries JSON (`--summary-json -`). An
+/// error when it could not be written (a full disk behind `> file`): the caller fails with it.
+pub fn print_beside(text: &str, json_on_stdout: bool) -> anyhow::Result<()> {
     if json_on_stdout {
         use std::io::Write as _;
         let _ = std::io::stderr().write_all(text.as_bytes());
+        Ok(())
     } else {
-        print(text);
+        print(text)
     }
 }
 

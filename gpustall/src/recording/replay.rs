@@ -279,7 +279,7 @@ fn replay_line(r: &mut Replay, odd: &mut Oddities, n: usize, line: &[u8]) -> Res
 /// Replays the recording at `file`, saying its warnings; an error when it holds nothing that
 /// parses. A recording cut short comes back with its `error` (the caller reports what parsed).
 pub fn open(file: &Path) -> anyhow::Result<Replay> {
-    let f = std::fs::File::open(file)
+    let f = open_nonblocking(file)
         .with_context(|| format!("cannot open the recording {}", file.display()))?;
     let r = replay(BufReader::new(f));
     for w in &r.warnings {
@@ -293,6 +293,20 @@ pub fn open(file: &Path) -> anyhow::Result<Replay> {
         anyhow::bail!("{} is not a gpustall recording: {why}", file.display());
     }
     Ok(r)
+}
+
+/// Opens for reading without waiting for a writer: a FIFO nobody writes to reads as empty
+/// (and is refused as such) instead of hanging the command. Reads then block as usual.
+fn open_nonblocking(file: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::fd::AsRawFd as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let f = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(file)?;
+    // SAFETY: fcntl on a descriptor this function owns.
+    unsafe {
+        let flags = libc::fcntl(f.as_raw_fd(), libc::F_GETFL);
+        libc::fcntl(f.as_raw_fd(), libc::F_SETFL, flags & !libc::O_NONBLOCK);
+    }
+    Ok(f)
 }
 
 /// Calls `f` on each record of a recording, up to `max_lines` (a corrupt tail is left out, as
