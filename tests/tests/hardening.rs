@@ -391,3 +391,31 @@ fn vm_hwm_kb(pid: u32) -> u64 {
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
         .unwrap_or(0)
 }
+
+/// One line with a crafted time (u64::MAX) in a recording: skipped with a warning, the report
+/// and its HTML page as without it, not gigabytes of axis ticks.
+#[test]
+fn one_bad_time_does_not_blow_up_the_report() {
+    let dir = tests::TempDir::new("bad-time");
+    let good = include_str!("../../gpustall/src/recording/testdata/trace-v1.jsonl");
+    let mut lines: Vec<&str> = good.lines().collect();
+    let crafted = r#"{"type":"sample","kind":"vanished","t_ns":18446744073709551615,"pid":999999}"#;
+    lines.insert(20, crafted);
+    let rec = dir.path("bad.jsonl");
+    std::fs::write(&rec, lines.join("\n") + "\n").expect("recording");
+    let html = dir.path("bad.html");
+    let start = std::time::Instant::now();
+    let o = std::process::Command::new(tests::gpustall_bin())
+        .arg("report")
+        .arg(&rec)
+        .arg("--html")
+        .arg(&html)
+        .output()
+        .expect("gpustall report");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    assert!(err.contains("1 lines with a time outside the recording's span skipped"), "{err}");
+    assert!(start.elapsed() < std::time::Duration::from_secs(20), "{:?}", start.elapsed());
+    let size = std::fs::metadata(&html).expect("html").len();
+    assert!(size < 2 << 20, "a page of {size} bytes");
+}

@@ -112,13 +112,18 @@ fn plot_area(s: &mut String, f: &Frame, l: &Layout, max: f64, unit: &str) {
     );
 }
 
-/// Time ticks at a round step giving at most 10 of them.
-fn time_ticks(s: &mut String, axis: &Axis, l: &Layout) {
-    let secs = axis.t1.saturating_sub(axis.t0) as f64 / 1e9;
-    let step = [1.0, 2.0, 5.0, 10.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0]
+fn tick_step(secs: f64) -> f64 {
+    [1.0, 2.0, 5.0, 10.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0]
         .into_iter()
         .find(|s| secs / s <= 10.0)
-        .unwrap_or(7200.0);
+        .unwrap_or_else(|| (secs / 10.0 / 3600.0).ceil() * 3600.0)
+}
+
+/// Time ticks at a round step giving at most 10 of them, however long the span (a step in
+/// whole hours past 10 hours: a fixed last step drew millions of ticks on a crafted span).
+fn time_ticks(s: &mut String, axis: &Axis, l: &Layout) {
+    let secs = axis.t1.saturating_sub(axis.t0) as f64 / 1e9;
+    let step = tick_step(secs);
     let mut tick = 0.0;
     while tick <= secs + 1e-9 {
         let x = axis.x(axis.t0 + (tick * 1e9) as u64);
@@ -444,6 +449,13 @@ fn process_table(o: &mut String, summary: &Summary) {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_chart_has_at_most_ten_ticks_whatever_its_span() {
+        for secs in [0.5, 59.0, 3600.0 * 20.0, 3600.0 * 24.0 * 365.0, 1.8e10] {
+            assert!(secs / super::tick_step(secs) <= 10.0 + 1e-9, "{secs}");
+        }
+    }
+
     #[test]
     fn escapes_text() {
         assert_eq!(super::esc("<a & \"b\">"), "&lt;a &amp; &quot;b&quot;&gt;");

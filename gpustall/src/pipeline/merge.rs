@@ -60,6 +60,12 @@ pub fn load(input: &Path) -> anyhow::Result<(Lane, Option<String>)> {
         "{} has no wall_clock_at_start_ns: it cannot be put on a shared timeline",
         file.display()
     );
+    anyhow::ensure!(
+        plausible_wall_clock(header.wall_clock_at_start_ns, crate::sources::clock::wall_ns()),
+        "{}: its wall clock at start ({}) is not a date gpustall could have recorded: a node with a wrong clock cannot be put on the job's timeline",
+        file.display(),
+        job::date_time(header.wall_clock_at_start_ns)
+    );
     let summary = crate::pipeline::conclude::summary(&r.model, r.end_ns, true);
     let onsets = job::onsets(&r.model);
     let rank = onsets.first().and_then(|o| job::rank_of(&r.model, o.pid));
@@ -87,6 +93,14 @@ pub fn load(input: &Path) -> anyhow::Result<(Lane, Option<String>)> {
     });
     let mode = header.mode.clone().unwrap_or_else(|| "trace".into());
     Ok((Lane { source, file: file.display().to_string(), mode, summary, timeline: tl }, stopped))
+}
+
+/// A recording's start on the wall clock can lie between 2000 and a day from now: a node
+/// whose clock said 1970 (or a crafted header) would stretch the job's timeline over decades.
+fn plausible_wall_clock(start_ns: u64, now_ns: u64) -> bool {
+    const Y2000_NS: u64 = 946_684_800 * 1_000_000_000;
+    const DAY_NS: u64 = 86_400 * 1_000_000_000;
+    (Y2000_NS..=now_ns.saturating_add(DAY_NS)).contains(&start_ns)
 }
 
 /// A lane's place in the job: its rank (global, else its node's), where the recording says.
@@ -151,4 +165,15 @@ fn runs_differ(lanes: &[Lane]) -> Option<String> {
 /// The same recording given twice (a file and its bundle, a copy): one header, one start.
 pub fn is_same_recording(a: &Source, b: &Source) -> bool {
     a.host == b.host && a.mono_start_ns == b.mono_start_ns && a.wall_start_ns == b.wall_start_ns
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_wall_clock_of_1970_or_the_far_future_is_not_plausible() {
+        let now = 1_796_000_000 * 1_000_000_000;
+        assert!(super::plausible_wall_clock(now - 3_600_000_000_000, now));
+        assert!(!super::plausible_wall_clock(5_000_000_000, now), "1970");
+        assert!(!super::plausible_wall_clock(u64::MAX, now));
+    }
 }

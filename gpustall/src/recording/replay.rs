@@ -23,6 +23,11 @@ pub const MAX_LINE_BYTES: usize = 64 << 20;
 /// are drained every 100 ms and samples stamped once a second, so a few seconds is normal.
 const OUT_OF_ORDER_NS: u64 = 5_000_000_000;
 
+/// The furthest a line's time may lie past the latest time before it (the agent writes every
+/// second; a day covers a suspended agent). Further is a corrupt or crafted time (u64::MAX):
+/// taken in, one such line stretched every chart to 584 years.
+const MAX_JUMP_NS: u64 = 24 * 3600 * 1_000_000_000;
+
 /// How many recent lines are remembered to tell a duplicated line (a retried copy, `cat f f`).
 const DUPLICATE_WINDOW: usize = 65_536;
 
@@ -83,6 +88,48 @@ pub struct Replay {
     pub warnings: Vec<String>,
 }
 
+/// The times a recording can hold: from a little before its header's start on, each within
+/// [`MAX_JUMP_NS`] of the latest before it. A line outside is skipped and counted, so one bad
+/// time cannot stretch the model, the charts or the end of the trace.
+#[derive(Default)]
+pub struct Span {
+    start_ns: u64,
+    latest_ns: u64,
+    outside: usize,
+    first_outside: usize,
+}
+
+impl Span {
+    pub fn new(start_ns: u64) -> Self {
+        Span { start_ns, latest_ns: start_ns, ..Default::default() }
+    }
+
+    /// Whether line `n`, at `t_ns`, lies within the span (a line without a time does).
+    pub fn admits(&mut self, n: usize, t_ns: Option<u64>) -> bool {
+        let Some(t) = t_ns else { return true };
+        let early = t.saturating_add(MAX_JUMP_NS) < self.start_ns;
+        let late = t > self.latest_ns.saturating_add(MAX_JUMP_NS);
+        if early || late {
+            self.outside += 1;
+            if self.first_outside == 0 {
+                self.first_outside = n;
+            }
+            return false;
+        }
+        self.latest_ns = self.latest_ns.max(t);
+        true
+    }
+
+    fn warning(&self) -> Option<String> {
+        (self.outside > 0).then(|| {
+            format!(
+                "{} lines with a time outside the recording's span skipped (the first at line {}): a corrupt or edited time",
+                self.outside, self.first_outside
+            )
+        })
+    }
+}
+
 /// Duplicated and out-of-order lines, counted as the replay goes.
 #[derive(Default)]
 struct Oddities {
@@ -96,6 +143,7 @@ struct Oddities {
     worst_back_ns: u64,
     /// Lines of a type or kind this gpustall does not know, by name.
     unknown: std::collections::BTreeMap<String, usize>,
+    span: Span,
 }
 
 impl Oddities {
@@ -123,7 +171,7 @@ impl Oddities {
 
     fn time(&mut self, n: usize, t_ns: Option<u64>) {
         let Some(t) = t_ns else { return };
-        if t + OUT_OF_ORDER_NS < self.max_t_ns {
+        if t.saturating_add(OUT_OF_ORDER_NS) < self.max_t_ns {
             self.out_of_order += 1;
             if self.first_out_of_order == 0 {
                 self.first_out_of_order = n;
@@ -142,7 +190,7 @@ impl Oddities {
     }
 
     fn warnings(&self) -> Vec<String> {
-        let mut w = Vec::new();
+        let mut w: Vec<String> = self.span.warning().into_iter().collect();
         if !self.unknown.is_empty() {
             let names: Vec<String> =
                 self.unknown.iter().map(|(name, n)| format!("{n} x {name}")).collect();
@@ -266,10 +314,14 @@ fn replay_line(r: &mut Replay, odd: &mut Oddities, n: usize, line: &[u8]) -> Res
             _ => return Err("not a gpustall recording: the first line is not a header".into()),
         };
         apply_header(&mut r.model, &h)?;
+        odd.span = Span::new(h.start_ns);
         r.header = Some(*h);
         return Ok(());
     }
     let record = record.map_err(|e| e.to_string())?;
+    if !odd.span.admits(n, record.t_ns()) {
+        return Ok(());
+    }
     if !matches!(record, Record::Summary(_)) {
         odd.time(n, record.t_ns());
     }
@@ -320,11 +372,18 @@ pub fn for_each_record(
         .with_context(|| format!("cannot open the recording {}", file.display()))?;
     let mut lines = Lines::new(BufReader::new(input));
     let mut line = Vec::new();
+    let mut span = Span::default();
     while let Some(Ok(n)) = lines.next_line(&mut line) {
         if n > max_lines {
             break;
         }
         match Record::parse(&line) {
+            Ok(Record::Header(h)) if n == 1 => {
+                span = Span::new(h.start_ns);
+                f(Record::Header(h))
+            }
+            // Skipped as the replay skips it (and warns).
+            Ok(r) if !span.admits(n, r.t_ns()) => {}
             Ok(r) => f(r),
             Err(_) if line.iter().all(u8::is_ascii_whitespace) => {}
             Err(_) => break,
@@ -466,6 +525,24 @@ mod tests {
         );
         assert!(
             r.warnings[1].contains("out of time order (the first at line 4"),
+            "{:?}",
+            r.warnings
+        );
+    }
+
+    #[test]
+    fn a_time_outside_the_recordings_span_is_skipped_and_said() {
+        let fork = r#"{"type":"event","kind":"fork","t_ns":2000,"pid":1,"tid":1,"comm":"a","child_pid":2,"clone_flags":0}"#;
+        let crafted = r#"{"type":"sample","kind":"vanished","t_ns":18446744073709551615,"pid":2}"#;
+        let later = r#"{"type":"sample","kind":"vanished","t_ns":3000,"pid":2}"#;
+        let text = format!("{HEADER}\n{fork}\n{crafted}\n{later}\n");
+        let r = replay(text.as_bytes());
+        assert!(r.error.is_none(), "{:?}", r.error);
+        assert_eq!(r.end_ns, 3000, "the end is the last time in the span");
+        assert!(
+            r.warnings.iter().any(|w| w.contains(
+                "1 lines with a time outside the recording's span skipped (the first at line 3)"
+            )),
             "{:?}",
             r.warnings
         );
