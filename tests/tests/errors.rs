@@ -70,3 +70,34 @@ fn a_report_that_cannot_be_printed_fails() {
     assert!(err.contains("cannot print the report: No space left on device"), "{err}");
     assert_eq!(err.lines().filter(|l| l.contains("error")).count(), 1, "{err}");
 }
+
+/// Too few open files allowed: one line naming the limit and how to raise it, before anything
+/// fails with EMFILE under another name; a soft limit below the hard one is raised, and the
+/// launched job still starts with the soft limit it was given.
+#[test]
+fn the_open_files_limit_is_raised_or_named() {
+    tests::require_privileged_env();
+    let o = std::process::Command::new("prlimit")
+        .arg("--nofile=64:64")
+        .arg(tests::gpustall_bin())
+        .args(["trace", "--no-gpu", "--pid", &std::process::id().to_string(), "--duration", "1"])
+        .output()
+        .expect("prlimit gpustall");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_ne!(o.status.code(), Some(0), "{err}");
+    assert!(err.contains("RLIMIT_NOFILE allows 64 (hard limit 64): raise it"), "{err}");
+    assert!(
+        !err.contains("not available on this kernel") && !err.contains("no such process"),
+        "{err}"
+    );
+    let o = std::process::Command::new("prlimit")
+        .arg("--nofile=64:4096")
+        .arg(tests::gpustall_bin())
+        .args(["trace", "--quiet", "--no-gpu", "--", "sh", "-c", "ulimit -n"])
+        .env_remove("SUDO_UID")
+        .output()
+        .expect("prlimit gpustall");
+    let (out, err) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    assert!(out.lines().next() == Some("64"), "the job's own soft limit: {out}");
+}

@@ -102,6 +102,7 @@ impl Launched {
                 && creds.as_ref().is_none_or(|c| drop_to(c).is_ok());
             if ok {
                 default_signals();
+                crate::kernel::preflight::restore_open_files();
                 // SAFETY: NUL-terminated path and argv, made before the fork.
                 unsafe { libc::execv(c_path.as_ptr(), c_argv.as_ptr()) };
             }

@@ -223,6 +223,7 @@ struct BeatState {
 
 /// Checks, loads and attaches, opens the outputs, seeds the tree from /proc.
 fn setup(opts: &TraceOptions) -> anyhow::Result<(Trace, Probes, Rings, Option<GpuWatch>)> {
+    preflight::raise_open_files()?;
     preflight::check_pid(opts.pid)?;
     preflight::check_privileges()?;
     preflight::protect_self_from_oom_killer();

@@ -51,6 +51,56 @@ pub fn protect_self_from_oom_killer() {
 
 /// Kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK; newer ones use memcg accounting, so a
 /// failure here is expected where the hard limit is low and does not matter.
+/// Open files gpustall needs at most while it loads and runs: its programs, maps, rings, perf
+/// links (about 70 on a full attach), /proc and cgroup files, the recording, the metrics
+/// endpoint's connections. Measured: about 80 at once on a trace; this leaves room.
+const OPEN_FILES_NEEDED: u64 = 512;
+
+/// The soft RLIMIT_NOFILE gpustall was started with, for the job it launches (`-- CMD`) to
+/// start with it again: 0 until [`raise_open_files`] ran.
+static OPEN_FILES_SOFT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Raises the soft open-files limit to the hard one (as bpftrace does): loading takes a file
+/// per program, map and link. Under a hard limit too low an error says so before anything
+/// else fails with EMFILE under another name ("tracepoint not available", "no such process").
+pub fn raise_open_files() -> anyhow::Result<()> {
+    let mut r = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: valid pointer to an rlimit.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } != 0 {
+        return Ok(());
+    }
+    OPEN_FILES_SOFT.store(r.rlim_cur, std::sync::atomic::Ordering::Relaxed);
+    let want = r.rlim_max.min(1 << 20);
+    if r.rlim_cur < want {
+        let raised = libc::rlimit { rlim_cur: want, rlim_max: r.rlim_max };
+        // SAFETY: valid pointer to an rlimit.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+            r.rlim_cur = want;
+        }
+    }
+    anyhow::ensure!(
+        r.rlim_cur >= OPEN_FILES_NEEDED,
+        "up to {OPEN_FILES_NEEDED} open files are needed (programs, maps, links, /proc) and RLIMIT_NOFILE allows {} (hard limit {}): raise it (ulimit -n {OPEN_FILES_NEEDED}, or LimitNOFILE= in a unit)",
+        r.rlim_cur,
+        r.rlim_max
+    );
+    Ok(())
+}
+
+/// In a launched job's child before its exec: the soft open-files limit gpustall was started
+/// with (the job must not inherit gpustall's raised one). Async-signal-safe.
+pub fn restore_open_files() {
+    let soft = OPEN_FILES_SOFT.load(std::sync::atomic::Ordering::Relaxed);
+    let mut r = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit/setrlimit with a valid rlimit: plain system calls.
+    unsafe {
+        if soft > 0 && libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) == 0 && soft < r.rlim_cur {
+            r.rlim_cur = soft;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &r);
+        }
+    }
+}
+
 pub fn raise_memlock() {
     let r = libc::rlimit { rlim_cur: libc::RLIM_INFINITY, rlim_max: libc::RLIM_INFINITY };
     // SAFETY: valid pointer to an rlimit.

@@ -43,7 +43,10 @@ const CGROUP_TESTS: &[&str] = &["memory_pressure", "oom_kill", "verdict", "cgrou
 /// Tests that need what only `cargo xtask test` provides (a venv with torch, ~4 GB, whose
 /// DataLoader under emulation would take minutes): left out of the default run, run when
 /// named (with `GPUSTALL_TEST_TORCH_PYTHON` exported, which reaches the guest).
-const XTASK_TEST_ONLY: &[&str] = &["datawait::the_torch_dataloaders_data_wait_is_its_data_time"];
+const XTASK_TEST_ONLY: &[&str] = &[
+    "datawait::the_torch_dataloaders_data_wait_is_its_data_time",
+    "identity::a_torchrun_jobs_ranks_are_named_with_their_rank_and_run",
+];
 
 #[derive(clap::Args)]
 pub struct Args {

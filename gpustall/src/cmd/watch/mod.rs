@@ -570,6 +570,7 @@ pub async fn run(opts: WatchOptions) -> anyhow::Result<()> {
 
 /// Checks, the metrics endpoint, loading and attaching, the flight recorder, the first scan.
 async fn setup(opts: WatchOptions) -> anyhow::Result<(Daemon, Probes, Rings, Option<GpuWatch>)> {
+    preflight::raise_open_files()?;
     preflight::check_privileges()?;
     preflight::protect_self_from_oom_killer();
     preflight::raise_memlock();
