@@ -101,3 +101,16 @@ fn the_open_files_limit_is_raised_or_named() {
     assert_eq!(o.status.code(), Some(0), "{err}");
     assert!(out.lines().next() == Some("64"), "the job's own soft limit: {out}");
 }
+
+/// A kernel thread (kthreadd is pid 2) has no job under it: refused in one line.
+#[test]
+fn a_kernel_thread_is_refused() {
+    tests::require_privileged_env();
+    let o = std::process::Command::new(tests::gpustall_bin())
+        .args(["trace", "--no-gpu", "--pid", "2"])
+        .output()
+        .expect("gpustall");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("pid 2 is a kernel thread"), "{err}");
+}

@@ -139,3 +139,41 @@ fn the_end_of_a_duration_does_not_wait_for_the_job() {
     assert_eq!(code, Some(128 + libc::SIGTERM), "stopped by SIGTERM: {stderr}");
     assert!(took < std::time::Duration::from_secs(20), "{took:?}");
 }
+
+/// What would run the job wrongly or fail it without a word is refused in one line before
+/// anything starts: half of sudo's variables, an id that is no user, a SUDO_USER that is not
+/// SUDO_UID's, a script exec cannot run (no #! line: it exited 127 silently).
+#[test]
+fn bad_sudo_variables_and_a_script_without_its_interpreter_line_are_one_line_each() {
+    tests::require_privileged_env();
+    let dir = tests::TempDir::new("launch-refused");
+    let script = dir.path("no-interpreter.sh");
+    std::fs::write(&script, "echo hi\n").expect("script");
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod");
+    let script = script.to_str().expect("utf-8");
+    let cases: [(&[(&str, &str)], &str, &str); 4] = [
+        (&[("SUDO_UID", "65534")], "true", "SUDO_UID and SUDO_GID must be set together"),
+        (&[("SUDO_UID", "4294967295"), ("SUDO_GID", "0")], "true", "is not a user or group id"),
+        (
+            &[("SUDO_UID", "65534"), ("SUDO_GID", "65534"), ("SUDO_USER", "root")],
+            "true",
+            "SUDO_USER=root is not the user SUDO_UID=65534 names",
+        ),
+        (&[], script, "neither a program nor a script with a #! line"),
+    ];
+    for (env, cmd, says) in cases {
+        let o = Command::new(tests::gpustall_bin())
+            .args(["trace", "--quiet", "--no-gpu", "--", cmd])
+            .env_remove("SUDO_UID")
+            .env_remove("SUDO_GID")
+            .env_remove("SUDO_USER")
+            .envs(env.iter().copied())
+            .output()
+            .expect("gpustall");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{env:?}: {err}");
+        let errors: Vec<&str> = err.lines().filter(|l| l.contains("error")).collect();
+        assert!(errors.len() == 1 && errors[0].contains(says), "{env:?} {cmd}: {err}");
+    }
+}

@@ -41,14 +41,41 @@ impl Credentials {
             return Ok(None);
         }
         let var = |k: &str| std::env::var(k).ok();
-        let (Some(uid), Some(gid)) = (var("SUDO_UID"), var("SUDO_GID")) else {
-            return Ok(None);
+        let (uid, gid) = match (var("SUDO_UID"), var("SUDO_GID")) {
+            (None, None) => return Ok(None),
+            (Some(uid), Some(gid)) => (uid, gid),
+            _ => anyhow::bail!(
+                "SUDO_UID and SUDO_GID must be set together (sudo sets both): set both to run the job as that user, or neither to run it as root"
+            ),
         };
-        let uid: u32 = uid.parse().context("SUDO_UID is not a number")?;
-        let gid: u32 = gid.parse().context("SUDO_GID is not a number")?;
-        let groups = var("SUDO_USER").map(|u| group_list(&u, gid)).unwrap_or_else(|| vec![gid]);
-        Ok(Some(Self { uid, gid, groups }))
+        let id = |v: &str, k: &str| match v.parse::<u32>() {
+            Ok(n) if n != u32::MAX => Ok(n),
+            _ => Err(anyhow::anyhow!("{k}={v} is not a user or group id")),
+        };
+        let (uid, gid) = (id(&uid, "SUDO_UID")?, id(&gid, "SUDO_GID")?);
+        let name =
+            user_name(uid).with_context(|| format!("SUDO_UID={uid} is no user of this machine"))?;
+        if let Some(user) = var("SUDO_USER").filter(|u| *u != name) {
+            anyhow::bail!("SUDO_USER={user} is not the user SUDO_UID={uid} names ({name})");
+        }
+        Ok(Some(Self { uid, gid, groups: group_list(&name, gid) }))
     }
+}
+
+/// The name of user `uid` in the password database (getpwuid_r); `None` when there is none.
+fn user_name(uid: u32) -> Option<String> {
+    let mut buf = vec![0 as libc::c_char; 4096];
+    // SAFETY: an all-zero passwd is a valid value to be overwritten.
+    let mut pw: libc::passwd = unsafe { std::mem::zeroed() };
+    let mut found: *mut libc::passwd = std::ptr::null_mut();
+    // SAFETY: valid buffers of the given length; `found` is set to `pw` or null.
+    let rc = unsafe { libc::getpwuid_r(uid, &mut pw, buf.as_mut_ptr(), buf.len(), &mut found) };
+    if rc != 0 || found.is_null() {
+        return None;
+    }
+    // SAFETY: getpwuid_r set pw_name to a NUL-terminated string inside `buf`.
+    let name = unsafe { std::ffi::CStr::from_ptr(pw.pw_name) };
+    Some(name.to_string_lossy().into_owned())
 }
 
 /// The user's supplementary groups (getgrouplist), read here: after fork only
@@ -218,16 +245,32 @@ fn resolve(program: &str) -> anyhow::Result<std::path::PathBuf> {
     let executable = |p: &std::path::Path| {
         p.metadata().is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
     };
-    if program.contains('/') {
+    let found = if program.contains('/') {
         let p = std::path::PathBuf::from(program);
         anyhow::ensure!(executable(&p), "{program}: no such executable file");
-        return Ok(p);
-    }
-    let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into());
-    std::env::split_paths(&path)
-        .map(|d| d.join(program))
-        .find(|p| executable(p))
-        .with_context(|| format!("{program}: command not found on PATH"))
+        p
+    } else {
+        let path =
+            std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into());
+        std::env::split_paths(&path)
+            .map(|d| d.join(program))
+            .find(|p| executable(p))
+            .with_context(|| format!("{program}: command not found on PATH"))?
+    };
+    anyhow::ensure!(
+        runnable(&found),
+        "{program}: neither a program nor a script with a #! line: run it through its interpreter (e.g. `-- sh {program}`)"
+    );
+    Ok(found)
+}
+
+/// Whether exec can run the file itself: an ELF binary or a `#!` script (a script without the
+/// line fails exec with ENOEXEC: the job would exit 127 without a word).
+fn runnable(path: &std::path::Path) -> bool {
+    use std::io::Read as _;
+    let mut head = [0u8; 4];
+    let read = std::fs::File::open(path).and_then(|mut f| f.read(&mut head));
+    matches!(read, Ok(n) if (n >= 4 && head == *b"\x7fELF") || (n >= 2 && head[..2] == *b"#!"))
 }
 
 fn pipe() -> anyhow::Result<(OwnedFd, OwnedFd)> {
@@ -264,6 +307,9 @@ fn wait_for_go(fd: i32) -> std::io::Result<()> {
 fn drop_to(c: &Credentials) -> std::io::Result<()> {
     // SAFETY: plain syscalls on plain values; `groups` outlives the call.
     let ok = unsafe {
+        // Capabilities gpustall was given as ambient ones (a unit's AmbientCapabilities) are
+        // gpustall's, not the job's.
+        libc::prctl(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0);
         libc::setgroups(c.groups.len(), c.groups.as_ptr()) == 0
             && libc::setgid(c.gid) == 0
             && libc::setuid(c.uid) == 0

@@ -17,7 +17,20 @@ pub fn check_pid(pid: u32) -> anyhow::Result<()> {
     if pid == std::process::id() {
         bail!("pid {pid} is gpustall itself: give the trainer's pid");
     }
+    if is_kernel_thread(pid) {
+        bail!("pid {pid} is a kernel thread: no job runs under it; give the trainer's pid");
+    }
+    if pid == 1 {
+        say!("gpustall: note: pid 1 is the init process: its tree is every process of the machine (or of the container)");
+    }
     Ok(())
+}
+
+/// PF_KTHREAD in /proc/PID/stat's flags: kthreadd (pid 2) and its children.
+fn is_kernel_thread(pid: u32) -> bool {
+    const PF_KTHREAD: u32 = 0x0020_0000;
+    let stat = procfs::process::Process::new(pid as i32).and_then(|p| p.stat());
+    stat.is_ok_and(|s| s.flags & PF_KTHREAD != 0)
 }
 
 /// Effective capabilities of this process.
