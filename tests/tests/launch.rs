@@ -152,7 +152,8 @@ fn bad_sudo_variables_and_a_script_without_its_interpreter_line_are_one_line_eac
     std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
         .expect("chmod");
     let script = script.to_str().expect("utf-8");
-    let cases: [(&[(&str, &str)], &str, &str); 4] = [
+    type Case<'a> = (&'a [(&'a str, &'a str)], &'a str, &'a str);
+    let cases: [Case; 4] = [
         (&[("SUDO_UID", "65534")], "true", "SUDO_UID and SUDO_GID must be set together"),
         (&[("SUDO_UID", "4294967295"), ("SUDO_GID", "0")], "true", "is not a user or group id"),
         (
