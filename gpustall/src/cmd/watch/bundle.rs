@@ -46,12 +46,37 @@ pub fn context_of_job(r: Record, root: Option<u32>) -> Record {
 /// is dropped; the summary, the report and the Perfetto trace are then read back from that
 /// file one line at a time. No whole-window copy is held (an incident of 8,000 processes in a
 /// 256 MiB cgroup). Returns the bundle's directory and its summary.
+///
+/// The bundle is written under a `.partial` name and renamed once whole: a bundle directory
+/// named `incident-*` is always complete. What a failure (a full disk) or a kill left behind
+/// is removed, now or at the next rotation.
 pub fn write(
     root: &Path,
     name: &str,
     records: impl Iterator<Item = Record>,
 ) -> anyhow::Result<(PathBuf, crate::output::summary::Summary)> {
-    let dir = root.join(name);
+    let partial = root.join(format!(".{name}{PARTIAL}"));
+    let written = write_files(&partial, records);
+    let done = written.and_then(|summary| {
+        let dir = root.join(name);
+        std::fs::rename(&partial, &dir)
+            .with_context(|| format!("naming the bundle {}", dir.display()))?;
+        Ok((dir, summary))
+    });
+    if done.is_err() {
+        let _ = std::fs::remove_dir_all(&partial);
+    }
+    done
+}
+
+/// The suffix of a bundle being written.
+const PARTIAL: &str = ".partial";
+
+fn write_files(
+    dir: &Path,
+    records: impl Iterator<Item = Record>,
+) -> anyhow::Result<crate::output::summary::Summary> {
+    let dir = dir.to_path_buf();
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
@@ -78,7 +103,12 @@ pub fn write(
     crate::recording::files::write_private_with(&dir.join("trace.json"), |w| {
         crate::output::perfetto::write_to(&timeline, w)
     })?;
-    Ok((dir, summary))
+    Ok(summary)
+}
+
+fn is_partial(p: &Path) -> bool {
+    let name = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    p.is_dir() && name.starts_with(".incident-") && name.ends_with(PARTIAL)
 }
 
 fn dir_bytes(dir: &Path) -> u64 {
@@ -92,11 +122,21 @@ fn dir_bytes(dir: &Path) -> u64 {
 
 /// Deletes the oldest bundles until at most `max_count` remain and they take at most
 /// `max_bytes` (the newest is always kept).
+/// Bundles left half-written (the daemon killed mid-write) are removed first.
 pub fn rotate(root: &Path, max_count: usize, max_bytes: u64) -> Vec<PathBuf> {
-    let mut bundles: Vec<PathBuf> = std::fs::read_dir(root)
+    let entries: Vec<PathBuf> = std::fs::read_dir(root)
         .into_iter()
         .flatten()
         .filter_map(|e| e.ok().map(|e| e.path()))
+        .collect();
+    let mut removed = Vec::new();
+    for p in entries.iter().filter(|p| is_partial(p)) {
+        if std::fs::remove_dir_all(p).is_ok() {
+            removed.push(p.clone());
+        }
+    }
+    let mut bundles: Vec<PathBuf> = entries
+        .into_iter()
         .filter(|p| {
             p.is_dir()
                 && p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("incident-"))
@@ -104,7 +144,6 @@ pub fn rotate(root: &Path, max_count: usize, max_bytes: u64) -> Vec<PathBuf> {
         .collect();
     bundles.sort();
     let mut sizes: Vec<u64> = bundles.iter().map(|b| dir_bytes(b)).collect();
-    let mut removed = Vec::new();
     while bundles.len() > 1 && (bundles.len() > max_count || sizes.iter().sum::<u64>() > max_bytes)
     {
         let old = bundles.remove(0);
@@ -128,7 +167,10 @@ mod tests {
             std::fs::create_dir_all(&d).expect("mkdir");
             std::fs::write(d.join("record.jsonl"), vec![b'x'; 100]).expect("write");
         }
-        assert_eq!(rotate(&root, 3, 1 << 20).len(), 2);
+        let half = root.join(".incident-000000000009-oom_kill-1.partial");
+        std::fs::create_dir_all(&half).expect("a bundle left half-written");
+        assert_eq!(rotate(&root, 3, 1 << 20).len(), 3, "two old ones and the half-written one");
+        assert!(!half.exists());
         assert_eq!(rotate(&root, 10, 150).len(), 2);
         let left: Vec<_> = std::fs::read_dir(&root).expect("dir").filter_map(|e| e.ok()).collect();
         assert_eq!(left.len(), 1);

@@ -220,7 +220,7 @@ impl Daemon {
         for root in jobs::new_roots(&candidates, &self.opts.rules, &gpu_pids, &tracked) {
             let members = procfs::descendants_of(root, &all);
             let Some(top) = members.first() else { continue };
-            let name = format!("{}-{root}", top.comm);
+            let name = format!("{}-{root}", printable(&top.comm));
             for p in &members {
                 if let Err(e) = maps.track(p.pid) {
                     log::warn!("cannot track pid {}: {e}", p.pid);
@@ -568,6 +568,13 @@ pub async fn run(opts: WatchOptions) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A process name as it may be written in a log line, a label or a file name: the kernel lets
+/// a process name itself anything (`prctl(PR_SET_NAME)`), newlines included, which would
+/// inject lines into the daemon's log.
+fn printable(comm: &str) -> String {
+    comm.chars().map(|c| if c.is_control() { '?' } else { c }).collect()
+}
+
 /// Checks, the metrics endpoint, loading and attaching, the flight recorder, the first scan.
 async fn setup(opts: WatchOptions) -> anyhow::Result<(Daemon, Probes, Rings, Option<GpuWatch>)> {
     preflight::raise_open_files()?;
@@ -580,6 +587,11 @@ async fn setup(opts: WatchOptions) -> anyhow::Result<(Daemon, Probes, Rings, Opt
         format!("cannot listen on {} for metrics (choose another with --listen)", opts.listen)
     })?;
     let listen_addr = listener.local_addr()?;
+    if !listen_addr.ip().is_loopback() {
+        say!(
+            "gpustall: note: metrics on {listen_addr} are open to the network: they name the jobs' processes; put it behind a firewall or a NetworkPolicy, or listen on 127.0.0.1"
+        );
+    }
     let metrics = Arc::new(Metrics::new());
     tokio::spawn(metrics::serve(listener, metrics.clone()));
 
@@ -645,5 +657,14 @@ impl Beat for Daemon {
         self.write_bundle(false);
         self.prune(maps, now);
         None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_process_name_cannot_inject_log_lines() {
+        assert_eq!(super::printable("py\nthon\x1b[2J"), "py?thon?[2J");
+        assert_eq!(super::printable("pt_data_worker"), "pt_data_worker");
     }
 }
