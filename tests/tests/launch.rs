@@ -178,3 +178,28 @@ fn bad_sudo_variables_and_a_script_without_its_interpreter_line_are_one_line_eac
         assert!(errors.len() == 1 && errors[0].contains(says), "{env:?} {cmd}: {err}");
     }
 }
+
+/// A launched job that moves itself into a memory cgroup before its real work (as a wrapper
+/// script does): the verdict reads that cgroup, not the host's memory it started in.
+#[test]
+fn a_job_that_moves_into_a_memory_cgroup_is_followed_there() {
+    tests::require_privileged_env();
+    let cg = tests::cgroup::MemCgroup::new("launch-moves", 256, false);
+    let procs = cg.path.join("cgroup.procs");
+    let workload = env!("CARGO_BIN_EXE_gpustall-workload");
+    let script = format!("echo $$ > {}; sleep 2; exec {workload} hog 40 8 1500", procs.display());
+    let dir = tests::TempDir::new("launch-moves");
+    let out = dir.path("summary.json");
+    let o = Command::new(tests::gpustall_bin())
+        .args(["trace", "--quiet", "--no-gpu", "--summary-json"])
+        .arg(&out)
+        .args(["--", "sh", "-c", &script])
+        .env_remove("SUDO_UID")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("gpustall");
+    assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stderr));
+    let s = summary(&out);
+    let path = &s["context"]["cgroup"]["path"];
+    assert_eq!(path.as_str(), Some(cg.cgroup_path().as_str()), "{}", s["context"]);
+}

@@ -32,7 +32,11 @@ fn wanted_vmstat(key: &str) -> bool {
 
 /// One job's own surroundings: its memory cgroup and the filesystems it writes to.
 struct JobReader {
+    target: u32,
     cgroup: Option<MemCgroupDir>,
+    /// /proc/TARGET/cgroup when `cgroup` was found: a job that moves itself into another
+    /// cgroup (`echo $$ > .../cgroup.procs; exec python ...`) is followed there.
+    membership: Option<String>,
     /// Each filesystem as the job names it, and where the agent reads it: through the
     /// target's /proc/PID/root, so a container's own /dev/shm (64 MiB by default) is the one
     /// measured, not the host's.
@@ -48,10 +52,20 @@ impl JobReader {
         if let Some(cwd) = host::cwd(target) {
             fs_paths.insert(0, (cwd.display().to_string(), format!("/proc/{target}/cwd").into()));
         }
-        Self { cgroup: cgroup::memory_cgroup_dir(target), fs_paths }
+        Self { target, cgroup: None, membership: None, fs_paths }
     }
 
-    fn cgroup(&self) -> Option<CgroupMem> {
+    /// The job's memory cgroup now: found again whenever the target's membership changed.
+    fn cgroup(&mut self) -> Option<CgroupMem> {
+        // An exited target (a zombie) shows the root cgroup: its last one stands. Checked after
+        // the read, so an exit between the two cannot pass for a move.
+        let now = std::fs::read_to_string(format!("/proc/{}/cgroup", self.target)).ok();
+        let alive = crate::sources::procfs::exists(self.target)
+            && !crate::sources::procfs::is_zombie(self.target);
+        if alive && now.is_some() && now != self.membership {
+            self.cgroup = cgroup::memory_cgroup_dir(self.target);
+            self.membership = now;
+        }
         self.cgroup.as_ref().and_then(cgroup::read_cgroup_mem)
     }
 
@@ -110,7 +124,7 @@ impl ContextReader {
     pub fn read(&mut self, alive: &[u32], t_ns: u64) -> ContextSample {
         ContextSample {
             t_ns,
-            cgroup: self.target.as_ref().and_then(JobReader::cgroup),
+            cgroup: self.target.as_mut().and_then(JobReader::cgroup),
             host: host::read_host_mem(),
             vmstat: host::read_vmstat_keys(wanted_vmstat),
             disks: self.disks.read_disks(),
@@ -119,7 +133,7 @@ impl ContextReader {
             host_pressure: cgroup::read_host_psi(),
             jobs: self
                 .jobs
-                .iter()
+                .iter_mut()
                 .map(|(&root, j)| JobContext {
                     root,
                     cgroup: j.cgroup(),
