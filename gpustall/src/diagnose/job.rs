@@ -131,7 +131,9 @@ pub fn onsets(m: &Model) -> Vec<Onset> {
     v.extend(m.tree.iter().filter_map(|n| {
         let how = match (n.exit_signal(), n.exit_status()) {
             (Some(sig), _) => format!("killed by signal {sig}"),
-            (_, Some(code)) if code != 0 => format!("exited with status {code}"),
+            (_, Some(code)) if code != 0 && !is_helper(m, n) => {
+                format!("exited with status {code}")
+            }
             _ => return None,
         };
         Some(Onset {
@@ -143,6 +145,16 @@ pub fn onsets(m: &Model) -> Vec<Onset> {
     }));
     v.sort_by_key(|o| o.t_ns);
     v
+}
+
+/// A short-lived process of no role (a launcher's or a shell's helper: pyenv's `readlink`, a
+/// `grep` in a wrapper script): its non-zero status is its own answer, not a failure of the
+/// job, and never the first sign of a stall.
+fn is_helper(m: &Model, n: &crate::model::proctree::ProcNode) -> bool {
+    const HELPER_LIFETIME_NS: u64 = 10_000_000_000;
+    let lived = n.exit_ns.map(|e| e.saturating_sub(n.started_ns));
+    m.tree.role(n.pid) == crate::model::proctree::Role::Other
+        && lived.is_some_and(|l| l < HELPER_LIFETIME_NS)
 }
 
 /// The rank (or trainer) a process belongs to: its nearest ancestor that is a rank, else the
@@ -441,6 +453,28 @@ mod tests {
             advice: vec![],
             advice_num_workers: None,
         }
+    }
+
+    #[test]
+    fn a_helper_that_exits_non_zero_is_no_onset_the_trainer_is() {
+        use crate::model::event::{Event, Header};
+        use crate::model::samples::Sample;
+        let mut m = Model::default();
+        let seed =
+            Sample::Seed { t_ns: 0, pid: 10, ppid: 1, comm: "python".into(), is_target: true };
+        m.observe(&seed);
+        let h = |pid, t_ns, comm: &str| Header { t_ns, tgid: pid, tid: pid, comm: comm.into() };
+        m.apply(&Event::Fork { h: h(10, S, "python"), child_pid: 11, clone_flags: 0x11 });
+        m.apply(&Event::Exec {
+            h: h(11, S, "readlink"),
+            old_pid: 11,
+            filename: "/usr/bin/readlink".into(),
+        });
+        m.apply(&Event::Exit { h: h(11, S + S / 10, "readlink"), exit_code: Some(1 << 8) });
+        assert!(onsets(&m).is_empty(), "a helper's status 1: {:?}", onsets(&m));
+        m.apply(&Event::Exit { h: h(10, 30 * S, "python"), exit_code: Some(1 << 8) });
+        let o = onsets(&m);
+        assert_eq!((o.len(), o[0].pid, o[0].kind), (1, 10, OnsetKind::AbnormalExit), "{o:?}");
     }
 
     fn onset(t_ns: u64, kind: OnsetKind, pid: u32, what: &str) -> Onset {
