@@ -203,3 +203,43 @@ fn a_job_that_moves_into_a_memory_cgroup_is_followed_there() {
     let path = &s["context"]["cgroup"]["path"];
     assert_eq!(path.as_str(), Some(cg.cgroup_path().as_str()), "{}", s["context"]);
 }
+
+/// A command that daemonizes its work (`setsid cmd &`) and exits: a signal to gpustall still
+/// reaches the job, the processes it left behind, and the trace ends (it used to run on until
+/// they ended by themselves).
+#[test]
+fn a_job_that_daemonized_still_gets_the_signal() {
+    tests::require_privileged_env();
+    let secs = format!("40.{}", tests::unique() % 1000 + 1000);
+    let script = format!("setsid sleep {secs} & exit 0");
+    let mut g = Command::new(tests::gpustall_bin())
+        .args(["trace", "--quiet", "--no-gpu", "--", "sh", "-c", &script])
+        .env_remove("SUDO_UID")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("gpustall");
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    // SAFETY: a signal to the gpustall this test started.
+    unsafe { libc::kill(g.id() as i32, libc::SIGTERM) };
+    let start = std::time::Instant::now();
+    let status = loop {
+        if let Some(s) = g.try_wait().expect("wait") {
+            break Some(s);
+        }
+        if start.elapsed() > std::time::Duration::from_secs(20) {
+            let _ = g.kill();
+            break None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    let left =
+        Command::new("pgrep").args(["-f", &format!("sleep {secs}")]).output().expect("pgrep");
+    let left = String::from_utf8_lossy(&left.stdout).into_owned();
+    for pid in left.split_whitespace().filter_map(|p| p.parse::<i32>().ok()) {
+        // SAFETY: ends what this test started, whatever the outcome.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+    assert!(status.is_some(), "gpustall still running 20 s after SIGTERM");
+    assert!(left.trim().is_empty(), "the daemonized sleep got the signal: {left}");
+}

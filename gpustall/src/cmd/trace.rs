@@ -386,12 +386,22 @@ impl Beat for Trace {
     }
 
     fn settle(&mut self) {
-        if let Some(job) = &self.launched {
-            let now = monotonic_ns();
-            let me = std::process::id();
-            for r in self.relay.decide(now, &self.session.model.signals, job.pid(), me) {
+        let Some(job) = self.launched.as_mut() else { return };
+        let now = monotonic_ns();
+        let me = std::process::id();
+        for r in self.relay.decide(now, &self.session.model.signals, job.pid(), me) {
+            if job.try_exit_code().is_none() {
                 log::debug!("passing {} on to the job", r.name());
                 job.forward(r.sig);
+                continue;
+            }
+            // The command has exited and left processes behind (it daemonized them: `setsid
+            // cmd &`): the signal goes to them, the job that is still traced.
+            let left = self.session.model.tree.alive_pids();
+            log::debug!("passing {} on to the job's {} processes left", r.name(), left.len());
+            for pid in left.into_iter().filter(|&p| p != me && p > 1) {
+                // SAFETY: kill(2) of a process of the traced job.
+                unsafe { libc::kill(pid as i32, r.sig) };
             }
         }
     }
