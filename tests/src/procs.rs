@@ -306,6 +306,22 @@ impl Drop for Tracer {
 }
 
 impl TraceResult {
+    /// `gpustall report` on this trace's recording: the summary it writes and its stderr.
+    pub fn replayed(&self) -> (Value, String) {
+        let out = self.dir.path("replayed.json");
+        let o = Command::new(crate::gpustall_bin())
+            .arg("report")
+            .arg(self.dir.path("record.jsonl"))
+            .arg("--summary-json")
+            .arg(&out)
+            .output()
+            .expect("gpustall report");
+        let stderr = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert_eq!(o.status.code(), Some(0), "{stderr}");
+        let s = std::fs::read_to_string(&out).expect("the replayed summary");
+        (serde_json::from_str(&s).expect("json"), stderr)
+    }
+
     pub fn record_path(&self) -> PathBuf {
         self.dir.path("record.jsonl")
     }

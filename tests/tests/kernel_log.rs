@@ -5,7 +5,6 @@
 
 use std::io::Write as _;
 use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
 use serde_json::Value;
@@ -46,18 +45,7 @@ fn kept(t: &TraceResult) -> Vec<Value> {
 
 /// The verdict `gpustall report` gives on the trace's recording.
 fn replayed_verdict(t: &TraceResult) -> Value {
-    let out = t.dir.path("replayed.json");
-    let o = Command::new(tests::gpustall_bin())
-        .arg("report")
-        .arg(t.dir.path("record.jsonl"))
-        .arg("--summary-json")
-        .arg(&out)
-        .output()
-        .expect("gpustall report");
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let s: Value =
-        serde_json::from_str(&std::fs::read_to_string(&out).expect("summary")).expect("json");
-    s["verdict"].clone()
+    t.replayed().0["verdict"].clone()
 }
 
 #[test]

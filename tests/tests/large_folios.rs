@@ -105,8 +105,11 @@ fn swap_large_folios(size_kb: u64) {
     if large == 0 {
         tests::degraded(&format!("the kernel swapped no {size_kb} kB folio whole"));
     } else {
+        // Enough for a per-folio count to miss by more than the 5 % allowed above (it misses
+        // by nearly the whole share: 10 % of the pages is a 9.9 % miss); the share varies
+        // from run to run with what the kernel could keep whole (24 % in one run here).
         assert!(
-            large_pages * 4 >= pswpout,
+            large_pages * 10 >= pswpout,
             "large folios are a good share of the swap-out ({large_pages} of {pswpout} pages): a per-folio count would be far off"
         );
     }

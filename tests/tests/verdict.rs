@@ -208,19 +208,8 @@ fn the_bundled_dataloader_workload_is_the_host_memory_chain() {
 /// training steps (two steps read in one batch with equal times are two records, not a
 /// duplicated line), the same verdict, and no line skipped.
 fn its_recording_replays_to_the_same_steps_and_verdict(t: &tests::procs::TraceResult) {
-    let out = t.dir.path("replayed.json");
-    let o = std::process::Command::new(tests::gpustall_bin())
-        .arg("report")
-        .arg(t.dir.path("record.jsonl"))
-        .arg("--summary-json")
-        .arg(&out)
-        .output()
-        .expect("gpustall report");
-    let stderr = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(0), "{stderr}");
+    let (replayed, stderr) = t.replayed();
     assert!(!stderr.contains("skipped"), "nothing skipped on replay: {stderr}");
-    let replayed: Value =
-        serde_json::from_slice(&std::fs::read(&out).expect("replayed summary")).expect("json");
     let steps = |s: &Value| s["context"]["train_steps"].as_u64();
     assert_eq!(steps(&replayed), steps(&t.summary), "the same training steps");
     let verdict = |s: &Value| (s["verdict"]["cause"].clone(), s["verdict"]["culprit_pids"].clone());

@@ -1,10 +1,6 @@
 //! `gpustall export --perfetto OUT FILE`: a recording as a Perfetto / Chrome trace.
 
-use std::{io::BufReader, path::PathBuf};
-
-use anyhow::Context as _;
-
-use crate::recording::replay::replay;
+use std::path::PathBuf;
 
 #[derive(clap::Args)]
 pub struct ExportArgs {
@@ -19,24 +15,17 @@ pub struct ExportArgs {
 pub fn run(args: &ExportArgs) -> anyhow::Result<()> {
     let (file, out) = (&args.file, &args.perfetto);
     crate::recording::files::refuse_clashes(&[file], &[("--perfetto", out)])?;
-    let f = std::fs::File::open(file)
-        .with_context(|| format!("cannot open the recording {}", file.display()))?;
-    let r = replay(BufReader::new(f));
-    for w in &r.warnings {
-        say!("gpustall: warning: {}: {w}", file.display());
-    }
-    if r.lines == 0 {
-        anyhow::bail!("{} is not a gpustall recording", file.display());
-    }
-    let timeline = crate::output::timeline::from_file(file, r.lines)?;
-    crate::output::perfetto::write_file(&timeline, out)?;
-    if let Some(e) = r.error {
+    let r = crate::recording::replay::open(file)?;
+    let lines = r.lines;
+    let error = r.error;
+    crate::output::perfetto::write_recording_file(file, lines, out)?;
+    if let Some(e) = error {
         anyhow::bail!(
             "{} line {}: {}; the trace covers lines 1-{}",
             file.display(),
             e.line,
             e.why,
-            r.lines
+            lines
         );
     }
     Ok(())

@@ -504,9 +504,9 @@ fn finish(opts: &TraceOptions, mut t: Trace, probes: &Probes) -> anyhow::Result<
 }
 
 fn write_perfetto_from(record: &Path, scratch: Option<&Path>, out: &Path) -> anyhow::Result<()> {
-    let timeline = crate::output::timeline::from_file(record, usize::MAX);
+    let written = crate::output::perfetto::write_recording_file(record, usize::MAX, out);
     if let Some(s) = scratch {
         let _ = std::fs::remove_file(s);
     }
-    crate::output::perfetto::write_file(&timeline?, out)
+    written
 }

@@ -21,6 +21,12 @@ fn us(t: &Timeline, ns: u64) -> f64 {
 
 /// Every trace event of the timeline, one at a time.
 fn for_each_event(t: &Timeline, mut emit: impl FnMut(Value)) {
+    meta_events(t, &mut emit);
+    mark_events(t, 0, &mut emit);
+}
+
+/// The tracks' names and order: known whole only at the end of a recording.
+fn meta_events(t: &Timeline, emit: &mut impl FnMut(Value)) {
     for (pid, name) in &t.processes {
         let name = match t.ranks.get(pid) {
             Some(rank) => format!("{name} ({pid}, rank {rank})"),
@@ -53,13 +59,18 @@ fn for_each_event(t: &Timeline, mut emit: impl FnMut(Value)) {
     emit(
         json!({"ph": "M", "name": "process_sort_index", "pid": HOST_PID, "args": {"sort_index": -1}}),
     );
+}
+
+/// The slices, flows (numbered from `first_flow`), instants and counter points the timeline
+/// holds.
+fn mark_events(t: &Timeline, first_flow: usize, emit: &mut impl FnMut(Value)) {
     for s in &t.slices {
         emit(json!({"ph": "X", "name": s.name, "cat": "stall", "pid": s.pid, "tid": s.tid,
             "ts": us(t, s.start_ns), "dur": s.dur_ns as f64 / 1e3, "args": s.args}));
     }
     // Flow v1 events: "s" binds to the slice enclosing it on the waker's thread, "f" with
     // "bp": "e" to the slice enclosing it on the waiting thread.
-    for (id, f) in t.flows.iter().enumerate() {
+    for (id, f) in t.flows.iter().enumerate().map(|(i, f)| (first_flow + i, f)) {
         let ((fp, ft, fts), (tp, tt, tts)) = (f.from, f.to);
         emit(
             json!({"ph": "s", "id": id, "name": f.name, "cat": "data_wait", "pid": fp, "tid": ft, "ts": us(t, fts)}),
@@ -100,30 +111,63 @@ pub fn render(t: &Timeline) -> Value {
     json!({"traceEvents": ev, "displayTimeUnit": "ms", "otherData": other_data(t)})
 }
 
-/// The trace written to `w` an event at a time: no tree of every event is built (the same
-/// JSON as [`render`]'s, its keys in another order).
-pub fn write_to(t: &Timeline, w: &mut dyn std::io::Write) -> std::io::Result<()> {
-    w.write_all(b"{\"traceEvents\":[")?;
-    let mut first = true;
-    let mut result = Ok(());
-    for_each_event(t, |e| {
-        if result.is_err() {
-            return;
-        }
-        let sep: &[u8] = if first { b"" } else { b"," };
-        first = false;
-        result =
-            w.write_all(sep).and_then(|()| serde_json::to_writer(&mut *w, &e).map_err(Into::into));
+/// The trace of a recording's first `max_lines` lines written to `w` as they are read: each
+/// record's slices, instants and counter points go out and are dropped, and only the tracks'
+/// names are kept for the end. Memory does not grow with the recording (a timeline of a
+/// 200 MB recording held whole took 4.4 GB).
+pub fn write_recording(
+    file: &std::path::Path,
+    max_lines: usize,
+    w: &mut dyn std::io::Write,
+) -> std::io::Result<()> {
+    let mut out = EventWriter { w, first: true, result: Ok(()) };
+    out.w.write_all(b"{\"traceEvents\":[")?;
+    let mut b = crate::output::timeline::Builder::default();
+    let mut flows = 0;
+    let read = crate::recording::replay::for_each_record(file, max_lines, |r| {
+        b.add(r);
+        mark_events(&b.t, flows, &mut |e| out.event(&e));
+        flows += b.t.flows.len();
+        b.t.clear_marks();
     });
-    result?;
-    w.write_all(b"],\"displayTimeUnit\":\"ms\",\"otherData\":")?;
-    serde_json::to_writer(&mut *w, &other_data(t))?;
-    w.write_all(b"}")
+    if let Err(e) = read {
+        return Err(std::io::Error::other(format!("{e:#}")));
+    }
+    meta_events(&b.t, &mut |e| out.event(&e));
+    out.result?;
+    out.w.write_all(b"],\"displayTimeUnit\":\"ms\",\"otherData\":")?;
+    serde_json::to_writer(&mut *out.w, &other_data(&b.t))?;
+    out.w.write_all(b"}")
 }
 
-/// Writes the trace to `out`, streamed.
-pub fn write_file(timeline: &Timeline, out: &std::path::Path) -> anyhow::Result<()> {
-    crate::recording::files::write_private_with(out, |w| write_to(timeline, w))?;
+/// A JSON array's elements written one at a time; the first error is kept.
+struct EventWriter<'a> {
+    w: &'a mut dyn std::io::Write,
+    first: bool,
+    result: std::io::Result<()>,
+}
+
+impl EventWriter<'_> {
+    fn event(&mut self, e: &Value) {
+        if self.result.is_err() {
+            return;
+        }
+        let sep: &[u8] = if self.first { b"" } else { b"," };
+        self.first = false;
+        self.result = self
+            .w
+            .write_all(sep)
+            .and_then(|()| serde_json::to_writer(&mut *self.w, e).map_err(Into::into));
+    }
+}
+
+/// [`write_recording`] into the file `out`.
+pub fn write_recording_file(
+    file: &std::path::Path,
+    max_lines: usize,
+    out: &std::path::Path,
+) -> anyhow::Result<()> {
+    crate::recording::files::write_private_with(out, |w| write_recording(file, max_lines, w))?;
     say!("gpustall: wrote {} (open it in https://ui.perfetto.dev)", out.display());
     Ok(())
 }
@@ -133,6 +177,27 @@ mod tests {
     use super::*;
     use crate::output::timeline::build;
     use crate::output::timeline::fixtures::{counters, header, line, wake};
+
+    /// A recording streamed out a record at a time is the trace of the whole timeline: the same
+    /// events (the tracks' names at the end instead of the start).
+    #[test]
+    fn a_streamed_recording_is_the_whole_timelines_trace() {
+        let file = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("src/recording/testdata/trace-v1.jsonl");
+        let whole = render(&crate::output::timeline::from_file(&file, usize::MAX).expect("read"));
+        let mut streamed = Vec::new();
+        write_recording(&file, usize::MAX, &mut streamed).expect("streamed");
+        let streamed: Value = serde_json::from_slice(&streamed).expect("json");
+        let sorted = |v: &Value| {
+            let mut e: Vec<String> =
+                v["traceEvents"].as_array().expect("events").iter().map(Value::to_string).collect();
+            e.sort();
+            e
+        };
+        assert!(sorted(&whole).len() > 100, "a real recording's events");
+        assert_eq!(sorted(&streamed), sorted(&whole));
+        assert_eq!(streamed["otherData"], whole["otherData"]);
+    }
 
     #[test]
     fn slices_instants_and_counters_land_on_their_tracks() {
@@ -151,10 +216,7 @@ mod tests {
                 json!({"type":"sample","kind":"proc_mem","t_ns":5000,"pid":10,"rss_kb":1024,"anon_kb":1024,"file_kb":0,"shmem_kb":0,"swap_kb":0,"hwm_kb":1024,"majflt":0}),
             ),
         ];
-        let v = render(&build(lines.clone()));
-        let mut streamed = Vec::new();
-        write_to(&build(lines), &mut streamed).expect("write");
-        assert_eq!(serde_json::from_slice::<Value>(&streamed).expect("json"), v, "streamed alike");
+        let v = render(&build(lines));
         let ev = v["traceEvents"].as_array().expect("events");
         let slice = ev.iter().find(|e| e["ph"] == "X").expect("a slice");
         assert_eq!(

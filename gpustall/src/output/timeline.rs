@@ -83,6 +83,17 @@ impl Timeline {
     fn point(&mut self, track: Track, name: &str, t: u64, v: f64) {
         self.counters.entry((track, name.to_string())).or_default().points.push((t, v));
     }
+
+    /// Drops the slices, instants, flows and counter points, keeping the tracks' names and
+    /// series: a timeline streamed out a record at a time (`perfetto::write_recording`).
+    pub fn clear_marks(&mut self) {
+        self.slices.clear();
+        self.instants.clear();
+        self.flows.clear();
+        for s in self.counters.values_mut() {
+            s.points.clear();
+        }
+    }
 }
 
 /// Length of the slice drawn for a wakeup (an instant has no extent for an arrow to leave).

@@ -10,6 +10,7 @@ use std::{
 
 use serde_json::Value;
 
+use crate::model::samples::Sample;
 use crate::model::Model;
 use crate::recording::header::Header;
 use crate::recording::record::{Record, RecordError};
@@ -27,6 +28,10 @@ const OUT_OF_ORDER_NS: u64 = 5_000_000_000;
 /// second; a day covers a suspended agent). Further is a corrupt or crafted time (u64::MAX):
 /// taken in, one such line stretched every chart to 584 years.
 const MAX_JUMP_NS: u64 = 24 * 3600 * 1_000_000_000;
+
+/// More memory than any machine has (64 TiB in KiB): a process's figure above it is a corrupt
+/// or crafted line (rss = u64::MAX printed as 18014398509481984 MiB), not a measurement.
+const MAX_MEM_KB: u64 = 1 << 36;
 
 /// How many recent lines are remembered to tell a duplicated line (a retried copy, `cat f f`).
 const DUPLICATE_WINDOW: usize = 65_536;
@@ -144,6 +149,9 @@ struct Oddities {
     /// Lines of a type or kind this gpustall does not know, by name.
     unknown: std::collections::BTreeMap<String, usize>,
     span: Span,
+    /// Memory samples with figures no machine has, skipped.
+    implausible: usize,
+    first_implausible: usize,
 }
 
 impl Oddities {
@@ -189,8 +197,27 @@ impl Oddities {
         *self.unknown.entry(name).or_default() += 1;
     }
 
+    /// True when a memory sample's figures are beyond any machine's: skip it.
+    fn implausible_mem(&mut self, n: usize, mem: &crate::model::stats::MemSample) -> bool {
+        let figures = [mem.rss_kb, mem.anon_kb, mem.file_kb, mem.shmem_kb, mem.swap_kb, mem.hwm_kb];
+        let bad = figures.into_iter().chain(mem.pss_kb).any(|kb| kb > MAX_MEM_KB);
+        if bad {
+            self.implausible += 1;
+            if self.first_implausible == 0 {
+                self.first_implausible = n;
+            }
+        }
+        bad
+    }
+
     fn warnings(&self) -> Vec<String> {
         let mut w: Vec<String> = self.span.warning().into_iter().collect();
+        if self.implausible > 0 {
+            w.push(format!(
+                "{} memory samples with more memory than any machine has skipped (the first at line {}): a corrupt or edited figure",
+                self.implausible, self.first_implausible
+            ));
+        }
         if !self.unknown.is_empty() {
             let names: Vec<String> =
                 self.unknown.iter().map(|(name, n)| format!("{n} x {name}")).collect();
@@ -238,8 +265,14 @@ fn apply_header(model: &mut Model, h: &Header) -> Result<(), String> {
     Ok(())
 }
 
-fn apply_record(r: &mut Replay, odd: &mut Oddities, record: Record) -> Result<(), String> {
+fn apply_record(
+    r: &mut Replay,
+    odd: &mut Oddities,
+    n: usize,
+    record: Record,
+) -> Result<(), String> {
     match record {
+        Record::Sample(Sample::ProcMem { mem, .. }) if odd.implausible_mem(n, &mem) => {}
         Record::Event(e) => {
             r.model.apply(&e);
         }
@@ -325,7 +358,7 @@ fn replay_line(r: &mut Replay, odd: &mut Oddities, n: usize, line: &[u8]) -> Res
     if !matches!(record, Record::Summary(_)) {
         odd.time(n, record.t_ns());
     }
-    apply_record(r, odd, record)
+    apply_record(r, odd, n, record)
 }
 
 /// Replays the recording at `file`, saying its warnings; an error when it holds nothing that
@@ -546,6 +579,21 @@ mod tests {
             "{:?}",
             r.warnings
         );
+    }
+
+    #[test]
+    fn a_memory_figure_no_machine_has_is_skipped_and_said() {
+        let seed = r#"{"type":"sample","kind":"seed","t_ns":1000,"pid":10,"ppid":1,"comm":"python","is_target":true}"#;
+        let mem = |rss: u64| {
+            format!(
+                r#"{{"type":"sample","kind":"proc_mem","t_ns":2000,"pid":10,"rss_kb":{rss},"anon_kb":5,"file_kb":0,"shmem_kb":0,"swap_kb":0,"hwm_kb":6,"majflt":0}}"#
+            )
+        };
+        let text = format!("{HEADER}\n{seed}\n{}\n{}\n", mem(u64::MAX), mem(5));
+        let r = replay(text.as_bytes());
+        assert!(r.error.is_none(), "{:?}", r.error);
+        assert_eq!(r.model.procs[&10].peak_rss_kb, 6, "the crafted figure is not taken in");
+        assert!(r.warnings.iter().any(|w| w.contains("1 memory samples with more memory than any machine has skipped (the first at line 3)")), "{:?}", r.warnings);
     }
 
     #[test]

@@ -99,9 +99,8 @@ fn write_files(
     crate::output::summary::write_json(&summary, &dir.join("summary.json"))?;
     let report = crate::output::text::render(&summary);
     crate::recording::files::write_private(&dir.join("report.txt"), report.as_bytes())?;
-    let timeline = crate::output::timeline::from_file(&record, usize::MAX)?;
     crate::recording::files::write_private_with(&dir.join("trace.json"), |w| {
-        crate::output::perfetto::write_to(&timeline, w)
+        crate::output::perfetto::write_recording(&record, usize::MAX, w)
     })?;
     Ok(summary)
 }
