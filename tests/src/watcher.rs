@@ -85,14 +85,20 @@ pub fn bundling_watcher(rule: &str, dir: &str) -> (Watcher, String) {
 }
 
 pub fn scrape(addr: &str) -> String {
+    let body = get(addr, "/metrics");
+    assert!(body.starts_with("HTTP/1.1 200"), "{body}");
+    body
+}
+
+/// `GET path` on the daemon's endpoint: the whole response, status line first.
+pub fn get(addr: &str, path: &str) -> String {
     let mut s = std::net::TcpStream::connect(addr).expect("connect to the metrics endpoint");
     s.write_all(
-        format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes(),
+        format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes(),
     )
     .expect("request");
     let mut body = String::new();
     s.read_to_string(&mut body).expect("response");
-    assert!(body.starts_with("HTTP/1.1 200"), "{body}");
     body
 }
 

@@ -326,3 +326,17 @@ fn each_watched_job_keeps_its_own_cgroup_and_cwd() {
     let text = summary["verdict"]["text"].as_str().unwrap_or_default().to_string();
     assert!(text.starts_with(&want), "{text}");
 }
+
+/// `/healthz` answers 200 while the daemon's loop beats (the DaemonSet's liveness probe), and
+/// the metrics say which gpustall serves them.
+#[test]
+fn healthz_answers_and_build_info_is_exported() {
+    tests::require_privileged_env();
+    let bundles = tests::TempDir::new("healthz");
+    let rule = format!("comm:^{}$", unique_comm());
+    let (_w, addr) = bundling_watcher(&rule, bundles.0.to_str().expect("utf-8"));
+    let health = tests::watcher::get(&addr, "/healthz");
+    assert!(health.starts_with("HTTP/1.1 200") && health.ends_with("ok\n"), "{health}");
+    let metrics = scrape(&addr);
+    assert!(metrics.contains("gpustall_build_info{version=\""), "{metrics}");
+}

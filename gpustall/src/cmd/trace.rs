@@ -45,7 +45,7 @@ pub struct TraceArgs {
     command: Vec<String>,
     /// Stop after this long (30 is seconds, as for timeout(1); or 90s, 10m, 1h30m); default: until
     /// the job exits or Ctrl-C.
-    #[arg(long, short = 'd', value_name = "D", value_parser = crate::cmd::units::parse_duration)]
+    #[arg(long, short = 'd', value_name = "D", value_parser = crate::cmd::units::parse_positive_duration)]
     duration: Option<Duration>,
     /// With `-- CMD`: when --duration ends the trace, stop the job too (SIGTERM, then SIGKILL
     /// after 10 s, as timeout(1) -k 10s does) and exit with its status. Without it the job

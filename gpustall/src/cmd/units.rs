@@ -12,7 +12,15 @@ pub const MAX_DURATION: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
 
 /// What `--help` says a duration is.
 pub const DURATION_HELP: &str =
-    "a bare number is seconds (30, 1.5); or with units: 90s, 10m, 1h30m, 500ms";
+    "a bare number is seconds (30, 1.5); or with units ms, s, m, h, d: 90s, 10m, 1h30m, 500ms";
+
+/// The units a duration may have, as timeout(1) and sleep(1) take them (and the sub-second
+/// ones). humantime alone would also read `M` as months and `y` as years: `10M` must not be
+/// ten months where `--memory-budget 10M` is 10 MiB.
+const DURATION_UNITS: &[&str] = &[
+    "ns", "us", "ms", "s", "sec", "secs", "second", "seconds", "m", "min", "mins", "minute",
+    "minutes", "h", "hr", "hrs", "hour", "hours", "d", "day", "days",
+];
 
 /// Parses a command-line duration (clap `value_parser`).
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -24,12 +32,39 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
             s.parse().map_err(|_| format!("{s:?} is not a number of seconds ({DURATION_HELP})"))?;
         Duration::try_from_secs_f64(secs).map_err(|_| format!("{s:?} is out of range"))?
     } else {
+        let units = s.split(|c: char| c.is_ascii_digit() || c == '.' || c.is_whitespace());
+        if let Some(u) = units.filter(|u| !u.is_empty()).find(|u| !DURATION_UNITS.contains(u)) {
+            return Err(format!("{s:?}: {u:?} is not a duration unit ({DURATION_HELP})"));
+        }
         humantime::parse_duration(s).map_err(|e| format!("{e} ({DURATION_HELP})"))?
     };
     if d > MAX_DURATION {
         return Err(format!("{s:?} is longer than {}", humantime::format_duration(MAX_DURATION)));
     }
     Ok(d)
+}
+
+/// A duration that must be more than zero (`--duration 0` would end the trace before it began).
+pub fn parse_positive_duration(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if d.is_zero() {
+        return Err(format!("{s:?}: a duration of zero leaves nothing to do ({DURATION_HELP})"));
+    }
+    Ok(d)
+}
+
+/// A listen address: HOST:PORT with a name or an address (`localhost:9464`, `[::1]:9464`), or
+/// `:PORT` for every interface, as Prometheus exporters take it.
+pub fn parse_listen(s: &str) -> Result<std::net::SocketAddr, String> {
+    use std::net::ToSocketAddrs as _;
+    let s = s.trim();
+    let spec = match s.strip_prefix(':') {
+        Some(port) => format!("0.0.0.0:{port}"),
+        None => s.to_string(),
+    };
+    let mut addrs =
+        spec.to_socket_addrs().map_err(|e| format!("{s:?} is not HOST:PORT or :PORT ({e})"))?;
+    addrs.next().ok_or_else(|| format!("{s:?} names no address"))
 }
 
 /// What `--help` says a size is.
@@ -65,6 +100,27 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn months_and_years_are_no_duration_units_and_zero_no_duration() {
+        assert!(parse_duration("10M").is_err_and(|e| e.contains("\"M\" is not a duration unit")));
+        assert!(parse_duration("1y").is_err());
+        assert!(parse_duration("2w").is_err());
+        assert_eq!(parse_duration("1h30m"), Ok(Duration::from_secs(5400)));
+        assert_eq!(parse_duration("2 d"), Ok(Duration::from_secs(2 * 86400)));
+        assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
+        assert!(parse_positive_duration("0").is_err_and(|e| e.contains("zero")));
+        assert!(parse_positive_duration("0s").is_err());
+    }
+
+    #[test]
+    fn listen_takes_names_and_a_bare_port() {
+        assert_eq!(parse_listen(":9464").map(|a| a.to_string()), Ok("0.0.0.0:9464".into()));
+        assert_eq!(parse_listen("127.0.0.1:9464").map(|a| a.port()), Ok(9464));
+        assert!(parse_listen("localhost:9464").is_ok_and(|a| a.ip().is_loopback()));
+        assert!(parse_listen("[::1]:9").is_ok_and(|a| a.is_ipv6()));
+        assert!(parse_listen("9464").is_err());
+    }
 
     #[test]
     fn a_bare_number_is_seconds() {

@@ -49,8 +49,10 @@ pub struct WatchArgs {
     /// Where incident bundles go.
     #[arg(long, value_name = "DIR", default_value = "/var/lib/gpustall/incidents")]
     bundle_dir: PathBuf,
-    /// Address of the Prometheus endpoint.
-    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9464")]
+    /// Address of the Prometheus endpoint (`/metrics`, and `/healthz` for liveness probes):
+    /// HOST:PORT (`127.0.0.1:9464`, `localhost:9464`, `[::1]:9464`) or `:PORT` for every
+    /// interface.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9464", value_parser = crate::cmd::units::parse_listen)]
     listen: std::net::SocketAddr,
     /// How long the flight recorder keeps events and samples.
     #[arg(long, value_name = "D", default_value = "5m", value_parser = crate::cmd::units::parse_duration)]
@@ -318,6 +320,7 @@ impl Daemon {
         let live_jobs: BTreeSet<&str> =
             alive.iter().filter_map(|&p| self.job_of(p)).map(|j| j.name.as_str()).collect();
         self.metrics.set_watched(live_jobs.len() as u64, alive.len() as u64);
+        self.metrics.beat();
         for (root, ctx) in &m.ctx.jobs_last {
             if let (Some(job), Some(cg)) = (self.jobs.get(root), &ctx.cgroup) {
                 self.metrics.set_job_cgroup(&job.name, cg);

@@ -29,7 +29,7 @@ use hyper::{
 use hyper_util::rt::{TokioIo, TokioTimer};
 use prometheus_client::{
     encoding::{text::encode, EncodeLabelSet},
-    metrics::{counter::Counter, family::Family, gauge::Gauge},
+    metrics::{counter::Counter, family::Family, gauge::Gauge, info::Info},
     registry::{Registry, Unit},
 };
 use tokio::{net::TcpListener, sync::Semaphore};
@@ -69,6 +69,14 @@ impl JobInfo {
             world_size: id.world_size.map(|w| w.to_string()).unwrap_or_default(),
         }
     }
+}
+
+/// Labels of `gpustall_build_info` (value 1), as exporters write theirs: which gpustall
+/// answers, on which kernel.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BuildInfo {
+    version: String,
+    kernel: String,
 }
 
 /// Label of per-GPU series.
@@ -193,6 +201,9 @@ pub struct Metrics {
     job_info: Family<JobInfo, Gauge>,
     /// Each job's info labels now, to remove the old series when they change.
     job_info_now: Mutex<std::collections::HashMap<String, JobInfo>>,
+    /// When the daemon's loop last completed a beat (monotonic seconds): `/healthz` fails
+    /// when it stops beating (a loop stuck in a read is alive to a plain TCP probe).
+    beat_at: std::sync::atomic::AtomicU64,
 }
 
 impl Default for Metrics {
@@ -305,7 +316,9 @@ impl Metrics {
             cgroups: cgroup::CgroupFamilies::default(),
             job_info: Family::default(),
             job_info_now: Mutex::new(std::collections::HashMap::new()),
+            beat_at: std::sync::atomic::AtomicU64::new(monotonic_s()),
         };
+
         // The registry adds the `gpustall_` prefix, the unit suffix and, for counters, `_total`;
         // the names registered are the stems. Families are `Arc`s inside, so the clones
         // registered and the fields kept in `Metrics` are the same series.
@@ -366,6 +379,15 @@ impl Metrics {
 
     /// The agent's own cost and its flight recorder.
     fn register_agent(&self, r: &mut Registry) {
+        // An OpenMetrics info metric: `gpustall_build_info{version,kernel} 1`.
+        r.register(
+            "build",
+            "Which gpustall serves these metrics (version) on which kernel",
+            Info::new(BuildInfo {
+                version: env!("CARGO_PKG_VERSION").to_string(),
+                kernel: crate::sources::host::kernel_release(),
+            }),
+        );
         r.register_with_unit(
             "agent_cpu",
             "CPU time (user and system) used by the gpustall agent itself",
@@ -541,6 +563,17 @@ impl Metrics {
         self.cgroups.update(job, c);
     }
 
+    /// The daemon's loop completed a beat.
+    pub fn beat(&self) {
+        self.beat_at.store(monotonic_s(), std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether the loop beat recently enough to call the agent live.
+    fn healthy(&self) -> bool {
+        let at = self.beat_at.load(std::sync::atomic::Ordering::Relaxed);
+        monotonic_s().saturating_sub(at) <= STALE_BEAT_S
+    }
+
     /// The job's identity as its info series (replacing the one it had).
     pub fn set_job_identity(&self, job: &str, id: &crate::model::identity::Identity) {
         let info = JobInfo::of(job, id);
@@ -592,17 +625,33 @@ const MAX_CONNECTIONS: usize = 64;
 /// after this; Prometheus simply reconnects for the next scrape.
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// A loop that has not beaten for this long is stuck: `/healthz` says so (503), and a
+/// Kubernetes liveness probe restarts the agent.
+const STALE_BEAT_S: u64 = 60;
+
+fn monotonic_s() -> u64 {
+    crate::sources::clock::monotonic_ns() / 1_000_000_000
+}
+
 fn respond(metrics: &Metrics, req: &Request<Incoming>) -> Response<Full<Bytes>> {
     let (status, content_type, body) = match (req.method(), req.uri().path()) {
+        (&Method::GET | &Method::HEAD, "/healthz") if metrics.healthy() => {
+            (StatusCode::OK, "text/plain; charset=utf-8", "ok\n".to_string())
+        }
+        (&Method::GET | &Method::HEAD, "/healthz") => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "text/plain; charset=utf-8",
+            format!("the agent's loop has not run for over {STALE_BEAT_S} s\n"),
+        ),
         (&Method::GET | &Method::HEAD, "/metrics") => {
             (StatusCode::OK, OPENMETRICS_CONTENT_TYPE, metrics.encode())
         }
         (&Method::GET | &Method::HEAD, "/") => (
             StatusCode::OK,
             "text/plain; charset=utf-8",
-            "gpustall agent: metrics are at /metrics\n".to_string(),
+            "gpustall agent: metrics are at /metrics, liveness at /healthz\n".to_string(),
         ),
-        (_, "/metrics" | "/") => (
+        (_, "/metrics" | "/" | "/healthz") => (
             StatusCode::METHOD_NOT_ALLOWED,
             "text/plain; charset=utf-8",
             "method not allowed: use GET\n".to_string(),

@@ -326,3 +326,10 @@ fn a_jobs_identity_is_one_info_series_replaced_when_it_changes() {
     m.forget_job("train-7");
     assert!(!m.encode().contains("gpustall_job_info{"), "forgotten with its job");
 }
+
+#[test]
+fn build_info_names_the_version_and_the_kernel() {
+    let text = Metrics::new().encode();
+    let want = format!("gpustall_build_info{{version=\"{}\",kernel=\"", env!("CARGO_PKG_VERSION"));
+    assert!(text.lines().any(|l| l.starts_with(&want) && l.ends_with(" 1")), "{text}");
+}
