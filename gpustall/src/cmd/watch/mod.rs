@@ -270,6 +270,7 @@ impl Daemon {
             d.reclaim_stall_seconds += now.stall_ns.saturating_sub(prev.stall_ns) as f64 / 1e9;
             d.reclaim_stalls += now.stalls.saturating_sub(prev.stalls);
             d.swapout_pages += now.swapout.saturating_sub(prev.swapout);
+            d.swapout_bytes += now.swapout.saturating_sub(prev.swapout) * page_size();
             d.block_read_bytes += now.read.saturating_sub(prev.read);
             d.block_write_bytes += now.write.saturating_sub(prev.write);
             d.reclaim_io_bytes += now.reclaim_io.saturating_sub(prev.reclaim_io);
@@ -569,6 +570,13 @@ pub async fn run(opts: WatchOptions) -> anyhow::Result<()> {
     d.write_bundle(true);
     say!("gpustall: watch stopped");
     Ok(())
+}
+
+/// This host's page size in bytes: the unit of the kernel's swap-out counts.
+fn page_size() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    u64::try_from(size).ok().filter(|&s| s > 0).unwrap_or(4096)
 }
 
 /// A process name as it may be written in a log line, a label or a file name: the kernel lets

@@ -105,6 +105,8 @@ pub struct ProcDelta {
     pub reclaim_stall_seconds: f64,
     pub reclaim_stalls: u64,
     pub swapout_pages: u64,
+    /// The same in bytes, at this host's page size (64 KiB on many arm64 GPU nodes).
+    pub swapout_bytes: u64,
     pub block_read_bytes: u64,
     pub block_write_bytes: u64,
     pub reclaim_io_bytes: u64,
@@ -123,6 +125,7 @@ struct JobFamilies {
     reclaim_stall_seconds: Family<JobRole, SecondsCounter>,
     reclaim_stalls: Family<JobRole, Counter>,
     swapout_pages: Family<JobRole, Counter>,
+    swapout_bytes: Family<JobRole, Counter>,
     block_read_bytes: Family<JobRole, Counter>,
     block_write_bytes: Family<JobRole, Counter>,
     reclaim_io_bytes: Family<JobRole, Counter>,
@@ -139,6 +142,7 @@ impl JobFamilies {
         let _ = self.reclaim_stall_seconds.get_or_create(labels);
         let _ = self.reclaim_stalls.get_or_create(labels);
         let _ = self.swapout_pages.get_or_create(labels);
+        let _ = self.swapout_bytes.get_or_create(labels);
         let _ = self.block_read_bytes.get_or_create(labels);
         let _ = self.block_write_bytes.get_or_create(labels);
         let _ = self.reclaim_io_bytes.get_or_create(labels);
@@ -154,6 +158,7 @@ impl JobFamilies {
         self.reclaim_stall_seconds.remove(labels);
         self.reclaim_stalls.remove(labels);
         self.swapout_pages.remove(labels);
+        self.swapout_bytes.remove(labels);
         self.block_read_bytes.remove(labels);
         self.block_write_bytes.remove(labels);
         self.reclaim_io_bytes.remove(labels);
@@ -241,6 +246,12 @@ impl JobFamilies {
             "swapout_pages",
             "Anonymous pages of the job's processes written out to swap by reclaim",
             self.swapout_pages.clone(),
+        );
+        r.register_with_unit(
+            "swapout",
+            "Anonymous memory of the job's processes written out to swap by reclaim, at the host's page size",
+            Unit::Bytes,
+            self.swapout_bytes.clone(),
         );
         r.register_with_unit(
             "block_read",
@@ -453,6 +464,7 @@ impl Metrics {
         }
         j.reclaim_stalls.get_or_create(labels).inc_by(d.reclaim_stalls);
         j.swapout_pages.get_or_create(labels).inc_by(d.swapout_pages);
+        j.swapout_bytes.get_or_create(labels).inc_by(d.swapout_bytes);
         j.block_read_bytes.get_or_create(labels).inc_by(d.block_read_bytes);
         j.block_write_bytes.get_or_create(labels).inc_by(d.block_write_bytes);
         j.reclaim_io_bytes.get_or_create(labels).inc_by(d.reclaim_io_bytes);

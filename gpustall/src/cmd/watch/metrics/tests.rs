@@ -22,6 +22,7 @@ fn encode_has_the_series_with_labels_and_values() {
         reclaim_stall_seconds: 1.5,
         reclaim_stalls: 3,
         swapout_pages: 100,
+        swapout_bytes: 409_600,
         block_read_bytes: 4096,
         block_write_bytes: 8192,
         reclaim_io_bytes: 409_600,
@@ -47,6 +48,7 @@ fn encode_has_the_series_with_labels_and_values() {
     has(&t, &format!("gpustall_reclaim_stall_seconds_total{w}"), "1.75");
     has(&t, &format!("gpustall_reclaim_stalls_total{w}"), "4");
     has(&t, &format!("gpustall_swapout_pages_total{w}"), "100");
+    has(&t, &format!("gpustall_swapout_bytes_total{w}"), "409600");
     has(&t, &format!("gpustall_block_read_bytes_total{w}"), "4096");
     has(&t, &format!("gpustall_block_write_bytes_total{w}"), "8192");
     has(&t, &format!("gpustall_reclaim_io_bytes_total{w}"), "409600");
