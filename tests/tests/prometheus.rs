@@ -287,7 +287,8 @@ fn a_real_prometheus_fires_the_oom_alert_for_a_watched_job() {
         "gpustall_agent_memory_budget_bytes",
         "gpustall_flight_recorder_bytes",
     ] {
-        assert_eq!(query(&base, q).len(), 1, "{q} in Prometheus");
+        // (lost events: a series per reason)
+        assert!(!query(&base, q).is_empty(), "{q} in Prometheus");
     }
     drop(prom);
     assert!(watch.0.try_wait().expect("try_wait").is_none(), "the agent kept running");

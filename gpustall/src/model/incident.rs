@@ -18,6 +18,14 @@ pub enum IncidentKind {
 }
 
 impl IncidentKind {
+    pub const ALL: [IncidentKind; 5] = [
+        IncidentKind::GpuStall,
+        IncidentKind::ReclaimStorm,
+        IncidentKind::Sigkill,
+        IncidentKind::OomKill,
+        IncidentKind::GpuFault,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Self::GpuStall => "gpu_stall",

@@ -314,8 +314,7 @@ impl Daemon {
         }
         let (dropped, held) = self.flight.lock().map_or((0, 0), |f| (f.evicted_early, f.bytes()));
         self.metrics.set_flight_recorder(held as u64, self.opts.memory_budget as u64, dropped);
-        self.metrics
-            .set_lost_events(m.host.lost.iter().sum::<u64>() + self.session.undecodable + dropped);
+        self.export_losses(dropped);
         // Jobs with a process alive: an ended job stays in the model for the window, not here.
         let alive = m.tree.alive_pids();
         let live_jobs: BTreeSet<&str> =
@@ -341,6 +340,22 @@ impl Daemon {
         }
     }
 
+    /// What could not be recorded, by reason (`dropped`: the flight recorder's lines).
+    fn export_losses(&self, dropped: u64) {
+        use gpustall_common::counters::LostCounter;
+        let host = &self.session.model.host;
+        let lost = |c: LostCounter| host.lost.get(c as usize).copied().unwrap_or(0);
+        for (reason, total) in [
+            ("critical_ring", lost(LostCounter::CriticalRing)),
+            ("bulk_ring", lost(LostCounter::BulkRing)),
+            ("map_full", lost(LostCounter::MapFull)),
+            ("undecodable", self.session.undecodable),
+            ("flight_recorder", dropped),
+        ] {
+            self.metrics.set_lost_events(reason, total);
+        }
+    }
+
     /// Each watched job's identity (its processes' together) as its info series.
     fn export_identities(&self) {
         for (root, job) in &self.jobs {
@@ -360,7 +375,8 @@ impl Daemon {
 
     fn take_incidents(&mut self) {
         for inc in std::mem::take(&mut self.session.incidents) {
-            self.metrics.incident(inc.kind.as_str());
+            let job = self.job_of(inc.pid).map(|j| j.name.clone()).unwrap_or_default();
+            self.metrics.incident(inc.kind.as_str(), &job);
             match inc.kind {
                 IncidentKind::OomKill => {
                     if let Some(l) = self.labels(inc.pid) {

@@ -93,10 +93,18 @@ struct XidLabel {
     xid: String,
 }
 
-/// Label of the incident counter.
+/// Labels of the incident counter: what happened, and to which job (empty when to none: a
+/// GPU stall no process is named for).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct IncidentKind {
     kind: String,
+    training_job: String,
+}
+
+/// Label of the lost-events counter: where events were lost.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LostReason {
+    reason: String,
 }
 
 /// Increments since the last update of one (job, role): the caller computes the deltas.
@@ -173,7 +181,7 @@ impl JobFamilies {
 /// The last cumulative totals passed in, to turn them into counter increments.
 #[derive(Default)]
 struct Totals {
-    lost_events: u64,
+    lost_events: std::collections::HashMap<String, u64>,
     agent_cpu_seconds: f64,
     flight_recorder_dropped: u64,
 }
@@ -191,7 +199,7 @@ pub struct Metrics {
     gpu_temperature: Family<GpuLabel, FloatGauge>,
     gpu_stall_episodes: Family<GpuLabel, Counter>,
     gpu_xid_errors: Family<XidLabel, Counter>,
-    lost_events: Counter,
+    lost_events: Family<LostReason, Counter>,
     watched_jobs: ByteGauge,
     watched_processes: ByteGauge,
     incidents: Family<IncidentKind, Counter>,
@@ -313,7 +321,7 @@ impl Metrics {
             gpu_temperature: Family::default(),
             gpu_stall_episodes: Family::default(),
             gpu_xid_errors: Family::default(),
-            lost_events: Counter::default(),
+            lost_events: Family::default(),
             watched_jobs: ByteGauge::default(),
             watched_processes: ByteGauge::default(),
             incidents: Family::default(),
@@ -376,7 +384,7 @@ impl Metrics {
         );
         r.register(
             "lost_events",
-            "Kernel events dropped because a ring buffer was full",
+            "Events that could not be recorded, by reason: a full ring buffer (critical_ring, bulk_ring), a full kernel map (map_full), an undecodable record, the flight recorder's budget",
             self.lost_events.clone(),
         );
         r.register("watched_jobs", "Jobs the agent currently watches", self.watched_jobs.clone());
@@ -524,10 +532,14 @@ impl Metrics {
     /// Takes the cumulative count of lost events and adds what is new. A smaller total means the
     /// source was reset (programs reloaded): it becomes the new base, so later losses are still
     /// counted instead of hidden until the old high-water mark is passed again.
-    pub fn set_lost_events(&self, total: u64) {
+    /// Takes the cumulative count of events lost for `reason` (`critical_ring`, `bulk_ring`,
+    /// `map_full`, `undecodable`, `flight_recorder`) and adds its increase.
+    pub fn set_lost_events(&self, reason: &str, total: u64) {
         let mut t = lock(&self.totals);
-        self.lost_events.inc_by(total.saturating_sub(t.lost_events));
-        t.lost_events = total;
+        let last = t.lost_events.entry(reason.to_string()).or_default();
+        let labels = LostReason { reason: reason.to_string() };
+        self.lost_events.get_or_create(&labels).inc_by(total.saturating_sub(*last));
+        *last = total;
     }
 
     pub fn set_watched(&self, jobs: u64, processes: u64) {
@@ -535,8 +547,8 @@ impl Metrics {
         self.watched_processes.set(processes);
     }
 
-    pub fn incident(&self, kind: &str) {
-        let labels = IncidentKind { kind: kind.to_string() };
+    pub fn incident(&self, kind: &str, job: &str) {
+        let labels = IncidentKind { kind: kind.to_string(), training_job: job.to_string() };
         self.incidents.get_or_create(&labels).inc();
     }
 
@@ -599,6 +611,10 @@ impl Metrics {
     /// Removes every series whose job label is `job`.
     pub fn forget_job(&self, job: &str) {
         self.cgroups.forget(job);
+        for kind in crate::model::incident::IncidentKind::ALL {
+            let labels = IncidentKind { kind: kind.as_str().into(), training_job: job.into() };
+            self.incidents.remove(&labels);
+        }
         if let Some(info) = lock(&self.job_info_now).remove(job) {
             self.job_info.remove(&info);
         }

@@ -39,8 +39,8 @@ fn encode_has_the_series_with_labels_and_values() {
     m.set_gpu(&gpu, 0.42, Some(71.0));
     m.gpu_stall(&gpu);
     m.set_watched(2, 17);
-    m.incident("oom_kill");
-    m.set_lost_events(5);
+    m.incident("oom_kill", "train-7");
+    m.set_lost_events("bulk_ring", 5);
     m.set_agent(0.5, 30 << 20);
 
     let t = m.encode();
@@ -63,8 +63,8 @@ fn encode_has_the_series_with_labels_and_values() {
     has(&t, r#"gpustall_gpu_stall_episodes_total{gpu="0"}"#, "1");
     has(&t, "gpustall_watched_jobs", "2");
     has(&t, "gpustall_watched_processes", "17");
-    has(&t, r#"gpustall_incidents_total{kind="oom_kill"}"#, "1");
-    has(&t, "gpustall_lost_events_total", "5");
+    has(&t, r#"gpustall_incidents_total{kind="oom_kill",training_job="train-7"}"#, "1");
+    has(&t, r#"gpustall_lost_events_total{reason="bulk_ring"}"#, "5");
     has(&t, "gpustall_agent_cpu_seconds_total", "0.5");
     has(&t, "gpustall_agent_resident_memory_bytes", "31457280");
     // Help on every family, units where they apply, and a complete exposition.
@@ -108,17 +108,18 @@ fn forget_job_removes_only_that_jobs_series() {
 #[test]
 fn cumulative_totals_only_add_differences() {
     let m = Metrics::new();
-    m.set_lost_events(10);
-    m.set_lost_events(10);
-    has(&m.encode(), "gpustall_lost_events_total", "10");
+    let lost = r#"gpustall_lost_events_total{reason="map_full"}"#;
+    m.set_lost_events("map_full", 10);
+    m.set_lost_events("map_full", 10);
+    has(&m.encode(), lost, "10");
     // A smaller total (the source was reset) neither decreases the counter nor panics ...
-    m.set_lost_events(4);
-    has(&m.encode(), "gpustall_lost_events_total", "10");
+    m.set_lost_events("map_full", 4);
+    has(&m.encode(), lost, "10");
     // ... and becomes the base for what follows.
-    m.set_lost_events(6);
-    has(&m.encode(), "gpustall_lost_events_total", "12");
-    m.set_lost_events(u64::MAX);
-    m.set_lost_events(0);
+    m.set_lost_events("map_full", 6);
+    has(&m.encode(), lost, "12");
+    m.set_lost_events("map_full", u64::MAX);
+    m.set_lost_events("map_full", 0);
 
     for cpu in [2.0, 1.0, f64::NAN, -5.0, f64::INFINITY, 1.5] {
         m.set_agent(cpu, 1);
@@ -211,8 +212,8 @@ fn every_series() -> String {
     m.gpu_stall(&gpu);
     m.gpu_xid("0000:3b:00", 79);
     m.set_watched(1, 4);
-    m.incident("oom_kill");
-    m.set_lost_events(1);
+    m.incident("oom_kill", "train-7");
+    m.set_lost_events("bulk_ring", 1);
     m.set_agent(0.5, 40 << 20);
     m.set_flight_recorder(1 << 20, 64 << 20, 3);
     m.encode()
