@@ -114,3 +114,24 @@ fn a_kernel_thread_is_refused() {
     assert_eq!(o.status.code(), Some(1), "{err}");
     assert!(err.contains("pid 2 is a kernel thread"), "{err}");
 }
+
+/// `trace` takes a process or a command, one of the two, and its usage says so.
+#[test]
+fn trace_takes_a_pid_or_a_command() {
+    let run = |args: &[&str]| {
+        let o = std::process::Command::new(tests::gpustall_bin())
+            .args(args)
+            .output()
+            .expect("gpustall");
+        (o.status.code(), String::from_utf8_lossy(&o.stderr).into_owned())
+    };
+    let (code, err) = run(&["trace"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("<--pid <PID>|CMD>") && err.contains("gpustall trace [OPTIONS] -- <CMD>"),
+        "{err}"
+    );
+    let (code, err) = run(&["trace", "--pid", "1", "--", "true"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("cannot be used with"), "{err}");
+}

@@ -32,11 +32,13 @@ use crate::{
     },
 };
 
-/// `gpustall trace`'s flags.
+/// `gpustall trace`'s flags: a process to follow (`--pid`) or a command to start (`-- CMD`),
+/// one of the two.
 #[derive(clap::Args)]
+#[group(id = "target", required = true, multiple = false, args = ["pid", "command"])]
 pub struct TraceArgs {
     /// The process to trace (the trainer); its existing descendants are traced too.
-    #[arg(long, short = 'p', value_name = "PID", required_unless_present = "command")]
+    #[arg(long, short = 'p', value_name = "PID")]
     pid: Option<u32>,
     /// Start CMD under the tracer instead (`gpustall trace [OPTIONS] -- torchrun ...`): traced
     /// from its first instruction, run as the invoking user under sudo (SUDO_UID/SUDO_GID)
