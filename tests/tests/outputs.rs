@@ -195,3 +195,24 @@ fn a_record_path_planted_in_a_sticky_directory_is_never_opened() {
     let theirs = std::fs::read(&link).expect("nobody's inode");
     assert!(theirs.is_empty(), "nobody's file got {} bytes of the recording", theirs.len());
 }
+
+/// `report --perfetto` writes the trace `export --perfetto` writes (the same output flags on
+/// report as on trace and export).
+#[test]
+fn report_writes_the_perfetto_trace_export_writes() {
+    let rec =
+        concat!(env!("CARGO_MANIFEST_DIR"), "/../gpustall/src/recording/testdata/trace-v1.jsonl");
+    let dir = tests::TempDir::new("report-perfetto");
+    let (a, b) = (dir.path("report.json"), dir.path("export.json"));
+    let run = |args: &[&std::ffi::OsStr]| {
+        let o = std::process::Command::new(tests::gpustall_bin())
+            .args(args)
+            .output()
+            .expect("gpustall");
+        assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stderr));
+    };
+    run(&["report".as_ref(), rec.as_ref(), "--perfetto".as_ref(), a.as_os_str()]);
+    run(&["export".as_ref(), "--perfetto".as_ref(), b.as_os_str(), rec.as_ref()]);
+    let (a, b) = (std::fs::read(&a).expect("report's"), std::fs::read(&b).expect("export's"));
+    assert!(a.len() > 1000 && a == b, "the same trace");
+}

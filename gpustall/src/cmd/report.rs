@@ -15,15 +15,21 @@ pub struct ReportArgs {
     /// Write a self-contained HTML page (verdict and timeline chart, no network) to OUT.
     #[arg(long, value_name = "OUT")]
     html: Option<PathBuf>,
+    /// Write a Perfetto / Chrome trace (ui.perfetto.dev) of the recording to OUT, as `export`.
+    #[arg(long, value_name = "OUT")]
+    perfetto: Option<PathBuf>,
 }
 
 pub fn run(args: &ReportArgs) -> anyhow::Result<()> {
     let file = &args.file;
-    let outputs: Vec<(&str, &std::path::Path)> =
-        [("--summary-json", &args.summary_json), ("--html", &args.html)]
-            .into_iter()
-            .filter_map(|(flag, p)| p.as_deref().map(|p| (flag, p)))
-            .collect();
+    let outputs: Vec<(&str, &std::path::Path)> = [
+        ("--summary-json", &args.summary_json),
+        ("--html", &args.html),
+        ("--perfetto", &args.perfetto),
+    ]
+    .into_iter()
+    .filter_map(|(flag, p)| p.as_deref().map(|p| (flag, p)))
+    .collect();
     crate::recording::files::refuse_clashes(&[file], &outputs)?;
     let r = crate::recording::replay::open(file)?;
     let summary = crate::pipeline::conclude::summary(&r.model, r.end_ns, true);
@@ -33,6 +39,9 @@ pub fn run(args: &ReportArgs) -> anyhow::Result<()> {
     if let Some(path) = &args.html {
         let page = html::render(&summary, &timeline::from_file(file, r.lines)?);
         crate::recording::files::write_private(path, page.as_bytes())?;
+    }
+    if let Some(path) = &args.perfetto {
+        crate::output::perfetto::write_recording_file(file, r.lines, path)?;
     }
     let json_on_stdout =
         args.summary_json.as_deref().is_some_and(crate::recording::files::is_stdout);
