@@ -243,3 +243,44 @@ fn a_job_that_daemonized_still_gets_the_signal() {
     assert!(status.is_some(), "gpustall still running 20 s after SIGTERM");
     assert!(left.trim().is_empty(), "the daemonized sleep got the signal: {left}");
 }
+
+/// Under sudo the files a trace writes are the caller's (still 0600), so `gpustall report`
+/// run as that user reads them.
+#[test]
+fn under_sudo_the_outputs_belong_to_the_caller() {
+    use std::os::unix::fs::MetadataExt as _;
+    tests::require_privileged_env();
+    let dir = tests::TempDir::new_in("/var/tmp", "launch-owner");
+    std::fs::set_permissions(&dir.0, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod");
+    let (rec, sum, trace) = (dir.path("run.jsonl"), dir.path("s.json"), dir.path("t.json"));
+    let o = Command::new(tests::gpustall_bin())
+        .args(["trace", "--quiet", "--no-gpu", "--record"])
+        .arg(&rec)
+        .arg("--summary-json")
+        .arg(&sum)
+        .arg("--perfetto")
+        .arg(&trace)
+        .args(["--", "true"])
+        .envs([("SUDO_UID", "65534"), ("SUDO_GID", "65534"), ("SUDO_USER", "nobody")])
+        .output()
+        .expect("gpustall");
+    assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stderr));
+    for f in [&rec, &sum, &trace] {
+        let m = std::fs::metadata(f).expect("written");
+        assert_eq!((m.uid(), m.gid(), m.mode() & 0o777), (65534, 65534, 0o600), "{}", f.display());
+    }
+    let o = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(tests::gpustall_bin())
+        .arg("report")
+        .arg(&rec)
+        .output()
+        .expect("setpriv gpustall report");
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "the caller reads it: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}

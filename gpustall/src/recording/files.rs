@@ -86,6 +86,30 @@ fn dir_and_name(path: &Path) -> anyhow::Result<(PathBuf, std::ffi::OsString)> {
     Ok((dir, name.to_owned()))
 }
 
+/// The user who ran gpustall under sudo (SUDO_UID and SUDO_GID, both valid), when gpustall
+/// runs as root: the files it writes are theirs (`sudo gpustall trace --record run.jsonl`, then
+/// `gpustall report run.jsonl` as that user). `None` otherwise.
+pub fn sudo_caller() -> Option<(u32, u32)> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return None;
+    }
+    let id = |k: &str| std::env::var(k).ok()?.parse::<u32>().ok().filter(|&n| n != u32::MAX);
+    Some((id("SUDO_UID")?, id("SUDO_GID")?))
+}
+
+/// Hands a file gpustall just made to the sudo caller, still readable by its owner only. A
+/// failure (a filesystem without owners) leaves it root's, as before.
+pub fn give_to_caller(f: &File) {
+    use std::os::fd::AsRawFd as _;
+    if let Some((uid, gid)) = sudo_caller() {
+        // SAFETY: fchown on a descriptor this process holds.
+        if unsafe { libc::fchown(f.as_raw_fd(), uid, gid) } != 0 {
+            log::debug!("cannot give the file to uid {uid}: {}", std::io::Error::last_os_error());
+        }
+    }
+}
+
 /// A new private file in `dir` under a name nobody else made (O_EXCL, O_NOFOLLOW, 0600):
 /// `.NAME.gpustall-PID-N.tmp`, another N where one is taken.
 fn create_fresh(dir: &Path, name: &std::ffi::OsStr) -> anyhow::Result<(File, PathBuf)> {
@@ -106,7 +130,10 @@ fn create_fresh(dir: &Path, name: &std::ffi::OsStr) -> anyhow::Result<(File, Pat
             .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
             .open(&tmp)
         {
-            Ok(f) => return Ok((f, tmp)),
+            Ok(f) => {
+                give_to_caller(&f);
+                return Ok((f, tmp));
+            }
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last = Some(e),
             Err(e) => {
                 return Err(anyhow::Error::new(e)

@@ -82,6 +82,10 @@ fn write_files(
         .mode(0o700)
         .create(&dir)
         .with_context(|| format!("creating {}", dir.display()))?;
+    if let Some((uid, gid)) = crate::recording::files::sudo_caller() {
+        // The bundle is the caller's to read, as its files are.
+        let _ = std::os::unix::fs::chown(&dir, Some(uid), Some(gid));
+    }
     let record = dir.join("record.jsonl");
     let mut rec = std::io::BufWriter::new(crate::recording::files::create_private(&record)?);
     for line in records.filter_map(|r| r.as_line().map(|l| serde_json::to_vec(&l))) {
