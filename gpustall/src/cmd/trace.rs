@@ -245,11 +245,12 @@ fn setup(opts: &TraceOptions) -> anyhow::Result<(Trace, Probes, Rings, Option<Gp
         session.recorder = Some(Box::new(Recorder::create(path)?));
     }
     let (gpu, gpu_header) = crate::cmd::gpu::open(opts.gpu.as_ref(), &mut session.model.gpu);
+    let header = Header {
+        targets: Some(vec![opts.pid]),
+        ..Header::new(start, &probes.attached, &probes.skipped, gpu_header)
+    };
+    session.model.origin = Some(header.origin());
     if let Some(r) = session.recorder.as_mut() {
-        let header = Header {
-            targets: Some(vec![opts.pid]),
-            ..Header::new(start, &probes.attached, &probes.skipped, gpu_header)
-        };
         r.write(Line::Header(&header));
         r.flush();
     }

@@ -13,6 +13,7 @@ pub mod incident;
 pub mod kernlog;
 pub mod longwait;
 pub mod offcpu;
+pub mod origin;
 pub mod overhead;
 pub mod proctree;
 pub mod samples;
@@ -82,6 +83,8 @@ pub struct Model {
     pub kernel_log: crate::model::kernlog::KernelLog,
     /// Each process's identity in its cluster, where one was found.
     pub identities: BTreeMap<u32, crate::model::identity::Identity>,
+    /// Where and when the trace ran (from the recording's header).
+    pub origin: Option<crate::model::origin::Origin>,
 }
 
 impl Model {

@@ -183,6 +183,10 @@ fn compact(v: f64) -> String {
 pub fn render(summary: &Summary, t: &Timeline) -> String {
     let cause = esc(summary.verdict.cause.as_str());
     let mut heading = format!(r#"<h1>gpustall: <span class="cause">{cause}</span></h1>"#);
+    if let Some(origin) = &summary.origin {
+        let line = crate::output::text::where_and_when(origin, summary);
+        let _ = write!(heading, "<p>{}</p>", esc(&line));
+    }
     if let Some(job) = summary.job.as_ref().and_then(|j| j.label()) {
         let _ = write!(heading, "<p>Job: {}</p>", esc(&job));
     }

@@ -23,6 +23,9 @@ pub struct Summary {
     pub is_final: bool,
     pub t_ns: u64,
     pub duration_s: f64,
+    /// Where and when the trace ran: host, kernel, wall clock at its start, targets, tool.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub origin: Option<crate::model::origin::Origin>,
     /// Which job this is in its cluster (pod, Slurm job, torchrun run and rank), where its
     /// processes said.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -578,6 +581,11 @@ impl Summary {
             t_ns: now_ns,
             duration_s: now_ns.saturating_sub(m.start_ns) as f64 / 1e9,
             job: m.job_identity(),
+            origin: m.origin.clone().map(|mut o| {
+                let first = o.targets.first().and_then(|pid| m.tree.get(*pid));
+                o.command = first.and_then(|n| n.cmdline.clone());
+                o
+            }),
             lost_events: lost.total(),
             lower_bounds: lost.lower_bounds(),
             folded: m

@@ -42,9 +42,40 @@ pub fn render(s: &Summary) -> String {
     o
 }
 
+/// "On node-3 (kernel 6.18.0), 2026-12-04 21:30:02.123 UTC for 45.2 s: pid 1234 (python
+/// train.py); gpustall 0.1.0".
+pub fn where_and_when(origin: &crate::model::origin::Origin, s: &Summary) -> String {
+    let when = match origin.wall_clock_at_start_ns {
+        0 => String::new(),
+        t => format!(", {}", crate::diagnose::job::date_time(t)),
+    };
+    let comm = |pid: u32| s.processes.iter().find(|p| p.pid == pid).map(|p| p.comm.clone());
+    let what = match origin.targets.first() {
+        Some(&pid) => match origin.command.clone().or_else(|| comm(pid)) {
+            Some(c) => format!(": pid {pid} ({})", truncate(&c, 80)),
+            None => format!(": pid {pid}"),
+        },
+        None => String::new(),
+    };
+    format!(
+        "On {} (kernel {}){when} for {:.1} s{what}; {}",
+        origin.host, origin.kernel, s.duration_s, origin.tool
+    )
+}
+
+fn truncate(s: &str, max: usize) -> String {
+    match s.char_indices().nth(max) {
+        Some((i, _)) => format!("{}...", &s[..i]),
+        None => s.to_string(),
+    }
+}
+
 fn verdict(o: &mut String, s: &Summary) {
     let v = &s.verdict;
     let _ = writeln!(o, "\n== gpustall: {} ==", v.cause);
+    if let Some(origin) = &s.origin {
+        let _ = writeln!(o, "{}", where_and_when(origin, s));
+    }
     if let Some(job) = s.job.as_ref().and_then(|j| j.label()) {
         let _ = writeln!(o, "Job: {job}");
     }
@@ -245,6 +276,22 @@ fn footer(o: &mut String, s: &Summary) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The report says where and when: host, kernel, the wall clock at the start, how long, what
+    /// was traced, by which gpustall (from the recording's header).
+    #[test]
+    fn the_report_says_where_and_when() {
+        let text = include_str!("../recording/testdata/trace-v1.jsonl");
+        let r = crate::recording::replay::replay(text.as_bytes());
+        let s = crate::pipeline::conclude::summary(&r.model, r.end_ns, true);
+        let report = render(&s);
+        let line = report.lines().nth(2).unwrap_or_default();
+        assert!(
+            line.starts_with("On vm (kernel 6.18.44-fc-v1098), 2026-12-02 18:48:54.945 UTC for 6.0 s: pid 31794 (target/debug/gpustall-workload spawn"),
+            "{report}"
+        );
+        assert!(line.ends_with("; gpustall 0.1.0"), "{line}");
+    }
     use crate::model::{
         event::{Event, Header},
         Model,

@@ -66,13 +66,25 @@ fn wall_at(start_ns: u64) -> u64 {
 }
 
 impl Header {
+    /// Where and when, for the model (and so every report).
+    pub fn origin(&self) -> crate::model::origin::Origin {
+        crate::model::origin::Origin {
+            host: self.host.clone(),
+            kernel: self.kernel.clone(),
+            wall_clock_at_start_ns: self.wall_clock_at_start_ns,
+            targets: self.targets.clone().unwrap_or_default(),
+            command: None,
+            tool: self.tool.clone(),
+        }
+    }
+
     /// A header for a recording made on this machine now.
     pub fn new(start_ns: u64, attached: &[String], skipped: &[String], gpu: GpuHeader) -> Self {
         Self {
             version: VERSION,
             tool: concat!("gpustall ", env!("CARGO_PKG_VERSION")).into(),
             mode: None,
-            host: crate::sources::host::hostname(),
+            host: crate::sources::host::node_name(),
             kernel: crate::sources::host::kernel_release(),
             clock: "CLOCK_MONOTONIC".into(),
             start_ns,

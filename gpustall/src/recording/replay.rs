@@ -254,6 +254,7 @@ fn apply_header(model: &mut Model, h: &Header) -> Result<(), String> {
     }
     model.start_ns = h.start_ns;
     model.last_ns = h.start_ns;
+    model.origin = Some(h.origin());
     let gpu = &h.gpu;
     if gpu.enabled {
         let threshold = gpu.threshold_pct.ok_or("gpu.threshold_pct missing")?;
@@ -492,6 +493,8 @@ mod tests {
         let without_verdict = |v: &Value| {
             let mut v = v.clone();
             v.as_object_mut().map(|o| o.remove("verdict"));
+            // Where and when: from the header, which the summary did not repeat then.
+            v.as_object_mut().map(|o| o.remove("origin"));
             for p in v["processes"].as_array_mut().into_iter().flatten() {
                 p.as_object_mut().map(|o| o.remove("dataloader_of"));
                 // A device's kernel name, from the recording's disk samples; its timed requests,

@@ -303,6 +303,12 @@ pub fn hostname() -> String {
         .unwrap_or_default()
 }
 
+/// The name the node goes by: NODE_NAME where the deployment sets it (a DaemonSet's pod has
+/// the pod's name as its hostname, not the node's), else the hostname.
+pub fn node_name() -> String {
+    std::env::var("NODE_NAME").ok().filter(|n| !n.trim().is_empty()).unwrap_or_else(hostname)
+}
+
 /// The running kernel's release, for the recording header.
 pub fn kernel_release() -> String {
     std::fs::read_to_string("/proc/sys/kernel/osrelease")
