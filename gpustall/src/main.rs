@@ -28,7 +28,7 @@ mod sources;
 #[cfg(test)]
 mod layering;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory as _, Parser, Subcommand};
 
 #[derive(Parser)]
 #[command(
@@ -129,6 +129,17 @@ process, not root, BPF unavailable, a required tracepoint missing, a recording t
 written)."
     )]
     Trace(cmd::trace::TraceArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell) to stdout.
+    #[command(
+        after_help = "EXAMPLES:\n    gpustall completions bash > /etc/bash_completion.d/gpustall\n    \
+gpustall completions zsh > \"${fpath[1]}/_gpustall\""
+    )]
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print gpustall's man page (roff) to stdout: `gpustall man > /usr/share/man/man1/gpustall.1`.
+    Man,
 }
 
 fn main() {
@@ -148,6 +159,17 @@ fn main() {
                     Command::Merge(args) => cmd::merge::run(&args),
                     Command::Watch(args) => cmd::watch::run(args.into_options()).await,
                     Command::Trace(args) => cmd::trace::run(args.into_options()).await,
+                    Command::Completions { shell } => {
+                        // Into memory first: the generator panics on a closed stdout (`| head`).
+                        let mut out = Vec::new();
+                        clap_complete::generate(shell, &mut Cli::command(), "gpustall", &mut out);
+                        output::text::print(&String::from_utf8_lossy(&out))
+                    }
+                    Command::Man => {
+                        let mut out = Vec::new();
+                        clap_mangen::Man::new(Cli::command()).render(&mut out)?;
+                        output::text::print(&String::from_utf8_lossy(&out))
+                    }
                 }
             })
         });

@@ -216,3 +216,29 @@ fn report_writes_the_perfetto_trace_export_writes() {
     let (a, b) = (std::fs::read(&a).expect("report's"), std::fs::read(&b).expect("export's"));
     assert!(a.len() > 1000 && a == b, "the same trace");
 }
+
+/// Shell completions and the man page come from the CLI's own definitions: the bash script
+/// parses and knows the flags, the man page is roff for man(1).
+#[test]
+fn completions_and_the_man_page_come_from_the_cli() {
+    let dir = tests::TempDir::new("completions");
+    let run = |args: &[&str]| {
+        let o = std::process::Command::new(tests::gpustall_bin())
+            .args(args)
+            .output()
+            .expect("gpustall");
+        assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8(o.stdout).expect("utf-8")
+    };
+    let bash = run(&["completions", "bash"]);
+    assert!(bash.contains("--stop-job") && bash.contains("--summary-json"), "the flags");
+    let script = dir.path("gpustall.bash");
+    std::fs::write(&script, &bash).expect("script");
+    let parsed = std::process::Command::new("bash").arg("-n").arg(&script).status().expect("bash");
+    assert!(parsed.success(), "the completion script parses");
+    for shell in ["zsh", "fish"] {
+        assert!(run(&["completions", shell]).contains("trace"), "{shell}");
+    }
+    let man = run(&["man"]);
+    assert!(man.contains(".TH gpustall 1") && man.contains("trace"), "{man}");
+}
