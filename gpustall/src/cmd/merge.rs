@@ -60,7 +60,7 @@ pub fn run(args: &MergeArgs) -> anyhow::Result<()> {
     for input in &args.files {
         // One recording that cannot be read costs only its lane: the job's other nodes are
         // still merged, and the exit status says one was left out.
-        let (lane, err) = match load(input) {
+        let (lane, err) = match load(input, args.html.is_some()) {
             Ok(loaded) => loaded,
             Err(e) => {
                 say!("gpustall: warning: {e:#}: skipped");
@@ -112,8 +112,10 @@ fn write_outputs(
         )?;
     }
     if let Some(path) = &args.perfetto {
-        let text = serde_json::to_string(&out::perfetto_trace(lanes, verdict))?;
-        crate::recording::files::write_private(path, text.as_bytes())?;
+        crate::recording::files::write_private_with(path, |w| {
+            out::write_perfetto(lanes, verdict, w)
+                .map_err(|e| std::io::Error::other(format!("{e:#}")))
+        })?;
         say!("gpustall: wrote {} (open it in https://ui.perfetto.dev)", path.display());
     }
     Ok(())
@@ -133,7 +135,7 @@ mod tests {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/recording/testdata");
         let mut lanes = Vec::new();
         for f in ["merge-node-a.jsonl", "merge-node-b.jsonl"] {
-            let (lane, stopped) = load(&dir.join(f)).expect("loads");
+            let (lane, stopped) = load(&dir.join(f), true).expect("loads");
             assert_eq!(stopped, None);
             lanes.push(lane);
         }
@@ -161,11 +163,23 @@ mod tests {
         let page = out::html_page(&lanes, &v, &[]);
         assert!(page.contains("<h1>node-a: <span class=\"cause\">host_memory_oom</span></h1>"));
         assert!(page.contains("aria-label=\"nodes\""));
-        let trace = out::perfetto_trace(&lanes, &v);
+        let mut trace = Vec::new();
+        out::write_perfetto(&lanes, &v, &mut trace).expect("written");
+        let trace: serde_json::Value = serde_json::from_slice(&trace).expect("json");
         let ev = trace["traceEvents"].as_array().expect("events");
         let groups: std::collections::BTreeSet<u64> =
             ev.iter().filter_map(|e| e["pid"].as_u64()).collect();
         assert_eq!(groups, [1, 2].into(), "one process group per node");
+        // Streamed from the files, every lane's events are there: each recording's own trace,
+        // a name and a place per node, and the first stall.
+        let own: usize = ["merge-node-a.jsonl", "merge-node-b.jsonl"]
+            .iter()
+            .map(|f| {
+                let t = crate::output::timeline::from_file(&dir.join(f), usize::MAX).expect("read");
+                crate::output::perfetto::render(&t)["traceEvents"].as_array().map_or(0, Vec::len)
+            })
+            .sum();
+        assert_eq!(ev.len(), own + 2 * 2 + 1);
         assert!(ev.iter().any(|e| e["pid"] == 1 && e["name"] == "OOM kill"));
         let s = serde_json::to_value(out::summary(&lanes, &v, &[], 1_000_000_000)).expect("json");
         assert_eq!(s["nodes"][0]["summary"]["verdict"]["cause"], "host_memory_oom");

@@ -15,30 +15,53 @@ use crate::output::timeline::Track;
 /// Pseudo-process holding host-wide counters.
 const HOST_PID: u32 = 0x3fff_ffff;
 
-fn us(t: &Timeline, ns: u64) -> f64 {
-    ns.saturating_sub(t.start_ns) as f64 / 1e3
+/// Where a time falls on the trace's axis: microseconds after `start_ns`.
+pub fn axis_from(start_ns: u64) -> impl Fn(u64) -> f64 {
+    move |ns| ns.saturating_sub(start_ns) as f64 / 1e3
 }
 
 /// Every trace event of the timeline, one at a time.
+#[cfg(test)]
 fn for_each_event(t: &Timeline, mut emit: impl FnMut(Value)) {
     meta_events(t, &mut emit);
-    mark_events(t, 0, &mut emit);
+    mark_events(t, 0, &axis_from(t.start_ns), &mut emit);
+}
+
+/// A process track's name: its name, pid and rank.
+pub fn process_label(t: &Timeline, pid: u32) -> String {
+    let name = t.processes.get(&pid).map_or("", String::as_str);
+    match t.ranks.get(&pid) {
+        Some(rank) => format!("{name} ({pid}, rank {rank})"),
+        None => format!("{name} ({pid})"),
+    }
+}
+
+/// The name of the track `pid` of a trace: a process, a GPU or the host's counters.
+pub fn track_label(t: &Timeline, pid: u64) -> String {
+    let gpu = pid.checked_sub(u64::from(gpu_pid(0))).and_then(|i| u32::try_from(i).ok());
+    match (u32::try_from(pid), gpu) {
+        (Ok(HOST_PID), _) => "host / job totals".into(),
+        (_, Some(i)) if t.gpus.contains_key(&i) => gpu_label(i, &t.gpus[&i]),
+        (Ok(pid), _) => process_label(t, pid),
+        (Err(_), _) => pid.to_string(),
+    }
+}
+
+fn gpu_label(index: u32, name: &str) -> String {
+    format!("GPU {index} ({name})")
 }
 
 /// The tracks' names and order: known whole only at the end of a recording.
-fn meta_events(t: &Timeline, emit: &mut impl FnMut(Value)) {
-    for (pid, name) in &t.processes {
-        let name = match t.ranks.get(pid) {
-            Some(rank) => format!("{name} ({pid}, rank {rank})"),
-            None => format!("{name} ({pid})"),
-        };
+pub fn meta_events(t: &Timeline, emit: &mut impl FnMut(Value)) {
+    for pid in t.processes.keys() {
+        let name = process_label(t, *pid);
         emit(
             json!({"ph": "M", "name": "process_name", "pid": pid, "tid": pid, "args": {"name": name}}),
         );
     }
     for (i, name) in &t.gpus {
         emit(
-            json!({"ph": "M", "name": "process_name", "pid": gpu_pid(*i), "args": {"name": format!("GPU {i} ({name})")}}),
+            json!({"ph": "M", "name": "process_name", "pid": gpu_pid(*i), "args": {"name": gpu_label(*i, name)}}),
         );
         emit(
             json!({"ph": "M", "name": "process_sort_index", "pid": gpu_pid(*i), "args": {"sort_index": -2}}),
@@ -62,28 +85,33 @@ fn meta_events(t: &Timeline, emit: &mut impl FnMut(Value)) {
 }
 
 /// The slices, flows (numbered from `first_flow`), instants and counter points the timeline
-/// holds.
-fn mark_events(t: &Timeline, first_flow: usize, emit: &mut impl FnMut(Value)) {
+/// holds, each placed on the trace's axis by `at`.
+fn mark_events(
+    t: &Timeline,
+    first_flow: usize,
+    at: &impl Fn(u64) -> f64,
+    emit: &mut impl FnMut(Value),
+) {
     for s in &t.slices {
         emit(json!({"ph": "X", "name": s.name, "cat": "stall", "pid": s.pid, "tid": s.tid,
-            "ts": us(t, s.start_ns), "dur": s.dur_ns as f64 / 1e3, "args": s.args}));
+            "ts": at(s.start_ns), "dur": s.dur_ns as f64 / 1e3, "args": s.args}));
     }
     // Flow v1 events: "s" binds to the slice enclosing it on the waker's thread, "f" with
     // "bp": "e" to the slice enclosing it on the waiting thread.
     for (id, f) in t.flows.iter().enumerate().map(|(i, f)| (first_flow + i, f)) {
         let ((fp, ft, fts), (tp, tt, tts)) = (f.from, f.to);
         emit(
-            json!({"ph": "s", "id": id, "name": f.name, "cat": "data_wait", "pid": fp, "tid": ft, "ts": us(t, fts)}),
+            json!({"ph": "s", "id": id, "name": f.name, "cat": "data_wait", "pid": fp, "tid": ft, "ts": at(fts)}),
         );
         emit(
-            json!({"ph": "f", "bp": "e", "id": id, "name": f.name, "cat": "data_wait", "pid": tp, "tid": tt, "ts": us(t, tts)}),
+            json!({"ph": "f", "bp": "e", "id": id, "name": f.name, "cat": "data_wait", "pid": tp, "tid": tt, "ts": at(tts)}),
         );
     }
     for i in &t.instants {
         let scope = if i.name == "OOM kill" { "g" } else { "p" };
         emit(
             json!({"ph": "i", "s": scope, "name": i.name, "cat": "process", "pid": i.pid, "tid": i.pid,
-            "ts": us(t, i.t_ns), "args": i.args}),
+            "ts": at(i.t_ns), "args": i.args}),
         );
     }
     for ((track, name), series) in &t.counters {
@@ -94,7 +122,7 @@ fn mark_events(t: &Timeline, first_flow: usize, emit: &mut impl FnMut(Value)) {
         };
         for (ts, v) in &series.points {
             emit(
-                json!({"ph": "C", "name": name, "pid": pid, "ts": us(t, *ts), "args": {name.as_str(): v}}),
+                json!({"ph": "C", "name": name, "pid": pid, "ts": at(*ts), "args": {name.as_str(): v}}),
             );
         }
     }
@@ -104,7 +132,8 @@ fn other_data(t: &Timeline) -> Value {
     json!({"tool": concat!("gpustall ", env!("CARGO_PKG_VERSION")), "verdict": t.verdict})
 }
 
-/// The trace as one JSON value.
+/// The trace as one JSON value: what the streamed trace must equal (the tests' reference).
+#[cfg(test)]
 pub fn render(t: &Timeline) -> Value {
     let mut ev = Vec::new();
     for_each_event(t, |e| ev.push(e));
@@ -120,35 +149,59 @@ pub fn write_recording(
     max_lines: usize,
     w: &mut dyn std::io::Write,
 ) -> std::io::Result<()> {
-    let mut out = EventWriter { w, first: true, result: Ok(()) };
-    out.w.write_all(b"{\"traceEvents\":[")?;
+    let mut out = EventWriter::start(w)?;
+    let t = stream_marks(file, max_lines, |start, ns| axis_from(start)(ns), |_, e| out.event(&e))
+        .map_err(|e| std::io::Error::other(format!("{e:#}")))?;
+    meta_events(&t, &mut |e| out.event(&e));
+    out.finish(&other_data(&t))
+}
+
+/// A recording's slices, flows, instants and counter points, read and handed to `emit` a
+/// record at a time (with the timeline so far: its tracks' names), then dropped; `at` places a
+/// time on the trace's axis, given the recording's start. Returns the timeline with only its
+/// tracks' names left, for [`meta_events`].
+pub fn stream_marks(
+    file: &std::path::Path,
+    max_lines: usize,
+    at: impl Fn(u64, u64) -> f64,
+    mut emit: impl FnMut(&Timeline, Value),
+) -> anyhow::Result<Timeline> {
     let mut b = crate::output::timeline::Builder::default();
     let mut flows = 0;
-    let read = crate::recording::replay::for_each_record(file, max_lines, |r| {
+    crate::recording::replay::for_each_record(file, max_lines, |r| {
         b.add(r);
-        mark_events(&b.t, flows, &mut |e| out.event(&e));
+        let start = b.t.start_ns;
+        let t = &b.t;
+        mark_events(t, flows, &|ns| at(start, ns), &mut |e| emit(t, e));
         flows += b.t.flows.len();
         b.t.clear_marks();
-    });
-    if let Err(e) = read {
-        return Err(std::io::Error::other(format!("{e:#}")));
-    }
-    meta_events(&b.t, &mut |e| out.event(&e));
-    out.result?;
-    out.w.write_all(b"],\"displayTimeUnit\":\"ms\",\"otherData\":")?;
-    serde_json::to_writer(&mut *out.w, &other_data(&b.t))?;
-    out.w.write_all(b"}")
+    })?;
+    Ok(b.t)
 }
 
 /// A JSON array's elements written one at a time; the first error is kept.
-struct EventWriter<'a> {
+pub struct EventWriter<'a> {
     w: &'a mut dyn std::io::Write,
     first: bool,
     result: std::io::Result<()>,
 }
 
-impl EventWriter<'_> {
-    fn event(&mut self, e: &Value) {
+impl<'a> EventWriter<'a> {
+    /// Opens the trace object and its event array.
+    pub fn start(w: &'a mut dyn std::io::Write) -> std::io::Result<Self> {
+        w.write_all(b"{\"traceEvents\":[")?;
+        Ok(EventWriter { w, first: true, result: Ok(()) })
+    }
+
+    /// Closes the event array and the trace object, with its `otherData`.
+    pub fn finish(self, other: &Value) -> std::io::Result<()> {
+        self.result?;
+        self.w.write_all(b"],\"displayTimeUnit\":\"ms\",\"otherData\":")?;
+        serde_json::to_writer(&mut *self.w, other)?;
+        self.w.write_all(b"}")
+    }
+
+    pub fn event(&mut self, e: &Value) {
         if self.result.is_err() {
             return;
         }

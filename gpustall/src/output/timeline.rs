@@ -158,6 +158,17 @@ pub fn from_file(file: &std::path::Path, max_lines: usize) -> anyhow::Result<Tim
     Ok(b.t)
 }
 
+/// A recording's tracks only (its processes' final names, GPUs, ranks): its marks are dropped
+/// as they are read, so memory does not grow with the recording.
+pub fn tracks_from_file(file: &std::path::Path, max_lines: usize) -> anyhow::Result<Timeline> {
+    let mut b = Builder::default();
+    crate::recording::replay::for_each_record(file, max_lines, |r| {
+        b.add(r);
+        b.t.clear_marks();
+    })?;
+    Ok(b.t)
+}
+
 /// How a process ended, from its raw wait status.
 fn exit_name(status: Option<u32>) -> String {
     match status {

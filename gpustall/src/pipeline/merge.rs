@@ -47,8 +47,9 @@ fn tag(h: &Header, input: &Path, job: Option<&Identity>) -> String {
     input.file_name().map_or_else(|| input.display().to_string(), |n| n.to_string_lossy().into())
 }
 
-/// One recording replayed: its lane (label filled in later) and whether it stopped early.
-pub fn load(input: &Path) -> anyhow::Result<(Lane, Option<String>)> {
+/// One recording replayed: its lane (label filled in later) and whether it stopped early;
+/// with its whole timeline when `timeline` (for the HTML page), else its tracks' names only.
+pub fn load(input: &Path, timeline: bool) -> anyhow::Result<(Lane, Option<String>)> {
     let file = recording_of(input)?;
     let r = crate::recording::replay::open(&file)?;
     let header: Header = r
@@ -80,7 +81,10 @@ pub fn load(input: &Path) -> anyhow::Result<(Lane, Option<String>)> {
         rank,
         verdict: summary.verdict.clone(),
     };
-    let mut tl = timeline::from_file(&file, r.lines)?;
+    let mut tl = match timeline {
+        true => timeline::from_file(&file, r.lines)?,
+        false => timeline::tracks_from_file(&file, r.lines)?,
+    };
     out::to_wall(&mut tl, |t| source.wall(t));
     let stopped = r.error.map(|e| {
         format!(
@@ -92,7 +96,16 @@ pub fn load(input: &Path) -> anyhow::Result<(Lane, Option<String>)> {
         )
     });
     let mode = header.mode.clone().unwrap_or_else(|| "trace".into());
-    Ok((Lane { source, file: file.display().to_string(), mode, summary, timeline: tl }, stopped))
+    let lane = Lane {
+        source,
+        file: file.display().to_string(),
+        mode,
+        summary,
+        timeline: tl,
+        lines: r.lines,
+        recording: file,
+    };
+    Ok((lane, stopped))
 }
 
 /// A recording's start on the wall clock can lie between 2000 and a day from now: a node
