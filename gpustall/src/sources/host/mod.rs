@@ -25,10 +25,17 @@ use crate::model::host::{DiskStat, FsUsage, HostMem, TaskState, SECTOR_BYTES};
 pub fn read_text(path: &Path) -> Option<String> {
     use std::io::Read as _;
     let mut file = std::fs::File::open(path).ok()?;
-    let mut text = String::with_capacity(4096);
-    // Through `Take`, whose read_to_string asks no size.
-    file.by_ref().take(u64::MAX).read_to_string(&mut text).ok()?;
-    Some(text)
+    let mut bytes = Vec::with_capacity(4096);
+    // Through `Take`, whose read_to_end asks no size.
+    file.by_ref().take(u64::MAX).read_to_end(&mut bytes).ok()?;
+    Some(lossy(bytes))
+}
+
+/// Text that may hold a process's name: /proc/PID/status and stat carry the name as the
+/// kernel has it, any bytes (prctl(PR_SET_NAME) takes anything). Read strictly, one such name
+/// made the process unreadable, then "vanished", and its job lost every metric.
+fn lossy(bytes: Vec<u8>) -> String {
+    String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
 }
 
 pub fn read_host_mem() -> Option<HostMem> {

@@ -229,3 +229,25 @@ fn cmdline_split() {
     );
     assert!(split_cmdline(b"").is_empty());
 }
+
+/// A process named with bytes that are not UTF-8 (prctl takes any) is still read: its memory,
+/// from the real /proc of a thread of this test renamed so.
+#[test]
+fn a_name_that_is_not_utf8_does_not_make_a_process_unreadable() {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let t = std::thread::spawn(move || {
+        // SAFETY: PR_SET_NAME copies at most 16 bytes from a NUL-terminated buffer.
+        unsafe { libc::prctl(libc::PR_SET_NAME, b"gs\xff\xfejob\0".as_ptr()) };
+        // SAFETY: gettid has no preconditions.
+        tx.send(unsafe { libc::gettid() } as u32).expect("send");
+        let _ = done_rx.recv();
+    });
+    let tid = rx.recv().expect("tid");
+    let status = read_text(Path::new(&format!("/proc/{tid}/status"))).expect("status read");
+    assert!(status.starts_with("Name:\tgs\u{fffd}\u{fffd}job"), "{status}");
+    let mem = crate::sources::procfs::sample_mem(tid).expect("memory read");
+    assert!(mem.rss_kb > 0);
+    let _ = done_tx.send(());
+    t.join().expect("thread");
+}
