@@ -152,6 +152,11 @@ impl ProcessTree {
         self.nodes.contains_key(&pid)
     }
 
+    /// How many processes the tree holds, alive or exited.
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
     pub fn iter(&self) -> impl Iterator<Item = &ProcNode> {
         self.nodes.values()
     }

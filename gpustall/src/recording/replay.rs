@@ -152,9 +152,29 @@ struct Oddities {
     /// Memory samples with figures no machine has, skipped.
     implausible: usize,
     first_implausible: usize,
+    /// Exited processes the recording never folded, folded by the replay.
+    folded_on_replay: usize,
 }
 
+/// A live trace folds exited processes as it goes (`Sample::Fold`, leaving
+/// `folded::KEEP_EXITED`), so its recording never replays into a tree this large; one that does
+/// was written by something else (a recording cut from another, or crafted), and its exited,
+/// unremarkable processes are folded on replay, or a million forks held 2.1 GB.
+const REPLAY_FOLD_AT: usize = 20_000;
+/// Lines between two looks at the tree's size.
+const FOLD_CHECK_EVERY: usize = 4096;
+
 impl Oddities {
+    /// Folds what a live trace would have folded, once the tree outgrows any live one.
+    fn fold_unfolded(&mut self, model: &mut Model) {
+        if model.tree.len() < REPLAY_FOLD_AT {
+            return;
+        }
+        let pids = model.foldable();
+        self.folded_on_replay += pids.len();
+        model.fold(&pids);
+    }
+
     /// True when this exact line was among the recent ones: skip it.
     fn duplicate(&mut self, n: usize, line: &[u8]) -> bool {
         use std::hash::{Hash, Hasher};
@@ -224,6 +244,12 @@ impl Oddities {
             w.push(format!(
                 "lines a newer gpustall wrote were skipped ({}): a newer gpustall reads them",
                 names.join(", ")
+            ));
+        }
+        if self.folded_on_replay > 0 {
+            w.push(format!(
+                "{} exited processes that the recording never folded were folded on replay (gpustall's trace folds them as it goes; this recording was written otherwise)",
+                self.folded_on_replay
             ));
         }
         if self.duplicates > 0 {
@@ -327,6 +353,9 @@ pub fn replay(input: impl BufRead) -> Replay {
             break;
         }
         r.lines = n;
+        if n % FOLD_CHECK_EVERY == 0 {
+            odd.fold_unfolded(&mut r.model);
+        }
     }
     if r.recorded_summary.is_none() {
         r.end_ns = r.model.last_ns;
@@ -543,6 +572,31 @@ mod tests {
         let e = r.error.expect("refused");
         assert_eq!(e.line, 1);
         assert!(e.why.contains("version 99 is newer"), "{}", e.why);
+    }
+
+    /// A recording with a million short children that a live trace would have folded (a
+    /// crafted one): the replay folds them, says so, and its tree stays small.
+    #[test]
+    fn exited_processes_a_recording_never_folded_are_folded_on_replay() {
+        let mut text = format!("{HEADER}\n");
+        let children: u32 = 30_000;
+        for i in 0..children {
+            let (c, t) = (100_000 + i, 1_000_000 + u64::from(i) * 1_000);
+            text.push_str(&format!(
+                "{{\"type\":\"event\",\"kind\":\"fork\",\"t_ns\":{t},\"pid\":1,\"tid\":1,\"comm\":\"sh\",\"child_pid\":{c},\"clone_flags\":0}}\n{{\"type\":\"event\",\"kind\":\"exit\",\"t_ns\":{},\"pid\":{c},\"tid\":{c},\"comm\":\"sh\",\"exit_code\":0,\"wait_status\":0}}\n",
+                t + 500
+            ));
+        }
+        let r = replay(text.as_bytes());
+        assert!(r.error.is_none(), "{:?}", r.error);
+        assert!(r.model.tree.len() < REPLAY_FOLD_AT, "{} processes held", r.model.tree.len());
+        let folded: u64 = r.model.folded.values().map(|t| t.processes).sum();
+        assert_eq!(folded as usize + r.model.tree.len(), children as usize, "none lost");
+        assert!(
+            r.warnings.iter().any(|w| w.contains(&format!("{folded} exited processes"))),
+            "{:?}",
+            r.warnings
+        );
     }
 
     #[test]

@@ -238,7 +238,7 @@ fn a_name_that_is_not_utf8_does_not_make_a_process_unreadable() {
     let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
     let t = std::thread::spawn(move || {
         // SAFETY: PR_SET_NAME copies at most 16 bytes from a NUL-terminated buffer.
-        unsafe { libc::prctl(libc::PR_SET_NAME, b"gs\xff\xfejob\0".as_ptr()) };
+        unsafe { libc::prctl(libc::PR_SET_NAME, c"gs\xff\xfejob".as_ptr()) };
         // SAFETY: gettid has no preconditions.
         tx.send(unsafe { libc::gettid() } as u32).expect("send");
         let _ = done_rx.recv();
