@@ -54,7 +54,19 @@ fn under_sudo_the_job_runs_as_the_caller_and_gets_the_signals() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("gpustall");
-    std::thread::sleep(Duration::from_secs(3));
+    // Once the job runs (its first line), gpustall is tracing and passes signals on; a fixed
+    // sleep raced gpustall's start on a loaded machine, and SIGTERM killed gpustall itself.
+    let mut job_out = std::io::BufReader::new(child.stdout.take().expect("stdout"));
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::{BufRead as _, Read as _};
+        let mut first = String::new();
+        let _ = job_out.read_line(&mut first);
+        let _ = tx.send(first);
+        let _ = job_out.read_to_string(&mut String::new());
+    });
+    let first = rx.recv_timeout(Duration::from_secs(120)).expect("the job started");
+    std::thread::sleep(Duration::from_millis(500));
     // SAFETY: a plain kill of our own child (gpustall), which passes it on.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     let end = std::time::Instant::now() + Duration::from_secs(30);
@@ -66,9 +78,8 @@ fn under_sudo_the_job_runs_as_the_caller_and_gets_the_signals() {
         std::thread::sleep(Duration::from_millis(50));
     };
     let o = child.wait_with_output().expect("output");
-    let stdout = String::from_utf8_lossy(&o.stdout);
     assert_eq!(status.code(), Some(42), "the job's status: {}", String::from_utf8_lossy(&o.stderr));
-    assert_eq!(stdout.lines().next(), Some("65534"), "runs as the caller: {stdout}");
+    assert_eq!(first.trim_end(), "65534", "runs as the caller");
     let s = summary(&out);
     assert_eq!(s["final"], true, "everything written");
 }

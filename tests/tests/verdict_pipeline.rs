@@ -187,8 +187,19 @@ fn a_torch_dataloaders_cpu_bound_workers_get_a_worker_count_that_keeps_up() {
     tests::require_privileged_env();
     let started = std::time::Instant::now();
     let cg = CpuCgroup::favoured("pipe-torch");
-    let (t, before) = traced_torch(1, &cg);
-    let v = verdict(&t, "torch, num_workers=1");
+    // CPUs that other processes of this shared machine use are not the job's to take: while
+    // they are busy the answer is rightly "saturated" without a count. Measured again then.
+    let mut attempt = 0;
+    let (t, before, v) = loop {
+        attempt += 1;
+        let (t, before) = traced_torch(1, &cg);
+        let v = verdict(&t, "torch, num_workers=1");
+        let busy = v["advice"][0].as_str().is_some_and(|a| a.contains("used by other processes"));
+        if v["advice_num_workers"].is_u64() || !busy || attempt == 3 {
+            break (t, before, v);
+        }
+        eprintln!("the machine was busy (attempt {attempt}): {}", v["advice"][0]);
+    };
     assert_eq!(v["cause"], "cpu_bound_pipeline", "{v:#}");
     let advice = v["advice"][0].as_str().expect("advice").to_string();
     let n = v["advice_num_workers"].as_u64().unwrap_or_else(|| panic!("advice_num_workers: {v:#}"))
