@@ -142,10 +142,21 @@ gpustall completions zsh > \"${fpath[1]}/_gpustall\""
     Man,
 }
 
-fn main() {
+/// Warnings read like gpustall's other notes (`gpustall: warning: ...`); the module path is
+/// shown only at the levels a developer asks for with RUST_LOG (info and below).
+fn init_log() {
+    use std::io::Write as _;
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn"))
-        .format_timestamp(None)
+        .format(|f, r| match r.level() {
+            log::Level::Error => writeln!(f, "gpustall: error: {}", r.args()),
+            log::Level::Warn => writeln!(f, "gpustall: warning: {}", r.args()),
+            level => writeln!(f, "gpustall: {level} [{}]: {}", r.target(), r.args()),
+        })
         .init();
+}
+
+fn main() {
+    init_log();
     let cli = Cli::parse();
     let result = tokio::runtime::Builder::new_current_thread()
         .enable_all()
