@@ -248,6 +248,8 @@ fn proc_facts(m: &Model, n: &crate::model::proctree::ProcNode, now_ns: u64) -> P
     let watch = m.ctx.tasks.get(&n.pid);
     let ((first_kb, first_ns), (peak_kb, peak_ns)) = match (p.first_pss_kb, p.peak_pss_kb) {
         (Some(first), Some(peak)) => (first, peak),
+        // Never sampled (its peak is the OOM kill's figure): no growth was measured.
+        _ if p.first_mem_kb.is_none() => ((0, p.peak_mem_ns), (p.peak_mem_kb, p.peak_mem_ns)),
         _ => ((p.first_mem_kb.unwrap_or(0), p.first_rss_ns), (p.peak_mem_kb, p.peak_mem_ns)),
     };
     ProcFacts {

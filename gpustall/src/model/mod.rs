@@ -231,6 +231,10 @@ impl Model {
             return;
         };
         self.tree.on_oom_victim(*victim_pid);
+        if let Some(r) = rss {
+            let rss_kb = r.anon_rss_kb + r.file_rss_kb + r.shmem_rss_kb;
+            self.proc_mut(*victim_pid).note_kill_rss(rss_kb, h.t_ns);
+        }
         self.oom_kills.push(OomKill {
             t_ns: h.t_ns,
             victim_pid: *victim_pid,

@@ -86,6 +86,22 @@ impl ProcStats {
             .sum()
     }
 
+    /// The resident memory the OOM killer reported for this process when it killed it: the
+    /// kernel's own figure at the peak, which the 1 s samples miss when the process grew
+    /// between two of them (a worker that grew 175 MiB in 0.2 s read as 0 MiB and the advice
+    /// said its workers fit). Swap is the last sample's: the kill report has none.
+    pub fn note_kill_rss(&mut self, rss_kb: u64, t_ns: u64) {
+        if rss_kb > self.peak_rss_kb {
+            self.peak_rss_kb = rss_kb;
+            self.peak_rss_ns = t_ns;
+        }
+        let held = rss_kb + self.mem.swap_kb;
+        if held > self.peak_mem_kb {
+            self.peak_mem_kb = held;
+            self.peak_mem_ns = t_ns;
+        }
+    }
+
     pub fn record_mem(&mut self, m: MemSample, t_ns: u64) {
         if self.first_rss_kb.is_none() {
             self.first_rss_kb = Some(m.rss_kb);
