@@ -45,7 +45,7 @@ pub fn run(args: &ReportArgs) -> anyhow::Result<()> {
     }
     let json_on_stdout =
         args.summary_json.as_deref().is_some_and(crate::recording::files::is_stdout);
-    text::print_beside(&text::render(&summary), json_on_stdout)?;
+    text::print_beside(&text::render(&summary), summary.verdict.cause.severity(), json_on_stdout)?;
     if let Some(e) = r.error {
         anyhow::bail!(
             "{} line {}: {}; the report above covers lines 1-{}",

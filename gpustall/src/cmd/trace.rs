@@ -260,9 +260,12 @@ fn setup(opts: &TraceOptions) -> anyhow::Result<(Trace, Probes, Rings, Option<Gp
     // (the workers' start-up) is often its longest wait.
     probes.maps.account_offcpu(&session.model.tree);
     say!(
-        "gpustall: tracing pid {} and its descendants ({} processes now, {} tracepoints){}",
+        "gpustall: tracing pid {} and its descendants ({} now, {} tracepoints){}",
         opts.pid,
-        session.model.tree.alive_pids().len(),
+        match session.model.tree.alive_pids().len() {
+            1 => "1 process".to_string(),
+            n => format!("{n} processes"),
+        },
         probes.attached.len(),
         opts.duration.map_or(String::new(), |d| format!(" for {}", humantime::format_duration(d)))
     );
@@ -487,7 +490,9 @@ fn finish(opts: &TraceOptions, mut t: Trace, probes: &Probes) -> anyhow::Result<
         }
     }
     let report = crate::output::text::render(&summary);
-    if let Err(e) = crate::output::text::print_beside(&report, json_on_stdout) {
+    if let Err(e) =
+        crate::output::text::print_beside(&report, summary.verdict.cause.severity(), json_on_stdout)
+    {
         failures.push(format!("{e:#}"));
     }
     if let (Some(out), Some(record)) = (&opts.perfetto, &t.record_path) {

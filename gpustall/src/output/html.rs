@@ -181,8 +181,17 @@ fn compact(v: f64) -> String {
 
 /// The page: verdict, evidence and advice, the timeline charts, the table of processes.
 pub fn render(summary: &Summary, t: &Timeline) -> String {
-    let cause = esc(summary.verdict.cause.as_str());
-    let mut heading = format!(r#"<h1>gpustall: <span class="cause">{cause}</span></h1>"#);
+    let c = summary.verdict.cause;
+    let severity = match c.severity() {
+        crate::diagnose::verdict::Severity::Failure => "failure",
+        crate::diagnose::verdict::Severity::Slowdown => "slowdown",
+        crate::diagnose::verdict::Severity::Clear => "clear",
+    };
+    let mut heading = format!(
+        r#"<h1 class="{severity}">{} <small class="cause">({})</small></h1>"#,
+        esc(c.title()),
+        esc(c.as_str())
+    );
     if let Some(origin) = &summary.origin {
         let line = crate::output::text::where_and_when(origin, summary);
         let _ = write!(heading, "<p>{}</p>", esc(&line));
@@ -200,6 +209,7 @@ pub fn page(title: &str, body: &str) -> String {
         o,
         r##"<!doctype html><html><head><meta charset="utf-8"><title>gpustall: {}</title><style>
 body{{font-family:system-ui,sans-serif;max-width:1050px;margin:2em auto;color:#222}} h1{{font-size:1.4em}} .cause{{color:#b00}}
+h1.failure{{color:#b00}} h1.slowdown{{color:#a60}} h1.clear{{color:#070}} h1 .cause{{color:inherit;font-weight:normal}}
 li{{margin:.2em 0}} table{{border-collapse:collapse;font-size:12px}} td,th{{border:1px solid #ddd;padding:2px 6px;text-align:right}} th{{background:#f3f3f3}}
 </style></head><body>"##,
         esc(title)

@@ -2,6 +2,8 @@
 
 use std::fmt::Write as _;
 
+use crate::diagnose::verdict::Severity;
+use crate::model::proctree::Role;
 use crate::output::summary::Summary;
 
 fn mib(bytes: u64) -> f64 {
@@ -21,17 +23,41 @@ pub fn print(text: &str) -> anyhow::Result<()> {
     }
 }
 
-/// The report on stdout, or on stderr when stdout carries JSON (`--summary-json -`). An
-/// error when it could not be written (a full disk behind `> file`): the caller fails with it.
-pub fn print_beside(text: &str, json_on_stdout: bool) -> anyhow::Result<()> {
+/// The report on stdout, or on stderr when stdout carries JSON (`--summary-json -`), its
+/// heading coloured by `severity` where that is a terminal. An error when it could not be
+/// written (a full disk behind `> file`): the caller fails with it.
+pub fn print_beside(text: &str, severity: Severity, json_on_stdout: bool) -> anyhow::Result<()> {
+    use std::io::{IsTerminal as _, Write as _};
+    // Colour for a terminal only, unless NO_COLOR is set (no-color.org): files and pipes get
+    // no escape codes.
+    let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
     if json_on_stdout {
-        use std::io::Write as _;
+        let text = coloured(text, severity, std::io::stderr().is_terminal() && !no_color);
         let _ = std::io::stderr().write_all(text.as_bytes());
         Ok(())
     } else {
-        print(text)
+        print(&coloured(text, severity, std::io::stdout().is_terminal() && !no_color))
     }
 }
+
+/// The report with its heading in red (a failure), yellow (a slowdown) or green (nothing
+/// found) when `colour`.
+pub fn coloured(text: &str, severity: Severity, colour: bool) -> String {
+    let Some(at) = text.find(HEADING).filter(|_| colour) else {
+        return text.to_string();
+    };
+    let end = text[at..].find('\n').map_or(text.len(), |e| at + e);
+    let colour = match severity {
+        Severity::Failure => anstyle::AnsiColor::Red,
+        Severity::Slowdown => anstyle::AnsiColor::Yellow,
+        Severity::Clear => anstyle::AnsiColor::Green,
+    };
+    let style = anstyle::Style::new().bold().fg_color(Some(colour.into()));
+    format!("{}{style}{}{style:#}{}", &text[..at], &text[at..end], &text[end..])
+}
+
+/// How the verdict's heading starts.
+const HEADING: &str = "== gpustall: ";
 
 /// The report: verdict, evidence and advice; the table of processes; OOM kills and host lines.
 pub fn render(s: &Summary) -> String {
@@ -72,7 +98,7 @@ fn truncate(s: &str, max: usize) -> String {
 
 fn verdict(o: &mut String, s: &Summary) {
     let v = &s.verdict;
-    let _ = writeln!(o, "\n== gpustall: {} ==", v.cause);
+    let _ = writeln!(o, "\n{HEADING}{} ({}) ==", v.cause.title(), v.cause);
     if let Some(origin) = &s.origin {
         let _ = writeln!(o, "{}", where_and_when(origin, s));
     }
@@ -91,7 +117,9 @@ fn verdict(o: &mut String, s: &Summary) {
         }
     }
     if !v.culprit_pids.is_empty() {
-        let _ = writeln!(o, "culprits (most responsible first): {:?}", v.culprit_pids);
+        let names: Vec<String> = v.culprit_pids.iter().map(|&pid| process_name(s, pid)).collect();
+        let label = if names.len() == 1 { "Culprit" } else { "Culprits, most responsible first" };
+        let _ = writeln!(o, "{label}: {}", names.join(", "));
     }
     if !v.evidence.is_empty() {
         let _ = writeln!(o, "\nEvidence (in time order):");
@@ -107,6 +135,23 @@ fn verdict(o: &mut String, s: &Summary) {
     }
     if !s.gpu_status.is_empty() {
         let _ = writeln!(o, "\nGPU: {}", s.gpu_status);
+    }
+}
+
+/// "DataLoader worker 0 (pid 28585)", "pt_data_worker (pid 5)", "systemd-oomd (pid 777)" (a
+/// process outside the job, named by a signal it sent), or "pid 9".
+fn process_name(s: &Summary, pid: u32) -> String {
+    if let Some(p) = s.processes.iter().find(|p| p.pid == pid) {
+        return match (p.role, p.worker_index) {
+            (Role::DataloaderWorker, Some(i)) => format!("DataLoader worker {i} (pid {pid})"),
+            (Role::Trainer, _) => format!("the trainer {} (pid {pid})", p.comm),
+            (Role::Rank, _) => format!("rank {} (pid {pid})", p.comm),
+            _ => format!("{} (pid {pid})", p.comm),
+        };
+    }
+    match s.signals.iter().find(|g| g.sender_pid == pid) {
+        Some(g) => format!("{} (pid {pid})", g.sender_comm),
+        None => format!("pid {pid}"),
     }
 }
 
@@ -218,10 +263,15 @@ fn footer(o: &mut String, s: &Summary) {
     for k in &s.oom_kills {
         let _ = writeln!(
             o,
-            "OOM kill: pid {} ({}) anon-rss {} kB, invoked by pid {} ({})",
+            "OOM kill: pid {} ({}) held {} resident, invoked by pid {} ({})",
             k.victim_pid,
             k.victim_comm,
-            k.rss.map(|r| r.anon_rss_kb).map_or("?".into(), |v| v.to_string()),
+            k.rss.map_or("?".into(), |r| format!(
+                "{:.0} MiB anonymous + {:.0} MiB file + {:.0} MiB shared",
+                r.anon_rss_kb as f64 / 1024.0,
+                r.file_rss_kb as f64 / 1024.0,
+                r.shmem_rss_kb as f64 / 1024.0
+            )),
             k.trigger_pid,
             k.trigger_comm
         );
@@ -240,11 +290,12 @@ fn footer(o: &mut String, s: &Summary) {
     for l in &s.block_latency_us {
         let _ = writeln!(
             o,
-            "block {} latency: {} requests, p50 <= {} us, p99 <= {} us",
+            "block {} latency: {} {}, p50 <= {} ms, p99 <= {} ms",
             l.op,
             l.requests,
-            l.p50_us.map_or("?".into(), |v| format!("{v:.0}")),
-            l.p99_us.map_or("?".into(), |v| format!("{v:.0}"))
+            if l.requests == 1 { "request" } else { "requests" },
+            l.p50_us.map_or("?".into(), |v| format!("{:.1}", v / 1e3)),
+            l.p99_us.map_or("?".into(), |v| format!("{:.1}", v / 1e3))
         );
     }
     let _ = writeln!(o, "(HELD_MiB: peak of resident + swapped-out memory; RCLM_IO: disk I/O submitted inside reclaim)");
@@ -276,6 +327,32 @@ fn footer(o: &mut String, s: &Summary) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The committed recording of a DataLoader worker OOM-killed in a 256 MiB cgroup, as a
+    /// first-time reader sees it: a heading in words, the culprit by name, MiB and ms, the
+    /// kill's own figure in the advice.
+    #[test]
+    fn the_report_speaks_in_words_and_human_units() {
+        let text = include_str!("../recording/testdata/merge-node-a.jsonl");
+        let r = crate::recording::replay::replay(text.as_bytes());
+        let s = crate::pipeline::conclude::summary(&r.model, r.end_ns, true);
+        let report = render(&s);
+        let has = |want: &str| assert!(report.contains(want), "{want:?} in:\n{report}");
+        has("== gpustall: Out of memory: a process was OOM-killed (host_memory_oom) ==");
+        has("Culprit: DataLoader worker 0 (pid 28585)\n");
+        has("reclaim began; 1 traced process stalled");
+        has("held 175 MiB anonymous + 1 MiB file + 0 MiB shared resident");
+        has("block read latency: 84 requests, p50 <= 1.0 ms, p99 <= 2.1 ms");
+        has("block other latency: 1 request,");
+        has("3 workers x up to 176 MiB");
+        assert!(!report.contains("up to 0 MiB"), "{report}");
+        // Coloured for a terminal only, by severity; files and pipes stay plain.
+        let red = coloured(&report, Severity::Failure, true);
+        assert!(red.contains("\x1b[1m\x1b[31m== gpustall: Out of memory"), "{red}");
+        assert_eq!(coloured(&report, Severity::Failure, false), report);
+        let green = coloured(&report, Severity::Clear, true);
+        assert!(green.contains("\x1b[32m"), "{green}");
+    }
 
     /// The report says where and when: host, kernel, the wall clock at the start, how long, what
     /// was traced, by which gpustall (from the recording's header).

@@ -244,7 +244,8 @@ impl Daemon {
                 }
                 self.session.note_identity(p.pid, now);
             }
-            say!("gpustall: watching job {name} ({} processes)", members.len());
+            let n = members.len();
+            say!("gpustall: watching job {name} ({n} process{})", if n == 1 { "" } else { "es" });
             // Each job is read in its own cgroup and mount namespace.
             self.ctx.add_job(root);
             self.jobs.insert(root, Job { name });

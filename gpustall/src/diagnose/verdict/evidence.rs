@@ -151,9 +151,12 @@ pub fn memory_chain(f: &Facts, chain: &mut Chain) {
         chain.push(
             first,
             format!(
-                "{}: reclaim began; {} traced processes stalled a combined {:.2} s in {} reclaim episodes ({:.0}% of their time over the trace)",
+                "{}: reclaim began; {} stalled a combined {:.2} s in {} reclaim episodes ({:.0}% of their time over the trace)",
                 at(f, first),
-                stalled.len(),
+                match stalled.len() {
+                    1 => "1 traced process".to_string(),
+                    n => format!("{n} traced processes"),
+                },
                 total_ns as f64 / 1e9,
                 count,
                 100.0 * total_ns as f64 / (f.end_ns.saturating_sub(f.start_ns).max(1) as f64 * stalled.len() as f64)

@@ -82,6 +82,66 @@ impl Cause {
     }
 }
 
+/// How bad a cause is for the job: what a report's heading is coloured by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Severity {
+    /// The job failed or cannot progress: a kill, a fault, a hang, a full disk.
+    Failure,
+    /// The job runs, slower than it could: starved, throttled, waiting on a disk.
+    Slowdown,
+    /// Nothing measured explains a stall.
+    Clear,
+}
+
+impl Cause {
+    /// The cause in plain words, for a report's heading (the JSON keeps `as_str`).
+    pub fn title(self) -> &'static str {
+        match self {
+            Self::GpuFault => "GPU or driver fault",
+            Self::HostMemoryOom => "Out of memory: a process was OOM-killed",
+            Self::ProcessKilled => "A process was killed (SIGKILL from user space)",
+            Self::BusError => "A process died of a bus error (shared memory full?)",
+            Self::HostMemoryPressure => "Memory pressure: reclaim and swap slowed the job",
+            Self::DiskFull => "A filesystem the job writes to is full",
+            Self::StorageError => "Storage errors",
+            Self::HungTask => "The kernel reports a hung task",
+            Self::ProcessHung => "A process is stuck",
+            Self::GpuThrottling => "The GPU throttled itself",
+            Self::DiskIoBound => "The job waits on its disk",
+            Self::Deadlock => "The job sits idle: a deadlock or a wait",
+            Self::CpuQuotaThrottled => "A CPU limit throttles the input pipeline",
+            Self::BusyHost => "Other processes take the CPUs the input pipeline needs",
+            Self::NetworkBound => "The input pipeline waits on remote storage",
+            Self::CpuBoundPipeline => "The input pipeline is CPU-bound",
+            Self::TrainerBound => "The trainer's own work keeps the GPU waiting",
+            Self::NoneDetected => "No stall cause found",
+        }
+    }
+
+    pub fn severity(self) -> Severity {
+        match self {
+            Self::GpuFault
+            | Self::HostMemoryOom
+            | Self::ProcessKilled
+            | Self::BusError
+            | Self::DiskFull
+            | Self::StorageError
+            | Self::HungTask
+            | Self::ProcessHung
+            | Self::Deadlock => Severity::Failure,
+            Self::HostMemoryPressure
+            | Self::GpuThrottling
+            | Self::DiskIoBound
+            | Self::CpuQuotaThrottled
+            | Self::BusyHost
+            | Self::NetworkBound
+            | Self::CpuBoundPipeline
+            | Self::TrainerBound => Severity::Slowdown,
+            Self::NoneDetected => Severity::Clear,
+        }
+    }
+}
+
 impl std::fmt::Display for Cause {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())

@@ -277,13 +277,14 @@ pub fn process_killed(c: &Ctx) -> Option<Verdict> {
     if pressure {
         advice.extend(memory_advice(f));
     }
-    Some(c.verdict(
-        Cause::ProcessKilled,
-        text,
-        killed.iter().map(|p| p.pid).collect(),
-        chain,
-        advice,
-    ))
+    // The culprit is who sent the SIGKILL, not the process it killed.
+    let mut senders: Vec<u32> = Vec::new();
+    for k in killed.iter().filter_map(|p| p.killed_by.as_ref()) {
+        if !senders.contains(&k.pid) {
+            senders.push(k.pid);
+        }
+    }
+    Some(c.verdict(Cause::ProcessKilled, text, senders, chain, advice))
 }
 
 /// A filesystem the job writes to (its cwd, /tmp, /dev/shm) is full.

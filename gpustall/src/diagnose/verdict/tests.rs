@@ -351,7 +351,7 @@ fn a_sigkill_from_user_space_is_its_own_cause_naming_the_sender() {
     f.procs = vec![trainer(10), w.clone()];
     let v = decide(&f);
     assert_eq!(v.cause.as_str(), "process_killed");
-    assert_eq!(v.culprit_pids, vec![11]);
+    assert_eq!(v.culprit_pids, vec![777], "the sender, not the victim");
     assert!(v.text.contains("killed by SIGKILL from pid 777 (systemd-oomd)"), "{}", v.text);
     assert!(v.evidence.iter().any(|e| e.contains("+30.0s")), "{:?}", v.evidence);
     // The kernel's own SIGKILL of an OOM victim stays an OOM kill, not this.
