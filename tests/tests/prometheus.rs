@@ -20,6 +20,7 @@ use tests::{
 };
 
 const ALERT: &str = "GpustallOomKillInTrainingJob";
+const NEAR_LIMIT: &str = "GpustallJobMemoryNearLimit";
 
 fn deploy(file: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/prometheus").join(file)
@@ -89,7 +90,7 @@ fn promtool(args: &[&str], file: &Path) -> String {
 fn the_alerting_rules_pass_promtool_and_their_unit_tests() {
     tests::require_privileged_env();
     let out = promtool(&["check", "rules"], &deploy("gpustall-alerts.yml"));
-    assert!(out.contains("SUCCESS: 8 rules found"), "{out}");
+    assert!(out.contains("SUCCESS: 10 rules found"), "{out}");
     // Each alert fires on series shaped like the agent's, and stays quiet below its threshold.
     let out = promtool(&["test", "rules"], &deploy("gpustall-alerts.test.yml"));
     assert!(out.contains("SUCCESS"), "{out}");
@@ -212,6 +213,20 @@ fn poll<T>(timeout: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T
     }
 }
 
+/// The alert `name` firing for `job`, as Prometheus's API has it.
+fn firing(base: &str, name: &str, job: &str) -> Option<Value> {
+    let alerts = get(&format!("{base}/api/v1/alerts"), &[])?;
+    alerts["data"]["alerts"]
+        .as_array()?
+        .iter()
+        .find(|a| {
+            a["labels"]["alertname"] == name
+                && a["labels"]["training_job"] == job
+                && a["state"] == "firing"
+        })
+        .cloned()
+}
+
 #[test]
 fn a_real_prometheus_fires_the_oom_alert_for_a_watched_job() {
     tests::require_privileged_env();
@@ -241,8 +256,15 @@ fn a_real_prometheus_fires_the_oom_alert_for_a_watched_job() {
     let cg = MemCgroup::new("prom", 256, false);
     let mut kmsg = Kmsg::open_at_end();
     let bin = Path::new(env!("CARGO_BIN_EXE_gpustall-workload"));
-    let mut job =
-        Workload::start_named(&comm, bin, &["hog", "600,40,40", "8", "3000"], Some(&cg), None);
+    // One worker leaks 4 MiB every 0.6 s (two stay small): the job nears its limit for
+    // seconds before the kernel kills it.
+    let mut job = Workload::start_named(
+        &comm,
+        bin,
+        &["hog", "600,40,40", "4", "3000", "pace=600"],
+        Some(&cg),
+        None,
+    );
     let name = format!("{comm}-{}", job.pid());
     wait_line(&lines, &format!("watching job {name}"), Duration::from_secs(20));
     let series = format!(r#"gpustall_oom_kills_total{{training_job="{name}"}}"#);
@@ -251,8 +273,27 @@ fn a_real_prometheus_fires_the_oom_alert_for_a_watched_job() {
     });
     assert!(query(&base, &format!("{series} > 0")).is_empty(), "no kill yet");
     job.go();
+    let released = Instant::now();
+    // The warning before the kill: the job holds 85 % of its limit while it still runs.
+    let near = loop {
+        if let Some(a) = firing(&base, NEAR_LIMIT, &name) {
+            break Some(a);
+        }
+        if job.child.try_wait().expect("try_wait").is_some() {
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let warned_after = released.elapsed();
     let (code, out) = job.wait(Duration::from_secs(120));
     let killed_at = Instant::now();
+    let near = near.unwrap_or_else(|| panic!("{NEAR_LIMIT} did not fire before the OOM kill"));
+    eprintln!(
+        "{NEAR_LIMIT} firing {:.1} s after the job started, {:.1} s before it ended: {}",
+        warned_after.as_secs_f64(),
+        (killed_at - released - warned_after).as_secs_f64(),
+        near["annotations"]["summary"]
+    );
     assert_eq!(code, Some(1), "a worker was OOM-killed");
     let pids: Vec<u32> = out.iter().filter_map(|l| l["pid"].as_u64()).map(|p| p as u32).collect();
     assert_eq!(
@@ -261,18 +302,8 @@ fn a_real_prometheus_fires_the_oom_alert_for_a_watched_job() {
         "the kernel killed one of the job"
     );
 
-    let alert = poll(Duration::from_secs(90), "the OOM alert firing", || {
-        let alerts = get(&format!("{base}/api/v1/alerts"), &[])?;
-        alerts["data"]["alerts"]
-            .as_array()?
-            .iter()
-            .find(|a| {
-                a["labels"]["alertname"] == ALERT
-                    && a["labels"]["training_job"] == name.as_str()
-                    && a["state"] == "firing"
-            })
-            .cloned()
-    });
+    let alert =
+        poll(Duration::from_secs(90), "the OOM alert firing", || firing(&base, ALERT, &name));
     eprintln!(
         "{ALERT} firing {:.1} s after the job ended (scrape and evaluation every 1 s): {}",
         killed_at.elapsed().as_secs_f64(),

@@ -160,8 +160,9 @@ impl Hoard {
 
 /// Workers named like PyTorch's that allocate `mib[i]` MiB in `step` MiB steps, hold it for
 /// `hold_ms` (re-writing it, so swapped pages come back and go out again), then exit 0. If one
-/// is killed, the parent stops the others and exits 1.
-fn hog(mib: &[usize], step: usize, hold_ms: u64, huge: bool) -> i32 {
+/// is killed, the parent stops the others and exits 1. With `pace_ms`, the steps come that far
+/// apart (a leak, not a burst).
+fn hog(mib: &[usize], step: usize, hold_ms: u64, huge: bool, pace_ms: u64) -> i32 {
     wait_for_go();
     say("parent", "");
     let mut pids = Vec::new();
@@ -175,6 +176,9 @@ fn hog(mib: &[usize], step: usize, hold_ms: u64, huge: bool) -> i32 {
                 let n = step.min(target - have);
                 h.grow(n << 20);
                 have += n;
+                if pace_ms > 0 {
+                    sleep_ms(pace_ms);
+                }
             }
             let end = std::time::Instant::now() + std::time::Duration::from_millis(hold_ms);
             let mut salt = 2u8;
@@ -536,17 +540,19 @@ fn main() {
             reuse(&args[1], n(2), n(3))
         }
         Some("hog") => {
-            // hog MIB[,MIB..] STEP_MIB HOLD_MS [huge]
+            // hog MIB[,MIB..] STEP_MIB HOLD_MS [huge] [pace=MS]
             let mib: Vec<usize> = args
                 .get(1)
                 .map(|s| s.split(',').filter_map(|v| v.parse().ok()).collect())
                 .unwrap_or_default();
             let step = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(8);
             let hold = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(0);
-            hog(&mib, step, hold, args.get(4).is_some_and(|a| a == "huge"))
+            let extra = args.get(4..).unwrap_or_default();
+            let pace = extra.iter().find_map(|a| a.strip_prefix("pace=")?.parse().ok());
+            hog(&mib, step, hold, extra.iter().any(|a| a == "huge"), pace.unwrap_or(0))
         }
         _ => {
-            eprintln!("usage: gpustall-workload tree | spawn CMD [ARGS..] | hog MIB[,MIB..] STEP_MIB HOLD_MS [huge] | burst N DIR [HOLD_MS] | reuse DIR FIRST SECOND | pingpong MS SETTLE_MS | ioctlwait PAUSE_MS WAITS");
+            eprintln!("usage: gpustall-workload tree | spawn CMD [ARGS..] | hog MIB[,MIB..] STEP_MIB HOLD_MS [huge] [pace=MS] | burst N DIR [HOLD_MS] | reuse DIR FIRST SECOND | pingpong MS SETTLE_MS | ioctlwait PAUSE_MS WAITS");
             2
         }
     };

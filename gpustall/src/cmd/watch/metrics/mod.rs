@@ -72,11 +72,14 @@ impl JobInfo {
 }
 
 /// Labels of `gpustall_build_info` (value 1), as exporters write theirs: which gpustall
-/// answers, on which kernel.
+/// answers, on which kernel, on which node. `hostname` (NODE_NAME where the DaemonSet sets it)
+/// is what the dashboard lists nodes by: the target's own labels carry no node name unless the
+/// scrape config relabels one in, and a `node` label here would clash with that one.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct BuildInfo {
     version: String,
     kernel: String,
+    hostname: String,
 }
 
 /// Label of per-GPU series.
@@ -398,13 +401,14 @@ impl Metrics {
 
     /// The agent's own cost and its flight recorder.
     fn register_agent(&self, r: &mut Registry) {
-        // An OpenMetrics info metric: `gpustall_build_info{version,kernel} 1`.
+        // An OpenMetrics info metric: `gpustall_build_info{version,kernel,hostname} 1`.
         r.register(
             "build",
             "Which gpustall serves these metrics (version) on which kernel",
             Info::new(BuildInfo {
                 version: env!("CARGO_PKG_VERSION").to_string(),
                 kernel: crate::sources::host::kernel_release(),
+                hostname: crate::sources::host::node_name(),
             }),
         );
         r.register_with_unit(

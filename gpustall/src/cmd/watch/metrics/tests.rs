@@ -216,6 +216,24 @@ fn every_series() -> String {
     m.set_lost_events("bulk_ring", 1);
     m.set_agent(0.5, 40 << 20);
     m.set_flight_recorder(1 << 20, 64 << 20, 3);
+    // A cgroup v2 job: its limit, events and PSI.
+    let psi = crate::model::host::Psi { some_total_us: 5, ..Default::default() };
+    let cg = crate::model::host::CgroupMem {
+        path: "/job".into(),
+        version: 2,
+        limit_bytes: Some(1 << 30),
+        events: Some(crate::model::host::MemEvents::default()),
+        pressure: Some(psi),
+        usage_bytes: 5,
+        peak_bytes: None,
+        swap_usage_bytes: None,
+        oom_kills: None,
+        failcnt: None,
+        limit_set_by: Some("/".into()),
+        swap_limit_bytes: None,
+        swap_limit_set_by: None,
+    };
+    m.set_job_cgroup("train-7", &cg);
     m.encode()
 }
 
@@ -268,6 +286,11 @@ fn every_metric_the_dashboard_queries_is_exported() {
     );
     let names = metric_names(&q.join("\n"));
     assert!(names.len() >= 18, "the dashboard covers the exporter: {names:?}");
+    // Nodes come from the agents' own build_info, not a `node` label only a relabelling adds.
+    let vars = dash["templating"]["list"].as_array().expect("variables");
+    let node = vars.iter().find(|v| v["name"] == "node").expect("a node variable");
+    assert_eq!(node["definition"], "label_values(gpustall_build_info, hostname)");
+    assert!(!text.contains("node=~"), "no query needs a relabelled node label");
     all_exported(&names, "the dashboard");
 }
 
@@ -331,8 +354,9 @@ fn a_jobs_identity_is_one_info_series_replaced_when_it_changes() {
 }
 
 #[test]
-fn build_info_names_the_version_and_the_kernel() {
+fn build_info_names_the_version_the_kernel_and_the_node() {
     let text = Metrics::new().encode();
     let want = format!("gpustall_build_info{{version=\"{}\",kernel=\"", env!("CARGO_PKG_VERSION"));
-    assert!(text.lines().any(|l| l.starts_with(&want) && l.ends_with(" 1")), "{text}");
+    let node = format!(",hostname=\"{}\"}} 1", crate::sources::host::node_name());
+    assert!(text.lines().any(|l| l.starts_with(&want) && l.ends_with(&node)), "{text}");
 }
