@@ -1,6 +1,8 @@
 //! `gpustall merge FILE...`: the recordings of several nodes or ranks (`trace --record` files,
 //! or the incident bundles `watch` writes) on one wall-clock timeline, with the job's verdict:
 //! which node stalled first, by how long it preceded the others, and why (its own verdict).
+//! A directory that is not a bundle is searched for recordings and bundles, which are grouped
+//! by their run (torchrun's run id, or the Slurm job): one job's verdict per run.
 //!
 //! Each recording is replayed on its own, exactly as `gpustall report` replays it; only the
 //! alignment and the job-level answer are new (`pipeline::merge`, deciding with
@@ -21,9 +23,14 @@ use crate::{
 #[derive(clap::Args)]
 pub struct MergeArgs {
     /// Recordings (`trace --record`) or incident bundle directories (with record.jsonl), one or
-    /// more per node.
+    /// more per node; or directories holding them (a node's bundle directory, a copy of every
+    /// node's), grouped by run.
     #[arg(value_name = "FILE", required = true, num_args = 1..)]
     files: Vec<PathBuf>,
+    /// Of recordings of several runs (torchrun's run id, or the Slurm job id), merge this one:
+    /// the file outputs need one run.
+    #[arg(long, value_name = "ID")]
+    run: Option<String>,
     /// Write one self-contained HTML page: the job's verdict, a lane per node, each node's report.
     #[arg(long, value_name = "OUT")]
     html: Option<PathBuf>,
@@ -41,8 +48,9 @@ pub struct MergeArgs {
 }
 
 pub fn run(args: &MergeArgs) -> anyhow::Result<()> {
+    let inputs = expand(&args.files)?;
     let recordings: Vec<PathBuf> =
-        args.files.iter().map(|f| recording_of(f)).collect::<anyhow::Result<_>>()?;
+        inputs.iter().map(|f| recording_of(f)).collect::<anyhow::Result<_>>()?;
     let outputs: Vec<(&str, &Path)> = [
         ("--html", &args.html),
         ("--perfetto", &args.perfetto),
@@ -57,7 +65,7 @@ pub fn run(args: &MergeArgs) -> anyhow::Result<()> {
     let mut lanes: Vec<Lane> = Vec::new();
     let mut stopped = Vec::new();
     let mut skipped = Vec::new();
-    for input in &args.files {
+    for input in &inputs {
         // One recording that cannot be read costs only its lane: the job's other nodes are
         // still merged, and the exit status says one was left out.
         let (lane, err) = match load(input, args.html.is_some()) {
@@ -81,15 +89,82 @@ pub fn run(args: &MergeArgs) -> anyhow::Result<()> {
     }
     anyhow::ensure!(!lanes.is_empty(), "no recording could be merged: {}", skipped.join("; "));
     if !skipped.is_empty() {
-        let n = args.files.len();
+        let n = inputs.len();
         stopped.push(format!("{} of {n} inputs could not be merged (said above)", skipped.len()));
     }
     let max_skew = args.max_skew.as_nanos() as u64;
-    let (verdict, warnings) = conclude_job(&mut lanes, max_skew);
-    write_outputs(args, &lanes, &verdict, &warnings, max_skew)?;
-    crate::output::text::print(&out::text(&lanes, &verdict, &warnings))?;
+    let mut runs = by_run(lanes);
+    if let Some(id) = &args.run {
+        let known: Vec<String> = runs.keys().map(run_name).collect();
+        let lanes = runs.remove(&Some(id.clone())).with_context(|| {
+            format!("no recording of run {id} here; the runs are: {}", known.join(", "))
+        })?;
+        runs = [(Some(id.clone()), lanes)].into();
+    }
+    if runs.len() > 1 {
+        let names: Vec<String> = runs.keys().map(run_name).collect();
+        let files = [&args.html, &args.perfetto, &args.summary_json];
+        anyhow::ensure!(
+            files.iter().all(|f| f.is_none()),
+            "the recordings are of {} runs ({}): choose one with --run ID for the files",
+            runs.len(),
+            names.join(", ")
+        );
+    }
+    for (run, mut lanes) in runs {
+        let (verdict, warnings) = conclude_job(&mut lanes, max_skew);
+        write_outputs(args, &lanes, &verdict, &warnings, max_skew)?;
+        let heading = match &run {
+            Some(_) if args.run.is_none() => format!("\n#### run {} ####\n", run_name(&run)),
+            _ => String::new(),
+        };
+        crate::output::text::print(&(heading + &out::text(&lanes, &verdict, &warnings)))?;
+    }
     anyhow::ensure!(stopped.is_empty(), "{}", stopped.join("; "));
     Ok(())
+}
+
+/// The inputs, with each directory that is not a bundle replaced by the recordings (`*.jsonl`)
+/// and bundles in it, in name order.
+fn expand(inputs: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    for input in inputs {
+        if !input.is_dir() || input.join("record.jsonl").is_file() {
+            out.push(input.clone());
+            continue;
+        }
+        let mut found: Vec<PathBuf> = std::fs::read_dir(input)
+            .with_context(|| format!("cannot read the directory {}", input.display()))?
+            .filter_map(Result::ok)
+            .map(|e| e.path())
+            .filter(|p| {
+                p.join("record.jsonl").is_file()
+                    || (p.is_file() && p.extension().is_some_and(|e| e == "jsonl"))
+            })
+            .collect();
+        found.sort();
+        if found.is_empty() {
+            say!("gpustall: warning: {} holds no recording or bundle: skipped", input.display());
+        }
+        out.extend(found);
+    }
+    Ok(out)
+}
+
+/// Lanes by the run they recorded (torchrun's run id, else the Slurm job); `None` for
+/// recordings that name none.
+fn by_run(lanes: Vec<Lane>) -> std::collections::BTreeMap<Option<String>, Vec<Lane>> {
+    let mut runs: std::collections::BTreeMap<Option<String>, Vec<Lane>> = Default::default();
+    for l in lanes {
+        let job = l.summary.job.as_ref();
+        let run = job.and_then(|j| j.run_id.clone().or_else(|| j.slurm_job.clone()));
+        runs.entry(run).or_default().push(l);
+    }
+    runs
+}
+
+fn run_name(run: &Option<String>) -> String {
+    run.clone().unwrap_or_else(|| "(no run id)".into())
 }
 
 fn write_outputs(
