@@ -186,6 +186,48 @@ fn two_ranks_recordings_merge_in_rank_order_named_by_rank() {
     assert!(labels.len() == 2 && labels[0].contains("rank 0"), "{labels:?}");
 }
 
+/// Two ranks of one run traced at the same time, each on its own (as two nodes would be): rank
+/// 1's DataLoader-shaped worker is OOM-killed in its 256 MiB memory cgroup while rank 0 only
+/// waits. Merged, rank 1 stalled first and the job's verdict says why in ranks.
+#[test]
+fn the_rank_whose_worker_was_oom_killed_is_named_first() {
+    tests::require_privileged_env();
+    let _lock = tests::pressure_lock();
+    let dir = tests::TempDir::new_in("/var/tmp", "identity-oom");
+    let run = format!("oomrun-{}", tests::unique());
+    let cg = tests::cgroup::MemCgroup::new("rank-oom", 256, false);
+    let hog = format!(
+        "echo $$ > {}/cgroup.procs && {} hog 600,40,40 8 3000; exit 0",
+        cg.path.display(),
+        env!("CARGO_BIN_EXE_gpustall-workload")
+    );
+    let env = |rank: &'static str| {
+        [("RANK", rank), ("WORLD_SIZE", "2"), ("TORCHELASTIC_RUN_ID", run.as_str())]
+    };
+    std::thread::scope(|s| {
+        let waiting = s.spawn(|| trace_launch(&dir, "rank0", &["sleep", "8"], &env("0")));
+        std::thread::sleep(Duration::from_secs(1));
+        trace_launch(&dir, "rank1", &["sh", "-c", &hog], &env("1"));
+        waiting.join().expect("rank 0 traced");
+    });
+    let merged = dir.path("merged.json");
+    let o = Command::new(tests::gpustall_bin())
+        .arg("merge")
+        .arg(&dir.0)
+        .arg("--summary-json")
+        .arg(&merged)
+        .output()
+        .expect("gpustall merge");
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stderr));
+    let v = &summary(&merged)["verdict"];
+    eprintln!("merged verdict: {}", v["text"]);
+    assert!(v["first"].as_str().is_some_and(|f| f.contains("rank 1")), "{v:#}");
+    assert_eq!(v["cause"], "host_memory_oom", "{v:#}");
+    assert!(v["text"].as_str().is_some_and(|t| t.contains("rank 1")), "in ranks: {v:#}");
+    assert!(text.contains("rank 1"), "{text}");
+}
+
 /// Removes a cgroup tree made by a test, deepest first, whatever happened.
 struct CgroupTree(Vec<std::path::PathBuf>);
 
