@@ -242,3 +242,71 @@ fn completions_and_the_man_page_come_from_the_cli() {
     let man = run(&["man"]);
     assert!(man.contains(".TH gpustall 1") && man.contains("trace"), "{man}");
 }
+
+/// A pseudo-terminal of `rows` x `cols`: (master, slave).
+fn sized_pty(rows: u16, cols: u16) -> (std::fs::File, std::os::fd::OwnedFd) {
+    use std::os::fd::FromRawFd as _;
+    let size = libc::winsize { ws_row: rows, ws_col: cols, ws_xpixel: 0, ws_ypixel: 0 };
+    let (mut m, mut s) = (-1, -1);
+    // SAFETY: openpty writes two descriptors; the size is read from `size`.
+    let rc =
+        unsafe { libc::openpty(&mut m, &mut s, std::ptr::null_mut(), std::ptr::null(), &size) };
+    assert_eq!(rc, 0, "openpty: {}", std::io::Error::last_os_error());
+    // SAFETY: both were just opened and are owned by nobody else.
+    unsafe { (std::fs::File::from_raw_fd(m), std::os::fd::OwnedFd::from_raw_fd(s)) }
+}
+
+/// In a terminal, the live status line keeps the bottom row: the job's own lines, written to
+/// the same terminal, scroll above it whole (they once ran into it: `| lost 0^[[Kparent 12450`),
+/// the line fits the terminal's 60 columns, and the terminal is given back at the end.
+#[test]
+fn the_status_line_fits_the_terminal_and_the_jobs_output_scrolls_above_it() {
+    tests::require_privileged_env();
+    use std::io::Read as _;
+    let (rows, cols) = (24u16, 60u16);
+    let (mut master, slave) = sized_pty(rows, cols);
+    let job = "for i in 1 2 3 4 5; do echo job-line-$i; sleep 0.6; done";
+    let mut child = Command::new(tests::gpustall_bin())
+        .args(["trace", "--no-gpu", "--", "sh", "-c", job])
+        .stdin(Stdio::from(slave.try_clone().expect("pty")))
+        .stdout(Stdio::from(slave.try_clone().expect("pty")))
+        .stderr(Stdio::from(slave))
+        .spawn()
+        .expect("gpustall");
+    let (r, c) = (rows.try_into().expect("rows"), cols.try_into().expect("cols"));
+    let mut screen = vt100::Parser::new(r, c, 0);
+    let (mut raw, mut buf, mut status_seen) = (Vec::new(), [0u8; 4096], false);
+    let mut job_lines = std::collections::BTreeSet::new();
+    // Read until the pty's last writer is gone (EIO), looking at the screen as it is drawn.
+    while let Ok(n) = master.read(&mut buf) {
+        if n == 0 {
+            break;
+        }
+        raw.extend_from_slice(&buf[..n]);
+        screen.process(&buf[..n]);
+        let shown: Vec<String> = screen.screen().rows(0, cols).collect();
+        let (above, bottom) = shown.split_at(usize::from(rows) - 1);
+        status_seen |= bottom[0].contains("procs alive");
+        for row in above {
+            assert!(!row.contains("procs alive"), "the status on the bottom row only: {shown:#?}");
+            if row.contains("job-line") {
+                let whole = row.trim().strip_prefix("job-line-").is_some_and(|d| d.len() == 1);
+                assert!(whole, "a job's line whole on a row of its own: {shown:#?}");
+                job_lines.insert(row.trim().to_string());
+            }
+        }
+    }
+    let status = child.wait().expect("gpustall");
+    assert_eq!(status.code(), Some(0));
+    let raw_text = String::from_utf8_lossy(&raw);
+    assert!(status_seen, "the status line drawn on the bottom row:\n{raw_text}");
+    assert_eq!(job_lines.len(), 5, "every line of the job: {job_lines:?}");
+    let text = screen.screen().contents();
+    assert!(!text.contains("procs alive"), "the status row is cleared at the end:\n{text}");
+    assert!(raw_text.contains("== gpustall:"), "then the report:\n{raw_text}");
+    // Every status drawn fits the 60 columns.
+    for drawn in raw_text.split("\x1b[2K").skip(1) {
+        let line = drawn.split('\x1b').next().unwrap_or_default();
+        assert!(line.chars().count() < usize::from(cols), "{line:?} wider than the terminal");
+    }
+}

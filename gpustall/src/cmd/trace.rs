@@ -148,9 +148,7 @@ pub async fn run(mut opts: TraceOptions) -> anyhow::Result<()> {
     let gpu =
         GpuTicks { watch: gpu, every: opts.gpu.as_ref().map_or(Duration::MAX, |g| g.interval) };
     let stop = event_loop::run(&mut t, &mut rings, &mut probes.maps, gpu, opts.duration).await?;
-    if t.beat.tty && !opts.quiet {
-        say!();
-    }
+    t.beat.bar.finish();
     log::debug!("trace ended: {stop:?}");
     let launched = t.launched.take();
     let result = finish(&opts, t, &probes);
@@ -216,7 +214,7 @@ struct BeatState {
     start: u64,
     quiet: bool,
     summary_every: Duration,
-    tty: bool,
+    bar: status_line::StatusBar,
     prev: status_line::Totals,
     prev_at: Instant,
     last_summary: Instant,
@@ -278,7 +276,7 @@ fn setup(opts: &TraceOptions) -> anyhow::Result<(Trace, Probes, Rings, Option<Gp
         start,
         quiet: opts.quiet,
         summary_every: opts.summary_every,
-        tty: std::io::stderr().is_terminal(),
+        bar: status_line::StatusBar::new(std::io::stderr().is_terminal()),
         prev: status_line::Totals::default(),
         prev_at: Instant::now(),
         last_summary: Instant::now(),
@@ -433,7 +431,7 @@ impl Beat for Trace {
                 lost,
             ) + &status_line::live_part(&session.model.gpu, now)
                 + &status_line::waiting_part(&session.model);
-            status_line::show(&l, b.tty);
+            b.bar.show(&l);
         }
         b.prev = cur;
         b.prev_at = Instant::now();

@@ -40,7 +40,7 @@ pub fn line(
     let dt = dt_s.max(1e-3);
     let rate = |a: u64, b: u64| b.saturating_sub(a) as f64 / dt;
     format!(
-        "[{elapsed_s:>6.1}s] procs {alive}/{seen} | io r {:.1} w {:.1} MiB/s | reclaim {:.0}/s ({:.1} ms/s stalled) | swap-out {:.0} pg/s | events {} | lost {lost}",
+        "[{elapsed_s:>6.1}s] {alive} procs alive ({seen} seen) | io r {:.1} w {:.1} MiB/s | reclaim {:.0}/s ({:.1} ms/s stalled) | swap-out {:.0} pg/s | events {} | lost {lost}",
         rate(prev.read_bytes, cur.read_bytes) / 1048576.0,
         rate(prev.write_bytes, cur.write_bytes) / 1048576.0,
         rate(prev.reclaim_count, cur.reclaim_count),
@@ -81,12 +81,87 @@ pub fn live_part(state: &GpuState, now_ns: u64) -> String {
     format!(" | gpu {}{stall} | stalls {}", utils.join(","), state.stalls.len())
 }
 
-/// Shows the status line on stderr: redrawn in place on a terminal, a line each otherwise.
-/// A closed stderr is ignored (the trace goes on).
-pub fn show(line: &str, tty: bool) {
-    use std::io::Write as _;
-    let mut err = std::io::stderr().lock();
-    let _ = if tty { write!(err, "\r{line}\x1b[K") } else { writeln!(err, "{line}") };
+/// The status line on stderr. On a terminal it keeps the bottom row to itself: the rows above
+/// become the scrolling region (DECSTBM, as apt's progress bar does), so the job's own output,
+/// written to the same terminal, scrolls above it and never runs into it; the line is cut to
+/// the terminal's width, read again at each draw (a resized window is followed). Elsewhere it
+/// is a line each time. Dropping it gives the terminal its whole screen back.
+pub struct StatusBar {
+    tty: bool,
+    /// The terminal's height the scrolling region was set for (0: not set).
+    region_rows: u16,
+    drawn: bool,
+}
+
+impl StatusBar {
+    pub fn new(tty: bool) -> Self {
+        StatusBar { tty, region_rows: 0, drawn: false }
+    }
+
+    /// Draws `line`; a closed stderr is ignored (the trace goes on).
+    pub fn show(&mut self, line: &str) {
+        use std::io::Write as _;
+        let mut err = std::io::stderr().lock();
+        if !self.tty {
+            let _ = writeln!(err, "{line}");
+            return;
+        }
+        let size = terminal_size::terminal_size_of(std::io::stderr());
+        let (cols, rows) = size.map_or((80, 0), |(w, h)| (w.0, h.0));
+        let mut out = String::new();
+        if rows >= 3 && rows != self.region_rows {
+            out += &reserve_bottom_row(rows, self.region_rows == 0);
+            self.region_rows = rows;
+        }
+        out += &draw(line, cols, self.region_rows);
+        let _ = err.write_all(out.as_bytes()).and_then(|()| err.flush());
+        self.drawn = true;
+    }
+
+    /// Gives the terminal back: the whole screen scrolls again, the status row is cleared.
+    pub fn finish(&mut self) {
+        use std::io::Write as _;
+        if !(self.tty && self.drawn) {
+            return;
+        }
+        self.drawn = false;
+        let out = match std::mem::take(&mut self.region_rows) {
+            0 => "\r\x1b[K".to_string(),
+            rows => release(rows),
+        };
+        let _ = std::io::stderr().write_all(out.as_bytes());
+    }
+}
+
+impl Drop for StatusBar {
+    fn drop(&mut self) {
+        self.finish();
+    }
+}
+
+/// Makes rows 1..rows-1 the scrolling region, the cursor staying where the output was. The
+/// first time, a newline first scrolls the screen up one row, so the row the status takes
+/// loses nothing.
+fn reserve_bottom_row(rows: u16, first: bool) -> String {
+    let scroll = if first { "\n" } else { "" };
+    // Save the cursor, set the region (which homes the cursor), restore it, and keep it inside
+    // the region.
+    format!("{scroll}\x1b7\x1b[1;{}r\x1b8\x1b[1A", rows - 1)
+}
+
+/// The line on the bottom row (`rows`, 0 when the region could not be set: redrawn in place),
+/// cut to `cols` - 1 characters, the cursor left where the job's output is.
+fn draw(line: &str, cols: u16, rows: u16) -> String {
+    let cut: String = line.chars().take(usize::from(cols.max(2)) - 1).collect();
+    match rows {
+        0 => format!("\r{cut}\x1b[K"),
+        rows => format!("\x1b7\x1b[{rows};1H\x1b[2K{cut}\x1b8"),
+    }
+}
+
+/// The whole screen as the scrolling region again, and the status row cleared.
+fn release(rows: u16) -> String {
+    format!("\x1b7\x1b[r\x1b[{rows};1H\x1b[2K\x1b8")
 }
 
 #[cfg(test)]
@@ -105,6 +180,18 @@ mod tests {
         let l = line(3.0, 2, 3, prev, cur, 2.0, 0);
         assert!(l.contains("w 1.0 MiB/s"), "{l}");
         assert!(l.contains("swap-out 100 pg/s"), "{l}");
-        assert!(l.contains("procs 2/3"), "{l}");
+        assert!(l.contains("2 procs alive (3 seen)"), "{l}");
+    }
+
+    /// The terminal sequences: the bottom row reserved once, the line cut to the width and
+    /// drawn there with the cursor saved and restored, the screen given back at the end.
+    #[test]
+    fn the_status_keeps_the_bottom_row_and_fits_the_width() {
+        assert_eq!(reserve_bottom_row(24, true), "\n\x1b7\x1b[1;23r\x1b8\x1b[1A");
+        assert_eq!(reserve_bottom_row(30, false), "\x1b7\x1b[1;29r\x1b8\x1b[1A");
+        let long = "x".repeat(200);
+        assert_eq!(draw(&long, 40, 24), format!("\x1b7\x1b[24;1H\x1b[2K{}\x1b8", "x".repeat(39)));
+        assert_eq!(draw("ok", 40, 0), "\rok\x1b[K");
+        assert_eq!(release(24), "\x1b7\x1b[r\x1b[24;1H\x1b[2K\x1b8");
     }
 }
