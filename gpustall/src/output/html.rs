@@ -245,7 +245,7 @@ pub fn body(summary: &Summary, t: &Timeline) -> String {
     process_table(&mut o, summary);
     let _ = write!(
         o,
-        "</table><p><small>gpustall {}; lost events: {}; GPU: {}</small></p>",
+        "<p><small>gpustall {}; lost events: {}; GPU: {}</small></p>",
         env!("CARGO_PKG_VERSION"),
         summary.lost_events,
         esc(&summary.gpu_status)
@@ -433,7 +433,8 @@ fn by_syscall(w: &crate::model::offcpu::OffCpuSummary) -> String {
 
 fn process_table(o: &mut String, summary: &Summary) {
     o.push_str("<h2>Processes</h2><table><tr><th>pid</th><th>ppid</th><th>comm</th><th>role</th><th>peak held MiB</th><th>reclaim ms</th><th>swap-out pages</th><th>read MiB</th><th>write MiB</th><th>exit</th></tr>");
-    for p in &summary.processes {
+    let (quiet, rows) = crate::output::text::quiet_helpers(summary);
+    for p in rows {
         let exit = match (p.alive, p.exit_signal, p.exit_code) {
             (true, _, _) => "alive".to_string(),
             (_, Some(s), _) => format!("signal {s}{}", if p.oom_killed { " (OOM)" } else { "" }),
@@ -457,6 +458,15 @@ fn process_table(o: &mut String, summary: &Summary) {
             p.block_read_bytes as f64 / 1048576.0,
             p.block_write_bytes as f64 / 1048576.0,
             exit
+        );
+    }
+    o.push_str("</table>");
+    if !quiet.is_empty() {
+        let _ = write!(
+            o,
+            "<p><small>And {} short helper processes that exited cleanly and did nothing of note: {}.</small></p>",
+            quiet.len(),
+            esc(&crate::output::text::by_name(&quiet))
         );
     }
 }

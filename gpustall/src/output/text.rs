@@ -185,7 +185,8 @@ fn process_table(o: &mut String, s: &Summary) {
         "HELD_MiB",
         "EXIT"
     );
-    let (rows, left_out) = table_rows(s);
+    let (quiet, rest) = quiet_helpers(s);
+    let (rows, left_out) = table_rows(s, &rest);
     for p in rows {
         let role = role_name(p);
         let exit = match (p.alive, p.exit_signal, p.exit_code) {
@@ -209,6 +210,15 @@ fn process_table(o: &mut String, s: &Summary) {
             p.swapout_pages,
             p.peak_mem_kb.max(p.peak_rss_kb) as f64 / 1024.0,
             exit
+        );
+    }
+    if !quiet.is_empty() {
+        let _ = writeln!(
+            o,
+            "+ {} short helper {} that exited cleanly and did nothing of note: {} (all in --summary-json)",
+            quiet.len(),
+            if quiet.len() == 1 { "process" } else { "processes" },
+            by_name(&quiet)
         );
     }
     if left_out > 0 {
@@ -235,13 +245,41 @@ fn process_table(o: &mut String, s: &Summary) {
 /// The rest is counted; the summary JSON keeps them all.
 pub const MAX_ROWS: usize = 50;
 
-fn table_rows(s: &Summary) -> (Vec<&crate::output::summary::ProcessSummary>, usize) {
-    use crate::model::proctree::Role;
-    if s.processes.len() <= MAX_ROWS {
-        return (s.processes.iter().collect(), 0);
+pub type Row<'a> = &'a crate::output::summary::ProcessSummary;
+
+/// Launchers' and wrappers' helpers (a pyenv shim's bash, `sleep`, `readlink`) that left no
+/// trace worth a row: role `other`, exited 0, no signal, no reclaim, swap or OOM, under 1 MiB
+/// of I/O, not a culprit. They are one line under the table; the rest are rows.
+pub fn quiet_helpers(s: &Summary) -> (Vec<Row<'_>>, Vec<Row<'_>>) {
+    s.processes.iter().partition(|p| {
+        p.role == Role::Other
+            && !p.alive
+            && p.exit_code == Some(0)
+            && p.exit_signal.is_none()
+            && p.direct_reclaim_count + p.memcg_reclaim_count + p.swapout_pages == 0
+            && p.block_read_bytes + p.block_write_bytes < 1 << 20
+            && !s.verdict.culprit_pids.contains(&p.pid)
+    })
+}
+
+/// "bash x40, sleep x5", most first.
+pub fn by_name(rows: &[Row<'_>]) -> String {
+    let mut n: std::collections::BTreeMap<&str, usize> = Default::default();
+    for p in rows {
+        *n.entry(p.comm.as_str()).or_default() += 1;
+    }
+    let mut n: Vec<(&str, usize)> = n.into_iter().collect();
+    n.sort_by_key(|(name, k)| (std::cmp::Reverse(*k), *name));
+    let named: Vec<String> = n.iter().map(|(name, k)| format!("{name} x{k}")).collect();
+    named.join(", ")
+}
+
+fn table_rows<'a>(s: &Summary, candidates: &[Row<'a>]) -> (Vec<Row<'a>>, usize) {
+    if candidates.len() <= MAX_ROWS {
+        return (candidates.to_vec(), 0);
     }
     let culprits = &s.verdict.culprit_pids;
-    let rank = |p: &crate::output::summary::ProcessSummary| {
+    let rank = |p: Row<'_>| {
         let remarkable = culprits.contains(&p.pid)
             || p.role != Role::Other
             || p.oom_killed
@@ -250,12 +288,12 @@ fn table_rows(s: &Summary) -> (Vec<&crate::output::summary::ProcessSummary>, usi
             || p.direct_reclaim_count + p.memcg_reclaim_count + p.swapout_pages > 0;
         (!remarkable, std::cmp::Reverse(p.block_read_bytes + p.block_write_bytes))
     };
-    let mut order: Vec<usize> = (0..s.processes.len()).collect();
-    order.sort_by_key(|&i| rank(&s.processes[i]));
+    let mut order: Vec<usize> = (0..candidates.len()).collect();
+    order.sort_by_key(|&i| rank(candidates[i]));
     order.truncate(MAX_ROWS);
     order.sort_unstable();
-    let rows: Vec<_> = order.iter().map(|&i| &s.processes[i]).collect();
-    (rows, s.processes.len() - MAX_ROWS)
+    let rows: Vec<_> = order.iter().map(|&i| candidates[i]).collect();
+    (rows, candidates.len() - MAX_ROWS)
 }
 
 /// OOM kills, host reclaim, block latency, events and losses.
@@ -381,12 +419,14 @@ mod tests {
         let h = |t_ns: u64, pid: u32| Header { t_ns, tgid: pid, tid: pid, comm: "sh".into() };
         for pid in 2..202u32 {
             m.apply(&Event::Fork { h: h(u64::from(pid), 1), child_pid: pid, clone_flags: 0 });
-            // pid 150 died of SIGSEGV: it is a row whatever else there is.
-            let status = if pid == 150 { 11 } else { 0 };
+            // pid 150 died of SIGSEGV: it is a row whatever else there is. The rest exited 1:
+            // not quiet helpers, rows or counted.
+            let status = if pid == 150 { 11 } else { 1 << 8 };
             m.apply(&Event::Exit { h: h(u64::from(pid) + 1, pid), exit_code: Some(status) });
         }
         let s = crate::pipeline::conclude::summary(&m, 1_000, true);
-        let (rows, left_out) = table_rows(&s);
+        let candidates: Vec<Row<'_>> = s.processes.iter().collect();
+        let (rows, left_out) = table_rows(&s, &candidates);
         assert_eq!(rows.len(), MAX_ROWS);
         assert_eq!(left_out, 201 - MAX_ROWS);
         assert!(rows.iter().any(|p| p.pid == 1), "the living root");
@@ -394,5 +434,45 @@ mod tests {
         assert!(rows.windows(2).all(|w| w[0].pid < w[1].pid), "table order kept");
         let text = render(&s);
         assert!(text.contains(&format!("... and {} more processes", 201 - MAX_ROWS)), "{text}");
+    }
+
+    /// A launcher's helpers that exited 0 having done nothing (a shim's shells, `sleep`) are one
+    /// line, by name; the job's own processes and anything that failed stay rows.
+    #[test]
+    fn quiet_helpers_are_one_line_by_name() {
+        let mut m = Model::default();
+        m.tree.seed(1, 0, "python3", true, 0);
+        let h = |t_ns: u64, pid: u32, comm: &str| Header {
+            t_ns,
+            tgid: pid,
+            tid: pid,
+            comm: comm.into(),
+        };
+        for (pid, comm, status) in
+            [(2, "bash", 0), (3, "bash", 0), (4, "sleep", 0), (5, "readlink", 1 << 8)]
+        {
+            m.apply(&Event::Fork {
+                h: h(u64::from(pid), 1, "python3"),
+                child_pid: pid,
+                clone_flags: 0,
+            });
+            m.apply(&Event::Exec {
+                h: h(u64::from(pid), pid, comm),
+                filename: comm.into(),
+                old_pid: pid,
+            });
+            m.apply(&Event::Exit { h: h(u64::from(pid) + 1, pid, comm), exit_code: Some(status) });
+        }
+        let s = crate::pipeline::conclude::summary(&m, 1_000, true);
+        let text = render(&s);
+        assert!(
+            text.contains("+ 3 short helper processes that exited cleanly and did nothing of note: bash x2, sleep x1"),
+            "{text}"
+        );
+        assert!(
+            text.lines().any(|l| l.contains("readlink") && l.trim_end().ends_with(" 1")),
+            "a failed helper is a row: {text}"
+        );
+        assert!(text.lines().any(|l| l.contains("python3")), "{text}");
     }
 }

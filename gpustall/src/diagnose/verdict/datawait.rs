@@ -255,8 +255,10 @@ pub fn links(f: &Facts, chain: &mut Chain) {
         return; // the waits others ended were mostly a driver's: no one kept it waiting for data
     }
     for (k, kept) in keepers(f) {
-        if total == 0 || kept * 10 < total {
-            continue; // a tenth of the waits at least
+        // A tenth of the waits at least, and a tenth of a second: a launcher's shell that once
+        // woke the trainer is not news.
+        if total == 0 || kept * 10 < total || kept < 100_000_000 {
+            continue;
         }
         let o = k.offcpu.clone().unwrap_or_default();
         let p99 = o
