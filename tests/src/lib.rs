@@ -4,6 +4,7 @@
 //! Everything that changes the machine (memory cgroups, swap files) is undone by a guard that
 //! runs on failure too, and memory-pressure scenarios are serialised across test processes.
 
+pub mod apt;
 pub mod blockdev;
 pub mod cgroup;
 pub mod cpucg;

@@ -26,55 +26,21 @@ fn deploy(file: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/prometheus").join(file)
 }
 
-/// `promtool` and `prometheus` from Debian's `prometheus` package, installed if missing (one
-/// install at a time across test processes: apt holds its own lock, but a second apt-get would
-/// fail on it rather than wait long enough).
+/// `promtool` and `prometheus` from Debian's `prometheus` package, installed if missing.
 fn prometheus_tools() -> (PathBuf, PathBuf) {
     let (promtool, prometheus) =
         (PathBuf::from("/usr/bin/promtool"), PathBuf::from("/usr/bin/prometheus"));
-    if promtool.exists() && prometheus.exists() {
-        return (promtool, prometheus);
+    let present = || promtool.exists() && prometheus.exists();
+    if !present() {
+        tests::apt::ensure("prometheus", present);
+        // The package starts its own Prometheus (on every interface) where systemd runs; these
+        // tests start theirs on loopback, so the service this install started is stopped.
+        if Path::new("/run/systemd/system").exists() {
+            let _ = Command::new("systemctl").args(["disable", "--now", "prometheus"]).status();
+        }
     }
-    let _apt = apt_lock();
-    if !(promtool.exists() && prometheus.exists()) {
-        install_prometheus();
-    }
-    assert!(
-        promtool.exists() && prometheus.exists(),
-        "the prometheus package has no {}",
-        promtool.display()
-    );
+    assert!(present(), "the prometheus package has no {}", promtool.display());
     (promtool, prometheus)
-}
-
-/// A machine-wide lock (flock) held while this test installs a package.
-fn apt_lock() -> std::fs::File {
-    use std::os::fd::AsRawFd;
-    let f = std::fs::File::create("/run/lock/gpustall-tests-apt.lock").expect("the apt lock file");
-    // SAFETY: a valid fd; the lock goes with the file.
-    let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) };
-    assert_eq!(rc, 0, "flock: {}", std::io::Error::last_os_error());
-    f
-}
-
-fn install_prometheus() {
-    let apt = |args: &[&str]| {
-        Command::new("apt-get")
-            .args(["-o", "DPkg::Lock::Timeout=300"])
-            .args(args)
-            .env("DEBIAN_FRONTEND", "noninteractive")
-            .status()
-            .is_ok_and(|s| s.success())
-    };
-    eprintln!("installing Debian's prometheus package (apt-get install prometheus)");
-    let ok = apt(&["install", "-y", "--no-install-recommends", "prometheus"])
-        || (apt(&["update"]) && apt(&["install", "-y", "--no-install-recommends", "prometheus"]));
-    assert!(ok, "apt-get install prometheus failed: these tests need promtool and prometheus");
-    // The package starts its own Prometheus (on every interface) where systemd runs; these
-    // tests start theirs on loopback, so the service this install started is stopped again.
-    if Path::new("/run/systemd/system").exists() {
-        let _ = Command::new("systemctl").args(["disable", "--now", "prometheus"]).status();
-    }
 }
 
 fn promtool(args: &[&str], file: &Path) -> String {

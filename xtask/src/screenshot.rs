@@ -8,7 +8,12 @@ use crate::util::{cargo, output, run_cmd, target_dir};
 pub fn run(recording: &Path, png: &Path) -> anyhow::Result<()> {
     if output(Command::new("sh").args(["-c", "command -v chromium"])).is_none() {
         eprintln!("xtask: installing Debian's chromium for the screenshot");
-        run_cmd(Command::new("apt-get").args(["install", "-y", "chromium"]))?;
+        run_cmd(Command::new("apt-get").args([
+            "install",
+            "-y",
+            "--no-install-recommends",
+            "chromium",
+        ]))?;
     }
     run_cmd(cargo().args(["build", "-p", "gpustall"]))?;
     let html = png.with_extension("html");

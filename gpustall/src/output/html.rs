@@ -143,8 +143,7 @@ fn lines(s: &mut String, series: &[(String, &[(u64, f64)])], axis: &Axis, l: &La
     let y = |v: f64| l.bottom - (v / max) * (l.bottom - l.top);
     for (i, (label, points)) in series.iter().enumerate() {
         let color = COLORS[i % COLORS.len()];
-        let d: Vec<String> =
-            points.iter().map(|(t, v)| format!("{:.1},{:.1}", axis.x(*t), y(*v))).collect();
+        let d = steps(points, |t| axis.x(t), y);
         if d.len() == 1 {
             let _ = write!(
                 s,
@@ -167,6 +166,23 @@ fn lines(s: &mut String, series: &[(String, &[(u64, f64)])], axis: &Axis, l: &La
             esc(label)
         );
     }
+}
+
+/// A sampled series as steps: each value holds over the interval that ends at its sample (a
+/// rate is per the second before it; a level was reached by then), so a burst between two
+/// sparse samples is not drawn as a ramp over the seconds that follow it.
+fn steps(points: &[(u64, f64)], x: impl Fn(u64) -> f64, y: impl Fn(f64) -> f64) -> Vec<String> {
+    let mut d = Vec::with_capacity(points.len() * 2);
+    let mut prev_x = None;
+    for &(t, v) in points {
+        let (px, py) = (x(t), y(v));
+        if let Some(from) = prev_x {
+            d.push(format!("{from:.1},{py:.1}"));
+        }
+        d.push(format!("{px:.1},{py:.1}"));
+        prev_x = Some(px);
+    }
+    d
 }
 
 /// 1234567 -> "1.2M": axis labels that fit.
@@ -208,7 +224,7 @@ pub fn page(title: &str, body: &str) -> String {
     let _ = write!(
         o,
         r##"<!doctype html><html><head><meta charset="utf-8"><title>gpustall: {}</title><style>
-body{{font-family:system-ui,sans-serif;max-width:1050px;margin:2em auto;color:#222}} h1{{font-size:1.4em}} .cause{{color:#b00}}
+body{{font-family:system-ui,sans-serif;margin:1.5em 2em;color:#222}} h1{{font-size:1.4em}} .cause{{color:#b00}}
 h1.failure{{color:#b00}} h1.slowdown{{color:#a60}} h1.clear{{color:#070}} h1 .cause{{color:inherit;font-weight:normal}}
 li{{margin:.2em 0}} table{{border-collapse:collapse;font-size:12px}} td,th{{border:1px solid #ddd;padding:2px 6px;text-align:right}} th{{background:#f3f3f3}}
 </style></head><body>"##,
@@ -240,7 +256,7 @@ pub fn body(summary: &Summary, t: &Timeline) -> String {
         }
     }
     o.push_str("<h2>Timeline</h2>");
-    timeline_charts(&mut o, t);
+    timeline_charts(&mut o, t, summary);
     kept_waiting_table(&mut o, summary);
     process_table(&mut o, summary);
     let _ = write!(
@@ -281,7 +297,9 @@ fn stall_rates(t: &Timeline) -> std::collections::BTreeMap<u32, Vec<(u64, f64)>>
     stall_rate
 }
 
-fn timeline_charts(o: &mut String, t: &Timeline) {
+fn timeline_charts(o: &mut String, t: &Timeline, summary: &Summary) {
+    // Legends name a process by its role and name, as the report does.
+    let who = |pid: &u32| crate::output::text::process_name(summary, *pid);
     let f = Frame {
         axis: Axis { t0: t.start_ns, t1: t.end_ns.max(t.start_ns + 1) },
         marks: t
@@ -307,18 +325,14 @@ fn timeline_charts(o: &mut String, t: &Timeline) {
         _ => None,
     });
     let mem = series_of(t, &|tr, n| match tr {
-        Track::Process(p) if n == "held_mib" => {
-            Some(format!("{} {p}", t.processes.get(p).map_or("?", String::as_str)))
-        }
+        Track::Process(p) if n == "held_mib" => Some(who(p)),
         _ => None,
     });
     // The wait for data, per trainer/rank and per worker that ended it (timeline: charged in
     // the second the wait ended).
     let per_process = |want: &'static str, what: &'static str| {
         series_of(t, &move |tr, n| match tr {
-            Track::Process(p) if n == want => {
-                Some(format!("{} {p} {what}", t.processes.get(p).map_or("?", String::as_str)))
-            }
+            Track::Process(p) if n == want => Some(format!("{} {what}", who(p))),
             _ => None,
         })
     };
@@ -326,32 +340,41 @@ fn timeline_charts(o: &mut String, t: &Timeline) {
     let kept = per_process("kept_waiting_ms_s", "kept it waiting");
     let rates = stall_rates(t);
     let stalls: Vec<(String, &[(u64, f64)])> =
-        rates.iter().map(|(p, v)| (format!("{p} reclaim"), v.as_slice())).collect();
+        rates.iter().map(|(p, v)| (who(p), v.as_slice())).collect();
     let disk = series_of(t, &|tr, n| {
         (*tr == Track::Host && (n == "job_disk_mib_s" || n == "job_reclaim_io_mib_s"))
             .then(|| n.replace("job_", "").replace("_mib_s", " MiB/s"))
     });
-    let charts: [(&str, &str, Vec<Series>, bool); 8] = [
-        ("GPU utilisation", "%", gpu, false),
+    let charts: [(&str, &str, Vec<Series>); 8] = [
+        ("GPU utilisation", "%", gpu),
         (
             "Waiting for data: the trainer and ranks (ms per second, counted when a wait ended)",
             "ms/s",
             waits,
-            false,
         ),
-        ("Who ended those waits: per worker (ms per second)", "ms/s", kept, false),
-        ("Memory held per process (resident + swapped out)", "MiB", mem, true),
-        ("Reclaim stalls (ms stalled per second)", "ms/s", stalls, false),
-        ("Swap-out by the job", "pages/s", host("job_swapout_pages_s", "swap-out pages/s"), false),
-        ("Disk I/O by the job (reclaim I/O = swap/writeback under pressure)", "MiB/s", disk, false),
-        ("Training log data_time", "s", host("data_time_s", "data_time s"), false),
+        ("Who ended those waits: per worker (ms per second)", "ms/s", kept),
+        ("Memory held per process (resident + swapped out)", "MiB", mem),
+        ("Reclaim stalls (ms stalled per second)", "ms/s", stalls),
+        ("Swap-out by the job", "pages/s", host("job_swapout_pages_s", "swap-out pages/s")),
+        ("Disk I/O by the job (reclaim I/O = swap/writeback under pressure)", "MiB/s", disk),
+        ("Training log data_time", "s", host("data_time_s", "data_time s")),
     ];
-    // Memory is drawn even when empty (an empty chart says "no /proc samples"); the rest only
-    // when there is something to draw.
-    for (title, unit, series, always) in charts {
-        if always || !series.is_empty() {
+    // A chart with nothing but zeros says nothing a line of text cannot: it is left out, and
+    // named below the others.
+    let mut flat = Vec::new();
+    for (title, unit, series) in charts {
+        if series.iter().any(|(_, p)| p.iter().any(|(_, v)| *v != 0.0)) {
             o.push_str(&chart(title, unit, &series, &f));
+        } else {
+            flat.push(title.split(" (").next().unwrap_or(title));
         }
+    }
+    if !flat.is_empty() {
+        let _ = write!(
+            o,
+            "<p><small>Nothing to draw (no samples, or all zero): {}.</small></p>",
+            esc(&flat.join("; "))
+        );
     }
 }
 
@@ -481,6 +504,12 @@ mod tests {
     }
 
     #[test]
+    fn a_series_is_drawn_in_steps_that_end_at_each_sample() {
+        let d = super::steps(&[(0, 0.0), (1, 5.0), (4, 0.0)], |t| t as f64 * 10.0, |v| v);
+        assert_eq!(d, ["0.0,0.0", "0.0,5.0", "10.0,5.0", "10.0,0.0", "40.0,0.0"]);
+    }
+
+    #[test]
     fn escapes_text() {
         assert_eq!(super::esc("<a & \"b\">"), "&lt;a &amp; &quot;b&quot;&gt;");
     }
@@ -515,8 +544,10 @@ mod tests {
             ),
         );
         assert!(page.contains("Waiting for data: the trainer and ranks"), "the chart");
-        assert!(page.contains("python 10 waited"), "the trainer's series");
-        assert!(page.contains("pt_data_worker 11 kept it waiting"), "the worker's series");
+        assert!(page.contains("the trainer python (pid 10) waited"), "the trainer's series");
+        assert!(page.contains("DataLoader worker 0 (pid 11) kept it waiting"), "{page}");
+        // Drawn in steps: a value holds over the interval that ends at its sample.
+        assert!(page.contains("<polyline"), "{page}");
         let table = &page[page.find("kept it waiting ms").expect("the table")..];
         // 800 of the 1000 ms waited were the slow worker's: 80 %, listed first.
         let (slow, fast) = (table.find("<td>11</td>"), table.find("<td>12</td>"));

@@ -140,7 +140,7 @@ fn verdict(o: &mut String, s: &Summary) {
 
 /// "DataLoader worker 0 (pid 28585)", "pt_data_worker (pid 5)", "systemd-oomd (pid 777)" (a
 /// process outside the job, named by a signal it sent), or "pid 9".
-fn process_name(s: &Summary, pid: u32) -> String {
+pub fn process_name(s: &Summary, pid: u32) -> String {
     if let Some(p) = s.processes.iter().find(|p| p.pid == pid) {
         return match (p.role, p.worker_index) {
             (Role::DataloaderWorker, Some(i)) => format!("DataLoader worker {i} (pid {pid})"),

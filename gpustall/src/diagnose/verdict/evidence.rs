@@ -105,6 +105,35 @@ fn psi_link(scope: &str, p: &crate::model::host::PsiDelta) -> String {
     )
 }
 
+/// A process's growth: from its first sample to its peak, or, never sampled before its OOM
+/// kill, the killer's figure alone.
+fn growth_link(f: &Facts, p: &ProcFacts, chain: &mut Chain) {
+    if p.first_mem_ns == p.peak_mem_ns && p.oom_killed {
+        // Never sampled before its kill: its only figure is the OOM killer's.
+        chain.push(
+            p.peak_mem_ns,
+            format!(
+                "{}: {} held {} when it was killed (the OOM killer's figure; it grew faster than the 1 s samples)",
+                at(f, p.peak_mem_ns),
+                name(p),
+                mib_kb(p.peak_mem_kb)
+            ),
+        );
+        return;
+    }
+    chain.push(
+        p.first_mem_ns,
+        format!(
+            "{at}: {} grew from {} to {} held (resident + swapped; peak at {})",
+            name(p),
+            mib_kb(p.first_mem_kb),
+            mib_kb(p.peak_mem_kb),
+            at(f, p.peak_mem_ns),
+            at = at(f, p.first_mem_ns)
+        ),
+    );
+}
+
 pub fn memory_chain(f: &Facts, chain: &mut Chain) {
     // Those that grew at least a tenth as much as the largest grower: the rest is noise.
     let max_growth =
@@ -118,17 +147,7 @@ pub fn memory_chain(f: &Facts, chain: &mut Chain) {
         .collect();
     growers.sort_by_key(|p| std::cmp::Reverse(p.peak_mem_kb - p.first_mem_kb));
     for p in growers.iter().take(4) {
-        chain.push(
-            p.first_mem_ns,
-            format!(
-                "{at}: {} grew from {} to {} held (resident + swapped; peak at {})",
-                name(p),
-                mib_kb(p.first_mem_kb),
-                mib_kb(p.peak_mem_kb),
-                at(f, p.peak_mem_ns),
-                at = at(f, p.first_mem_ns)
-            ),
-        );
+        growth_link(f, p, chain);
     }
     let first_reclaim = f.procs.iter().filter_map(|p| p.first_reclaim_ns).min().unwrap_or(f.end_ns);
     if let Some(CgroupFacts { path, limit_bytes: Some(limit), peak_usage_bytes: peak, .. }) =
