@@ -143,6 +143,17 @@ pub fn pressure_lock() -> PressureLock {
     PressureLock { _held: f }
 }
 
+/// A machine-wide lock (flock) held while a test installs or removes a package: apt and dpkg
+/// hold their own lock, but a second apt-get fails on it rather than wait long enough.
+pub fn apt_lock() -> std::fs::File {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::File::create("/run/lock/gpustall-tests-apt.lock").expect("the apt lock file");
+    // SAFETY: a valid fd; the lock goes with the file.
+    let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) };
+    assert_eq!(rc, 0, "flock: {}", std::io::Error::last_os_error());
+    f
+}
+
 /// Notes that this test passed with gpustall measuring something from its documented next-best
 /// source on this kernel (`cargo xtask vm-test` shows the test as "degraded", with `what`).
 /// Written to `$GPUSTALL_VM_DEGRADED` when set, as `TEST<TAB>WHAT` (libtest names each test's

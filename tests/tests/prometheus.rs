@@ -35,7 +35,7 @@ fn prometheus_tools() -> (PathBuf, PathBuf) {
     if promtool.exists() && prometheus.exists() {
         return (promtool, prometheus);
     }
-    let _apt = apt_lock();
+    let _apt = tests::apt_lock();
     if !(promtool.exists() && prometheus.exists()) {
         install_prometheus();
     }
@@ -45,16 +45,6 @@ fn prometheus_tools() -> (PathBuf, PathBuf) {
         promtool.display()
     );
     (promtool, prometheus)
-}
-
-/// A machine-wide lock (flock) held while this test installs a package.
-fn apt_lock() -> std::fs::File {
-    use std::os::fd::AsRawFd;
-    let f = std::fs::File::create("/run/lock/gpustall-tests-apt.lock").expect("the apt lock file");
-    // SAFETY: a valid fd; the lock goes with the file.
-    let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) };
-    assert_eq!(rc, 0, "flock: {}", std::io::Error::last_os_error());
-    f
 }
 
 fn install_prometheus() {

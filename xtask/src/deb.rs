@@ -50,6 +50,8 @@ fn generate(bin: &Path, args: &[&str], out: &Path) -> anyhow::Result<()> {
 fn generate_assets(bin: &Path, dir: &Path) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     generate(bin, &["man"], &dir.join("gpustall.1"))?;
+    // cargo-deb compresses man pages it did not find under target/ only (Debian Policy 12.1).
+    run_cmd(Command::new("gzip").args(["-9nf"]).arg(dir.join("gpustall.1")))?;
     generate(bin, &["completions", "bash"], &dir.join("gpustall.bash"))?;
     generate(bin, &["completions", "zsh"], &dir.join("_gpustall"))?;
     generate(bin, &["completions", "fish"], &dir.join("gpustall.fish"))
@@ -63,6 +65,8 @@ pub fn build() -> anyhow::Result<PathBuf> {
     let release = target_dir().join("release");
     generate_assets(&release.join("gpustall"), &release.join("deb"))?;
     let out = target_dir().join("debian");
+    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    let out = out.canonicalize()?;
     let printed = output(
         Command::new(cargo_deb)
             .args(["--package", "gpustall", "--no-build", "--locked", "--quiet", "--output"])

@@ -137,9 +137,11 @@ const DEMO_TOOLS: &[Tool] = &[
     ("fallocate", "util-linux"),
 ];
 
-/// The tests' besides the demo's: what the workloads call, and the stacked-device tests' disk
-/// tools (dm-linear and md RAID1 over loop devices; vm-test's guests run the host's).
+/// The tests' besides the demo's: what the workloads call, the stacked-device tests' disk tools
+/// (dm-linear and md RAID1 over loop devices; vm-test's guests run the host's), and man (the
+/// Debian package's test reads its man page).
 const TEST_TOOLS: &[Tool] = &[
+    ("man", "man-db"),
     ("setpriv", "util-linux"),
     ("losetup", "mount"),
     ("dd", "coreutils"),
