@@ -8,6 +8,8 @@
 mod bench;
 mod deb;
 mod demo;
+#[cfg(test)]
+mod deploy_files;
 mod install;
 mod lint;
 mod screenshot;
