@@ -399,20 +399,5 @@ pub fn run() -> anyhow::Result<()> {
     if trace.code != Some(0) {
         println!("(gpustall exited with {:?}; its stderr:)\n{}", trace.code, trace.stderr);
     }
-    cost(&trace.summary);
     save(&out, record_linked, &trace, &p.log)
-}
-
-/// What gpustall itself took (its summary's overhead): the price of the answer.
-fn cost(summary: &serde_json::Value) {
-    let o = &summary["overhead"];
-    let (Some(cpu), Some(rss_kb)) = (o["agent_cpu_s"].as_f64(), o["agent_peak_rss_kb"].as_u64())
-    else {
-        return;
-    };
-    println!(
-        "\ngpustall itself (release build): {cpu:.2} s of CPU over {:.0} s, {} MiB at peak",
-        summary["duration_s"].as_f64().unwrap_or(0.0),
-        rss_kb / 1024
-    );
 }
