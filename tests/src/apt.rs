@@ -4,8 +4,9 @@
 
 use std::process::Command;
 
-/// A machine-wide lock (flock) held while a test installs a package.
-fn lock() -> std::fs::File {
+/// A machine-wide lock (flock) held while a test installs or removes a package: apt and dpkg
+/// hold their own lock, but a second apt-get fails on it rather than wait long enough.
+pub fn lock() -> std::fs::File {
     use std::os::fd::AsRawFd;
     let f = std::fs::File::create("/run/lock/gpustall-tests-apt.lock").expect("the apt lock file");
     // SAFETY: a valid fd; the lock goes with the file.

@@ -14,14 +14,26 @@ pub(crate) fn write(path: &std::path::Path, value: &str) {
         .unwrap_or_else(|e| panic!("writing {value} to {}: {e}", path.display()));
 }
 
+/// Whether the memory controller is on cgroup v2 (else v1's, at /sys/fs/cgroup/memory).
+fn v2_has_memory() -> bool {
+    std::fs::read_to_string("/sys/fs/cgroup/cgroup.controllers")
+        .map(|c| c.split_whitespace().any(|x| x == "memory"))
+        .unwrap_or(false)
+}
+
 impl MemCgroup {
+    /// Whether [`MemCgroup::with_swap_limit`] can bound swap here: v2 (memory.swap.max), or v1
+    /// where the kernel accounts swap per cgroup (memory.memsw.*, `swapaccount=1`).
+    pub fn can_limit_swap() -> bool {
+        v2_has_memory()
+            || std::path::Path::new("/sys/fs/cgroup/memory/memory.memsw.limit_in_bytes").exists()
+    }
+
     /// `limit_mib` of memory; swap allowed or not.
     pub fn new(tag: &str, limit_mib: u64, allow_swap: bool) -> Self {
         let name = format!("gpustall-test-{tag}-{}-{}", std::process::id(), crate::unique());
         let v2_root = PathBuf::from("/sys/fs/cgroup");
-        let v2 = std::fs::read_to_string(v2_root.join("cgroup.controllers"))
-            .map(|c| c.split_whitespace().any(|x| x == "memory"))
-            .unwrap_or(false);
+        let v2 = v2_has_memory();
         let cg = if v2 {
             let _ = std::fs::write(v2_root.join("cgroup.subtree_control"), "+memory");
             Self { path: v2_root.join(name), v2 }

@@ -144,6 +144,8 @@ pub fn pressure_lock() -> PressureLock {
     PressureLock { _held: f }
 }
 
+pub use apt::lock as apt_lock;
+
 /// Notes that this test passed with gpustall measuring something from its documented next-best
 /// source on this kernel (`cargo xtask vm-test` shows the test as "degraded", with `what`).
 /// Written to `$GPUSTALL_VM_DEGRADED` when set, as `TEST<TAB>WHAT` (libtest names each test's

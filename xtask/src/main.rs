@@ -1,10 +1,16 @@
-//! Developer commands: `cargo xtask setup | test | lint | demo | bench | screenshot | vm-test`.
+//! Developer commands: `cargo xtask setup | install | deb | test | lint | demo | bench |
+//! screenshot | vm-test`.
 //!
-//! `setup` installs what a fresh machine lacks (the pinned nightly, bpf-linker, tracefs); the
-//! others call it first, so each is one command on a fresh clone.
+//! `setup` installs what building and running gpustall needs on a fresh machine (the pinned
+//! nightly, bpf-linker, tracefs); the others call it first, so each is one command on a fresh
+//! clone. The commands that run the tests or the demo also install their tools.
 
 mod bench;
+mod deb;
 mod demo;
+#[cfg(test)]
+mod deploy_files;
+mod install;
 mod lint;
 mod screenshot;
 mod setup;
@@ -26,7 +32,13 @@ struct Cli {
 enum Cmd {
     /// Install the pinned nightly with rust-src, bpf-linker built against its LLVM, mount tracefs.
     Setup,
-    /// Set up, build, and run every test (unit and privileged end-to-end; needs root).
+    /// Set up, then `cargo install --locked --path gpustall` (~/.cargo/bin/gpustall).
+    Install(install::Args),
+    /// Set up, build the release binary and the Debian package (target/debian/*.deb) with
+    /// cargo-deb (built once into the tools directory).
+    Deb,
+    /// Set up, build (the Debian package too), and run every test (unit and privileged
+    /// end-to-end; needs root).
     Test {
         /// Extra arguments for `cargo test` (after `--`).
         #[arg(last = true)]
@@ -59,6 +71,8 @@ fn main() {
     let cli = Cli::parse();
     let r = match cli.command {
         Cmd::Setup => setup::run(),
+        Cmd::Install(args) => install::run(&args),
+        Cmd::Deb => deb::run(),
         Cmd::Test { args } => test::run(&args),
         Cmd::Demo => demo::run(),
         Cmd::Bench { only } => bench::run(only.as_deref()),

@@ -61,6 +61,7 @@ pub fn run(only: Option<&str>) -> anyhow::Result<()> {
     };
     anyhow::ensure!(is_root(), "the benchmark loads eBPF programs and makes cgroups: run as root");
     crate::setup::run_setup(true)?;
+    crate::setup::ensure_test_tools()?;
     run_cmd(cargo().args(["build", "--release", "-p", "gpustall", "-p", "tests"]))?;
     std::env::set_var("GPUSTALL_BIN", common::release_bin("gpustall"));
     tests::require_privileged_env();

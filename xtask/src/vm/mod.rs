@@ -41,11 +41,13 @@ pub const CI_TESTS: &[&str] = &[
 const CGROUP_TESTS: &[&str] = &["memory_pressure", "oom_kill", "verdict", "cgroups"];
 
 /// Tests that need what only `cargo xtask test` provides (a venv with torch, ~4 GB, whose
-/// DataLoader under emulation would take minutes): left out of the default run, run when
-/// named (with `GPUSTALL_TEST_TORCH_PYTHON` exported, which reaches the guest).
+/// DataLoader under emulation would take minutes; the Debian package, which installs into the
+/// host's root, read-only in the guests): left out of the default run, run when named (with
+/// `GPUSTALL_TEST_TORCH_PYTHON` exported, which reaches the guest).
 const XTASK_TEST_ONLY: &[&str] = &[
     "datawait::the_torch_dataloaders_data_wait_is_its_data_time",
     "identity::a_torchrun_jobs_ranks_are_named_with_their_rank_and_run",
+    "deb::the_debian_package_installs_traces_and_removes_cleanly",
 ];
 
 #[derive(clap::Args)]
@@ -376,6 +378,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         args.kernels.clone()
     };
     crate::setup::run_setup(true)?;
+    crate::setup::ensure_test_tools()?;
     if kernels.iter().any(|k| k != "host") {
         ensure_packages()?;
     }

@@ -1,0 +1,42 @@
+//! The deploy files that name what the build makes, checked against the workspace. No container
+//! runtime here builds deploy/container/Containerfile, so these checks are what keep it, the
+//! DaemonSet and the Debian package's unit in step with the build: the image's tag, the binary's
+//! name and path.
+
+use std::path::Path;
+
+fn read(rel: &str) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(rel);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// The value after `key` on the first line that has it, unquoted.
+fn value_after<'a>(text: &'a str, key: &str) -> &'a str {
+    let line = text.lines().find_map(|l| l.trim().strip_prefix(key));
+    line.unwrap_or_else(|| panic!("no line with {key:?}")).trim().trim_matches('"')
+}
+
+#[test]
+fn the_daemonsets_image_is_the_one_the_containerfile_builds() {
+    let daemonset = read("deploy/kubernetes/daemonset.yaml");
+    let containerfile = read("deploy/container/Containerfile");
+    // Tagged with the workspace's version, as the Containerfile's build command says.
+    let image = value_after(&daemonset, "image:");
+    let tagged = format!("gpustall:{}", env!("CARGO_PKG_VERSION"));
+    assert!(image.ends_with(&tagged), "the DaemonSet runs {image}, not ...{tagged}");
+    assert!(containerfile.contains(&format!("-t {image} .")), "build it as {image}");
+    // It runs the binary where the Containerfile puts the release build of the gpustall crate.
+    let command = value_after(&daemonset, "command:").trim_matches(['[', ']', '"']);
+    let copy = value_after(&containerfile, "COPY --from=build");
+    assert_eq!(copy, format!("/src/target/release/gpustall {command}"));
+    assert!(containerfile.contains("cargo build --release --locked -p gpustall"));
+    assert_eq!(value_after(&containerfile, "ENTRYPOINT"), format!("[\"{command}\"]"));
+}
+
+#[test]
+fn the_unit_runs_gpustall_from_systemds_search_path() {
+    // No directory: the Debian package's /usr/bin and a hand install's /usr/local/bin alike
+    // (tests/tests/deb.rs has systemd resolve it against the installed package).
+    let unit = read("deploy/gpustall-watch.service");
+    assert!(value_after(&unit, "ExecStart=").starts_with("gpustall watch "));
+}
