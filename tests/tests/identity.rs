@@ -298,8 +298,10 @@ fn watch_exports_a_jobs_identity_as_its_info_series() {
     let end = std::time::Instant::now() + Duration::from_secs(20);
     let line = loop {
         let metrics = scrape(&addr);
-        let found =
-            metrics.lines().find(|l| l.starts_with("gpustall_job_info{") && l.contains(&want));
+        // Every job has its info series; this one's carries the run once its identity is read.
+        let found = metrics.lines().find(|l| {
+            l.starts_with("gpustall_job_info{") && l.contains(&want) && l.contains("run_id=\"run")
+        });
         if let Some(l) = found {
             break l.to_string();
         }

@@ -357,13 +357,12 @@ impl Daemon {
         }
     }
 
-    /// Each watched job's identity (its processes' together) as its info series.
+    /// Each watched job's identity (its processes' together) as its info series; a job with
+    /// none found has one too, its identity labels empty (absent, to Prometheus): the
+    /// dashboard lists jobs by this series.
     fn export_identities(&self) {
         for (root, job) in &self.jobs {
-            let id = self.identity_of_job(*root);
-            if !id.is_empty() {
-                self.metrics.set_job_identity(&job.name, &id);
-            }
+            self.metrics.set_job_identity(&job.name, &self.identity_of_job(*root));
         }
     }
 

@@ -234,6 +234,7 @@ fn every_series() -> String {
         swap_limit_set_by: None,
     };
     m.set_job_cgroup("train-7", &cg);
+    m.set_job_identity("train-7", &crate::model::identity::Identity::default());
     m.encode()
 }
 
