@@ -215,6 +215,52 @@ fn report_writes_the_perfetto_trace_export_writes() {
     run(&["export".as_ref(), "--perfetto".as_ref(), b.as_os_str(), rec.as_ref()]);
     let (a, b) = (std::fs::read(&a).expect("report's"), std::fs::read(&b).expect("export's"));
     assert!(a.len() > 1000 && a == b, "the same trace");
+    // The same flags on report and export: the same page, the same summary.
+    let files = ["r.html", "r.json", "e.html", "e.json"].map(|f| dir.path(f));
+    let [rh, rj, eh, ej] = files.each_ref().map(|p| p.as_os_str());
+    run(&["report".as_ref(), rec.as_ref(), "--html".as_ref(), rh, "--summary-json".as_ref(), rj]);
+    run(&["export".as_ref(), rec.as_ref(), "--html".as_ref(), eh, "--summary-json".as_ref(), ej]);
+    let read = |i: usize| std::fs::read_to_string(&files[i]).expect("written");
+    assert!(read(0).contains("<h2>Processes</h2>") && read(0) == read(2), "the same page");
+    assert!(read(1).contains("\"verdict\"") && read(1) == read(3), "the same summary");
+}
+
+/// `trace --html` writes the run's page, as `report --html` of its recording does.
+#[test]
+fn trace_writes_the_html_page_report_writes() {
+    tests::require_privileged_env();
+    let dir = tests::TempDir::new("trace-html");
+    let (page, rec) = (dir.path("run.html"), dir.path("run.jsonl"));
+    let args = ["--html", page.to_str().expect("utf-8"), "--record", rec.to_str().expect("utf-8")];
+    let (o, _) = trace(&args, "sleep 1", &[], Duration::from_secs(60));
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let traced = std::fs::read_to_string(&page).expect("trace --html wrote the page");
+    assert!(traced.contains("<h2>Processes</h2>"), "{traced}");
+    let again = dir.path("again.html");
+    let o = Command::new(tests::gpustall_bin())
+        .arg("report")
+        .arg(&rec)
+        .arg("--html")
+        .arg(&again)
+        .output()
+        .expect("gpustall report");
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(std::fs::read_to_string(&again).expect("report's page"), traced);
+    // Without --record, the page is drawn from a scratch recording that is removed after.
+    let scratch = || -> std::collections::BTreeSet<String> {
+        std::fs::read_dir(std::env::temp_dir())
+            .expect("tmp")
+            .filter_map(Result::ok)
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("gpustall-") && n.ends_with(".jsonl"))
+            .collect()
+    };
+    let before = scratch();
+    let (o, _) =
+        trace(&["--html", page.to_str().expect("utf-8")], "true", &[], Duration::from_secs(60));
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let left: Vec<String> = scratch().difference(&before).cloned().collect();
+    assert!(left.is_empty(), "scratch recordings left: {left:?}");
 }
 
 /// Shell completions and the man page come from the CLI's own definitions: the bash script

@@ -78,6 +78,9 @@ pub struct TraceArgs {
     /// Also write a Perfetto / Chrome trace (ui.perfetto.dev) of the run to OUT.
     #[arg(long, value_name = "OUT")]
     perfetto: Option<PathBuf>,
+    /// Also write a self-contained HTML page of the run (verdict, charts, tables) to OUT.
+    #[arg(long, value_name = "OUT")]
+    html: Option<PathBuf>,
 }
 
 impl TraceArgs {
@@ -95,6 +98,7 @@ impl TraceArgs {
             log: self.log,
             log_regex: self.log_regex,
             perfetto: self.perfetto,
+            html: self.html,
         }
     }
 }
@@ -116,8 +120,9 @@ pub struct TraceOptions {
     /// `--log FILE` and an optional `--log-regex` for data_time.
     pub log: Option<PathBuf>,
     pub log_regex: Option<String>,
-    /// Also write a Perfetto trace at the end.
+    /// Also write a Perfetto trace and an HTML page at the end.
     pub perfetto: Option<PathBuf>,
+    pub html: Option<PathBuf>,
 }
 
 pub async fn run(mut opts: TraceOptions) -> anyhow::Result<()> {
@@ -197,7 +202,7 @@ fn job_at_end(opts: &TraceOptions, stop: &Stop, job: &mut Launched) -> Option<i3
 struct Trace {
     session: Session,
     beat: BeatState,
-    /// The recording's path: `--record`, or a scratch file for `--perfetto` alone.
+    /// The recording's path: `--record`, or a scratch file for `--perfetto` or `--html` alone.
     record_path: Option<PathBuf>,
     scratch: Option<PathBuf>,
     startup_cpu_s: f64,
@@ -234,8 +239,10 @@ fn setup(opts: &TraceOptions) -> anyhow::Result<(Trace, Probes, Rings, Option<Gp
 
     let start = monotonic_ns();
     let mut session = Session::new(Model { start_ns: start, last_ns: start, ..Default::default() });
-    // A Perfetto trace is drawn from the recording: without --record, record to a scratch file.
-    let scratch = (opts.perfetto.is_some() && opts.record.is_none()).then(|| {
+    // A Perfetto trace and an HTML page are drawn from the recording: without --record, record
+    // to a scratch file.
+    let drawn = opts.perfetto.is_some() || opts.html.is_some();
+    let scratch = (drawn && opts.record.is_none()).then(|| {
         std::env::temp_dir().join(format!("gpustall-{}-{}.jsonl", std::process::id(), start))
     });
     let record_path = opts.record.clone().or_else(|| scratch.clone());
@@ -301,6 +308,7 @@ fn check_outputs(opts: &TraceOptions) -> anyhow::Result<()> {
         ("--record", &opts.record),
         ("--summary-json", &opts.summary_json),
         ("--perfetto", &opts.perfetto),
+        ("--html", &opts.html),
     ]
     .into_iter()
     .filter_map(|(flag, p)| p.as_deref().map(|p| (flag, p)))
@@ -493,10 +501,11 @@ fn finish(opts: &TraceOptions, mut t: Trace, probes: &Probes) -> anyhow::Result<
     {
         failures.push(format!("{e:#}"));
     }
-    if let (Some(out), Some(record)) = (&opts.perfetto, &t.record_path) {
+    if let Some(record) = &t.record_path {
         drop(t.session.recorder.take());
-        if let Err(e) = write_perfetto_from(record, t.scratch.as_deref(), out) {
-            failures.push(format!("{e:#}"));
+        failures.extend(write_drawn(opts, &summary, record));
+        if let Some(s) = &t.scratch {
+            let _ = std::fs::remove_file(s);
         }
     }
     // Everything else is written: now say what could not be, and fail.
@@ -509,10 +518,26 @@ fn finish(opts: &TraceOptions, mut t: Trace, probes: &Probes) -> anyhow::Result<
     Ok(())
 }
 
-fn write_perfetto_from(record: &Path, scratch: Option<&Path>, out: &Path) -> anyhow::Result<()> {
-    let written = crate::output::perfetto::write_recording_file(record, usize::MAX, out);
-    if let Some(s) = scratch {
-        let _ = std::fs::remove_file(s);
+/// The outputs drawn from the recording (`--perfetto`, `--html`); what could not be written.
+fn write_drawn(
+    opts: &TraceOptions,
+    summary: &crate::output::summary::Summary,
+    record: &Path,
+) -> Vec<String> {
+    let mut failures = Vec::new();
+    if let Some(out) = &opts.perfetto {
+        if let Err(e) = crate::output::perfetto::write_recording_file(record, usize::MAX, out) {
+            failures.push(format!("{e:#}"));
+        }
     }
-    written
+    if let Some(out) = &opts.html {
+        let page = crate::output::timeline::from_file(record, usize::MAX)
+            .map(|t| crate::output::html::render(summary, &t))
+            .and_then(|page| crate::recording::files::write_private(out, page.as_bytes()));
+        match page {
+            Ok(()) => say!("gpustall: wrote {}", out.display()),
+            Err(e) => failures.push(format!("--html {}: {e:#}", out.display())),
+        }
+    }
+    failures
 }
