@@ -131,6 +131,19 @@ fn summary_json_dash_is_stdout() {
     assert_eq!(s["final"], true);
     assert!(stderr(&o).contains("PID"), "the report went to stderr");
     assert!(!dir.path("-").exists(), "no file named -");
+    // `--json` says the same, on trace and on report.
+    let (o, _) = trace_in(&dir.0, &["--json"], "exit 0", &[], Duration::from_secs(60));
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let s: serde_json::Value = serde_json::from_slice(&o.stdout).expect("--json: the summary");
+    assert_eq!(s["final"], true);
+    let rec =
+        concat!(env!("CARGO_MANIFEST_DIR"), "/../gpustall/src/recording/testdata/trace-v1.jsonl");
+    let o = Command::new(tests::gpustall_bin())
+        .args(["report", "--json", rec])
+        .output()
+        .expect("gpustall report");
+    let s: serde_json::Value = serde_json::from_slice(&o.stdout).expect("report --json");
+    assert_eq!(s["verdict"]["cause"], "host_memory_oom");
 }
 
 /// `setpriv` as nobody: `sh -c SCRIPT`.

@@ -12,6 +12,9 @@ pub struct ReportArgs {
     /// Write the summary as JSON to OUT (`-`: stdout, the report then on stderr).
     #[arg(long, value_name = "OUT")]
     summary_json: Option<PathBuf>,
+    /// The summary as JSON on stdout (`--summary-json -`), the report on stderr.
+    #[arg(long, conflicts_with = "summary_json")]
+    json: bool,
     /// Write a self-contained HTML page (verdict and timeline chart, no network) to OUT.
     #[arg(long, value_name = "OUT")]
     html: Option<PathBuf>,
@@ -22,18 +25,17 @@ pub struct ReportArgs {
 
 pub fn run(args: &ReportArgs) -> anyhow::Result<()> {
     let file = &args.file;
-    let outputs: Vec<(&str, &std::path::Path)> = [
-        ("--summary-json", &args.summary_json),
-        ("--html", &args.html),
-        ("--perfetto", &args.perfetto),
-    ]
-    .into_iter()
-    .filter_map(|(flag, p)| p.as_deref().map(|p| (flag, p)))
-    .collect();
+    let stdout = PathBuf::from("-");
+    let summary_json = args.summary_json.clone().or(args.json.then_some(stdout));
+    let outputs: Vec<(&str, &std::path::Path)> =
+        [("--summary-json", &summary_json), ("--html", &args.html), ("--perfetto", &args.perfetto)]
+            .into_iter()
+            .filter_map(|(flag, p)| p.as_deref().map(|p| (flag, p)))
+            .collect();
     crate::recording::files::refuse_clashes(&[file], &outputs)?;
     let r = crate::recording::replay::open(file)?;
     let summary = crate::pipeline::conclude::summary(&r.model, r.end_ns, true);
-    if let Some(path) = &args.summary_json {
+    if let Some(path) = &summary_json {
         crate::output::summary::write_json(&summary, path)?;
     }
     if let Some(path) = &args.html {
@@ -43,8 +45,7 @@ pub fn run(args: &ReportArgs) -> anyhow::Result<()> {
     if let Some(path) = &args.perfetto {
         crate::output::perfetto::write_recording_file(file, r.lines, path)?;
     }
-    let json_on_stdout =
-        args.summary_json.as_deref().is_some_and(crate::recording::files::is_stdout);
+    let json_on_stdout = summary_json.as_deref().is_some_and(crate::recording::files::is_stdout);
     text::print_beside(&text::render(&summary), summary.verdict.cause.severity(), json_on_stdout)?;
     if let Some(e) = r.error {
         anyhow::bail!(

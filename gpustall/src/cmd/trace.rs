@@ -61,6 +61,9 @@ pub struct TraceArgs {
     /// stdout, the report then on stderr).
     #[arg(long, value_name = "FILE")]
     summary_json: Option<PathBuf>,
+    /// The final summary as JSON on stdout (`--summary-json -`), the report on stderr.
+    #[arg(long, conflicts_with = "summary_json")]
+    json: bool,
     /// No status line (the report is still printed).
     #[arg(long, short = 'q')]
     quiet: bool,
@@ -91,7 +94,7 @@ impl TraceArgs {
             duration: self.duration,
             stop_job: self.stop_job,
             record: self.record,
-            summary_json: self.summary_json,
+            summary_json: self.summary_json.or_else(|| self.json.then(|| PathBuf::from("-"))),
             quiet: self.quiet,
             summary_every: self.summary_every,
             gpu: self.gpu.options(Duration::from_millis(500), Duration::from_secs(3)),
