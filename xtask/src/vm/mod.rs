@@ -42,12 +42,15 @@ const CGROUP_TESTS: &[&str] = &["memory_pressure", "oom_kill", "verdict", "cgrou
 
 /// Tests that need what only `cargo xtask test` provides (a venv with torch, ~4 GB, whose
 /// DataLoader under emulation would take minutes; the Debian package, which installs into the
-/// host's root, read-only in the guests): left out of the default run, run when named (with
+/// host's root, read-only in the guests; packages a test installs with apt, Chromium and Slurm,
+/// and Slurm's daemons): left out of the default run, run when named (with
 /// `GPUSTALL_TEST_TORCH_PYTHON` exported, which reaches the guest).
 const XTASK_TEST_ONLY: &[&str] = &[
     "datawait::the_torch_dataloaders_data_wait_is_its_data_time",
     "identity::a_torchrun_jobs_ranks_are_named_with_their_rank_and_run",
     "deb::the_debian_package_installs_traces_and_removes_cleanly",
+    "html::the_html_report_renders_in_a_real_browser",
+    "slurm::a_job_run_by_a_real_slurmd_is_named_by_its_slurm_job_and_step",
 ];
 
 #[derive(clap::Args)]

@@ -1,0 +1,228 @@
+//! Slurm identity from a real slurmd: Debian's slurmctld and slurmd (and munge) started by the
+//! test on this machine with a configuration of their own (a unique node and cluster name,
+//! ports of their own, state in a temporary directory), a job run with `srun`, its processes in
+//! the cgroups slurmd makes (cgroup v1 here: memory:/slurm_NODE/uid_0/job_N/step_0/task_0),
+//! traced by pid: the summary and the report name the Slurm job and step.
+
+use std::{
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+/// The daemons and the job the test started, and the cgroups slurmd made for its node: all
+/// stopped and removed when the test ends, passing or failing.
+struct Cluster {
+    children: Vec<Child>,
+    node: String,
+    munged: Option<u32>,
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        // The job's processes first (slurmstepd and the task), found by their cgroups.
+        for pid in procs_under(&self.node) {
+            // SAFETY: kill(2) of a process in this test's own Slurm node's cgroups.
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+        }
+        // Each child leads its own process group (srun forks a helper of its own).
+        for c in self.children.iter_mut().rev() {
+            // SAFETY: kill(2) of the process group this test's child leads.
+            unsafe { libc::kill(-(c.id() as i32), libc::SIGKILL) };
+            let _ = c.wait();
+        }
+        if let Some(pid) = self.munged {
+            // SAFETY: kill(2) of the munged this test started.
+            unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        for dir in node_cgroups(&self.node) {
+            remove_tree(&dir);
+        }
+    }
+}
+
+/// The cgroup directories slurmd made for `node`, one per v1 controller (or the v2 one).
+fn node_cgroups(node: &str) -> Vec<PathBuf> {
+    let name = format!("slurm_{node}");
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir("/sys/fs/cgroup")
+        .into_iter()
+        .flatten()
+        .filter_map(Result::ok)
+        .map(|e| e.path().join(&name))
+        .filter(|p| p.is_dir())
+        .collect();
+    if Path::new("/sys/fs/cgroup").join(&name).is_dir() {
+        dirs.push(Path::new("/sys/fs/cgroup").join(&name));
+    }
+    dirs
+}
+
+fn procs_under(node: &str) -> Vec<u32> {
+    let mut pids = Vec::new();
+    for dir in node_cgroups(node) {
+        walk(&dir, &mut |d| {
+            let procs = std::fs::read_to_string(d.join("cgroup.procs")).unwrap_or_default();
+            pids.extend(procs.lines().filter_map(|l| l.parse::<u32>().ok()));
+        });
+    }
+    pids
+}
+
+fn walk(dir: &Path, f: &mut dyn FnMut(&Path)) {
+    f(dir);
+    for e in std::fs::read_dir(dir).into_iter().flatten().filter_map(Result::ok) {
+        if e.path().is_dir() {
+            walk(&e.path(), f);
+        }
+    }
+}
+
+/// Removes a cgroup tree, deepest first.
+fn remove_tree(dir: &Path) {
+    for e in std::fs::read_dir(dir).into_iter().flatten().filter_map(Result::ok) {
+        if e.path().is_dir() {
+            remove_tree(&e.path());
+        }
+    }
+    let _ = std::fs::remove_dir(dir);
+}
+
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().expect("addr").port()
+}
+
+/// munged on its usual socket (the one Slurm's auth/munge uses): the running one, or one this
+/// test starts (its pid, to stop it).
+fn munge() -> Option<u32> {
+    let works = || {
+        Command::new("munge").arg("-n").stdout(Stdio::null()).status().is_ok_and(|s| s.success())
+    };
+    if works() {
+        return None;
+    }
+    std::fs::create_dir_all("/run/munge").expect("/run/munge");
+    let chown = Command::new("chown").args(["munge:munge", "/run/munge"]).status();
+    assert!(chown.is_ok_and(|s| s.success()), "chown /run/munge");
+    let started =
+        Command::new("su").args(["-s", "/bin/sh", "munge", "-c", "/usr/sbin/munged"]).status();
+    assert!(started.is_ok_and(|s| s.success()), "munged did not start");
+    assert!(works(), "munge -n fails after starting munged");
+    std::fs::read_to_string("/run/munge/munged.pid").ok()?.trim().parse().ok()
+}
+
+fn config(dir: &tests::TempDir, node: &str) -> PathBuf {
+    let d = dir.0.display();
+    let conf = dir.path("slurm.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "ClusterName={node}\nSlurmctldHost=localhost\nSlurmctldPort={}\nSlurmdPort={}\n\
+             SlurmUser=root\nSlurmdUser=root\nAuthType=auth/munge\nStateSaveLocation={d}/state\n\
+             SlurmdSpoolDir={d}/spool\nSlurmctldPidFile={d}/slurmctld.pid\nSlurmdPidFile={d}/slurmd.pid\n\
+             ProctrackType=proctrack/cgroup\nTaskPlugin=task/cgroup\nReturnToService=2\n\
+             SchedulerType=sched/builtin\nSelectType=select/cons_tres\n\
+             NodeName={node} NodeHostname=localhost NodeAddr=127.0.0.1 CPUs=1 State=UNKNOWN\n\
+             PartitionName=gs Nodes=ALL Default=YES MaxTime=INFINITE State=UP\n",
+            free_port(),
+            free_port()
+        ),
+    )
+    .expect("slurm.conf");
+    std::fs::write(dir.path("cgroup.conf"), "CgroupPlugin=autodetect\nConstrainRAMSpace=yes\n")
+        .expect("cgroup.conf");
+    for sub in ["state", "spool"] {
+        std::fs::create_dir_all(dir.path(sub)).expect("state dirs");
+    }
+    conf
+}
+
+fn daemon(bin: &str, args: &[&str], log: PathBuf) -> Child {
+    use std::os::unix::process::CommandExt as _;
+    Command::new(bin)
+        .args(args)
+        .process_group(0)
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(std::fs::File::create(log).expect("log")))
+        .spawn()
+        .unwrap_or_else(|e| panic!("{bin}: {e}"))
+}
+
+fn poll<T>(timeout: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let end = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(Instant::now() < end, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+#[test]
+fn a_job_run_by_a_real_slurmd_is_named_by_its_slurm_job_and_step() {
+    tests::require_privileged_env();
+    for (bin, package) in [
+        ("/usr/sbin/munged", "munge"),
+        ("/usr/sbin/slurmctld", "slurmctld"),
+        ("/usr/sbin/slurmd", "slurmd"),
+        ("/usr/bin/srun", "slurm-client"),
+    ] {
+        tests::apt::ensure(package, || Path::new(bin).exists());
+    }
+    let dir = tests::TempDir::new("slurm");
+    let node = format!("gs{}x{}", std::process::id(), tests::unique());
+    let conf = config(&dir, &node);
+    let c = conf.to_str().expect("utf-8");
+    let mut cluster = Cluster { children: Vec::new(), node: node.clone(), munged: munge() };
+    cluster.children.push(daemon("slurmctld", &["-D", "-f", c], dir.path("slurmctld.log")));
+    cluster.children.push(daemon("slurmd", &["-D", "-N", &node, "-f", c], dir.path("slurmd.log")));
+    let logs = || {
+        ["slurmctld.log", "slurmd.log"]
+            .map(|f| std::fs::read_to_string(dir.path(f)).unwrap_or_default())
+            .join("\n")
+    };
+    poll(Duration::from_secs(60), "the node idle in sinfo", || {
+        let o =
+            Command::new("sinfo").args(["-h", "-o", "%t"]).env("SLURM_CONF", c).output().ok()?;
+        String::from_utf8_lossy(&o.stdout).contains("idle").then_some(())
+    });
+    let srun = std::os::unix::process::CommandExt::process_group(&mut Command::new("srun"), 0)
+        .args(["-N1", "-J", "gpustall-test", "sleep", "60"])
+        .env("SLURM_CONF", c)
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(std::fs::File::create(dir.path("srun.log")).expect("log")))
+        .spawn()
+        .expect("srun");
+    cluster.children.push(srun);
+    // The job's task: the `sleep` in this node's cgroups.
+    let task = poll(Duration::from_secs(60), "the job's task in slurmd's cgroups", || {
+        procs_under(&node).into_iter().find(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.trim() == "sleep")
+        })
+    });
+    let cgroups = std::fs::read_to_string(format!("/proc/{task}/cgroup")).unwrap_or_default();
+    let job: String = cgroups
+        .split("/job_")
+        .nth(1)
+        .map(|r| r.chars().take_while(char::is_ascii_digit).collect())
+        .unwrap_or_else(|| panic!("no job_ in the task's cgroups:\n{cgroups}\n{}", logs()));
+    let summary = dir.path("summary.json");
+    let o = Command::new(tests::gpustall_bin())
+        .args(["trace", "--quiet", "--no-gpu", "--duration", "2", "--pid", &task.to_string()])
+        .arg("--summary-json")
+        .arg(&summary)
+        .output()
+        .expect("gpustall");
+    let report = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stderr));
+    let s: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&summary).expect("summary")).expect("json");
+    eprintln!("slurmd's cgroups for the task:\n{cgroups}gpustall: job {}", s["job"]);
+    assert_eq!(s["job"]["slurm_job"], job.as_str(), "{}", s["job"]);
+    assert_eq!(s["job"]["slurm_step"], "0", "{}", s["job"]);
+    assert!(report.contains(&format!("Job: Slurm job {job} step 0")), "{report}");
+    drop(cluster);
+    assert!(node_cgroups(&node).is_empty(), "the node's cgroups are removed");
+}
