@@ -29,6 +29,9 @@ pub enum LogWhat {
     PcieAer,
     /// `Out of memory: Killed process 1234 (python3) ...`, `Memory cgroup out of memory: ...`
     OomKill,
+    /// `oom-kill:constraint=CONSTRAINT_MEMCG,...,oom_memcg=/job,...,task=python3,pid=1234,...`:
+    /// the memory cgroup whose limit the kill was for (`device`), by the kernel's own report.
+    OomCgroup,
 }
 
 /// One kept line of the kernel log.

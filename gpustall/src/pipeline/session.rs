@@ -296,8 +296,10 @@ impl Session {
         let lines = r.read();
         let missed = std::mem::take(&mut r.missed);
         for line in lines {
-            let names_a_process =
-                matches!(line.what, LogWhat::HungTask | LogWhat::SoftLockup | LogWhat::OomKill);
+            let names_a_process = matches!(
+                line.what,
+                LogWhat::HungTask | LogWhat::SoftLockup | LogWhat::OomKill | LogWhat::OomCgroup
+            );
             if names_a_process && !line.pid.is_some_and(|p| self.model.tree.contains(p)) {
                 continue;
             }

@@ -80,6 +80,10 @@ static PATTERNS: LazyLock<Vec<Pattern>> = LazyLock::new(|| {
             LogWhat::OomKill,
             r"(?:Out of memory|Memory cgroup out of memory): Killed process (?P<pid>\d+) \((?P<comm>[^)]*)\)",
         ),
+        p(
+            LogWhat::OomCgroup,
+            r"^oom-kill:constraint=CONSTRAINT_MEMCG,.*?,oom_memcg=(?P<dev>[^,]+),.*?,task=(?P<comm>[^,]*),pid=(?P<pid>\d+),",
+        ),
     ]
 });
 
@@ -269,6 +273,19 @@ mod tests {
         ] {
             assert_eq!(what(other), None, "{other}");
         }
+    }
+
+    /// A memory cgroup's OOM report names the cgroup; a global one is not kept.
+    #[test]
+    fn the_oom_report_names_the_memory_cgroup() {
+        let memcg = "oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset=/,mems_allowed=0,oom_memcg=/gpustall-test-oom-28890-0,task_memcg=/gpustall-test-oom-28890-0,task=pt_data_worker,pid=28897,uid=0";
+        let l = classify(memcg, 5, 6).expect("kept");
+        assert_eq!(
+            (l.what, l.pid, l.device.as_deref()),
+            (LogWhat::OomCgroup, Some(28897), Some("/gpustall-test-oom-28890-0"))
+        );
+        // A global OOM names no memory cgroup: not this line's news.
+        assert!(classify("oom-kill:constraint=CONSTRAINT_NONE,nodemask=(null),cpuset=/,mems_allowed=0,global_oom,task_memcg=/,task=x,pid=5,uid=0", 5, 6).is_none());
     }
 
     #[test]

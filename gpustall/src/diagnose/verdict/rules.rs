@@ -200,8 +200,24 @@ fn memory_scope(f: &Facts) -> String {
                 None => format!("Memory cgroup {path} (limit {})", mib_b(*limit)),
             }
         }
-        _ => "Host memory".to_string(),
+        // The job's cgroup was not read before the kill (a job that moved itself into it and
+        // died within a second): the kernel's OOM report names it.
+        _ => match oom_cgroup_in_log(f) {
+            Some(path) => format!(
+                "Memory cgroup {path} (named by the kernel's OOM report; its limit was not read in time)"
+            ),
+            None => "Host memory".to_string(),
+        },
     }
+}
+
+/// The memory cgroup the kernel's OOM report gives for a traced victim's kill.
+fn oom_cgroup_in_log(f: &Facts) -> Option<&str> {
+    f.kernel_log
+        .iter()
+        .filter(|l| l.what == crate::model::kernlog::LogWhat::OomCgroup)
+        .find(|l| f.oom_kills.iter().any(|o| Some(o.victim_pid) == l.pid))
+        .and_then(|l| l.device.as_deref())
 }
 
 /// "+55.0s: memory cgroup /job OOM killer chose pid N (comm) with anon-rss ..."

@@ -117,6 +117,41 @@ fn oom_kill_is_the_memory_cause_with_the_grower_first_and_evidence_in_time_order
     assert!(v.text.contains("GPU 0 sat idle 20.0 s"), "{}", v.text);
 }
 
+/// A job that moved itself into a memory cgroup and was killed before gpustall read it: the
+/// kernel's OOM report names the cgroup, and the verdict says so instead of "Host memory".
+#[test]
+fn the_kernels_oom_report_names_a_cgroup_gpustall_did_not_read_in_time() {
+    let mut f = memory_facts();
+    f.cgroup = None;
+    f.oom_kills = vec![OomFacts {
+        t_ns: 55 * S,
+        victim_pid: 12,
+        victim_comm: "pt_data_worker".into(),
+        anon_rss_kb: Some(200_000),
+        trigger_pid: 12,
+        trigger_comm: "pt_data_worker".into(),
+        killer: None,
+    }];
+    assert!(decide(&f).text.starts_with("Host memory ran out"), "{}", decide(&f).text);
+    // As the kernel log's reader keeps `oom-kill:constraint=CONSTRAINT_MEMCG,...` (kmsg.rs).
+    f.kernel_log = vec![crate::model::kernlog::KernelLogLine {
+        t_ns: 55 * S,
+        seq: 1,
+        what: crate::model::kernlog::LogWhat::OomCgroup,
+        pid: Some(12),
+        comm: Some("pt_data_worker".into()),
+        device: Some("/slurm_n/uid_0/job_7".into()),
+        xid: None,
+        text: "oom-kill:constraint=CONSTRAINT_MEMCG,...".into(),
+    }];
+    let v = decide(&f);
+    assert!(
+        v.text.starts_with("Memory cgroup /slurm_n/uid_0/job_7 (named by the kernel's OOM report"),
+        "{}",
+        v.text
+    );
+}
+
 /// `n` workers of `parent`, alive from `from` to `to` seconds.
 #[test]
 fn a_parents_limit_and_the_kernels_memory_events_are_named() {
