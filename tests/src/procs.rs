@@ -363,3 +363,44 @@ pub fn trace_trainer_job(program: &Path, args: &[&str]) -> (TraceResult, Value) 
 pub fn field_u64(v: &Value, field: &str) -> u64 {
     v[field].as_u64().unwrap_or_else(|| panic!("{field} in {v}"))
 }
+
+/// The kernel's own peak of a process's resident memory (VmHWM), kB.
+pub fn vm_hwm_kb(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Every descendant of `root` (from /proc/PID/task/TID/children).
+pub fn descendants(root: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    let mut todo = vec![root];
+    while let Some(p) = todo.pop() {
+        let tasks = std::fs::read_dir(format!("/proc/{p}/task")).into_iter().flatten();
+        for t in tasks.filter_map(Result::ok) {
+            let kids = std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
+            for k in kids.split_whitespace().filter_map(|k| k.parse().ok()) {
+                out.push(k);
+                todo.push(k);
+            }
+        }
+    }
+    out
+}
+
+/// Kills a job's whole tree when dropped (on failure too): 8,000 sleeps must not outlive it.
+pub struct KillTree(pub u32);
+
+impl Drop for KillTree {
+    fn drop(&mut self) {
+        for _ in 0..3 {
+            for p in descendants(self.0) {
+                // SAFETY: SIGKILL to a process of the job the caller started.
+                unsafe { libc::kill(p as i32, libc::SIGKILL) };
+            }
+        }
+    }
+}

@@ -229,7 +229,12 @@ fn a_torch_dataloaders_cpu_bound_workers_get_a_worker_count_that_keeps_up() {
         "the advised {n} workers halve the trainer's data_time at least: {b} -> {a}"
     );
     assert!(ga <= gb / 2.0, "gpustall sees the data wait halve too: {gb} -> {ga}");
-    assert_ne!(v2["cause"], "cpu_bound_pipeline", "{v2:#}");
+    // Kept up; or, on a shared machine whose other processes took CPUs meanwhile, what is left
+    // of the wait is said to be theirs ("saturated ... used by other processes").
+    let saturated_by_others = v2["advice"][0]
+        .as_str()
+        .is_some_and(|a| a.contains("are saturated") && a.contains("used by other processes"));
+    assert!(v2["cause"] != "cpu_bound_pipeline" || saturated_by_others, "{v2:#}");
 }
 
 #[test]

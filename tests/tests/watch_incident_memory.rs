@@ -11,52 +11,15 @@ use std::{
     time::{Duration, Instant},
 };
 
-use tests::{cgroup::MemCgroup, procs::Workload};
+use tests::{
+    cgroup::MemCgroup,
+    procs::{descendants, vm_hwm_kb, KillTree, Workload},
+};
 
 const PROCESSES: usize = 8000;
 /// The shipped limit (deploy/kubernetes/daemonset.yaml, deploy/gpustall-watch.service).
 const LIMIT_MIB: u64 = 256;
 const BUDGET_MIB: u64 = 64;
-
-fn vm_hwm_kb(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0)
-}
-
-/// Every descendant of `root` (from /proc/PID/task/TID/children).
-fn descendants(root: u32) -> Vec<u32> {
-    let mut out = Vec::new();
-    let mut todo = vec![root];
-    while let Some(p) = todo.pop() {
-        let tasks = std::fs::read_dir(format!("/proc/{p}/task")).into_iter().flatten();
-        for t in tasks.filter_map(Result::ok) {
-            let kids = std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
-            for k in kids.split_whitespace().filter_map(|k| k.parse().ok()) {
-                out.push(k);
-                todo.push(k);
-            }
-        }
-    }
-    out
-}
-
-/// Kills a job's whole tree when dropped (on failure too): 8,000 sleeps must not outlive it.
-struct KillTree(u32);
-
-impl Drop for KillTree {
-    fn drop(&mut self) {
-        for _ in 0..3 {
-            for p in descendants(self.0) {
-                // SAFETY: SIGKILL to a process of the job this test started.
-                unsafe { libc::kill(p as i32, libc::SIGKILL) };
-            }
-        }
-    }
-}
 
 #[test]
 fn a_big_incident_is_bundled_within_the_shipped_memory_limit() {

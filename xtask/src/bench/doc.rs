@@ -7,8 +7,8 @@
 use serde_json::Value;
 
 /// The sections in the order of the document.
-pub const SECTIONS: [&str; 7] =
-    ["header", "swap-heavy", "watch", "fork-burst", "peer", "outside", "ctxswitch"];
+pub const SECTIONS: [&str; 8] =
+    ["header", "swap-heavy", "watch", "fork-burst", "incident", "peer", "outside", "ctxswitch"];
 
 /// The machine a run measured.
 #[derive(Clone, Debug, PartialEq)]
@@ -187,6 +187,11 @@ pub fn section(name: &str, v: &Value, m: &Machine) -> Option<String> {
         "swap-heavy" => ("Swap-heavy workload, untraced and traced", SWAP_PROSE, swap_heavy(v)),
         "watch" => ("`gpustall watch`: the daemon's cost", WATCH_PROSE, watch(v)),
         "fork-burst" => ("`gpustall watch` through a fork burst", FORK_PROSE, fork_burst(v)),
+        "incident" => (
+            "`gpustall watch` at a big incident, in its shipped limit",
+            INCIDENT_PROSE,
+            incident(v),
+        ),
         "peer" => ("Against a bpftrace peer, and the floor", PEER_PROSE, peer(v)),
         "outside" => ("Cost to processes outside the traced job", OUTSIDE_PROSE, outside(v)),
         "ctxswitch" => ("Context-switch-heavy job", CTX_PROSE, ctxswitch(v)),
@@ -211,6 +216,34 @@ const FORK_PROSE: &str = "A job forks 18,000 short children (each one 4 KiB O_DI
 then idles while they age out of the daemon's 30 s window. Sampled every second: the daemon's \
 RSS against its memory budget, its CPU, and how long `/metrics` takes to answer (it must answer \
 throughout, pruning included); the job's block writes as `/metrics` counted them.";
+
+const INCIDENT_PROSE: &str = "The daemon runs in a 256 MiB memory cgroup (the DaemonSet's limit \
+and the systemd unit's MemoryMax=) with a 64 MiB `--memory-budget`; a watched job of 8,000 \
+processes is SIGKILLed at once. The daemon's peak RSS is the kernel's VmHWM; the bundle must be \
+whole (recording, summary, report, a Perfetto trace that parses) and the daemon alive.";
+
+/// The big-incident case's table.
+pub fn incident(v: &Value) -> String {
+    let mib = |k: &str| opt(f(&v[k]).map(|kb| kb / 1024.0), 1);
+    let yes = |k: &str| match v[k].as_bool() {
+        Some(true) => "yes".to_string(),
+        Some(false) => "no".to_string(),
+        None => "-".to_string(),
+    };
+    table(
+        &["figure", "value"],
+        &[
+            vec!["processes killed at once".into(), opt(f(&v["processes"]), 0)],
+            vec!["memory limit, MiB".into(), opt(f(&v["limit_mib"]), 0)],
+            vec!["memory budget, MiB".into(), opt(f(&v["memory_budget_mib"]), 0)],
+            vec!["peak RSS before the incident, MiB".into(), mib("peak_rss_before_kb")],
+            vec!["peak RSS, MiB".into(), mib("peak_rss_kb")],
+            vec!["bundle written in, s".into(), opt(f(&v["bundle_s"]), 1)],
+            vec!["OOM kills of the daemon".into(), opt(f(&v["oom_kills_of_the_daemon"]), 0)],
+            vec!["bundle whole, daemon alive".into(), yes("bundle_complete_daemon_alive")],
+        ],
+    )
+}
 
 const PEER_PROSE: &str = "gpustall against `xtask/bench/peer.bt`, the bpftrace script a user \
 would write for the same questions (per-pid block bytes, reclaim stall time, anonymous \
@@ -749,6 +782,12 @@ mod tests {
         let b = json!({"children": "18000", "burst_s": 30.2, "peak_rss_kb": 47000, "end_rss_kb": 30000,
             "memory_budget_mib": 64, "cpu_pct_of_one_core": 1.5, "metrics_slowest_ms": 12.0,
             "metrics_unanswered": 0, "block_write_bytes_by_metrics": 73728000});
+        let i = json!({"processes": 8000, "limit_mib": 256, "memory_budget_mib": 64,
+            "peak_rss_before_kb": 40960, "peak_rss_kb": 92160, "bundle_s": 6.5,
+            "oom_kills_of_the_daemon": 0, "bundle_complete_daemon_alive": true});
+        let t = incident(&i);
+        assert!(t.contains("| peak RSS, MiB | 90.0 |"), "{t}");
+        assert!(t.contains("| bundle whole, daemon alive | yes |"), "{t}");
         let t = fork_burst(&b);
         assert!(
             t.contains("| block writes counted / written | 73,728,000 / 73,728,000 (x1.00) |"),

@@ -6,6 +6,7 @@
 //! - `swap-heavy` (swap.rs): a swap-heavy workload untraced and traced;
 //! - `watch` (watch.rs): the `gpustall watch` daemon watching an idle job, then a busy one;
 //! - `fork-burst` (fork.rs): the daemon through a fork burst;
+//! - `incident` (incident.rs): the daemon at an 8,000-process incident, in its shipped limit;
 //! - `peer` (peer.rs, with floor.rs): gpustall against a bpftrace script on one workload, then
 //!   `outside`: what gpustall's programs cost processes it does not trace;
 //! - `ctxswitch` (ctx.rs): a pipe ping-pong untraced, outside and inside the traced job.
@@ -15,6 +16,7 @@ mod ctx;
 mod doc;
 mod floor;
 mod fork;
+mod incident;
 mod peer;
 mod swap;
 mod watch;
@@ -25,7 +27,8 @@ use serde_json::Value;
 use crate::util::{cargo, is_root, run_cmd, target_dir, workspace_root};
 
 /// The cases `--only` takes, in the order of a whole run.
-const CASES: [&str; 6] = ["swap-heavy", "watch", "fork-burst", "peer", "outside", "ctxswitch"];
+const CASES: [&str; 7] =
+    ["swap-heavy", "watch", "fork-burst", "incident", "peer", "outside", "ctxswitch"];
 
 /// The key of a case's figures in overhead.json.
 fn json_key(case: &str) -> &'static str {
@@ -33,6 +36,7 @@ fn json_key(case: &str) -> &'static str {
         "swap-heavy" => "swap_heavy_trace",
         "watch" => "watch_daemon",
         "fork-burst" => "watch_fork_burst",
+        "incident" => "watch_big_incident",
         "peer" => "peer",
         "outside" => "outside_the_job",
         _ => "ctxswitch",
@@ -44,6 +48,7 @@ fn run_case(case: &str) -> anyhow::Result<Value> {
         "swap-heavy" => swap::run(),
         "watch" => watch::run(),
         "fork-burst" => fork::run(),
+        "incident" => incident::run(),
         "peer" => peer::run(),
         "outside" => peer::outside_cases(),
         "ctxswitch" => ctx::run(),
