@@ -33,9 +33,10 @@ pub fn run() -> anyhow::Result<Value> {
     let mut job = Workload::start(&workload_bin(), &["spawn", "sh", "-c", &script], None);
     let _tree = KillTree(job.pid());
     let (mut daemon, lines) = start_daemon(&cg, job.comm(), &bundles.0)?;
+    let mut log = Log { lines, seen: Vec::new() };
     let agent = daemon.id();
-    wait_line(&lines, "metrics on http://", 60)?;
-    wait_line(&lines, &format!("watching job {}-{}", job.comm(), job.pid()), 30)?;
+    log.wait_for("metrics on http://", 60)?;
+    log.wait_for(&format!("watching job {}-{}", job.comm(), job.pid()), 30)?;
     job.go();
     let end = Instant::now() + Duration::from_secs(300);
     let mut tree = descendants(job.pid());
@@ -52,7 +53,7 @@ pub fn run() -> anyhow::Result<Value> {
         // SAFETY: SIGKILL to a process of the job this bench started.
         unsafe { libc::kill(*p as i32, libc::SIGKILL) };
     }
-    let wrote = wait_line(&lines, "wrote incident bundle", 180);
+    let wrote = log.wait_for("wrote incident bundle", 180);
     let bundle_s = started.elapsed().as_secs_f64();
     let peak_kb = vm_hwm_kb(agent);
     let oom_kills = cg.oom_kills();
@@ -92,16 +93,30 @@ fn start_daemon(
     Ok((child, rx))
 }
 
-fn wait_line(lines: &mpsc::Receiver<String>, needle: &str, secs: u64) -> anyhow::Result<String> {
-    let end = Instant::now() + Duration::from_secs(secs);
-    while let Some(left) = end.checked_duration_since(Instant::now()) {
-        match lines.recv_timeout(left) {
-            Ok(l) if l.contains(needle) => return Ok(l),
-            Ok(_) => {}
-            Err(_) => break,
+/// The daemon's log lines so far (a line may come before the one waited for first: a job that
+/// exists at start-up is found before the metrics line).
+struct Log {
+    lines: mpsc::Receiver<String>,
+    seen: Vec<String>,
+}
+
+impl Log {
+    fn wait_for(&mut self, needle: &str, secs: u64) -> anyhow::Result<String> {
+        let end = Instant::now() + Duration::from_secs(secs);
+        loop {
+            if let Some(l) = self.seen.iter().find(|l| l.contains(needle)) {
+                return Ok(l.clone());
+            }
+            let left = end.checked_duration_since(Instant::now());
+            match left.map(|left| self.lines.recv_timeout(left)) {
+                Some(Ok(l)) => self.seen.push(l),
+                _ => anyhow::bail!(
+                    "no {needle:?} from gpustall watch within {secs} s:\n{}",
+                    self.seen.join("\n")
+                ),
+            }
         }
     }
-    anyhow::bail!("no {needle:?} from gpustall watch within {secs} s")
 }
 
 /// The bundle the line names has its recording, summary, report and a Perfetto trace that parses.
@@ -124,7 +139,7 @@ fn report(
 ) -> anyhow::Result<Value> {
     println!("\n== gpustall watch: {PROCESSES} processes SIGKILLed at once, in {LIMIT_MIB} MiB ==");
     println!(
-        "peak RSS {:.1} MiB (before the incident {:.1} MiB; budget {BUDGET_MIB} MiB + limit {LIMIT_MIB} MiB); bundle in {bundle_s:.1} s; OOM kills in its cgroup {oom_kills}; bundle whole and daemon alive: {complete}",
+        "peak RSS {:.1} MiB (before the incident {:.1} MiB; budget {BUDGET_MIB} MiB, limit {LIMIT_MIB} MiB); bundle in {bundle_s:.1} s; OOM kills in its cgroup {oom_kills}; bundle whole and daemon alive: {complete}",
         peak_kb as f64 / 1024.0,
         before_kb as f64 / 1024.0
     );
