@@ -18,4 +18,15 @@ pub struct Origin {
     pub command: Option<String>,
     /// The gpustall that recorded it.
     pub tool: String,
+    /// A `watch` bundle's incident: what happened to which process, and when on the wall clock.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub incident: Option<OriginIncident>,
+}
+
+#[derive(Serialize, Clone, Debug, PartialEq, Eq)]
+pub struct OriginIncident {
+    pub kind: crate::model::incident::IncidentKind,
+    pub pid: u32,
+    /// Nanoseconds since the epoch (0: the recording has no wall clock).
+    pub wall_ns: u64,
 }

@@ -83,8 +83,18 @@ pub fn where_and_when(origin: &crate::model::origin::Origin, s: &Summary) -> Str
         },
         None => String::new(),
     };
+    let incident = match &origin.incident {
+        Some(i) if i.wall_ns > 0 => format!(
+            "; incident: {} of pid {} at {}",
+            i.kind.as_str(),
+            i.pid,
+            crate::diagnose::job::date_time(i.wall_ns)
+        ),
+        Some(i) => format!("; incident: {} of pid {}", i.kind.as_str(), i.pid),
+        None => String::new(),
+    };
     format!(
-        "On {} (kernel {}){when} for {:.1} s{what}; {}",
+        "On {} (kernel {}){when} for {:.1} s{what}{incident}; {}",
         origin.host, origin.kernel, s.duration_s, origin.tool
     )
 }
@@ -365,6 +375,20 @@ fn footer(o: &mut String, s: &Summary) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A watch bundle's report says what the incident was and when, on the wall clock.
+    #[test]
+    fn a_bundles_report_says_when_its_incident_happened() {
+        let header = r#"{"type":"header","version":1,"start_ns":1000000000,"wall_clock_at_start_ns":1796428800000000000,"host":"node-3","kernel":"6.18.0","tool":"gpustall 0.1.0","mode":"watch","incident":{"kind":"oom_kill","t_ns":3500000000,"pid":4242},"gpu":{"enabled":false,"status":"off"}}"#;
+        let r = crate::recording::replay::replay(format!("{header}\n").as_bytes());
+        assert!(r.error.is_none(), "{:?}", r.error);
+        let s = crate::pipeline::conclude::summary(&r.model, r.end_ns, true);
+        let line = where_and_when(s.origin.as_ref().expect("origin"), &s);
+        assert!(
+            line.contains("; incident: oom_kill of pid 4242 at 2026-12-05 00:00:02.500 UTC"),
+            "{line}"
+        );
+    }
 
     /// The committed recording of a DataLoader worker OOM-killed in a 256 MiB cgroup, as a
     /// first-time reader sees it: a heading in words, the culprit by name, MiB and ms, the

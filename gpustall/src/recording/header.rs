@@ -75,6 +75,14 @@ impl Header {
             targets: self.targets.clone().unwrap_or_default(),
             command: None,
             tool: self.tool.clone(),
+            incident: self.incident.as_ref().map(|i| crate::model::origin::OriginIncident {
+                kind: i.kind,
+                pid: i.pid,
+                wall_ns: match self.wall_clock_at_start_ns {
+                    0 => 0,
+                    wall => wall.saturating_add(i.t_ns.saturating_sub(self.start_ns)),
+                },
+            }),
         }
     }
 
