@@ -255,9 +255,10 @@ pub fn links(f: &Facts, chain: &mut Chain) {
         return; // the waits others ended were mostly a driver's: no one kept it waiting for data
     }
     for (k, kept) in keepers(f) {
-        // A tenth of the waits at least, and a tenth of a second: a launcher's shell that once
-        // woke the trainer is not news.
-        if total == 0 || kept * 10 < total || kept < 100_000_000 {
+        // A tenth of the waits at least; a process outside the job's roles (a launcher's shell
+        // that once woke the trainer) a tenth of a second too: it is not news.
+        let minor = !(k.is_worker || k.is_trainer || k.is_rank) && kept < 100_000_000;
+        if total == 0 || kept * 10 < total || minor {
             continue;
         }
         let o = k.offcpu.clone().unwrap_or_default();
@@ -337,6 +338,32 @@ mod tests {
         assert!(text.contains("kept the trainer waiting 6.66 s"), "{text}");
         assert!(text.contains("DataLoader worker 0 (pid 11) kept"), "a tenth: {text}");
         assert!(!text.contains("over 10 ms"), "no long waits recorded: {text}");
+    }
+
+    /// A launcher's shell that once woke the trainer (20 ms) is not evidence; a worker with as
+    /// little is, when it is a tenth of the waits.
+    #[test]
+    fn a_helper_outside_the_roles_needs_a_tenth_of_a_second_to_be_evidence() {
+        let mut f = facts(100_000_000, 0, 0);
+        f.procs.push(ProcFacts {
+            pid: 13,
+            comm: "bash".into(),
+            lifetime_ns: 1_000_000_000,
+            offcpu: Some(OffCpuSummary {
+                kept_waiting_ns: 20_000_000,
+                kept_waiting_count: 1,
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        let mut chain = Chain(Vec::new());
+        links(&f, &mut chain);
+        let text = chain.done().join("\n");
+        assert!(!text.contains("bash"), "{text}");
+        assert!(
+            text.contains("DataLoader worker 0 (pid 11) kept the trainer waiting 0.01 s"),
+            "{text}"
+        );
     }
 
     #[test]
