@@ -34,6 +34,11 @@ impl Watcher {
         Self { child, lines: rx, seen: Vec::new() }
     }
 
+    /// The daemon's stderr lines read so far.
+    pub fn seen(&self) -> &[String] {
+        &self.seen
+    }
+
     /// Waits for a stderr line containing `needle`.
     pub fn wait_for(&mut self, needle: &str, timeout: Duration) -> String {
         let end = Instant::now() + timeout;
@@ -60,6 +65,19 @@ impl Drop for Watcher {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// `watch ARGS` charged to the memory cgroup `cg` from its first page (the shell moves itself
+/// there, then execs gpustall).
+pub fn in_cgroup(cg: &crate::cgroup::MemCgroup, args: &[&str]) -> Watcher {
+    let procs = cg.path.join("cgroup.procs");
+    let mut cmd = Command::new("sh");
+    cmd.arg("-c")
+        .arg(format!("echo $$ > {} && exec \"$0\" \"$@\"", procs.display()))
+        .arg(crate::gpustall_bin())
+        .arg("watch")
+        .args(args);
+    Watcher::spawn(cmd)
 }
 
 /// `watch` for the jobs `rule` matches, bundling into `dir` 2 s after an incident and serving

@@ -357,10 +357,10 @@ fn a_fork_burst_is_counted_whole_and_folded_small() {
     let end = std::time::Instant::now() + Duration::from_secs(120);
     while w.child.try_wait().expect("try_wait").is_none() {
         assert!(std::time::Instant::now() < end, "the burst did not end");
-        peak_kb = peak_kb.max(vm_hwm_kb(agent));
+        peak_kb = peak_kb.max(tests::procs::vm_hwm_kb(agent));
         std::thread::sleep(Duration::from_millis(200));
     }
-    peak_kb = peak_kb.max(vm_hwm_kb(agent));
+    peak_kb = peak_kb.max(tests::procs::vm_hwm_kb(agent));
     let (code, _) = w.wait(Duration::from_secs(10));
     assert_eq!(code, Some(0));
     let t = t.wait(Duration::from_secs(60));
@@ -381,15 +381,6 @@ fn a_fork_burst_is_counted_whole_and_folded_small() {
     assert_eq!(bytes, N * 4096, "every O_DIRECT byte, once");
     assert!(peak_kb < 128 * 1024, "the agent stayed small: peak RSS {peak_kb} kB");
     assert_eq!(t.code, Some(0), "{}", t.stderr);
-}
-
-fn vm_hwm_kb(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0)
 }
 
 /// One line with a crafted time (u64::MAX) in a recording: skipped with a warning, the report

@@ -4,10 +4,7 @@
 //! Perfetto trace) without being OOM-killed, its memory within --memory-budget plus a margin.
 
 use std::{
-    io::{BufRead, BufReader},
     path::Path,
-    process::{Command, Stdio},
-    sync::mpsc,
     time::{Duration, Instant},
 };
 
@@ -27,54 +24,37 @@ fn a_big_incident_is_bundled_within_the_shipped_memory_limit() {
     let _lock = tests::pressure_lock();
     let bundles = tests::TempDir::new("bigincident");
     let cg = MemCgroup::new("watch-limit", LIMIT_MIB, false);
-    let procs = cg.path.join("cgroup.procs");
     let comm = tests::procs::unique_comm();
+    let rule = format!("comm:^{comm}$");
+    let budget = format!("{BUDGET_MIB}MiB");
+    let dir = bundles.0.to_str().expect("utf-8");
     // The daemon is charged to the cgroup from its first page.
-    let mut child = Command::new("sh")
-        .arg("-c")
-        .arg(format!("echo $$ > {} && exec \"$0\" \"$@\"", procs.display()))
-        .arg(tests::gpustall_bin())
-        .args(["watch", "--match", &format!("comm:^{comm}$"), "--no-gpu", "--listen"])
-        .args(["127.0.0.1:0", "--after", "2s", "--scan-every", "500ms", "--memory-budget"])
-        .arg(format!("{BUDGET_MIB}MiB"))
-        .arg("--bundle-dir")
-        .arg(&bundles.0)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("gpustall watch");
-    let agent = child.id();
-    let (tx, rx) = mpsc::channel();
-    let err = child.stderr.take().expect("stderr");
-    std::thread::spawn(move || {
-        for l in BufReader::new(err).lines().map_while(Result::ok) {
-            let _ = tx.send(l);
-        }
-    });
-    let mut seen: Vec<String> = Vec::new();
-    let mut wait_for = |needle: &str, timeout: Duration, child: &mut std::process::Child| {
-        let end = Instant::now() + timeout;
-        loop {
-            if let Some(l) = seen.iter().find(|l| l.contains(needle)) {
-                return l.clone();
-            }
-            if let Ok(l) = rx.recv_timeout(Duration::from_millis(100)) {
-                seen.push(l);
-                continue;
-            }
-            if let Ok(Some(s)) = child.try_wait() {
-                panic!("gpustall watch exited ({s}):\n{}", seen.join("\n"));
-            }
-            assert!(Instant::now() < end, "no {needle:?} within {timeout:?}:\n{}", seen.join("\n"));
-        }
-    };
-    wait_for("metrics on http://", Duration::from_secs(60), &mut child);
+    let mut w = tests::watcher::in_cgroup(
+        &cg,
+        &[
+            "--match",
+            &rule,
+            "--no-gpu",
+            "--listen",
+            "127.0.0.1:0",
+            "--after",
+            "2s",
+            "--scan-every",
+            "500ms",
+            "--memory-budget",
+            &budget,
+            "--bundle-dir",
+            dir,
+        ],
+    );
+    let agent = w.child.id();
+    w.wait_for("metrics on http://", Duration::from_secs(60));
 
     let script = format!("for i in $(seq {PROCESSES}); do sleep 3600 & done; wait");
     let bin = Path::new(env!("CARGO_BIN_EXE_gpustall-workload"));
     let mut job = Workload::start_named(&comm, bin, &["spawn", "sh", "-c", &script], None, None);
     let _tree = KillTree(job.pid());
-    wait_for(&format!("watching job {comm}-{}", job.pid()), Duration::from_secs(30), &mut child);
+    w.wait_for(&format!("watching job {comm}-{}", job.pid()), Duration::from_secs(30));
     job.go();
     let end = Instant::now() + Duration::from_secs(180);
     let mut tree = descendants(job.pid());
@@ -91,11 +71,11 @@ fn a_big_incident_is_bundled_within_the_shipped_memory_limit() {
         // SAFETY: SIGKILL to a process this test started (the job's tree).
         unsafe { libc::kill(*p as i32, libc::SIGKILL) };
     }
-    let wrote = wait_for("wrote incident bundle", Duration::from_secs(120), &mut child);
+    let wrote = w.wait_for("wrote incident bundle", Duration::from_secs(120));
     let took = started.elapsed();
     let peak_kb = vm_hwm_kb(agent);
     let oom = cg.oom_kills();
-    let incident_lines = seen.iter().filter(|l| l.contains("gpustall: incident:")).count();
+    let incident_lines = w.seen().iter().filter(|l| l.contains("gpustall: incident:")).count();
     eprintln!(
         "{PROCESSES} processes killed: bundle in {took:?}, agent peak RSS {} MiB (before the \
          incident {} MiB), {incident_lines} incident lines, OOM kills in its cgroup {oom}: {wrote}",
@@ -111,7 +91,7 @@ fn a_big_incident_is_bundled_within_the_shipped_memory_limit() {
     )
     .expect("trace.json parses");
     assert_eq!(oom, 0, "the daemon was not OOM-killed");
-    assert!(child.try_wait().expect("try_wait").is_none(), "the daemon is still running");
+    assert!(w.child.try_wait().expect("try_wait").is_none(), "the daemon is still running");
     // The budget plus a fixed margin (the process model, the BPF side's buffers, the runtime).
     assert!(
         peak_kb < (BUDGET_MIB + 96) * 1024,
@@ -119,6 +99,4 @@ fn a_big_incident_is_bundled_within_the_shipped_memory_limit() {
         peak_kb / 1024
     );
     assert!(incident_lines <= 10, "{incident_lines} incident lines in the log");
-    let _ = child.kill();
-    let _ = child.wait();
 }

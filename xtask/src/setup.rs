@@ -174,11 +174,5 @@ fn ensure_tools(tools: &[Tool]) -> anyhow::Result<()> {
     }
     anyhow::ensure!(is_root(), "missing {}: install them as root", missing.join(" "));
     eprintln!("xtask: installing {} (apt-get, no recommends)", missing.join(" "));
-    let _ = run_cmd(Command::new("apt-get").args(["update", "-qq"]));
-    run_cmd(
-        Command::new("apt-get")
-            .args(["install", "-y", "-qq", "--no-install-recommends"])
-            .args(&missing)
-            .env("DEBIAN_FRONTEND", "noninteractive"),
-    )
+    crate::util::apt_install(&missing)
 }

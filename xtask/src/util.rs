@@ -43,3 +43,14 @@ pub fn cargo() -> Command {
     c.current_dir(workspace_root());
     c
 }
+
+/// `apt-get install` of `packages`, without recommends, after a quiet `apt-get update`.
+pub fn apt_install(packages: &[&str]) -> anyhow::Result<()> {
+    let _ = run_cmd(Command::new("apt-get").args(["update", "-qq"]));
+    run_cmd(
+        Command::new("apt-get")
+            .args(["install", "-y", "-qq", "--no-install-recommends"])
+            .args(packages)
+            .env("DEBIAN_FRONTEND", "noninteractive"),
+    )
+}

@@ -5,10 +5,7 @@
 //! bundle took, whether the kernel OOM-killed the daemon, and that the bundle is whole.
 
 use std::{
-    io::BufRead as _,
     path::Path,
-    process::{Command, Stdio},
-    sync::mpsc,
     time::{Duration, Instant},
 };
 
@@ -19,7 +16,7 @@ use tests::{
     procs::{descendants, vm_hwm_kb, KillTree, Workload},
 };
 
-use super::common::{release_bin, workload_bin};
+use super::common::workload_bin;
 
 const PROCESSES: usize = 8000;
 /// The shipped limit (deploy/kubernetes/daemonset.yaml, deploy/gpustall-watch.service).
@@ -32,11 +29,31 @@ pub fn run() -> anyhow::Result<Value> {
     let script = format!("for i in $(seq {PROCESSES}); do sleep 3600 & done; wait");
     let mut job = Workload::start(&workload_bin(), &["spawn", "sh", "-c", &script], None);
     let _tree = KillTree(job.pid());
-    let (mut daemon, lines) = start_daemon(&cg, job.comm(), &bundles.0)?;
-    let mut log = Log { lines, seen: Vec::new() };
-    let agent = daemon.id();
-    log.wait_for("metrics on http://", 60)?;
-    log.wait_for(&format!("watching job {}-{}", job.comm(), job.pid()), 30)?;
+    let rule = format!("comm:^{}$", job.comm());
+    let budget = format!("{BUDGET_MIB}MiB");
+    let dir = bundles.0.to_str().context("utf-8 path")?;
+    // The daemon (GPUSTALL_BIN: the release build) is charged to the cgroup from its first page.
+    let mut w = tests::watcher::in_cgroup(
+        &cg,
+        &[
+            "--match",
+            &rule,
+            "--no-gpu",
+            "--listen",
+            "127.0.0.1:0",
+            "--after",
+            "2s",
+            "--scan-every",
+            "500ms",
+            "--memory-budget",
+            &budget,
+            "--bundle-dir",
+            dir,
+        ],
+    );
+    let agent = w.child.id();
+    w.wait_for("metrics on http://", Duration::from_secs(60));
+    w.wait_for(&format!("watching job {}-{}", job.comm(), job.pid()), Duration::from_secs(30));
     job.go();
     let end = Instant::now() + Duration::from_secs(300);
     let mut tree = descendants(job.pid());
@@ -53,70 +70,12 @@ pub fn run() -> anyhow::Result<Value> {
         // SAFETY: SIGKILL to a process of the job this bench started.
         unsafe { libc::kill(*p as i32, libc::SIGKILL) };
     }
-    let wrote = log.wait_for("wrote incident bundle", 180);
+    let wrote = w.wait_for("wrote incident bundle", Duration::from_secs(180));
     let bundle_s = started.elapsed().as_secs_f64();
     let peak_kb = vm_hwm_kb(agent);
     let oom_kills = cg.oom_kills();
-    let alive = daemon.try_wait()?.is_none();
-    let _ = daemon.kill();
-    let _ = daemon.wait();
-    let complete = wrote.as_ref().ok().is_some_and(|l| bundle_complete(l));
-    report(before_kb, peak_kb, bundle_s, oom_kills, alive && complete)
-}
-
-/// The daemon, charged to the cgroup from its first page; its log lines on a channel.
-fn start_daemon(
-    cg: &MemCgroup,
-    comm: &str,
-    bundles: &Path,
-) -> anyhow::Result<(std::process::Child, mpsc::Receiver<String>)> {
-    let procs = cg.path.join("cgroup.procs");
-    let mut child = Command::new("sh")
-        .arg("-c")
-        .arg(format!("echo $$ > {} && exec \"$0\" \"$@\"", procs.display()))
-        .arg(release_bin("gpustall"))
-        .args(["watch", "--match", &format!("comm:^{comm}$"), "--no-gpu", "--listen"])
-        .args(["127.0.0.1:0", "--after", "2s", "--scan-every", "500ms", "--memory-budget"])
-        .arg(format!("{BUDGET_MIB}MiB"))
-        .arg("--bundle-dir")
-        .arg(bundles)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()?;
-    let err = child.stderr.take().context("stderr")?;
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for l in std::io::BufReader::new(err).lines().map_while(Result::ok) {
-            let _ = tx.send(l);
-        }
-    });
-    Ok((child, rx))
-}
-
-/// The daemon's log lines so far (a line may come before the one waited for first: a job that
-/// exists at start-up is found before the metrics line).
-struct Log {
-    lines: mpsc::Receiver<String>,
-    seen: Vec<String>,
-}
-
-impl Log {
-    fn wait_for(&mut self, needle: &str, secs: u64) -> anyhow::Result<String> {
-        let end = Instant::now() + Duration::from_secs(secs);
-        loop {
-            if let Some(l) = self.seen.iter().find(|l| l.contains(needle)) {
-                return Ok(l.clone());
-            }
-            let left = end.checked_duration_since(Instant::now());
-            match left.map(|left| self.lines.recv_timeout(left)) {
-                Some(Ok(l)) => self.seen.push(l),
-                _ => anyhow::bail!(
-                    "no {needle:?} from gpustall watch within {secs} s:\n{}",
-                    self.seen.join("\n")
-                ),
-            }
-        }
-    }
+    let alive = w.child.try_wait()?.is_none();
+    report(before_kb, peak_kb, bundle_s, oom_kills, alive && bundle_complete(&wrote))
 }
 
 /// The bundle the line names has its recording, summary, report and a Perfetto trace that parses.

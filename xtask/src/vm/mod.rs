@@ -94,13 +94,7 @@ fn ensure_packages() -> anyhow::Result<()> {
         return Ok(());
     }
     eprintln!("xtask: vm-test: installing {}", missing.join(" "));
-    let _ = run_cmd(Command::new("apt-get").args(["update", "-qq"]));
-    run_cmd(
-        Command::new("apt-get")
-            .args(["install", "-y", "-qq", "--no-install-recommends"])
-            .args(&missing)
-            .env("DEBIAN_FRONTEND", "noninteractive"),
-    )
+    crate::util::apt_install(&missing)
 }
 
 /// One test binary of the `tests` crate.

@@ -136,11 +136,12 @@ impl CgroupFamilies {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use prometheus_client::encoding::text::encode;
 
-    fn cg(max: u64, some_us: u64) -> CgroupMem {
+    /// A cgroup v2 job with a 1 GiB limit, `max` limit hits and `some_us` of memory PSI.
+    pub(in crate::cmd::watch::metrics) fn cg(max: u64, some_us: u64) -> CgroupMem {
         CgroupMem {
             path: "/job".into(),
             version: 2,

@@ -217,22 +217,7 @@ fn every_series() -> String {
     m.set_agent(0.5, 40 << 20);
     m.set_flight_recorder(1 << 20, 64 << 20, 3);
     // A cgroup v2 job: its limit, events and PSI.
-    let psi = crate::model::host::Psi { some_total_us: 5, ..Default::default() };
-    let cg = crate::model::host::CgroupMem {
-        path: "/job".into(),
-        version: 2,
-        limit_bytes: Some(1 << 30),
-        events: Some(crate::model::host::MemEvents::default()),
-        pressure: Some(psi),
-        usage_bytes: 5,
-        peak_bytes: None,
-        swap_usage_bytes: None,
-        oom_kills: None,
-        failcnt: None,
-        limit_set_by: Some("/".into()),
-        swap_limit_bytes: None,
-        swap_limit_set_by: None,
-    };
+    let cg = super::cgroup::tests::cg(0, 5);
     m.set_job_cgroup("train-7", &cg);
     m.set_job_identity("train-7", &crate::model::identity::Identity::default());
     m.encode()
