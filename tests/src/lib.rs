@@ -8,6 +8,7 @@ pub mod apt;
 pub mod blockdev;
 pub mod cgroup;
 pub mod cpucg;
+pub mod incident;
 pub mod kernel;
 pub mod mm;
 pub mod procs;

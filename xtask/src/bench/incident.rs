@@ -4,78 +4,20 @@
 //! once. Measured: the daemon's peak RSS (the kernel's VmHWM) before and after, how long the
 //! bundle took, whether the kernel OOM-killed the daemon, and that the bundle is whole.
 
-use std::{
-    path::Path,
-    time::{Duration, Instant},
-};
+use std::path::Path;
 
-use anyhow::Context as _;
 use serde_json::{json, Value};
-use tests::{
-    cgroup::MemCgroup,
-    procs::{descendants, vm_hwm_kb, KillTree, Workload},
-};
+use tests::incident::{BUDGET_MIB, LIMIT_MIB, PROCESSES};
 
 use super::common::workload_bin;
 
-const PROCESSES: usize = 8000;
-/// The shipped limit (deploy/kubernetes/daemonset.yaml, deploy/gpustall-watch.service).
-const LIMIT_MIB: u64 = 256;
-const BUDGET_MIB: u64 = 64;
-
 pub fn run() -> anyhow::Result<Value> {
     let bundles = tests::TempDir::new("bench-incident");
-    let cg = MemCgroup::new("bench-incident", LIMIT_MIB, false);
-    let script = format!("for i in $(seq {PROCESSES}); do sleep 3600 & done; wait");
-    let mut job = Workload::start(&workload_bin(), &["spawn", "sh", "-c", &script], None);
-    let _tree = KillTree(job.pid());
-    let rule = format!("comm:^{}$", job.comm());
-    let budget = format!("{BUDGET_MIB}MiB");
-    let dir = bundles.0.to_str().context("utf-8 path")?;
-    // The daemon (GPUSTALL_BIN: the release build) is charged to the cgroup from its first page.
-    let mut w = tests::watcher::in_cgroup(
-        &cg,
-        &[
-            "--match",
-            &rule,
-            "--no-gpu",
-            "--listen",
-            "127.0.0.1:0",
-            "--after",
-            "2s",
-            "--scan-every",
-            "500ms",
-            "--memory-budget",
-            &budget,
-            "--bundle-dir",
-            dir,
-        ],
-    );
-    let agent = w.child.id();
-    w.wait_for("metrics on http://", Duration::from_secs(60));
-    w.wait_for(&format!("watching job {}-{}", job.comm(), job.pid()), Duration::from_secs(30));
-    job.go();
-    let end = Instant::now() + Duration::from_secs(300);
-    let mut tree = descendants(job.pid());
-    while tree.len() < PROCESSES + 1 {
-        anyhow::ensure!(Instant::now() < end, "only {} processes started", tree.len());
-        std::thread::sleep(Duration::from_millis(500));
-        tree = descendants(job.pid());
-    }
-    // The daemon takes in the forks, then the whole tree is killed at once.
-    std::thread::sleep(Duration::from_secs(3));
-    let before_kb = vm_hwm_kb(agent);
-    let started = Instant::now();
-    for p in &tree {
-        // SAFETY: SIGKILL to a process of the job this bench started.
-        unsafe { libc::kill(*p as i32, libc::SIGKILL) };
-    }
-    let wrote = w.wait_for("wrote incident bundle", Duration::from_secs(180));
-    let bundle_s = started.elapsed().as_secs_f64();
-    let peak_kb = vm_hwm_kb(agent);
-    let oom_kills = cg.oom_kills();
-    let alive = w.child.try_wait()?.is_none();
-    report(before_kb, peak_kb, bundle_s, oom_kills, alive && bundle_complete(&wrote))
+    // The daemon is GPUSTALL_BIN: the release build.
+    let mut i = tests::incident::run(&workload_bin(), &bundles.0);
+    let alive = i.watcher.child.try_wait()?.is_none();
+    let complete = alive && bundle_complete(&i.wrote);
+    report(i.before_kb, i.peak_kb, i.took.as_secs_f64(), i.oom_kills, complete)
 }
 
 /// The bundle the line names has its recording, summary, report and a Perfetto trace that parses.
