@@ -168,7 +168,7 @@ fn main() {
                     Command::Report(args) => cmd::report::run(&args),
                     Command::Export(args) => cmd::export::run(&args),
                     Command::Merge(args) => cmd::merge::run(&args),
-                    Command::Watch(args) => cmd::watch::run(args.into_options()).await,
+                    Command::Watch(args) => cmd::watch::run(args.into_options()?).await,
                     Command::Trace(args) => cmd::trace::run(args.into_options()).await,
                     Command::Completions { shell } => {
                         // Into memory first: the generator panics on a closed stdout (`| head`).

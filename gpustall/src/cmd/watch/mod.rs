@@ -6,6 +6,7 @@
 pub mod bundle;
 pub mod jobs;
 pub mod metrics;
+pub mod otlp;
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
@@ -78,11 +79,14 @@ pub struct WatchArgs {
     scan_every: Duration,
     #[command(flatten)]
     gpu: crate::cmd::gpu::GpuArgs,
+    #[command(flatten)]
+    otlp: otlp::OtlpArgs,
 }
 
 impl WatchArgs {
-    pub fn into_options(self) -> WatchOptions {
-        WatchOptions {
+    pub fn into_options(self) -> anyhow::Result<WatchOptions> {
+        Ok(WatchOptions {
+            otlp: self.otlp.options().map_err(anyhow::Error::msg)?,
             rules: self.rules,
             bundle_dir: self.bundle_dir,
             listen: self.listen,
@@ -96,7 +100,7 @@ impl WatchArgs {
             // A daemon samples less often and calls only long idle periods stalls (evaluation,
             // checkpointing and epoch ends idle a GPU for seconds).
             gpu: self.gpu.options(Duration::from_secs(1), Duration::from_secs(30)),
-        }
+        })
     }
 }
 
@@ -115,6 +119,8 @@ pub struct WatchOptions {
     pub memory_budget: usize,
     pub gpu: Option<GpuOptions>,
     pub scan_every: Duration,
+    /// OTLP export, where asked.
+    pub otlp: Option<otlp::OtlpOptions>,
 }
 
 struct Job {
@@ -167,6 +173,7 @@ struct Daemon {
     pending_unsaid: u64,
     ctx: ContextReader,
     last_scan: Instant,
+    otlp: Option<otlp::Exporter>,
 }
 
 impl Daemon {
@@ -497,6 +504,7 @@ impl Daemon {
         let name = format!("incident-{secs:012}-{}-{}{who}", inc.kind, inc.pid);
         let written = crate::cmd::watch::bundle::write(&self.opts.bundle_dir, &name, out);
         drop(lines);
+        self.export_incident(&inc, unsaid, root, &written);
         match written {
             Ok((dir, summary)) => {
                 say!(
@@ -514,6 +522,45 @@ impl Daemon {
                 }
             }
             Err(e) => say!("gpustall: cannot write the incident bundle: {e:#}"),
+        }
+    }
+
+    /// The bundle just written (or not) as an OTLP log record, where asked.
+    fn export_incident(
+        &mut self,
+        inc: &Incident,
+        more: u64,
+        root: Option<u32>,
+        written: &anyhow::Result<(PathBuf, crate::output::summary::Summary)>,
+    ) {
+        if self.otlp.is_none() {
+            return;
+        }
+        let h = &self.header;
+        let log = otlp::IncidentLog {
+            at_unix_ns: h.wall_clock_at_start_ns + inc.t_ns.saturating_sub(h.start_ns),
+            kind: inc.kind.to_string(),
+            pid: inc.pid,
+            more,
+            job: root.and_then(|r| self.jobs.get(&r)).map(|j| j.name.clone()),
+            identity: root.map(|r| self.identity_of_job(r)).unwrap_or_default(),
+            verdict: written.as_ref().ok().map(|(_, s)| {
+                let v = &s.verdict;
+                otlp::VerdictLine {
+                    cause: v.cause.to_string(),
+                    title: v.cause.title().to_string(),
+                    severity: v.cause.severity(),
+                    text: v.text.clone(),
+                    advice: v.advice.clone(),
+                }
+            }),
+            bundle: match written {
+                Ok((dir, _)) => Ok(dir.display().to_string()),
+                Err(e) => Err(format!("{e:#}")),
+            },
+        };
+        if let Some(o) = &mut self.otlp {
+            o.incident(log);
         }
     }
 
@@ -584,6 +631,10 @@ pub async fn run(opts: WatchOptions) -> anyhow::Result<()> {
     log::debug!("watch ended: {stop:?}");
     d.take_incidents();
     d.write_bundle(true);
+    if let Some(o) = d.otlp.take() {
+        d.update_metrics();
+        o.finish(&d.metrics, Duration::from_secs(5));
+    }
     say!("gpustall: watch stopped");
     Ok(())
 }
@@ -650,7 +701,19 @@ async fn setup(opts: WatchOptions) -> anyhow::Result<(Daemon, Probes, Rings, Opt
         pending: None,
         pending_unsaid: 0,
         last_scan: Instant::now(),
+        otlp: None,
     };
+    if let Some(o) = d.opts.otlp.clone() {
+        let from = otlp::Sender {
+            node: host::node_name(),
+            started_unix_ns: d.header.wall_clock_at_start_ns,
+            k8s_node: std::env::var_os("NODE_NAME").is_some(),
+        };
+        let exporter = otlp::Exporter::start(o, from, d.metrics.clone())
+            .context("starting the OTLP exporter's thread")?;
+        say!("gpustall: OpenTelemetry export: {}", exporter.describe());
+        d.otlp = Some(exporter);
+    }
     d.discover(&mut probes.maps, start);
     say!(
         "gpustall: watching ({} jobs now, {} tracepoints); metrics on http://{listen_addr}/metrics; bundles in {}",
@@ -678,6 +741,9 @@ impl Beat for Daemon {
         // Metrics before settling: an exited process's last counts reach its counters before
         // it can be folded away.
         self.update_metrics();
+        if let Some(o) = &mut self.otlp {
+            o.tick(&self.metrics);
+        }
         self.session.settle_exited(maps, now);
         self.storm(now);
         self.take_incidents();

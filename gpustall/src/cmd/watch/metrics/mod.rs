@@ -28,7 +28,9 @@ use hyper::{
 };
 use hyper_util::rt::{TokioIo, TokioTimer};
 use prometheus_client::{
-    encoding::{text::encode, EncodeLabelSet},
+    encoding::{
+        prometheus_protobuf::prometheus_data_model::MetricFamily, text::encode, EncodeLabelSet,
+    },
     metrics::{counter::Counter, family::Family, gauge::Gauge, info::Info},
     registry::{Registry, Unit},
 };
@@ -102,6 +104,12 @@ struct XidLabel {
 struct IncidentKind {
     kind: String,
     training_job: String,
+}
+
+/// Label of the OTLP failure counter: which signal did not get through.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SignalLabel {
+    signal: String,
 }
 
 /// Label of the lost-events counter: where events were lost.
@@ -212,6 +220,7 @@ pub struct Metrics {
     agent_memory_budget: ByteGauge,
     flight_recorder_bytes: ByteGauge,
     flight_recorder_dropped: Counter,
+    otlp_failures: Family<SignalLabel, Counter>,
     totals: Mutex<Totals>,
     cgroups: cgroup::CgroupFamilies,
     job_info: Family<JobInfo, Gauge>,
@@ -334,6 +343,7 @@ impl Metrics {
             agent_memory_budget: ByteGauge::default(),
             flight_recorder_bytes: ByteGauge::default(),
             flight_recorder_dropped: Counter::default(),
+            otlp_failures: Family::default(),
             totals: Mutex::new(Totals::default()),
             cgroups: cgroup::CgroupFamilies::default(),
             job_info: Family::default(),
@@ -447,6 +457,11 @@ impl Metrics {
             "flight_recorder_dropped_lines",
             "Lines the flight recorder dropped before they left its window, to stay within its budget",
             self.flight_recorder_dropped.clone(),
+        );
+        r.register(
+            "otlp_export_failures",
+            "OTLP exports (--otlp-endpoint) that did not reach the collector, by signal (metrics, logs), after their retries",
+            self.otlp_failures.clone(),
         );
     }
 
@@ -631,6 +646,19 @@ impl Metrics {
                 true
             }
         });
+    }
+
+    /// An OTLP export to `signal`'s endpoint failed (or was dropped, its queue full).
+    pub fn otlp_failure(&self, signal: &str) {
+        self.otlp_failures.get_or_create(&SignalLabel { signal: signal.to_string() }).inc();
+    }
+
+    /// Every metric's value now, typed (the OTLP export's source): the registry's own
+    /// protobuf data model, so no text is parsed back.
+    pub fn snapshot(&self) -> Option<Vec<MetricFamily>> {
+        prometheus_client::encoding::prometheus_protobuf::encode(&self.registry)
+            .map_err(|e| log::warn!("reading the metrics for OTLP failed: {e}"))
+            .ok()
     }
 
     /// The OpenMetrics text exposition of every metric, ending in `# EOF`.
