@@ -11,6 +11,7 @@ pub mod cpucg;
 pub mod incident;
 pub mod kernel;
 pub mod mm;
+pub mod otlp;
 pub mod procs;
 pub mod slowfs;
 pub mod watcher;

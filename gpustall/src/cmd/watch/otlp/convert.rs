@@ -61,7 +61,11 @@ fn kv(key: &str, value: &str) -> KeyValue {
 }
 
 fn any(key: &str, value: any_value::Value) -> KeyValue {
-    KeyValue { key: key.to_string(), value: Some(AnyValue { value: Some(value) }) }
+    KeyValue {
+        key: key.to_string(),
+        value: Some(AnyValue { value: Some(value) }),
+        ..Default::default()
+    }
 }
 
 /// A Prometheus unit as UCUM, OTLP's units (what Prometheus's OTLP receiver maps back).
