@@ -129,7 +129,7 @@ fn watch_sends_incidents_and_metrics_to_an_otlp_collector() {
         &["Name: gpustall.incidents", "Name: gpustall.job_info", &format!("run_id: Str({run})")],
         Duration::from_secs(20),
     );
-    let served = scrape(&addr);
+    let served = scrape(addr);
     let series =
         format!("gpustall_incidents_total{{kind=\"sigkill\",training_job=\"{job_name}\"}}");
     assert_eq!(value(&served, &series), Some(1.0), "{served}");
@@ -169,7 +169,7 @@ fn a_collector_that_is_not_there_costs_a_warning_and_a_counter() {
     assert!(warned.contains("failed") && warned.contains(&endpoint), "{warned}");
     let end = Instant::now() + Duration::from_secs(20);
     loop {
-        let served = scrape(&addr);
+        let served = scrape(addr);
         let failed = value(&served, "gpustall_otlp_export_failures_total{signal=\"metrics\"}");
         if failed >= Some(2.0) {
             break;
@@ -180,5 +180,5 @@ fn a_collector_that_is_not_there_costs_a_warning_and_a_counter() {
     // Said once, not at every failed export.
     let warnings = w.seen().iter().filter(|l| l.contains("OTLP metrics export to")).count();
     assert_eq!(warnings, 1, "{:#?}", w.seen());
-    assert!(tests::watcher::get(&addr, "/healthz").starts_with("HTTP/1.1 200"), "still live");
+    assert!(tests::watcher::get(addr, "/healthz").starts_with("HTTP/1.1 200"), "still live");
 }

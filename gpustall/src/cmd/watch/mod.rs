@@ -505,6 +505,15 @@ impl Daemon {
         let written = crate::cmd::watch::bundle::write(&self.opts.bundle_dir, &name, out);
         drop(lines);
         self.export_incident(&inc, unsaid, root, &written);
+        self.announce_bundle(&written);
+    }
+
+    /// Says where the bundle went and what it found, and keeps the bundle directory within
+    /// its limits.
+    fn announce_bundle(
+        &self,
+        written: &anyhow::Result<(PathBuf, crate::output::summary::Summary)>,
+    ) {
         match written {
             Ok((dir, summary)) => {
                 say!(
