@@ -43,7 +43,7 @@ const CGROUP_TESTS: &[&str] = &["memory_pressure", "oom_kill", "verdict", "cgrou
 /// Tests that need what only `cargo xtask test` provides (a venv with torch, ~4 GB, whose
 /// DataLoader under emulation would take minutes; the Debian package, which installs into the
 /// host's root, read-only in the guests; packages a test installs with apt, Chromium and Slurm,
-/// and Slurm's daemons): left out of the default run, run when named (with
+/// and Slurm's daemons; rotel from PyPI): left out of the default run, run when named (with
 /// `GPUSTALL_TEST_TORCH_PYTHON` exported, which reaches the guest).
 const XTASK_TEST_ONLY: &[&str] = &[
     "datawait::the_torch_dataloaders_data_wait_is_its_data_time",
@@ -51,6 +51,11 @@ const XTASK_TEST_ONLY: &[&str] = &[
     "deb::the_debian_package_installs_traces_and_removes_cleanly",
     "html::the_html_report_renders_in_a_real_browser",
     "slurm::a_job_run_by_a_real_slurmd_is_named_by_its_slurm_job_and_step",
+    // rotel, fetched from PyPI with pip on the host.
+    "otlp::watch_sends_incidents_and_metrics_to_an_otlp_collector",
+    "otlp::a_collector_that_is_not_there_costs_a_warning_and_a_counter",
+    "otlp_receivers::rotel_receives_an_otlp_log_record",
+    "otlp_receivers::rotel_receives_an_otlp_gauge",
 ];
 
 #[derive(clap::Args)]
