@@ -79,7 +79,8 @@ do, or a number with units: 500ms, 90s, 10m, 1h30m.\n\n\
 SIZES:\n    Bytes, or with a unit: 64MiB, 512M (K, M, G, T and KiB, MiB.. are 1024-based; KB, MB, GB \
 are 1000-based).\n\n\
 EXAMPLES:\n    sudo gpustall watch --match 'comm:^python' --bundle-dir /var/lib/gpustall/incidents\n    \
-sudo gpustall watch --match 'cgroup:kubepods' --listen 0.0.0.0:9464"
+sudo gpustall watch --match 'cgroup:kubepods' --listen 0.0.0.0:9464
+sudo gpustall watch --match 'comm:^python' --otlp-endpoint http://otel-collector:4318"
     )]
     Watch(cmd::watch::WatchArgs),
     /// Convert a recording for a trace viewer.
