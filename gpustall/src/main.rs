@@ -70,7 +70,8 @@ forgotten. The last --window of events and samples is kept in memory (at most --
 bytes). When an incident happens (an OOM kill or a SIGKILL in a watched tree, a GPU stall, a \
 reclaim storm) a bundle is written to --bundle-dir: the recording of the window around it \
 (replayable with `gpustall report`), summary.json with the verdict, report.txt and a Perfetto \
-trace.json. Prometheus metrics are served on --listen (/metrics).\n\n\
+trace.json. Prometheus metrics are served on --listen (/metrics); with --otlp-endpoint the \
+metrics and each incident (a log record) also go to an OpenTelemetry collector.\n\n\
 The daemon sets its own oom_score_adj to -1000 (with CAP_SYS_RESOURCE), keeps its memory bounded \
 and keeps running when jobs die or the kernel lacks a tracepoint. See deploy/ for a systemd unit \
 and a Kubernetes DaemonSet.",
@@ -79,7 +80,7 @@ do, or a number with units: 500ms, 90s, 10m, 1h30m.\n\n\
 SIZES:\n    Bytes, or with a unit: 64MiB, 512M (K, M, G, T and KiB, MiB.. are 1024-based; KB, MB, GB \
 are 1000-based).\n\n\
 EXAMPLES:\n    sudo gpustall watch --match 'comm:^python' --bundle-dir /var/lib/gpustall/incidents\n    \
-sudo gpustall watch --match 'cgroup:kubepods' --listen 0.0.0.0:9464
+sudo gpustall watch --match 'cgroup:kubepods' --listen 0.0.0.0:9464\n    \
 sudo gpustall watch --match 'comm:^python' --otlp-endpoint http://otel-collector:4318"
     )]
     Watch(cmd::watch::WatchArgs),
