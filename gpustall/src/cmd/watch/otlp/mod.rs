@@ -312,7 +312,10 @@ impl Worker {
                 std::thread::sleep(Duration::from_secs(1 << (attempt - 1)));
             }
             match self.post(&url, &b.body) {
-                Ok(()) => return self.works(b.signal, &url),
+                Ok(()) => {
+                    log::debug!("OTLP {}: {} bytes to {url}", b.signal.as_str(), b.body.len());
+                    return self.works(b.signal, &url);
+                }
                 Err(Failure { retry, why }) => {
                     last = why;
                     if !retry {
