@@ -314,5 +314,7 @@ fn watch_exports_a_jobs_identity_as_its_info_series() {
     };
     assert!(line.contains(&format!("run_id=\"{run}\"")), "{line}");
     assert!(line.contains("world_size=\"2\"") && line.ends_with(" 1"), "{line}");
+    // The job is one rank: its rank is a label of its own.
+    assert!(line.contains("rank=\"1\""), "{line}");
     let _ = job.wait(Duration::from_secs(30));
 }

@@ -116,6 +116,7 @@ fn watch_sends_incidents_and_metrics_to_an_otlp_collector() {
         format!("process.pid: Int({victim})"),
         format!("gpustall.training_job: Str({job_name})"),
         format!("gpustall.torch.run_id: Str({run})"),
+        "gpustall.torch.rank: Int(1)".to_string(),
         "gpustall.torch.world_size: Int(2)".to_string(),
         "gpustall.verdict.cause: Str(process_killed)".to_string(),
     ] {
@@ -134,11 +135,10 @@ fn watch_sends_incidents_and_metrics_to_an_otlp_collector() {
         format!("gpustall_incidents_total{{kind=\"sigkill\",training_job=\"{job_name}\"}}");
     assert_eq!(value(&served, &series), Some(1.0), "{served}");
     assert!(got.contains("Name: gpustall.reclaim_stall") && got.contains("Unit: s"), "{got}");
-    assert_eq!(
-        value(&served, "gpustall_otlp_export_failures_total"),
-        None,
-        "no failures:\n{served}"
-    );
+    for signal in ["metrics", "logs"] {
+        let failures = format!("gpustall_otlp_export_failures_total{{signal=\"{signal}\"}}");
+        assert_eq!(value(&served, &failures), Some(0.0), "no failures:\n{served}");
+    }
     let _ = job.wait(Duration::from_secs(30));
 }
 

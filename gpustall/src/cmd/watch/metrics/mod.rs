@@ -56,6 +56,9 @@ pub struct JobInfo {
     pub pod: String,
     pub slurm_job: String,
     pub run_id: String,
+    /// The job's torch.distributed rank where it is one rank (a pod or an `srun` task per
+    /// rank); empty for a launcher with several ranks on the node (their roles say `rank`).
+    pub rank: String,
     pub world_size: String,
 }
 
@@ -68,6 +71,7 @@ impl JobInfo {
             pod: id.pod.clone().or_else(|| id.pod_uid.clone()).unwrap_or_default(),
             slurm_job: text(&id.slurm_job),
             run_id: text(&id.run_id),
+            rank: id.rank.map(|r| r.to_string()).unwrap_or_default(),
             world_size: id.world_size.map(|w| w.to_string()).unwrap_or_default(),
         }
     }
@@ -392,7 +396,7 @@ impl Metrics {
     fn register_node(&self, r: &mut Registry) {
         r.register(
             "job_info",
-            "A watched job's identity in its cluster (namespace, pod, Slurm job, torchrun run), value 1",
+            "A watched job's identity in its cluster (namespace, pod, Slurm job, torchrun run and rank), value 1",
             self.job_info.clone(),
         );
         r.register(
@@ -646,6 +650,12 @@ impl Metrics {
                 true
             }
         });
+    }
+
+    /// OTLP export to `signal` is on: its failure counter exists from now, at zero, so the
+    /// first failure is an increase (see `track`).
+    pub fn otlp_enabled(&self, signal: &str) {
+        let _ = self.otlp_failures.get_or_create(&SignalLabel { signal: signal.to_string() });
     }
 
     /// An OTLP export to `signal`'s endpoint failed (or was dropped, its queue full).

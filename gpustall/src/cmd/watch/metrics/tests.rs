@@ -216,6 +216,7 @@ fn every_series() -> String {
     m.set_lost_events("bulk_ring", 1);
     m.set_agent(0.5, 40 << 20);
     m.set_flight_recorder(1 << 20, 64 << 20, 3);
+    m.otlp_enabled("logs");
     // A cgroup v2 job: its limit, events and PSI.
     let cg = super::cgroup::tests::cg(0, 5);
     m.set_job_cgroup("train-7", &cg);
@@ -329,7 +330,7 @@ fn a_jobs_identity_is_one_info_series_replaced_when_it_changes() {
         ..Default::default()
     };
     m.set_job_identity("train-7", &id);
-    let series = r#"gpustall_job_info{training_job="train-7",namespace="ml-team",pod="train-7f9c",slurm_job="",run_id="run-1",world_size="2"}"#;
+    let series = r#"gpustall_job_info{training_job="train-7",namespace="ml-team",pod="train-7f9c",slurm_job="",run_id="run-1",rank="",world_size="2"}"#;
     has(&m.encode(), series, "1");
     m.set_job_identity("train-7", &Identity { slurm_job: Some("42".into()), ..id });
     let text = m.encode();

@@ -153,6 +153,12 @@ pub struct Exporter {
 
 impl Exporter {
     pub fn start(opts: OtlpOptions, from: Sender, stats: Arc<Metrics>) -> std::io::Result<Self> {
+        if opts.metrics_url.is_some() {
+            stats.otlp_enabled(Signal::Metrics.as_str());
+        }
+        if opts.logs_url.is_some() {
+            stats.otlp_enabled(Signal::Logs.as_str());
+        }
         let (tx, rx) = mpsc::sync_channel(QUEUE);
         let (done, finished) = mpsc::channel();
         let stopping = Arc::new(AtomicBool::new(false));
