@@ -63,7 +63,11 @@ fn watch_sends_incidents_and_metrics_to_an_otlp_collector() {
     let comm = unique_comm();
     let rule = format!("comm:^{comm}$");
     let bundles = dir.0.to_str().expect("utf-8").to_string();
-    let mut w = Watcher::start(&[
+    // The cluster's name as a user gives it to every OpenTelemetry SDK.
+    let cluster = format!("gpustall-test-{}", tests::unique());
+    let mut cmd = std::process::Command::new(tests::gpustall_bin());
+    cmd.env("OTEL_RESOURCE_ATTRIBUTES", format!("k8s.cluster.name={cluster}")).args([
+        "watch",
         "--match",
         &rule,
         "--bundle-dir",
@@ -80,6 +84,7 @@ fn watch_sends_incidents_and_metrics_to_an_otlp_collector() {
         "--otlp-every",
         "1s",
     ]);
+    let mut w = Watcher::spawn(cmd);
     let started = w.wait_for("metrics on http://", Duration::from_secs(60));
     let addr = started.split("http://").nth(1).and_then(|r| r.split('/').next()).expect("addr");
     let said = w.wait_for("OpenTelemetry export:", Duration::from_secs(5));
@@ -135,6 +140,7 @@ fn watch_sends_incidents_and_metrics_to_an_otlp_collector() {
         format!("gpustall_incidents_total{{kind=\"sigkill\",training_job=\"{job_name}\"}}");
     assert_eq!(value(&served, &series), Some(1.0), "{served}");
     assert!(got.contains("Name: gpustall.reclaim_stall") && got.contains("Unit: s"), "{got}");
+    assert!(got.contains(&format!("k8s.cluster.name: Str({cluster})")), "the resource:\n{got}");
     for signal in ["metrics", "logs"] {
         let failures = format!("gpustall_otlp_export_failures_total{{signal=\"{signal}\"}}");
         assert_eq!(value(&served, &failures), Some(0.0), "no failures:\n{served}");
@@ -150,7 +156,10 @@ fn a_collector_that_is_not_there_costs_a_warning_and_a_counter() {
     let dir = tests::TempDir::new("otlp-down");
     let bundles = dir.0.to_str().expect("utf-8").to_string();
     let endpoint = format!("http://127.0.0.1:{port}");
-    let mut w = Watcher::start(&[
+    // Asked for by OpenTelemetry's own variable, as the OpenTelemetry Operator injects it.
+    let mut cmd = std::process::Command::new(tests::gpustall_bin());
+    cmd.env("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint).args([
+        "watch",
         "--match",
         &format!("comm:^{}$", unique_comm()),
         "--bundle-dir",
@@ -158,11 +167,10 @@ fn a_collector_that_is_not_there_costs_a_warning_and_a_counter() {
         "--listen",
         "127.0.0.1:0",
         "--no-gpu",
-        "--otlp-endpoint",
-        &endpoint,
         "--otlp-every",
         "1s",
     ]);
+    let mut w = Watcher::spawn(cmd);
     let started = w.wait_for("metrics on http://", Duration::from_secs(60));
     let addr = started.split("http://").nth(1).and_then(|r| r.split('/').next()).expect("addr");
     let warned = w.wait_for("OTLP metrics export to", Duration::from_secs(20));

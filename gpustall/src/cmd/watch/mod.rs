@@ -717,6 +717,7 @@ async fn setup(opts: WatchOptions) -> anyhow::Result<(Daemon, Probes, Rings, Opt
             node: host::node_name(),
             started_unix_ns: d.header.wall_clock_at_start_ns,
             k8s_node: std::env::var_os("NODE_NAME").is_some(),
+            resource: o.resource.clone(),
         };
         let exporter = otlp::Exporter::start(o, from, d.metrics.clone())
             .context("starting the OTLP exporter's thread")?;

@@ -30,6 +30,8 @@ pub struct Sender {
     pub started_unix_ns: u64,
     /// Set where Kubernetes runs the daemon (NODE_NAME in its environment).
     pub k8s_node: bool,
+    /// The user's resource attributes: each replaces gpustall's own of the same key.
+    pub resource: Vec<(String, String)>,
 }
 
 impl Sender {
@@ -43,6 +45,10 @@ impl Sender {
         ];
         if self.k8s_node {
             attributes.push(kv("k8s.node.name", &self.node));
+        }
+        for (k, v) in &self.resource {
+            attributes.retain(|a| a.key != *k);
+            attributes.push(kv(k, v));
         }
         Resource { attributes, ..Default::default() }
     }

@@ -31,15 +31,17 @@ pub struct OtlpArgs {
     /// bundle's path) to the OpenTelemetry collector at URL, e.g. http://otel-collector:4318:
     /// metrics to URL/v1/metrics, incidents to URL/v1/logs. Headers come from
     /// OTEL_EXPORTER_OTLP_HEADERS (`key=value,...`, as OpenTelemetry's SDKs read it) and
-    /// --otlp-header. Off unless this or one of the two below is given.
-    #[arg(long, value_name = "URL", value_parser = parse_url)]
+    /// --otlp-header; the resource's attributes from OTEL_RESOURCE_ATTRIBUTES and
+    /// OTEL_SERVICE_NAME. Off unless this or one of the two below is given (by flag or by
+    /// the OpenTelemetry variable named here, as the OpenTelemetry Operator injects them).
+    #[arg(long, value_name = "URL", value_parser = parse_url, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
     otlp_endpoint: Option<String>,
     /// Metrics to this URL exactly, instead of --otlp-endpoint's (Prometheus's own receiver:
     /// http://prometheus:9090/api/v1/otlp/v1/metrics).
-    #[arg(long, value_name = "URL", value_parser = parse_url)]
+    #[arg(long, value_name = "URL", value_parser = parse_url, env = "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT")]
     otlp_metrics_endpoint: Option<String>,
     /// Incidents to this URL exactly, instead of --otlp-endpoint's.
-    #[arg(long, value_name = "URL", value_parser = parse_url)]
+    #[arg(long, value_name = "URL", value_parser = parse_url, env = "OTEL_EXPORTER_OTLP_LOGS_ENDPOINT")]
     otlp_logs_endpoint: Option<String>,
     /// An HTTP header on every OTLP request, e.g. `Authorization=Bearer TOKEN` (a secret is
     /// better in OTEL_EXPORTER_OTLP_HEADERS: the command line is visible to every user).
@@ -58,6 +60,9 @@ pub struct OtlpOptions {
     pub logs_url: Option<String>,
     pub headers: Vec<(String, String)>,
     pub every: Duration,
+    /// The user's resource attributes (OTEL_RESOURCE_ATTRIBUTES, OTEL_SERVICE_NAME): they
+    /// replace gpustall's own of the same key.
+    pub resource: Vec<(String, String)>,
 }
 
 impl OtlpArgs {
@@ -76,8 +81,38 @@ impl OtlpArgs {
             Err(_) => Vec::new(),
         };
         headers.extend(self.otlp_header);
-        Ok(Some(OtlpOptions { metrics_url, logs_url, headers, every: self.otlp_every }))
+        let var = |k| std::env::var(k).ok();
+        let resource = resource_attributes(
+            var("OTEL_RESOURCE_ATTRIBUTES").as_deref(),
+            var("OTEL_SERVICE_NAME").as_deref(),
+        )?;
+        Ok(Some(OtlpOptions { metrics_url, logs_url, headers, every: self.otlp_every, resource }))
     }
+}
+
+/// OTEL_RESOURCE_ATTRIBUTES (`key=value,...`, values percent-encoded), then OTEL_SERVICE_NAME
+/// over its `service.name`, as the OpenTelemetry specification orders them. A pair that does
+/// not read is an error: a cluster's name silently missing would split its dashboards.
+fn resource_attributes(
+    attrs: Option<&str>,
+    service: Option<&str>,
+) -> Result<Vec<(String, String)>, String> {
+    let mut out: Vec<(String, String)> = Vec::new();
+    for pair in attrs.unwrap_or("").split(',').filter(|p| !p.trim().is_empty()) {
+        let (k, v) = pair.split_once('=').ok_or_else(|| {
+            format!(
+                "OTEL_RESOURCE_ATTRIBUTES: {pair:?} is not key=value, e.g. k8s.cluster.name=prod"
+            )
+        })?;
+        let v = percent_encoding::percent_decode_str(v.trim()).decode_utf8_lossy();
+        out.retain(|(key, _)| key != k.trim());
+        out.push((k.trim().to_string(), v.into_owned()));
+    }
+    if let Some(name) = service.map(str::trim).filter(|n| !n.is_empty()) {
+        out.retain(|(key, _)| key != "service.name");
+        out.push(("service.name".into(), name.to_string()));
+    }
+    Ok(out)
 }
 
 fn parse_url(s: &str) -> Result<String, String> {
@@ -394,6 +429,22 @@ mod tests {
         assert_eq!(o.metrics_url.as_deref(), Some("http://p:9090/api/v1/otlp/v1/metrics"));
         assert_eq!(o.logs_url, None);
         assert!(OtlpArgs::default().options().unwrap().is_none(), "off unless asked");
+    }
+
+    #[test]
+    fn the_users_resource_attributes_are_read_as_the_sdks_read_them() {
+        let got = resource_attributes(
+            Some("k8s.cluster.name=prod%2Deu, team = ml ,service.name=x,team=ml-2"),
+            Some("trainer-agent"),
+        )
+        .unwrap();
+        let want =
+            [("k8s.cluster.name", "prod-eu"), ("team", "ml-2"), ("service.name", "trainer-agent")];
+        let want: Vec<(String, String)> =
+            want.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        assert_eq!(got, want);
+        assert_eq!(resource_attributes(None, Some(" ")).unwrap(), vec![]);
+        assert!(resource_attributes(Some("cluster"), None).unwrap_err().contains("key=value"));
     }
 
     #[test]

@@ -15,7 +15,12 @@ use crate::{
 };
 
 fn sender() -> Sender {
-    Sender { node: "node-a".into(), started_unix_ns: 1_000, k8s_node: true }
+    Sender {
+        node: "node-a".into(),
+        started_unix_ns: 1_000,
+        k8s_node: true,
+        resource: vec![("k8s.cluster.name".into(), "prod".into())],
+    }
 }
 
 fn attr<'a>(attrs: &'a [KeyValue], key: &str) -> Option<&'a Value> {
@@ -42,6 +47,7 @@ fn the_registry_becomes_sums_and_gauges_named_as_prometheus_stores_them() {
     assert_eq!(text(res, "service.name"), Some("gpustall"));
     assert_eq!(text(res, "service.instance.id"), Some("node-a"));
     assert_eq!(text(res, "k8s.node.name"), Some("node-a"));
+    assert_eq!(text(res, "k8s.cluster.name"), Some("prod"), "the user's own attributes");
     let all = &rm.scope_metrics[0].metrics;
     let find = |name: &str| all.iter().find(|m| m.name == name).unwrap_or_else(|| panic!("{name}"));
 
