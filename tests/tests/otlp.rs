@@ -190,3 +190,35 @@ fn a_collector_that_is_not_there_costs_a_warning_and_a_counter() {
     assert_eq!(warnings, 1, "{:#?}", w.seen());
     assert!(tests::watcher::get(addr, "/healthz").starts_with("HTTP/1.1 200"), "still live");
 }
+
+/// Configured only by OpenTelemetry's variables, as an SDK would be: the metrics alone to
+/// their own URL, gzipped; the collector reads them and nothing fails.
+#[test]
+fn the_opentelemetry_variables_alone_send_gzipped_metrics() {
+    tests::require_privileged_env();
+    let rotel = Rotel::start();
+    let dir = tests::TempDir::new("otlp-env");
+    let mut cmd = std::process::Command::new(tests::gpustall_bin());
+    cmd.env("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", rotel.otlp_metrics_url())
+        .env("OTEL_EXPORTER_OTLP_COMPRESSION", "gzip")
+        .env("OTEL_SERVICE_NAME", "gpustall-env-test")
+        .args(["watch", "--match", &format!("comm:^{}$", unique_comm())])
+        .args(["--bundle-dir", dir.0.to_str().expect("utf-8")])
+        .args(["--listen", "127.0.0.1:0", "--no-gpu", "--otlp-every", "1s"]);
+    let mut w = Watcher::spawn(cmd);
+    let started = w.wait_for("metrics on http://", Duration::from_secs(60));
+    let addr = started.split("http://").nth(1).and_then(|r| r.split('/').next()).expect("addr");
+    let said = w.wait_for("OpenTelemetry export:", Duration::from_secs(5));
+    assert!(said.contains(&rotel.otlp_metrics_url()) && said.contains("gzip"), "{said}");
+    assert!(!said.contains("incidents to"), "no logs endpoint, no incidents sent: {said}");
+    let got = wait_received(
+        &rotel,
+        &["Name: gpustall.watched_jobs", "service.name: Str(gpustall-env-test)"],
+        Duration::from_secs(20),
+    );
+    assert!(got.contains("Name: gpustall.agent_cpu"), "{got}");
+    let served = scrape(addr);
+    let failures = "gpustall_otlp_export_failures_total{signal=\"metrics\"}";
+    assert_eq!(value(&served, failures), Some(0.0), "{served}");
+    assert_eq!(value(&served, "gpustall_otlp_export_failures_total{signal=\"logs\"}"), None);
+}
