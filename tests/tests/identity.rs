@@ -233,52 +233,156 @@ fn the_rank_whose_worker_was_oom_killed_is_named_first() {
 }
 
 /// Removes a cgroup tree made by a test, deepest first, whatever happened.
-struct CgroupTree(Vec<std::path::PathBuf>);
+/// What a test made on the host (cgroups, the kubelet's log entries), removed in reverse
+/// order when dropped, on failure too.
+#[derive(Default)]
+struct Made(Vec<std::path::PathBuf>);
 
-impl Drop for CgroupTree {
+impl Made {
+    fn dir(&mut self, d: &Path) {
+        if !d.exists() {
+            std::fs::create_dir(d).unwrap_or_else(|e| panic!("{}: {e}", d.display()));
+            self.0.push(d.to_path_buf());
+        }
+    }
+
+    fn symlink(&mut self, target: &Path, link: &Path) {
+        std::os::unix::fs::symlink(target, link).expect("a link");
+        self.0.push(link.to_path_buf());
+    }
+
+    fn file(&mut self, f: &Path) {
+        std::fs::write(f, "").expect("a file");
+        self.0.push(f.to_path_buf());
+    }
+}
+
+impl Drop for Made {
     fn drop(&mut self) {
-        for d in self.0.iter().rev() {
-            let _ = std::fs::remove_dir(d);
+        for p in self.0.iter().rev() {
+            match std::fs::symlink_metadata(p) {
+                Ok(m) if m.is_dir() => drop(std::fs::remove_dir(p)),
+                _ => drop(std::fs::remove_file(p)),
+            }
         }
     }
 }
 
+/// A pod of this test's own: its UID, container id and names, unique per run.
+struct Pod {
+    uid: String,
+    cid: String,
+    namespace: String,
+    name: String,
+    container: String,
+    /// The pod's HOSTNAME: a hostNetwork pod's is the node's name, not the pod's.
+    hostname: String,
+}
+
+impl Pod {
+    fn new() -> Self {
+        let (pid, n) = (std::process::id(), tests::unique());
+        Pod {
+            uid: format!("{pid:08x}-0000-4000-8000-{n:012x}"),
+            cid: format!("{:032x}{pid:032x}", n),
+            namespace: format!("gpustall-test-ns-{pid}-{n}"),
+            name: format!("gpustall-test-pod-{pid}-{n}"),
+            container: format!("trainer-{pid}-{n}"),
+            hostname: format!("gpustall-test-node-{pid}-{n}"),
+        }
+    }
+
+    /// Its container's cgroup, named as the kubelet's cgroupfs driver names a burstable pod's.
+    fn cgroup(&self, made: &mut Made) -> std::path::PathBuf {
+        let base = ["/sys/fs/cgroup/memory", "/sys/fs/cgroup/unified", "/sys/fs/cgroup"]
+            .into_iter()
+            .map(Path::new)
+            .find(|b| b.join("cgroup.procs").exists())
+            .expect("a cgroup hierarchy");
+        let mut d = base.to_path_buf();
+        for part in ["kubepods".to_string(), "burstable".into(), format!("pod{}", self.uid)] {
+            d = d.join(part);
+            made.dir(&d);
+        }
+        let d = d.join(&self.cid);
+        made.dir(&d);
+        d
+    }
+
+    /// Its log entries as the kubelet makes them: /var/log/pods/<ns>_<pod>_<uid>/<container>/0.log
+    /// and the link /var/log/containers/<pod>_<ns>_<container>-<id>.log to it.
+    fn kubelet_logs(&self, made: &mut Made) {
+        let pods = Path::new("/var/log/pods");
+        let containers = Path::new("/var/log/containers");
+        made.dir(pods);
+        made.dir(containers);
+        let dir = pods.join(format!("{}_{}_{}", self.namespace, self.name, self.uid));
+        made.dir(&dir);
+        made.dir(&dir.join(&self.container));
+        let log = dir.join(&self.container).join("0.log");
+        made.file(&log);
+        let link = format!("{}_{}_{}-{}.log", self.name, self.namespace, self.container, self.cid);
+        made.symlink(&log, &containers.join(link));
+    }
+
+    /// Traces a workload run as a container of this pod: in its cgroup, with its HOSTNAME, in a
+    /// mount namespace of its own where the service account's namespace file is mounted as the
+    /// runtime mounts it (at /var/run/secrets/..., which is /run/secrets/... where /var/run is
+    /// a link to /run, as on this host and in most images). The job's identity in the summary.
+    fn trace(&self, cgroup: &Path) -> Value {
+        let sa = "/run/secrets/kubernetes.io/serviceaccount";
+        let script = format!(
+            "mount -t tmpfs tmpfs /run && mkdir -p {sa} && echo {ns} > {sa}/namespace \
+             && exec \"$0\" \"$@\"",
+            ns = self.namespace
+        );
+        let workload = env!("CARGO_BIN_EXE_gpustall-workload");
+        let hostname = format!("HOSTNAME={}", self.hostname);
+        let args = [&hostname, "unshare", "--mount", "--propagation", "private", "sh", "-c"];
+        let args: Vec<&str> =
+            args.into_iter().chain([script.as_str(), workload, "hog", "8", "8", "1500"]).collect();
+        let mut w = Workload::start(Path::new("/usr/bin/env"), &args, None);
+        // Moved into the pod once the workload runs in its mount namespace.
+        let end = std::time::Instant::now() + Duration::from_secs(10);
+        while std::fs::read_link(format!("/proc/{}/exe", w.pid())).ok().as_deref()
+            != Some(Path::new(workload))
+        {
+            assert!(std::time::Instant::now() < end, "the workload did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        std::fs::write(cgroup.join("cgroup.procs"), w.pid().to_string()).expect("into the pod");
+        let tracer = Tracer::start_with_env(w.pid(), &["--quiet", "--no-gpu"], &[]);
+        w.go();
+        let _ = w.wait(Duration::from_secs(30));
+        let t = tracer.wait(Duration::from_secs(30));
+        t.summary["job"].clone()
+    }
+}
+
 /// A process in a cgroup named exactly as the kubelet's cgroupfs driver names a burstable
-/// pod's container (a unique pod UID per run). Made by the test: no kubelet runs here.
+/// pod's container, in a mount namespace with the service account's namespace file, then with
+/// the kubelet's log entries for the pod. Made by the test: no kubelet runs here.
 #[test]
 fn a_process_in_a_pods_cgroup_is_named_by_its_pod_and_container() {
     tests::require_privileged_env();
-    let base = ["/sys/fs/cgroup/memory", "/sys/fs/cgroup/unified", "/sys/fs/cgroup"]
-        .into_iter()
-        .map(Path::new)
-        .find(|b| b.join("cgroup.procs").exists())
-        .expect("a cgroup hierarchy");
-    let n = tests::unique();
-    let uid = format!("{:08x}-0000-4000-8000-{:012x}", std::process::id(), n & 0xffff_ffff_ffff);
-    let cid = format!("{:064x}", n);
-    let mut dirs = Vec::new();
-    let mut d = base.to_path_buf();
-    let guard = {
-        for part in ["kubepods".to_string(), "burstable".into(), format!("pod{uid}"), cid.clone()] {
-            d = d.join(part);
-            if !d.exists() {
-                std::fs::create_dir(&d).unwrap_or_else(|e| panic!("{}: {e}", d.display()));
-                dirs.push(d.clone());
-            }
-        }
-        CgroupTree(dirs)
-    };
-    let workload = Path::new(env!("CARGO_BIN_EXE_gpustall-workload"));
-    let mut w = Workload::start(workload, &["hog", "8", "8", "1500"], None);
-    std::fs::write(d.join("cgroup.procs"), w.pid().to_string()).expect("moving it into the pod");
-    let tracer = Tracer::start_with_env(w.pid(), &["--quiet", "--no-gpu"], &[]);
-    w.go();
-    let _ = w.wait(Duration::from_secs(30));
-    let t = tracer.wait(Duration::from_secs(30));
-    let job = &t.summary["job"];
-    assert_eq!(job["pod_uid"].as_str(), Some(uid.as_str()), "{job}");
-    assert_eq!(job["container_id"].as_str(), Some(cid.as_str()), "{job}");
-    drop(guard);
+    let pod = Pod::new();
+    let mut made = Made::default();
+    let cgroup = pod.cgroup(&mut made);
+    // No kubelet log entries: the pod's name is its HOSTNAME, its namespace the service
+    // account's, read inside the container (through its /var/run link, not gpustall's).
+    let job = pod.trace(&cgroup);
+    assert_eq!(job["pod_uid"].as_str(), Some(pod.uid.as_str()), "{job}");
+    assert_eq!(job["container_id"].as_str(), Some(pod.cid.as_str()), "{job}");
+    assert_eq!(job["namespace"].as_str(), Some(pod.namespace.as_str()), "{job}");
+    assert_eq!(job["pod"].as_str(), Some(pod.hostname.as_str()), "{job}");
+    assert_eq!(job["container"], Value::Null, "nothing invented: {job}");
+    // With the kubelet's log entries: the pod's and the container's own names.
+    pod.kubelet_logs(&mut made);
+    let job = pod.trace(&cgroup);
+    assert_eq!(job["pod"].as_str(), Some(pod.name.as_str()), "{job}");
+    assert_eq!(job["namespace"].as_str(), Some(pod.namespace.as_str()), "{job}");
+    assert_eq!(job["container"].as_str(), Some(pod.container.as_str()), "{job}");
+    drop(made);
 }
 
 /// `gpustall watch` exports a watched job's identity as `gpustall_job_info`: one series per

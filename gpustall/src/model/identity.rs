@@ -12,12 +12,16 @@ use serde::{Deserialize, Serialize};
 /// a workstation has none.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
 pub struct Identity {
-    /// Kubernetes: the pod's UID and the container's id (from the cgroup path), the pod's
-    /// name (the container's HOSTNAME) and namespace (its service-account namespace file).
+    /// Kubernetes: the pod's UID and the container's id (from the cgroup path); the pod's
+    /// name and namespace and the container's name as the kubelet names its log files, else
+    /// the pod's name from the container's HOSTNAME and its namespace from the service-account
+    /// namespace file.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod_uid: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub container_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -129,6 +133,39 @@ impl Identity {
         self
     }
 
+    /// Adds the names the kubelet gives a pod's and a container's log files: the directory
+    /// `<namespace>_<pod>_<pod uid>` (under /var/log/pods) and the link
+    /// `<pod>_<namespace>_<container>-<container id>.log` (under /var/log/containers). Neither a
+    /// namespace, a pod nor a container name may hold `_`, so the split is exact. These are the
+    /// API object's names and win over HOSTNAME, which a pod spec's `hostname` or `hostNetwork`
+    /// makes something else.
+    pub fn with_kubelet_logs<'a>(
+        mut self,
+        pod_dirs: impl IntoIterator<Item = &'a str>,
+        container_links: impl IntoIterator<Item = &'a str>,
+    ) -> Self {
+        if let Some(uid) = self.pod_uid.clone() {
+            let suffix = format!("_{uid}");
+            let found = pod_dirs.into_iter().find_map(|d| d.strip_suffix(&suffix)?.split_once('_'));
+            if let Some((ns, pod)) = found {
+                (self.namespace, self.pod) = (Some(ns.to_string()), Some(pod.to_string()));
+            }
+        }
+        if let Some(cid) = self.container_id.clone() {
+            let suffix = format!("-{cid}.log");
+            let names = |l: &'a str| {
+                let mut it = l.strip_suffix(&suffix)?.splitn(3, '_');
+                Some((it.next()?, it.next()?, it.next()?))
+            };
+            if let Some((pod, ns, container)) = container_links.into_iter().find_map(names) {
+                self.pod = Some(pod.to_string());
+                self.namespace = Some(ns.to_string());
+                self.container = Some(container.to_string());
+            }
+        }
+        self
+    }
+
     /// The job's identity from its processes': the first value found of each field, the ranks'
     /// own fields (rank, local rank) only when one process has them (a trace of one rank).
     pub fn of_job<'a>(ids: impl IntoIterator<Item = &'a Identity>) -> Identity {
@@ -138,6 +175,7 @@ impl Identity {
             ranks.extend(id.rank);
             fill(&mut job.pod_uid, &id.pod_uid);
             fill(&mut job.container_id, &id.container_id);
+            fill(&mut job.container, &id.container);
             fill(&mut job.pod, &id.pod);
             fill(&mut job.namespace, &id.namespace);
             fill(&mut job.slurm_job, &id.slurm_job);
@@ -157,7 +195,7 @@ impl Identity {
     }
 
     /// One line for a heading: "Slurm job 4821 step 0, torchrun run abc, rank 3 of 16, pod
-    /// ml-team/train-7f9c"; `None` when nothing is known.
+    /// ml-team/train-7f9c, container trainer"; `None` when nothing is known.
     pub fn label(&self) -> Option<String> {
         let mut parts = Vec::new();
         if let Some(job) = &self.slurm_job {
@@ -179,6 +217,7 @@ impl Identity {
             (_, None, Some(uid)) => parts.push(format!("pod uid {uid}")),
             _ => {}
         }
+        parts.extend(self.container.as_ref().map(|c| format!("container {c}")));
         (!parts.is_empty()).then(|| parts.join(", "))
     }
 }
@@ -310,6 +349,38 @@ mod tests {
         let pod = Identity::from_cgroup(&format!("/kubepods/pod{UID}/{CID}"))
             .with_env([("HOSTNAME", "train-7f9c")]);
         assert_eq!(pod.pod.as_deref(), Some("train-7f9c"));
+    }
+
+    #[test]
+    fn the_kubelets_log_names_name_the_pod_and_container_over_hostname() {
+        let cgroup = format!("/kubepods/burstable/pod{UID}/{CID}");
+        // A hostNetwork pod's HOSTNAME is the node's name.
+        let id = Identity::from_cgroup(&cgroup).with_env([("HOSTNAME", "gpu-node-7")]);
+        let other = "0000000a-0000-4000-8000-00000000000b";
+        let pod_dirs =
+            [format!("kube-system_coredns-x_{other}"), format!("ml-team_train-7f9c_{UID}")];
+        let links = [
+            format!("coredns-x_kube-system_coredns-{}.log", "f".repeat(64)),
+            format!("train-7f9c_ml-team_data-loader-{CID}.log"),
+        ];
+        let named = id.clone().with_kubelet_logs(
+            pod_dirs.iter().map(|s| s.as_str()),
+            links.iter().map(|s| s.as_str()),
+        );
+        assert_eq!(
+            (named.namespace.as_deref(), named.pod.as_deref(), named.container.as_deref()),
+            (Some("ml-team"), Some("train-7f9c"), Some("data-loader"))
+        );
+        assert_eq!(named.label().as_deref(), Some("pod ml-team/train-7f9c, container data-loader"));
+        // The pod's directory alone names the pod, not the container.
+        let dir_only = id.clone().with_kubelet_logs(pod_dirs.iter().map(|s| s.as_str()), []);
+        assert_eq!((dir_only.pod.as_deref(), dir_only.container), (Some("train-7f9c"), None));
+        // Nothing of this pod's under the kubelet's logs: HOSTNAME stays, nothing is invented.
+        let none = id.clone().with_kubelet_logs([pod_dirs[0].as_str()], [links[0].as_str()]);
+        assert_eq!(none, id);
+        // Outside a pod the kubelet's logs are not looked at.
+        let plain = Identity::default().with_kubelet_logs(pod_dirs.iter().map(|s| s.as_str()), []);
+        assert!(plain.is_empty());
     }
 
     #[test]

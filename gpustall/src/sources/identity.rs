@@ -1,13 +1,22 @@
 //! A process's identity in its cluster (`model::identity`), read from /proc: every path of
 //! /proc/PID/cgroup (v1 lists one per hierarchy, v2 one), the few environment variables of
 //! `identity::ENV_VARS` in /proc/PID/environ (the rest is never kept), and in a Kubernetes pod
-//! the namespace of its service account, seen through /proc/PID/root. Best effort: a process
-//! that exited, or whose files cannot be read, has what could be read.
+//! the names the kubelet gives its log files and the namespace of its service account, seen
+//! inside the container's root. Best effort: a process that exited, or whose files cannot be
+//! read, has what could be read.
+
+use std::io::Read;
+
+use rustix::fs::{Mode, OFlags, ResolveFlags};
 
 use crate::model::identity::{Identity, ENV_VARS};
 
-/// The service-account namespace file a pod's containers get, under the process's root.
-const SA_NAMESPACE: &str = "var/run/secrets/kubernetes.io/serviceaccount/namespace";
+/// The service-account namespace file a pod's containers get, inside the container.
+const SA_NAMESPACE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
+/// The kubelet's pod log directories (`<namespace>_<pod>_<uid>`) and its links to container
+/// logs (`<pod>_<namespace>_<container>-<id>.log`), on the node. The DaemonSet mounts both.
+const POD_LOGS: &str = "/var/log/pods";
+const CONTAINER_LOGS: &str = "/var/log/containers";
 
 /// What /proc says of `pid` (empty when nothing is known).
 pub fn read(pid: u32) -> Identity {
@@ -19,11 +28,38 @@ pub fn read(pid: u32) -> Identity {
     }
     let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
     let mut id = id.with_env(env_pairs(&environ));
-    if id.in_pod() {
-        let ns = std::fs::read_to_string(format!("/proc/{pid}/root/{SA_NAMESPACE}"));
-        id.namespace = ns.ok().map(|s| s.trim().to_string()).filter(|s| !s.is_empty());
+    if !id.in_pod() {
+        return id;
     }
-    id
+    let ns = read_in_root(pid, SA_NAMESPACE);
+    id.namespace = ns.map(|s| s.trim().to_string()).filter(|s| !s.is_empty());
+    let (pods, containers) = (dir_names(POD_LOGS), dir_names(CONTAINER_LOGS));
+    id.with_kubelet_logs(pods.iter().map(String::as_str), containers.iter().map(String::as_str))
+}
+
+/// A file of `pid`'s as the process sees it. Not through the plain /proc/PID/root/<path>: an
+/// absolute link on the way (/var/run -> /run in most images, where the runtime mounts the
+/// service account) would resolve in gpustall's own root. openat2's RESOLVE_IN_ROOT resolves
+/// it in the process's.
+fn read_in_root(pid: u32, path: &str) -> Option<String> {
+    let root = rustix::fs::open(
+        format!("/proc/{pid}/root"),
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .ok()?;
+    let resolve = ResolveFlags::IN_ROOT | ResolveFlags::NO_MAGICLINKS;
+    let flags = OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOCTTY;
+    let fd = rustix::fs::openat2(&root, path, flags, Mode::empty(), resolve).ok()?;
+    let mut text = String::new();
+    std::fs::File::from(fd).take(4096).read_to_string(&mut text).ok()?;
+    Some(text)
+}
+
+/// The names in a directory (none where it is absent: a node without a kubelet).
+fn dir_names(dir: &str) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
+    entries.filter_map(|e| e.ok()?.file_name().into_string().ok()).collect()
 }
 
 /// The variables of [`ENV_VARS`] in a NUL-separated environment block; nothing else.
@@ -50,5 +86,14 @@ mod tests {
         // Whatever this machine is, reading it works and names no pod it is not in.
         let id = read(std::process::id());
         assert!(id.namespace.is_none() || id.in_pod());
+    }
+
+    #[test]
+    fn a_file_is_read_inside_the_processs_root() {
+        // This process's root is the reader's: a file reads as it always does.
+        let pid = std::process::id();
+        let direct = std::fs::read_to_string("/etc/hostname").ok();
+        assert_eq!(read_in_root(pid, "/etc/hostname"), direct);
+        assert_eq!(read_in_root(pid, "/no/such/file"), None);
     }
 }

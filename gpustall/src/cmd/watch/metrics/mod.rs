@@ -54,6 +54,8 @@ pub struct JobInfo {
     pub training_job: String,
     pub namespace: String,
     pub pod: String,
+    /// The container's name in its pod, where the kubelet's log files say it.
+    pub container: String,
     pub slurm_job: String,
     pub run_id: String,
     /// The job's torch.distributed rank where it is one rank (a pod or an `srun` task per
@@ -69,6 +71,7 @@ impl JobInfo {
             training_job: job.to_string(),
             namespace: text(&id.namespace),
             pod: id.pod.clone().or_else(|| id.pod_uid.clone()).unwrap_or_default(),
+            container: text(&id.container),
             slurm_job: text(&id.slurm_job),
             run_id: text(&id.run_id),
             rank: id.rank.map(|r| r.to_string()).unwrap_or_default(),

@@ -325,12 +325,13 @@ fn a_jobs_identity_is_one_info_series_replaced_when_it_changes() {
     let id = Identity {
         namespace: Some("ml-team".into()),
         pod: Some("train-7f9c".into()),
+        container: Some("trainer".into()),
         run_id: Some("run-1".into()),
         world_size: Some(2),
         ..Default::default()
     };
     m.set_job_identity("train-7", &id);
-    let series = r#"gpustall_job_info{training_job="train-7",namespace="ml-team",pod="train-7f9c",slurm_job="",run_id="run-1",rank="",world_size="2"}"#;
+    let series = r#"gpustall_job_info{training_job="train-7",namespace="ml-team",pod="train-7f9c",container="trainer",slurm_job="",run_id="run-1",rank="",world_size="2"}"#;
     has(&m.encode(), series, "1");
     m.set_job_identity("train-7", &Identity { slurm_job: Some("42".into()), ..id });
     let text = m.encode();

@@ -282,6 +282,7 @@ fn identity(id: &Identity) -> Vec<KeyValue> {
         ("k8s.pod.name", &id.pod),
         ("k8s.pod.uid", &id.pod_uid),
         ("container.id", &id.container_id),
+        ("k8s.container.name", &id.container),
         ("gpustall.slurm.job_id", &id.slurm_job),
         ("gpustall.slurm.step_id", &id.slurm_step),
         ("gpustall.torch.run_id", &id.run_id),

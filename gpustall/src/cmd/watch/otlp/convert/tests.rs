@@ -110,6 +110,7 @@ fn incident(verdict: Option<VerdictLine>, bundle: Result<String, String>) -> Inc
         identity: Identity {
             namespace: Some("ml".into()),
             pod: Some("train-0".into()),
+            container: Some("trainer".into()),
             run_id: Some("r1".into()),
             rank: Some(1),
             world_size: Some(2),
@@ -145,6 +146,7 @@ fn an_incident_is_a_log_record_with_its_verdict_job_and_bundle() {
     assert_eq!(text(a, "gpustall.training_job"), Some("torchrun-7"));
     assert_eq!(text(a, "k8s.namespace.name"), Some("ml"));
     assert_eq!(text(a, "k8s.pod.name"), Some("train-0"));
+    assert_eq!(text(a, "k8s.container.name"), Some("trainer"));
     assert_eq!(text(a, "gpustall.torch.run_id"), Some("r1"));
     assert_eq!(attr(a, "gpustall.torch.rank"), Some(&Value::IntValue(1)));
     assert_eq!(attr(a, "gpustall.slurm.job_id"), None, "nothing invented");
