@@ -222,7 +222,11 @@ fn a_job_run_by_a_real_slurmd_is_named_by_its_slurm_job_and_step() {
     eprintln!("slurmd's cgroups for the task:\n{cgroups}gpustall: job {}", s["job"]);
     assert_eq!(s["job"]["slurm_job"], job.as_str(), "{}", s["job"]);
     assert_eq!(s["job"]["slurm_step"], "0", "{}", s["job"]);
-    assert!(report.contains(&format!("Job: Slurm job {job} step 0")), "{report}");
+    // The job is root's (this test's): its user from the v1 path or SLURM_JOB_UID, its name
+    // from SLURM_JOB_USER.
+    assert_eq!(s["job"]["slurm_uid"], 0, "{}", s["job"]);
+    assert_eq!(s["job"]["slurm_user"], "root", "{}", s["job"]);
+    assert!(report.contains(&format!("Job: Slurm job {job} step 0, user root")), "{report}");
     drop(cluster);
     assert!(node_cgroups(&node).is_empty(), "the node's cgroups are removed");
 }

@@ -27,13 +27,15 @@ pub struct Identity {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub namespace: Option<String>,
     /// Slurm: the job and step (cgroup path, else SLURM_JOB_ID / SLURM_STEP_ID), the job's
-    /// user id (v1 cgroup path).
+    /// user id (v1 cgroup path, else SLURM_JOB_UID) and user name (SLURM_JOB_USER).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slurm_job: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slurm_step: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slurm_uid: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slurm_user: Option<String>,
     /// torch.distributed (torchrun, accelerate, deepspeed set these): the run, this process's
     /// global and local rank, the world size, the node's rank, the rendezvous address.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -61,6 +63,8 @@ pub const ENV_VARS: &[&str] = &[
     "MASTER_PORT",
     "SLURM_JOB_ID",
     "SLURM_STEP_ID",
+    "SLURM_JOB_UID",
+    "SLURM_JOB_USER",
     "HOSTNAME",
 ];
 
@@ -123,6 +127,8 @@ impl Identity {
                 "SLURM_STEP_ID" if self.slurm_step.is_none() => {
                     self.slurm_step = Some(v.to_string())
                 }
+                "SLURM_JOB_UID" if self.slurm_uid.is_none() => self.slurm_uid = num,
+                "SLURM_JOB_USER" => self.slurm_user = Some(v.to_string()),
                 "HOSTNAME" if self.in_pod() => self.pod = Some(v.to_string()),
                 _ => {}
             }
@@ -181,6 +187,7 @@ impl Identity {
             fill(&mut job.slurm_job, &id.slurm_job);
             fill(&mut job.slurm_step, &id.slurm_step);
             fill(&mut job.slurm_uid, &id.slurm_uid);
+            fill(&mut job.slurm_user, &id.slurm_user);
             fill(&mut job.run_id, &id.run_id);
             fill(&mut job.world_size, &id.world_size);
             fill(&mut job.group_rank, &id.group_rank);
@@ -194,13 +201,18 @@ impl Identity {
         job
     }
 
-    /// One line for a heading: "Slurm job 4821 step 0, torchrun run abc, rank 3 of 16, pod
-    /// ml-team/train-7f9c, container trainer"; `None` when nothing is known.
+    /// One line for a heading: "Slurm job 4821 step 0, user alice, torchrun run abc, rank 3 of
+    /// 16, pod ml-team/train-7f9c, container trainer"; `None` when nothing is known.
     pub fn label(&self) -> Option<String> {
         let mut parts = Vec::new();
         if let Some(job) = &self.slurm_job {
             let step = self.slurm_step.as_ref().map(|s| format!(" step {s}")).unwrap_or_default();
             parts.push(format!("Slurm job {job}{step}"));
+            match (&self.slurm_user, self.slurm_uid) {
+                (Some(user), _) => parts.push(format!("user {user}")),
+                (None, Some(uid)) => parts.push(format!("uid {uid}")),
+                (None, None) => {}
+            }
         }
         if let Some(run) = &self.run_id {
             parts.push(format!("torchrun run {run}"));
@@ -332,6 +344,8 @@ mod tests {
             ("MASTER_ADDR", "10.0.0.1"),
             ("MASTER_PORT", "29500"),
             ("SLURM_JOB_ID", "999"),
+            ("SLURM_JOB_UID", "1001"),
+            ("SLURM_JOB_USER", "alice"),
             ("HOSTNAME", "train-7f9c"),
         ];
         let id = Identity::from_cgroup("/slurm/uid_0/job_4821/step_0").with_env(env);
@@ -341,11 +355,18 @@ mod tests {
         );
         assert_eq!(id.master.as_deref(), Some("10.0.0.1:29500"));
         assert_eq!(id.slurm_job.as_deref(), Some("4821"), "the cgroup's job wins");
+        assert_eq!(id.slurm_uid, Some(0), "and its user id");
+        assert_eq!(id.slurm_user.as_deref(), Some("alice"));
         assert_eq!(id.pod, None, "HOSTNAME is a pod's name only in a pod");
         assert_eq!(
             id.label().as_deref(),
-            Some("Slurm job 4821 step 0, torchrun run run-abc, rank 3 of 16")
+            Some("Slurm job 4821 step 0, user alice, torchrun run run-abc, rank 3 of 16")
         );
+        // cgroup v2: no user id in the path; Slurm's variables give it.
+        let v2 = Identity::from_cgroup("/system.slice/slurmstepd.scope/job_77/step_0/user/task_0")
+            .with_env([("SLURM_JOB_UID", "1001")]);
+        assert_eq!(v2.slurm_uid, Some(1001));
+        assert_eq!(v2.label().as_deref(), Some("Slurm job 77 step 0, uid 1001"));
         let pod = Identity::from_cgroup(&format!("/kubepods/pod{UID}/{CID}"))
             .with_env([("HOSTNAME", "train-7f9c")]);
         assert_eq!(pod.pod.as_deref(), Some("train-7f9c"));

@@ -285,6 +285,7 @@ fn identity(id: &Identity) -> Vec<KeyValue> {
         ("k8s.container.name", &id.container),
         ("gpustall.slurm.job_id", &id.slurm_job),
         ("gpustall.slurm.step_id", &id.slurm_step),
+        ("gpustall.slurm.user", &id.slurm_user),
         ("gpustall.torch.run_id", &id.run_id),
         ("gpustall.torch.master", &id.master),
     ];
