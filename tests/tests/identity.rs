@@ -232,7 +232,6 @@ fn the_rank_whose_worker_was_oom_killed_is_named_first() {
     assert!(text.contains("rank 1"), "{text}");
 }
 
-/// Removes a cgroup tree made by a test, deepest first, whatever happened.
 /// What a test made on the host (cgroups, the kubelet's log entries), removed in reverse
 /// order when dropped, on failure too.
 #[derive(Default)]
