@@ -25,9 +25,9 @@
   jobs.py thrash [--mib 100] [--idle 4] [--touch 4] [--wait-go]
       Fills --mib MiB, idles --idle s (a neighbour may push it out to swap meanwhile), then
       reads through it again and again for --touch s.
-  jobs.py shm [--workers 2] [--mib 6] [--wait-go]
+  jobs.py shm [--workers 2] [--mib 6] [--hold 1] [--wait-go]
       A trainer whose workers each put a --mib MiB batch in shared memory (/dev/shm, as
-      DataLoader workers do); on a small /dev/shm one dies of SIGBUS.
+      DataLoader workers do) and hold it --hold s; on a small /dev/shm one dies of SIGBUS.
   jobs.py sleeper [--workers 2] [--idle 3] [--in-kernel] [--wait-go]
       A trainer that only sleeps, 10 ms at a time, for --idle s while its workers spin on the
       CPUs: nothing keeps it waiting but its own timer. --in-kernel: the workers spin in a
@@ -225,14 +225,14 @@ def thrash(a):
     return 0
 
 
-def shm_worker(mib, index):
+def shm_worker(mib, index, hold):
     from multiprocessing import resource_tracker, shared_memory
     ctypes.CDLL(None).prctl(15, b"pt_data_worker", 0, 0, 0)
     say("worker", index=index)
     batch = shared_memory.SharedMemory(create=True, size=mib << 20)
     resource_tracker.unregister(batch._name, "shared_memory")  # the trainer owns it, as in PyTorch
     batch.buf[:] = b"\x01" * (mib << 20)  # SIGBUS here when /dev/shm cannot back it
-    time.sleep(2)
+    time.sleep(hold)
     batch.close()
     batch.unlink()
     os._exit(0)
@@ -244,7 +244,7 @@ def shm(a):
     for i in range(a.workers):
         pid = os.fork()
         if pid == 0:
-            shm_worker(a.mib, i)
+            shm_worker(a.mib, i, a.hold)
         pids.append(pid)
     return 1 if reap(pids) else 0
 

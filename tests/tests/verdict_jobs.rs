@@ -174,3 +174,40 @@ fn a_worker_killed_by_sigbus_on_a_full_dev_shm_is_a_bus_error() {
         .expect("/dev/shm sampled");
     assert!(shm["total_bytes"].as_u64() <= Some(8 << 20), "{shm}");
 }
+
+/// The same job started by gpustall (`trace -- CMD`), mounting its own /dev/shm after the
+/// trace began and dead well within the first second: the /dev/shm reported is the job's,
+/// or said to be unread, never the host's of the same name.
+#[test]
+fn a_job_dead_before_the_first_beat_is_never_given_the_hosts_dev_shm() {
+    tests::require_privileged_env();
+    let dir = tests::TempDir::new("shm-early");
+    let summary = dir.path("summary.json");
+    let cmd = format!(
+        "mount -t tmpfs -o size=8m tmpfs /dev/shm && exec python3 -u {} shm --workers 2 --mib 6 --hold 0",
+        jobs_py().display()
+    );
+    let started = std::time::Instant::now();
+    let o = std::process::Command::new(tests::gpustall_bin())
+        .args(["trace", "--quiet", "--no-gpu", "--summary-json"])
+        .arg(&summary)
+        .args(["--", "unshare", "--mount", "--propagation", "private", "sh", "-c", &cmd])
+        .env_remove("SUDO_UID")
+        .output()
+        .expect("gpustall trace -- CMD");
+    let err = String::from_utf8_lossy(&o.stderr);
+    eprintln!("the job and its trace took {:?}", started.elapsed());
+    let summary: Value =
+        serde_json::from_str(&std::fs::read_to_string(&summary).expect("the summary")).expect("JSON");
+    let v = &summary["verdict"];
+    eprintln!("verdict: {v:#}");
+    assert_eq!(v["cause"], "bus_error", "{v:#}\n{err}");
+    let text = v["text"].as_str().unwrap_or_default();
+    let shm = summary["context"]["filesystems"]
+        .as_array()
+        .and_then(|f| f.iter().find(|f| f["path"] == "/dev/shm").cloned());
+    match shm {
+        Some(shm) => assert!(shm["total_bytes"].as_u64() <= Some(8 << 20), "{shm}\n{text}"),
+        None => assert!(text.contains("/dev/shm of the job's mount namespace was not read"), "{text}"),
+    }
+}

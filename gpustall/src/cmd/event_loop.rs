@@ -15,7 +15,7 @@ use tokio::{
     time::{interval, Instant, Interval, MissedTickBehavior},
 };
 
-use crate::pipeline::session::Session;
+use crate::pipeline::session::{Moment, Session};
 use crate::{
     cmd::{
         gpu::GpuWatch,
@@ -77,6 +77,9 @@ pub trait Beat {
     }
     /// Called at [`Beat::settle_at`], after both rings were drained.
     fn settle(&mut self) {}
+    /// A drain took in a fatal signal, an exit or an exec: read what must be read while the
+    /// job's processes are still there (see [`Moment`]).
+    fn catch_up(&mut self, _why: Moment) {}
 }
 
 /// Why the loop ended.
@@ -205,6 +208,9 @@ pub async fn run(
             }
         }
         cmd.session().follow_roles(maps);
+        if let Some(why) = cmd.session().take_moment() {
+            cmd.catch_up(why);
+        }
     };
     rings.drain(cmd.session());
     Ok(stop)

@@ -12,7 +12,7 @@ use std::{
 
 use anyhow::Context as _;
 
-use crate::pipeline::session::Session;
+use crate::pipeline::session::{Moment, Session};
 use crate::{
     cmd::{
         event_loop::{self, Beat, GpuTicks, Rings, Stop},
@@ -382,6 +382,11 @@ fn seed_pass(
 impl Beat for Trace {
     fn session(&mut self) -> &mut Session {
         &mut self.session
+    }
+
+    fn catch_up(&mut self, _why: Moment) {
+        self.beat.ctx.job_changed(self.session.tree_changed_ns);
+        self.beat.ctx.catch_up(&self.session.model.tree.alive_pids());
     }
 
     /// A job gpustall started gets the signal once: from gpustall only when it did not get

@@ -263,6 +263,11 @@ pub fn disk_busy(before: &[DiskStat], after: &[DiskStat], elapsed_ms: u64) -> Ve
 #[derive(Serialize, serde::Deserialize, Clone, Debug, PartialEq)]
 pub struct FsUsage {
     pub path: String,
+    /// Which filesystem ("major:minor" of the mount): the job may mount its own at a path
+    /// (`unshare -m`, a container), and two filesystems' figures never mix. Absent in
+    /// recordings before it was read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dev: Option<String>,
     pub total_bytes: u64,
     /// Available to unprivileged users (root's reserved blocks excluded), as df shows.
     pub avail_bytes: u64,
@@ -400,8 +405,9 @@ impl HostContext {
         }
         self.cpu.apply(s.t_ns, s.cpu.as_ref(), &s.tasks);
         for fs in &s.filesystems {
+            // At its fullest; a path the job now has another filesystem on is that one's.
             match self.filesystems.iter_mut().find(|f| f.path == fs.path) {
-                Some(f) if fs.used_pct > f.used_pct => *f = fs.clone(),
+                Some(f) if fs.used_pct > f.used_pct || fs.dev != f.dev => *f = fs.clone(),
                 Some(_) => {}
                 None => self.filesystems.push(fs.clone()),
             }
@@ -531,6 +537,7 @@ mod tests {
     fn fullest_filesystem_reading_is_kept() {
         let fs = |pct: f64| FsUsage {
             path: "/tmp".into(),
+            dev: None,
             total_bytes: 100,
             avail_bytes: 1,
             used_pct: pct,
@@ -541,5 +548,25 @@ mod tests {
         c.apply(&ContextSample { filesystems: vec![fs(60.0)], ..Default::default() });
         assert_eq!(c.filesystems.len(), 1);
         assert_eq!(c.filesystems[0].used_pct, 99.0);
+    }
+
+    #[test]
+    fn a_filesystem_the_job_mounted_over_a_path_replaces_the_one_before() {
+        // The job's own 8 MiB /dev/shm, empty, after the host's at 1 %: the host's figures
+        // are not the job's, however much fuller.
+        let fs = |dev: &str, total: u64, pct: f64| FsUsage {
+            path: "/dev/shm".into(),
+            dev: Some(dev.into()),
+            total_bytes: total,
+            avail_bytes: total,
+            used_pct: pct,
+        };
+        let mut c = HostContext::default();
+        c.apply(&ContextSample { filesystems: vec![fs("0:25", 24 << 30, 1.0)], ..Default::default() });
+        c.apply(&ContextSample { filesystems: vec![fs("0:61", 8 << 20, 0.0)], ..Default::default() });
+        c.apply(&ContextSample { filesystems: vec![fs("0:61", 8 << 20, 100.0)], ..Default::default() });
+        c.apply(&ContextSample { filesystems: vec![fs("0:61", 8 << 20, 3.0)], ..Default::default() });
+        assert_eq!(c.filesystems.len(), 1);
+        assert_eq!((c.filesystems[0].total_bytes, c.filesystems[0].used_pct), (8 << 20, 100.0));
     }
 }

@@ -60,6 +60,23 @@ pub struct Session {
     roles_given: Instant,
     /// The kernel log, where it can be read (`follow_kernel_log`).
     kmsg: Option<crate::sources::kmsg::KmsgReader>,
+    /// The strongest reason drained since [`Session::take_moment`] to read the job's
+    /// surroundings before the next beat.
+    moment: Option<Moment>,
+    /// The tree's last fork or exec drained (kernel time): a job may have made its own mount
+    /// namespace then (see `sources::context`).
+    pub tree_changed_ns: u64,
+}
+
+/// Why the job's surroundings (its /dev/shm, its cgroup) are read now, between beats: its
+/// processes may be gone by the next one, and with them the only way into its mount namespace.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Moment {
+    /// A process of the tree forked, exec'd or exited (a job that mounted its own /dev/shm and
+    /// exec'd its trainer, a last process on its way out).
+    Change,
+    /// A fatal signal or an OOM kill: what filled up is in the reading taken now.
+    Fatal,
 }
 
 impl Session {
@@ -81,7 +98,19 @@ impl Session {
             roles_moved: false,
             roles_given: Instant::now(),
             kmsg: None,
+            moment: None,
+            tree_changed_ns: 0,
         }
+    }
+
+    /// Why the job's surroundings should be read now, if anything drained since the last
+    /// call says so.
+    pub fn take_moment(&mut self) -> Option<Moment> {
+        self.moment.take()
+    }
+
+    fn note_moment(&mut self, m: Moment) {
+        self.moment = self.moment.max(Some(m));
     }
 
     pub fn observe(&mut self, s: Sample) {
@@ -135,6 +164,15 @@ impl Session {
                 r.write(Line::Event(&e));
             }
             self.model.apply(&e);
+            match &e {
+                Event::Fork { h, .. } | Event::Exec { h, .. } => {
+                    self.tree_changed_ns = self.tree_changed_ns.max(h.t_ns);
+                    self.note_moment(Moment::Change);
+                }
+                Event::Exit { .. } => self.note_moment(Moment::Change),
+                Event::OomVictim { .. } | Event::Signal { .. } => self.note_moment(Moment::Fatal),
+                _ => {}
+            }
             match &e {
                 Event::Exit { h, .. } => self.exited.push(h.tgid),
                 Event::OomVictim { h, victim_pid, .. } => {
@@ -269,6 +307,7 @@ impl Session {
         self.counters(maps, now);
         let batch = self.proc_batch();
         self.sample_proc(&batch, now);
+        ctx.job_changed(self.tree_changed_ns);
         self.observe(Sample::Context(Box::new(ctx.read(&batch, now))));
         if let Some(log) = log {
             self.read_log(log, now);

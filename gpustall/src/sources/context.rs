@@ -8,7 +8,7 @@
 
 use std::{
     collections::BTreeMap,
-    path::{Path, PathBuf},
+    path::Path,
 };
 
 use crate::model::host::{CgroupMem, FsUsage, JobContext};
@@ -30,6 +30,55 @@ fn wanted_vmstat(key: &str) -> bool {
     ) || key.starts_with("allocstall")
 }
 
+/// One filesystem the job writes to, as the job sees it. `held` is the directory opened
+/// through a live process of the job (its /proc/PID/root or cwd): the mount it names stays
+/// readable after the job's last process is gone and its mount namespace with it, so a job
+/// that dies in its first second is still measured on its own 64 MiB /dev/shm, never on the
+/// agent's (the host's) /dev/shm of the same name.
+struct JobFs {
+    /// The path as the job names it ("/dev/shm", its working directory).
+    name: String,
+    /// Where it is opened from, relative to /proc/PID ("root/dev/shm", "cwd").
+    via: &'static str,
+    held: Option<std::fs::File>,
+    /// When `held` was opened (CLOCK_MONOTONIC ns, the kernel events' clock).
+    opened_ns: u64,
+    /// The fullest reading since the last sample: a moment read (a worker's fatal signal)
+    /// may find it fuller than the next beat does.
+    fullest: Option<FsUsage>,
+}
+
+impl JobFs {
+    /// Opens it again through `pid`, where `pid` can be read: the job may have mounted its own
+    /// filesystem there since (`unshare -m`, a container's runtime).
+    fn reopen(&mut self, pid: u32) -> bool {
+        match host::open_dir(Path::new(&format!("/proc/{pid}/{}", self.via))) {
+            Some(f) => {
+                self.held = Some(f);
+                self.opened_ns = crate::sources::clock::monotonic_ns();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Reads the held directory's filesystem into `fullest`. A directory held from before the
+    /// job last forked or exec'd (`changed_ns`) is let go unread when no process of the job
+    /// could open it again: the job may have made its own mount namespace since (`unshare -m`
+    /// then exec), and what is held would be the host's.
+    fn take_reading(&mut self, reopened: bool, changed_ns: u64) {
+        if !reopened && self.opened_ns < changed_ns {
+            self.held = None;
+        }
+        let Some(u) = self.held.as_ref().and_then(host::fs_usage_of) else { return };
+        let u = FsUsage { path: self.name.clone(), ..u };
+        self.fullest = Some(match self.fullest.take() {
+            Some(f) if f.dev == u.dev && f.used_pct >= u.used_pct => f,
+            _ => u,
+        });
+    }
+}
+
 /// One job's own surroundings: its memory cgroup and the filesystems it writes to.
 struct JobReader {
     target: u32,
@@ -37,28 +86,51 @@ struct JobReader {
     /// /proc/TARGET/cgroup when `cgroup` was found: a job that moves itself into another
     /// cgroup (`echo $$ > .../cgroup.procs; exec python ...`) is followed there.
     membership: Option<String>,
-    /// Each filesystem as the job names it, and where the agent reads it: through the
-    /// target's /proc/PID/root, so a container's own /dev/shm (64 MiB by default) is the one
-    /// measured, not the host's.
-    fs_paths: Vec<(String, PathBuf)>,
+    /// The job's last fork or exec seen (see [`JobFs::take_reading`]).
+    changed_ns: u64,
+    fs: Vec<JobFs>,
 }
 
 impl JobReader {
     /// `target`'s memory cgroup and working directory stand for the job's.
     fn new(target: u32) -> Self {
-        let root = PathBuf::from(format!("/proc/{target}/root"));
-        let mut fs_paths: Vec<(String, PathBuf)> =
-            ["/tmp", "/dev/shm"].iter().map(|p| (p.to_string(), root.join(&p[1..]))).collect();
+        let fs = |name: &str, via| JobFs {
+            name: name.into(),
+            via,
+            held: None,
+            opened_ns: 0,
+            fullest: None,
+        };
+        let mut me = Self {
+            target,
+            cgroup: None,
+            membership: None,
+            changed_ns: 0,
+            fs: vec![fs("/tmp", "root/tmp"), fs("/dev/shm", "root/dev/shm")],
+        };
         if let Some(cwd) = host::cwd(target) {
-            fs_paths.insert(0, (cwd.display().to_string(), format!("/proc/{target}/cwd").into()));
+            me.fs.insert(0, fs(&cwd.display().to_string(), "cwd"));
         }
-        Self { target, cgroup: None, membership: None, fs_paths }
+        me.catch_up(&[]);
+        me
     }
 
-    /// The job's memory cgroup now: found again whenever the target's membership changed.
-    fn cgroup(&mut self) -> Option<CgroupMem> {
-        // An exited target (a zombie) shows the root cgroup: its last one stands. Checked after
-        // the read, so an exit between the two cannot pass for a move.
+    /// Reads the job's surroundings now, while one of its processes can still be read: the
+    /// target, else the first of `others` that answers (a job's processes share its mount
+    /// namespace and, mostly, its working directory).
+    fn catch_up(&mut self, others: &[u32]) {
+        self.follow_cgroup();
+        let pids: Vec<u32> = std::iter::once(self.target).chain(others.iter().copied()).collect();
+        for fs in &mut self.fs {
+            let reopened = pids.iter().any(|&p| fs.reopen(p));
+            fs.take_reading(reopened, self.changed_ns);
+        }
+    }
+
+    /// Finds the job's memory cgroup again when the target's membership changed. An exited
+    /// target (a zombie) shows the root cgroup: its last one stands. Checked after the read,
+    /// so an exit between the two cannot pass for a move.
+    fn follow_cgroup(&mut self) {
         let now = std::fs::read_to_string(format!("/proc/{}/cgroup", self.target)).ok();
         let alive = crate::sources::procfs::exists(self.target)
             && !crate::sources::procfs::is_zombie(self.target);
@@ -66,18 +138,20 @@ impl JobReader {
             self.cgroup = cgroup::memory_cgroup_dir(self.target);
             self.membership = now;
         }
+    }
+
+    /// The job's memory cgroup now.
+    fn cgroup(&mut self) -> Option<CgroupMem> {
+        self.follow_cgroup();
         self.cgroup.as_ref().and_then(cgroup::read_cgroup_mem)
     }
 
-    fn filesystems(&self) -> Vec<FsUsage> {
-        self.fs_paths
-            .iter()
-            .filter_map(|(name, path)| {
-                // Once the target is gone, the agent's own view of the same path.
-                let u = host::fs_usage(path).or_else(|| host::fs_usage(name.as_ref()))?;
-                Some(FsUsage { path: name.clone(), ..u })
-            })
-            .collect()
+    /// Each filesystem at its fullest since the last sample. One never opened through the
+    /// job (it ended before it could be read) is left out, not read on the host's path of
+    /// the same name: that is another mount namespace's wherever the job had its own.
+    fn filesystems(&mut self, others: &[u32]) -> Vec<FsUsage> {
+        self.catch_up(others);
+        self.fs.iter_mut().filter_map(|fs| fs.fullest.take()).collect()
     }
 }
 
@@ -121,6 +195,25 @@ impl ContextReader {
         self.jobs.remove(&root);
     }
 
+    /// Reads the traced job's surroundings now, between samples (a fatal signal, an exit, an
+    /// exec was drained): its processes may be gone by the next beat. What is read is in the
+    /// next sample.
+    pub fn catch_up(&mut self, alive: &[u32]) {
+        if let Some(j) = self.target.as_mut() {
+            j.catch_up(alive);
+        }
+        for j in self.jobs.values_mut() {
+            j.catch_up(&[]);
+        }
+    }
+
+    /// The traced job forked or exec'd at `t_ns` (a kernel event's time).
+    pub fn job_changed(&mut self, t_ns: u64) {
+        if let Some(j) = self.target.as_mut() {
+            j.changed_ns = j.changed_ns.max(t_ns);
+        }
+    }
+
     pub fn read(&mut self, alive: &[u32], t_ns: u64) -> ContextSample {
         ContextSample {
             t_ns,
@@ -129,7 +222,11 @@ impl ContextReader {
             vmstat: host::read_vmstat_keys(wanted_vmstat),
             disks: self.disks.read_disks(),
             tasks: alive.iter().filter_map(|&p| host::task_state(p)).collect(),
-            filesystems: self.target.as_ref().map(JobReader::filesystems).unwrap_or_default(),
+            filesystems: self
+                .target
+                .as_mut()
+                .map(|j| j.filesystems(alive))
+                .unwrap_or_default(),
             host_pressure: cgroup::read_host_psi(),
             jobs: self
                 .jobs
@@ -137,7 +234,7 @@ impl ContextReader {
                 .map(|(&root, j)| JobContext {
                     root,
                     cgroup: j.cgroup(),
-                    filesystems: j.filesystems(),
+                    filesystems: j.filesystems(&[]),
                 })
                 .collect(),
             cpu: self.cpu.as_mut().map(|c| c.read(alive)),

@@ -186,6 +186,7 @@ mod tests {
         use crate::model::host::{FsUsage, JobContext};
         use crate::model::samples::ContextSample;
         let fs = |path: &str| FsUsage {
+            dev: None,
             path: path.into(),
             total_bytes: 1,
             avail_bytes: 1,

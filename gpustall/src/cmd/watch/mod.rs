@@ -29,7 +29,7 @@ use crate::{
     },
     model::incident::{Incident, IncidentKind},
     model::{samples::Sample, stats::IoSlot, Model},
-    pipeline::session::Session,
+    pipeline::session::{Moment, Session},
     recording::{
         flight::{FlightRecorder, FlightSink},
         header::{Header, IncidentHeader},
@@ -739,6 +739,14 @@ async fn setup(opts: WatchOptions) -> anyhow::Result<(Daemon, Probes, Rings, Opt
 impl Beat for Daemon {
     fn session(&mut self) -> &mut Session {
         &mut self.session
+    }
+
+    /// Only at a fatal signal or an OOM kill: a node's jobs exit and exec all the time, and
+    /// each catch-up reads every watched job.
+    fn catch_up(&mut self, why: Moment) {
+        if why == Moment::Fatal {
+            self.ctx.catch_up(&[]);
+        }
     }
 
     /// Discovery, counters and context, storms, incidents, metrics, bundles, pruning.

@@ -114,7 +114,14 @@ pub fn bus_error(c: &Ctx) -> Option<Verdict> {
             mib_b(fs.avail_bytes),
             mib_b(fs.total_bytes)
         ),
-        None => "/dev/shm was not sampled".to_string(),
+        // Never the host's /dev/shm in its place: the job's may be its own mount.
+        None => {
+            let ended = f.procs.iter().filter_map(|p| p.exit_ns).max().unwrap_or(f.end_ns);
+            format!(
+                "/dev/shm of the job's mount namespace was not read: the job ended at {}, before it could be",
+                at(f, ended)
+            )
+        }
     };
     let mut chain = c.chain();
     for p in &hit {

@@ -438,6 +438,11 @@ fn a_worker_dead_of_sigbus_with_a_small_dev_shm_is_a_bus_error_not_oom() {
         v.text
     );
     assert!(v.advice.join(" ").contains("--shm-size"), "{:?}", v.advice);
+    // Never read (the job ended first): said so, not guessed from another mount.
+    f.filesystems.clear();
+    let v = decide(&f);
+    assert_eq!(v.cause.as_str(), "bus_error");
+    assert!(v.text.contains("/dev/shm of the job's mount namespace was not read"), "{}", v.text);
 }
 
 /// A kept kernel-log line, as `sources::kmsg` classifies the real line `text`.

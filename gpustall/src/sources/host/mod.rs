@@ -13,8 +13,6 @@
 //! on hand-built inputs (a temp dir that fakes /proc or /sys/fs/cgroup).
 
 use std::collections::BTreeMap;
-use std::ffi::CString;
-use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use crate::model::host::{DiskStat, FsUsage, HostMem, TaskState, SECTOR_BYTES};
@@ -194,16 +192,32 @@ fn lower_devices(sys_block: &Path, name: &str) -> Vec<String> {
     lower
 }
 
-pub fn fs_usage(path: &Path) -> Option<FsUsage> {
-    let c_path = CString::new(path.as_os_str().as_bytes()).ok()?;
+/// A directory opened only to name it (O_PATH): no read permission needed, nothing read, and
+/// never a FIFO or device a job put at the path (O_DIRECTORY).
+pub fn open_dir(path: &Path) -> Option<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_PATH | libc::O_DIRECTORY)
+        .open(path)
+        .ok()
+}
+
+/// Space on the filesystem of an open directory, as df shows it, and which filesystem it is.
+pub fn fs_usage_of(dir: &std::fs::File) -> Option<FsUsage> {
+    use std::os::{fd::AsRawFd, unix::fs::MetadataExt};
     // SAFETY: statvfs is plain old data, for which all-zero bytes are a valid value.
     let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: `c_path` is a NUL-terminated string that outlives the call, and `st` is a valid,
+    // SAFETY: the fd is open for the call (borrowed from `dir`), and `st` is a valid,
     // writable statvfs that the kernel fills.
-    let rc = unsafe { libc::statvfs(c_path.as_ptr(), &mut st) };
+    let rc = unsafe { libc::fstatvfs(dir.as_raw_fd(), &mut st) };
     if rc != 0 {
         return None;
     }
+    let dev = dir.metadata().ok().map(|m| {
+        let d = m.dev();
+        format!("{}:{}", libc::major(d), libc::minor(d))
+    });
     let frsize = st.f_frsize as u64;
     let blocks = st.f_blocks as u64;
     let avail = st.f_bavail as u64;
@@ -212,7 +226,8 @@ pub fn fs_usage(path: &Path) -> Option<FsUsage> {
     let used_pct =
         if used + avail == 0 { 0.0 } else { used as f64 * 100.0 / (used + avail) as f64 };
     Some(FsUsage {
-        path: path.display().to_string(),
+        path: String::new(),
+        dev,
         total_bytes: blocks.saturating_mul(frsize),
         avail_bytes: avail.saturating_mul(frsize),
         used_pct,

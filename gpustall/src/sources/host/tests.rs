@@ -166,12 +166,24 @@ fn meminfo_gives_the_host_figures() {
 
 #[test]
 fn fs_usage_of_root_is_sane() {
-    let u = fs_usage(Path::new("/")).expect("test setup");
-    assert_eq!(u.path, "/");
+    let u = fs_usage_of(&open_dir(Path::new("/")).expect("test setup")).expect("statvfs");
     assert!(u.total_bytes > 0);
     assert!(u.avail_bytes <= u.total_bytes);
     assert!((0.0..=100.0).contains(&u.used_pct), "{u:?}");
-    assert_eq!(fs_usage(Path::new("/no/such/dir/gpustall")), None);
+    assert!(u.dev.as_deref().is_some_and(|d| d.contains(':')), "{u:?}");
+    assert!(open_dir(Path::new("/no/such/dir/gpustall")).is_none());
+}
+
+#[test]
+fn a_fifo_where_a_directory_should_be_is_refused_without_blocking() {
+    let dir = std::env::temp_dir().join(format!("gpustall-fifo-{}", std::process::id()));
+    let _ = std::fs::remove_file(&dir);
+    let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).expect("no NUL");
+    // SAFETY: a NUL-terminated path that outlives the call.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo");
+    // No writer: an open that waited for one would hang this test.
+    assert!(open_dir(&dir).is_none());
+    std::fs::remove_file(&dir).expect("cleanup");
 }
 
 #[test]
