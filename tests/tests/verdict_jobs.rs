@@ -184,7 +184,7 @@ fn a_job_dead_before_the_first_beat_is_never_given_the_hosts_dev_shm() {
     let dir = tests::TempDir::new("shm-early");
     let summary = dir.path("summary.json");
     let cmd = format!(
-        "mount -t tmpfs -o size=8m tmpfs /dev/shm && exec python3 -u {} shm --workers 2 --mib 6 --hold 0",
+        "mount -t tmpfs -o size=8m tmpfs /dev/shm && exec python3 -u {} shm --workers 2 --mib 6 --hold 0.3",
         jobs_py().display()
     );
     let started = std::time::Instant::now();
@@ -198,7 +198,8 @@ fn a_job_dead_before_the_first_beat_is_never_given_the_hosts_dev_shm() {
     let err = String::from_utf8_lossy(&o.stderr);
     eprintln!("the job and its trace took {:?}", started.elapsed());
     let summary: Value =
-        serde_json::from_str(&std::fs::read_to_string(&summary).expect("the summary")).expect("JSON");
+        serde_json::from_str(&std::fs::read_to_string(&summary).expect("the summary"))
+            .expect("JSON");
     let v = &summary["verdict"];
     eprintln!("verdict: {v:#}");
     assert_eq!(v["cause"], "bus_error", "{v:#}\n{err}");
@@ -208,6 +209,8 @@ fn a_job_dead_before_the_first_beat_is_never_given_the_hosts_dev_shm() {
         .and_then(|f| f.iter().find(|f| f["path"] == "/dev/shm").cloned());
     match shm {
         Some(shm) => assert!(shm["total_bytes"].as_u64() <= Some(8 << 20), "{shm}\n{text}"),
-        None => assert!(text.contains("/dev/shm of the job's mount namespace was not read"), "{text}"),
+        None => {
+            assert!(text.contains("/dev/shm of the job's mount namespace was not read"), "{text}")
+        }
     }
 }

@@ -562,10 +562,22 @@ mod tests {
             used_pct: pct,
         };
         let mut c = HostContext::default();
-        c.apply(&ContextSample { filesystems: vec![fs("0:25", 24 << 30, 1.0)], ..Default::default() });
-        c.apply(&ContextSample { filesystems: vec![fs("0:61", 8 << 20, 0.0)], ..Default::default() });
-        c.apply(&ContextSample { filesystems: vec![fs("0:61", 8 << 20, 100.0)], ..Default::default() });
-        c.apply(&ContextSample { filesystems: vec![fs("0:61", 8 << 20, 3.0)], ..Default::default() });
+        c.apply(&ContextSample {
+            filesystems: vec![fs("0:25", 24 << 30, 1.0)],
+            ..Default::default()
+        });
+        c.apply(&ContextSample {
+            filesystems: vec![fs("0:61", 8 << 20, 0.0)],
+            ..Default::default()
+        });
+        c.apply(&ContextSample {
+            filesystems: vec![fs("0:61", 8 << 20, 100.0)],
+            ..Default::default()
+        });
+        c.apply(&ContextSample {
+            filesystems: vec![fs("0:61", 8 << 20, 3.0)],
+            ..Default::default()
+        });
         assert_eq!(c.filesystems.len(), 1);
         assert_eq!((c.filesystems[0].total_bytes, c.filesystems[0].used_pct), (8 << 20, 100.0));
     }

@@ -6,10 +6,7 @@
 //! [`ContextReader`] reads the machine (live only); [`HostContext::apply`] folds a
 //! [`ContextSample`] into the model, the same way live and on replay.
 
-use std::{
-    collections::BTreeMap,
-    path::Path,
-};
+use std::{collections::BTreeMap, path::Path};
 
 use crate::model::host::{CgroupMem, FsUsage, JobContext};
 use crate::model::samples::ContextSample;
@@ -222,11 +219,7 @@ impl ContextReader {
             vmstat: host::read_vmstat_keys(wanted_vmstat),
             disks: self.disks.read_disks(),
             tasks: alive.iter().filter_map(|&p| host::task_state(p)).collect(),
-            filesystems: self
-                .target
-                .as_mut()
-                .map(|j| j.filesystems(alive))
-                .unwrap_or_default(),
+            filesystems: self.target.as_mut().map(|j| j.filesystems(alive)).unwrap_or_default(),
             host_pressure: cgroup::read_host_psi(),
             jobs: self
                 .jobs

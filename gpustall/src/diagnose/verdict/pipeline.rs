@@ -39,6 +39,9 @@ const GPU_IDLE_PCT: f64 = 50.0;
 /// Workers in the run queue at least this share of their time compete with the processes
 /// outside the job for CPUs: what those used is not free for more workers.
 const COMPETING_RUNQUEUE_SHARE: f64 = 0.1;
+/// More workers are advised short of keeping up when they would deliver at least this much
+/// faster (the CPUs left idle beside the job's).
+const MORE_WORKERS_GAIN: f64 = 1.1;
 /// Processes that lived less than this are not judged on their shares.
 const MIN_LIFE_NS: u64 = 200_000_000;
 
@@ -236,18 +239,26 @@ pub fn keep_up_advice(k: &KeepUp) -> (Vec<String>, Option<u64>) {
         );
         return (vec![text], Some(needed));
     }
-    let fit = ((free - trainer_then) / per).floor().max(0.0) as u64;
-    if fit <= k.workers {
+    // Short of keeping up, more workers still help while CPUs sit idle: the workers' rate
+    // grows with the CPUs they get, and the trainer's CPU with the batches it is given, so
+    // together they can use `free` once the workers get `usable` of it.
+    let usable = free / (1.0 + k.trainer_cpus / k.workers_cpus.max(0.01));
+    let speedup = usable / k.workers_cpus.max(0.01);
+    // The last worker counts when it adds at least a tenth of a worker's CPU.
+    let fit = ((usable / per) - 0.1).ceil().max(0.0) as u64;
+    if fit <= k.workers || speedup < MORE_WORKERS_GAIN {
         let text = format!(
             "the {} CPUs ({}) are saturated: {arithmetic}, which needs {cpus_then:.2} CPUs against {free:.2} free ({:.2} used by other processes); more workers cannot help: {cheaper}, or give the job more CPUs",
             fmt_cpus(k.budget_cpus), k.budget_by, k.others_cpus
         );
         return (vec![text], None);
     }
-    let after = (1.0 - busy * fit as f64 / k.workers as f64).max(0.0);
+    let after = (1.0 - busy * speedup).max(0.0);
     let text = format!(
-        "num_workers={fit} uses the CPUs there are: {arithmetic}, {needed} workers would need {cpus_then:.2} CPUs but only {free:.2} are free ({} CPUs: {}, less {:.2} used by other processes that held the workers up); {fit} workers bring the trainer's wait to about {:.0} %{}; beyond that {cheaper}",
-        fmt_cpus(k.budget_cpus), k.budget_by, k.others_cpus, 100.0 * after, mem_clause(fit)
+        "num_workers={fit} uses the CPUs there are: {arithmetic}, {needed} workers would need {cpus_then:.2} CPUs but only {free:.2} are free ({} CPUs: {}, less {:.2} used by other processes that held the workers up); {fit} workers can use {usable:.2} of them beside the trainer's {:.2} (it grows with the batches it gets), {speedup:.2} x the {:.2} CPUs {} used: the trainer's wait falls from {:.0} % to about {:.0} %{}; beyond that {cheaper}",
+        fmt_cpus(k.budget_cpus), k.budget_by, k.others_cpus,
+        k.trainer_cpus * speedup, k.workers_cpus, workers_n(k.workers),
+        100.0 * k.wait_share, 100.0 * after, mem_clause(fit)
     );
     (vec![text], Some(fit))
 }

@@ -108,6 +108,36 @@ fn saturated_cpus_say_more_workers_cannot_help() {
     assert_eq!(v.advice_num_workers, None, "no count when more workers cannot help");
 }
 
+/// One worker on CPU all the time beside a trainer that waited 59 % on 2 CPUs: the second CPU
+/// sits idle, and a second worker is the answer (measured on the real job: twice the
+/// iterations, the wait from 59 % to 21 %).
+#[test]
+fn a_cpu_left_idle_is_filled_with_a_worker_and_says_what_it_buys() {
+    let k = KeepUp {
+        workers: 1,
+        workers_cpus: 0.98,
+        trainer_cpus: 0.12,
+        wait_share: 0.59,
+        budget_cpus: 2.0,
+        budget_by: "2 online".into(),
+        others_cpus: 0.0,
+        mains_kb: 1 << 20,
+        per_worker_kb: 480 << 10,
+        limit_kb: None,
+        limit_is_host: false,
+    };
+    let (a, n) = keep_up_advice(&k);
+    let a = a.join("\n");
+    assert_eq!(n, Some(2), "{a}");
+    // 2 / (1 + 0.12 / 0.98) = 1.78 CPUs for the workers, 1.82 x: 1 - 0.41 x 1.82 = 25 %.
+    assert!(a.starts_with("num_workers=2 uses the CPUs there are"), "{a}");
+    assert!(a.contains("1.82 x the 0.98 CPUs 1 worker used"), "{a}");
+    assert!(a.contains("falls from 59 % to about 25 %"), "{a}");
+    // The same worker beside a trainer that uses a whole CPU itself: nothing is left idle.
+    let (a, n) = keep_up_advice(&KeepUp { trainer_cpus: 0.95, ..k });
+    assert_eq!(n, None, "{a:?}");
+}
+
 #[test]
 fn the_advice_is_bounded_by_cpus_and_memory() {
     let k = KeepUp {
@@ -125,11 +155,14 @@ fn the_advice_is_bounded_by_cpus_and_memory() {
     };
     let (a, n) = keep_up_advice(&k);
     let a = a.join("\n");
-    assert_eq!(n, Some(3));
-    // 6 workers would need 6 x 0.95 + 0.56 = 6.26 CPUs: 3 fit in the 4 CPUs.
-    assert!(a.starts_with("num_workers=3 uses the CPUs there are"), "{a}");
-    assert!(a.contains("3 workers bring the trainer's wait to about 46 %"), "{a}");
-    assert!(a.contains("3 x 480 MiB fits the 3072 MiB limit"), "{a}");
+    assert_eq!(n, Some(4));
+    // 6 workers would need 6 x 0.95 + 0.56 = 6.26 CPUs. Of the 4 CPUs, the workers can use
+    // 4 / (1 + 0.2 / 1.9) = 3.62 beside the trainer (0.38 at that rate): 4 workers (3.81 at
+    // 0.95 each), 1.90 x as fast, and the wait falls to 1 - 0.36 x 1.90 = 31 %.
+    assert!(a.starts_with("num_workers=4 uses the CPUs there are"), "{a}");
+    assert!(a.contains("4 workers can use 3.62 of them beside the trainer's 0.38"), "{a}");
+    assert!(a.contains("the trainer's wait falls from 64 % to about 31 %"), "{a}");
+    assert!(a.contains("but only 3 x 480 MiB fit the 3072 MiB limit"), "{a}");
     let small = KeepUp { limit_kb: Some(2 << 20), budget_cpus: 16.0, ..k };
     let a = keep_up_advice(&small).0.join("\n");
     assert!(a.starts_with("num_workers=6 would keep up"), "{a}");
