@@ -14,13 +14,15 @@ themselves `pt_data_worker` as PyTorch's do.
       model's forward, backward and SGD step, repeated). Needs torch: run it with the torch
       venv's python.
   datawait.py torch-cpu [--workers 1] [--seconds 8] [--item-cpu-ms 50] [--fetch-ms 10]
-                        [--step-ms 40] [--wait-go]
+                        [--step-ms 40] [--slow-worker K --slow-cpu-ms M] [--wait-go]
       A real torch DataLoader (fork workers, persistent_workers=True, batch_size=1) whose input
       pipeline is CPU-bound with no memory pressure: each __getitem__ fetches its sample (sleeps
       --fetch-ms, a read from storage) and transforms it with torch ops until its worker has
       used --item-cpu-ms of CPU time; each step waits --step-ms for "the GPU" (a sleep: the
       trainer takes little CPU). Steps for --seconds; the trainer's line adds elapsed_ns (the
-      loop's wall time) and data_share (data_ns / elapsed_ns). Needs torch.
+      loop's wall time) and data_share (data_ns / elapsed_ns). --slow-worker K
+      --slow-cpu-ms M: worker K's samples cost M ms instead (batch i is worker i mod N's).
+      Needs torch.
   datawait.py relay [--workers 2] [--steps 24] [--batch-ms 200] [--step-ms 60]
                     [--relay-timeout 5.0] [--wait-go]
       What DataLoader does with pin_memory=True on a GPU machine (torch/utils/data/_utils/
@@ -147,7 +149,11 @@ def torch_cpu_job(a):
             g = torch.Generator().manual_seed(i)
             x = torch.rand((64, 64), generator=g)
             w = torch.rand((64, 64), generator=g) / 64
-            end = time.process_time() + a.item_cpu_ms / 1000
+            cost = a.item_cpu_ms
+            info = torch.utils.data.get_worker_info()
+            if info is not None and info.id == a.slow_worker:
+                cost = a.slow_cpu_ms  # a straggler: this worker's samples cost more
+            end = time.process_time() + cost / 1000
             while time.process_time() < end:
                 x = torch.tanh(x @ w + x)
             return x.mean(dim=0)
@@ -332,6 +338,8 @@ def main():
     p.add_argument("--seconds", type=float, default=8)
     p.add_argument("--item-cpu-ms", type=float, default=50)
     p.add_argument("--fetch-ms", type=float, default=10)
+    p.add_argument("--slow-worker", type=int, default=-1)
+    p.add_argument("--slow-cpu-ms", type=float, default=0)
     p.add_argument("--batch-ms", default=None)
     p.add_argument("--cpu", action="store_true")
     p.add_argument("--gpu-step", action="store_true",

@@ -52,6 +52,7 @@ pub enum Cause {
     CpuQuotaThrottled,
     BusyHost,
     NetworkBound,
+    StragglerWorker,
     CpuBoundPipeline,
     TrainerBound,
     NoneDetected,
@@ -75,6 +76,7 @@ impl Cause {
             Self::CpuQuotaThrottled => "cpu_quota_throttled",
             Self::BusyHost => "busy_host",
             Self::NetworkBound => "network_bound",
+            Self::StragglerWorker => "straggler_worker",
             Self::CpuBoundPipeline => "cpu_bound_pipeline",
             Self::TrainerBound => "trainer_bound",
             Self::NoneDetected => "none_detected",
@@ -112,6 +114,7 @@ impl Cause {
             Self::CpuQuotaThrottled => "A CPU limit throttles the input pipeline",
             Self::BusyHost => "Other processes take the CPUs the input pipeline needs",
             Self::NetworkBound => "The input pipeline waits on remote storage",
+            Self::StragglerWorker => "One DataLoader worker holds the input pipeline back",
             Self::CpuBoundPipeline => "The input pipeline is CPU-bound",
             Self::TrainerBound => "The trainer's own work keeps the GPU waiting",
             Self::NoneDetected => "No stall cause found",
@@ -135,6 +138,7 @@ impl Cause {
             | Self::CpuQuotaThrottled
             | Self::BusyHost
             | Self::NetworkBound
+            | Self::StragglerWorker
             | Self::CpuBoundPipeline
             | Self::TrainerBound => Severity::Slowdown,
             Self::NoneDetected => Severity::Clear,
@@ -167,6 +171,7 @@ const RULES: &[(Cause, Rule)] = &[
     (Cause::ProcessHung, rules::process_hung),
     (Cause::GpuThrottling, rules::gpu_throttling),
     (Cause::DiskIoBound, rules::disk_io_bound),
+    (Cause::StragglerWorker, pipeline::straggler_worker),
     (Cause::CpuQuotaThrottled, pipeline::cpu_quota_throttled),
     (Cause::BusyHost, pipeline::busy_host),
     (Cause::NetworkBound, pipeline::network_bound),

@@ -7,6 +7,8 @@
 //! - `busy_host`: its workers waited in the run queue behind processes outside the job;
 //! - `network_bound`: its workers sat blocked reading sockets or files on a network or FUSE
 //!   filesystem (sampled /proc/PID/syscall);
+//! - `straggler_worker`: one worker ended most of the trainer's waits while its siblings'
+//!   batches sat ready (in-order delivery);
 //! - `cpu_bound_pipeline`: its workers were on CPU most of their time: too few of them, or each
 //!   sample too costly; the advice computes the worker count that keeps up;
 //! - `trainer_bound`: the trainer did not wait for data but was on CPU while the GPU idled: the
@@ -523,6 +525,82 @@ pub fn network_bound(c: &Ctx) -> Option<Verdict> {
     let culprits = s.workers.iter().map(|p| p.pid).collect();
     let v = c.verdict(Cause::NetworkBound, text, culprits, chain, advice);
     Some(Verdict { advice_num_workers: Some(more), ..v })
+}
+
+/// One worker ended at least this share of the trainer's waits that workers ended...
+const STRAGGLER_SHARE: f64 = 0.6;
+/// ...and kept it waiting at least this many times as long as the others did on average.
+const STRAGGLER_OVER_OTHERS: f64 = 3.0;
+
+/// The worker that kept the trainer waiting far longer than its siblings did, with the wait
+/// it ended and what the others ended together.
+fn straggler<'a>(s: &Starved<'a>) -> Option<(&'a ProcFacts, u64, u64)> {
+    let kept = |p: &ProcFacts| p.offcpu.as_ref().map_or(0, |o| o.kept_waiting_ns);
+    if s.workers.len() < 2 {
+        return None;
+    }
+    let slow = *s.workers.iter().max_by_key(|p| (kept(p), std::cmp::Reverse(p.pid)))?;
+    let all: u64 = s.workers.iter().map(|p| kept(p)).sum();
+    let others = all - kept(slow);
+    let others_mean = others as f64 / (s.workers.len() - 1) as f64;
+    let holds = kept(slow) as f64 >= STRAGGLER_SHARE * all as f64
+        && kept(slow) as f64 >= STRAGGLER_OVER_OTHERS * others_mean
+        && all > 0;
+    holds.then_some((slow, kept(slow), others))
+}
+
+/// One worker held the pipeline back: the trainer's waits ended mostly when that worker's
+/// batch came, while its siblings' batches were ready (DataLoader hands batches over in
+/// order). A skewed sample, a slow shard or one worker on a slow mount; more workers do not
+/// help, the order and the samples do.
+pub fn straggler_worker(c: &Ctx) -> Option<Verdict> {
+    let f = c.f;
+    let s = starved(f)?;
+    let (slow, kept, others) = straggler(&s)?;
+    let mut chain = c.chain();
+    for p in &s.workers {
+        split_link(f, p, &mut chain);
+    }
+    let mine = Split::of(slow);
+    let rest: Vec<&ProcFacts> = s.workers.iter().copied().filter(|p| p.pid != slow.pid).collect();
+    let theirs = total(&rest);
+    let (cpu, theirs_cpu) = (mine.share(mine.cpu_ns), theirs.share(theirs.cpu_ns));
+    let what = if mine.share(mine.io_ns) >= 0.25 {
+        format!(
+            "it was blocked on disk I/O {:.0} % of its time (the others {:.0} %): look at what it reads, a slow shard or mount",
+            100.0 * mine.share(mine.io_ns),
+            100.0 * theirs.share(theirs.io_ns)
+        )
+    } else if cpu >= ON_CPU_SHARE && cpu >= 1.5 * theirs_cpu {
+        format!(
+            "it was on CPU {:.0} % of its time against the others' {:.0} %: its samples cost more to make",
+            100.0 * cpu,
+            100.0 * theirs_cpu
+        )
+    } else {
+        format!(
+            "it was on CPU {:.0} % of its time (the others {:.0} %) and blocked on events {:.0} %: its samples wait on something the others' do not",
+            100.0 * cpu,
+            100.0 * theirs_cpu,
+            100.0 * mine.share(mine.wait_ns)
+        )
+    };
+    let text = format!(
+        "One DataLoader worker holds the input pipeline back: {} waited for data {:.0} % of its time, and {} ended {:.2} s of those waits against {:.2} s for the other {} together; {what}. Batches come back in order, so the others' sit ready while the trainer waits for its{}.",
+        name(s.main),
+        100.0 * s.share,
+        name(slow),
+        secs(kept),
+        secs(others),
+        workers_n(rest.len() as u64),
+        gpu_clause(f)
+    );
+    let advice = vec![
+        format!("find what is slow about {}'s samples: py-spy dump --pid {} while it works; {what}", name(slow), slow.pid),
+        "balance the work: shuffle or spread the expensive samples (a sampler that interleaves them), split a large shard, or give the slow source its own cache".to_string(),
+        "let ready batches through: DataLoader(..., in_order=False) (PyTorch 2.6 or later) hands the trainer whichever batch is ready first, so one slow sample delays only itself".to_string(),
+    ];
+    Some(c.verdict(Cause::StragglerWorker, text, vec![slow.pid], chain, advice))
 }
 
 /// The workers were on CPU most of their time while the trainer waited for data.

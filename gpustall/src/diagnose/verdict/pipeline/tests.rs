@@ -96,6 +96,36 @@ fn busy_workers_and_a_waiting_trainer_are_a_cpu_bound_pipeline_with_a_worker_cou
     );
 }
 
+/// 4 workers, of which worker 2's samples cost 30 times the others': it ends nearly every wait.
+#[test]
+fn one_worker_that_ends_most_waits_is_a_straggler_not_a_cpu_bound_pipeline() {
+    let mut f = job(6_000_000_000, 4, S, 0);
+    let kept = [100_000_000, 200_000_000, 5_500_000_000, 100_000_000];
+    for (p, k) in f.procs[1..].iter_mut().zip(kept) {
+        p.offcpu.as_mut().expect("offcpu").kept_waiting_ns = k;
+    }
+    f.procs[3].cpu_ns = Some(9 * S);
+    f.procs[3].offcpu.as_mut().expect("offcpu").offcpu_wait_ns = S;
+    let v = decide(&f);
+    assert_eq!(v.cause, Cause::StragglerWorker, "{v:#?}");
+    assert_eq!(v.culprit_pids, vec![13]);
+    assert!(
+        v.text.contains("ended 5.50 s of those waits against 0.40 s for the other 3 workers"),
+        "{}",
+        v.text
+    );
+    assert!(v.text.contains("on CPU 90 % of its time against the others' 10 %"), "{}", v.text);
+    let a = v.advice.join("\n");
+    assert!(a.contains("in_order=False") && a.contains("py-spy dump --pid 13"), "{a}");
+    assert_eq!(v.advice_num_workers, None);
+    // Shared evenly, the same waits are the pipeline's as a whole.
+    for p in f.procs[1..].iter_mut() {
+        p.offcpu.as_mut().expect("offcpu").kept_waiting_ns = 1_500_000_000;
+        p.cpu_ns = Some(9 * S);
+    }
+    assert_eq!(decide(&f).cause, Cause::CpuBoundPipeline);
+}
+
 #[test]
 fn saturated_cpus_say_more_workers_cannot_help() {
     let mut f = job(6_400_000_000, 2, 9_500_000_000, 100_000_000);
