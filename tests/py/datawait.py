@@ -23,6 +23,12 @@ themselves `pt_data_worker` as PyTorch's do.
       loop's wall time) and data_share (data_ns / elapsed_ns). --slow-worker K
       --slow-cpu-ms M: worker K's samples cost M ms instead (batch i is worker i mod N's).
       Needs torch.
+  datawait.py torch-deadlock [--workers 4] [--slow-worker 2] [--steps 20] [--fetch-ms 10]
+                             [--step-ms 40] [--wait-go]
+      A real torch DataLoader forked while another thread of the trainer holds a lock: the
+      samples of worker --slow-worker take that lock, and that worker waits in acquire() for
+      ever; the trainer waits for its batch for ever. Prints the worker pids first, then one
+      line per step. Needs torch.
   datawait.py relay [--workers 2] [--steps 24] [--batch-ms 200] [--step-ms 60]
                     [--relay-timeout 5.0] [--wait-go]
       What DataLoader does with pin_memory=True on a GPU machine (torch/utils/data/_utils/
@@ -180,6 +186,52 @@ def torch_cpu_job(a):
     return 0
 
 
+def torch_deadlock_job(a):
+    """A lock held by another thread of the trainer when the DataLoader forks its workers:
+    every worker inherits it locked, and the one whose samples need it waits in acquire()
+    for ever (no thread in the worker will release it)."""
+    import threading
+
+    import torch
+    from torch.utils.data import DataLoader, Dataset
+
+    cache_lock = threading.Lock()  # a cache, a logging handler, a client library's lock
+
+    class Cached(Dataset):
+        def __len__(self):
+            return 1 << 20
+
+        def __getitem__(self, i):
+            if i % a.workers == a.slow_worker:
+                with cache_lock:  # this worker's samples go through the cache
+                    pass
+            time.sleep(a.fetch_ms / 1000)
+            return torch.full((16,), float(i))
+
+    loader = DataLoader(Cached(), batch_size=1, num_workers=a.workers,
+                        persistent_workers=True, multiprocessing_context="fork")
+    if a.wait_go:
+        sys.stdin.readline()
+    time.sleep(TRACER_BEAT_S)
+    held = threading.Event()
+
+    def holder():
+        with cache_lock:
+            held.set()
+            time.sleep(0.5)  # held across the fork below
+
+    threading.Thread(target=holder, daemon=True).start()
+    held.wait()
+    it = iter(loader)  # forks the workers while the lock is held
+    say("trainer", worker_pids=[w.pid for w in it._workers])
+    for _ in range(a.steps):
+        t = time.monotonic_ns()
+        next(it)
+        say("step", data_ns=time.monotonic_ns() - t)
+        time.sleep(a.step_ms / 1000)
+    return 0
+
+
 # --- standard-library DataLoader shapes ------------------------------------------------------
 
 def worker_loop(index, index_queue, result_queue, batch_ms, cpu):
@@ -329,7 +381,7 @@ def reorder(a):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("shape", choices=["torch", "torch-cpu", "relay", "reorder"])
+    p.add_argument("shape", choices=["torch", "torch-cpu", "torch-deadlock", "relay", "reorder"])
     p.add_argument("--workers", type=int, default=None)
     p.add_argument("--steps", type=int, default=None)
     p.add_argument("--item-ms", type=float, default=200)
@@ -348,14 +400,16 @@ def main():
     p.add_argument("--relay-timeout", type=float, default=MP_STATUS_CHECK_INTERVAL)
     p.add_argument("--wait-go", action="store_true", help="read a line from stdin first")
     a = p.parse_args()
-    defaults = {"torch": (2, 20, None, 50), "torch-cpu": (1, None, None, 40), "relay": (2, 24, "200", 60),
+    defaults = {"torch": (2, 20, None, 50), "torch-cpu": (1, None, None, 40),
+                "torch-deadlock": (4, 20, None, 40), "relay": (2, 24, "200", 60),
                 "reorder": (3, 24, "300,30,30", 20)}[a.shape]
     for name, value in zip(["workers", "steps", "batch_ms", "step_ms"], defaults):
         if getattr(a, name) is None:
             setattr(a, name, value)
     if a.shape == "relay":
         a.batch_ms = float(a.batch_ms)
-    return {"torch": torch_job, "torch-cpu": torch_cpu_job, "relay": relay, "reorder": reorder}[a.shape](a)
+    return {"torch": torch_job, "torch-cpu": torch_cpu_job, "torch-deadlock": torch_deadlock_job,
+            "relay": relay, "reorder": reorder}[a.shape](a)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,54 @@ pub struct Launched {
     reaped: Option<i32>,
 }
 
+/// Processes held by pidfd (Linux 5.3): signalled without the risk of a pid reused after
+/// they exited. A process already gone is not held.
+pub struct Held(Vec<OwnedFd>);
+
+impl Held {
+    pub fn new(pids: impl IntoIterator<Item = u32>) -> Self {
+        use std::os::fd::FromRawFd as _;
+        let fds = pids
+            .into_iter()
+            .filter_map(|pid| {
+                // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
+                let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+                // SAFETY: a descriptor the kernel just opened for us alone.
+                (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd as i32) })
+            })
+            .collect();
+        Self(fds)
+    }
+
+    fn signal(&self, sig: i32) {
+        for fd in &self.0 {
+            // SAFETY: pidfd_send_signal on a pidfd we hold, no siginfo, no flags. A process
+            // that has exited answers ESRCH, which is fine.
+            unsafe {
+                libc::syscall(
+                    libc::SYS_pidfd_send_signal,
+                    fd.as_raw_fd(),
+                    sig,
+                    std::ptr::null::<libc::siginfo_t>(),
+                    0,
+                )
+            };
+        }
+    }
+
+    /// Whether every held process has exited (its pidfd reads as ready).
+    fn all_exited(&self) -> bool {
+        let mut polls: Vec<libc::pollfd> = self
+            .0
+            .iter()
+            .map(|fd| libc::pollfd { fd: fd.as_raw_fd(), events: libc::POLLIN, revents: 0 })
+            .collect();
+        // SAFETY: a valid array of pollfds, its length, no wait.
+        let ready = unsafe { libc::poll(polls.as_mut_ptr(), polls.len() as libc::nfds_t, 0) };
+        ready >= 0 && polls.iter().all(|p| p.revents & libc::POLLIN != 0)
+    }
+}
+
 /// Who the job runs as: the invoking user under sudo, else gpustall's own user.
 struct Credentials {
     uid: u32,
@@ -196,18 +244,24 @@ impl Launched {
         self.reaped
     }
 
-    /// Stops the job as timeout(1) with `--kill-after` does: SIGTERM, then SIGKILL if it is
-    /// still there after `grace`. Returns its status.
-    pub fn stop(&mut self, grace: std::time::Duration) -> i32 {
+    /// Stops the whole job: SIGTERM to it and to every other process of the job (`rest`), as
+    /// timeout(1) signals its process group; SIGKILL to whatever is left after `grace`. A
+    /// DataLoader worker stuck in a lock never notices its trainer's exit, and a job is not
+    /// stopped while one of its processes lives on. Returns the job's status.
+    pub fn stop_all(&mut self, grace: std::time::Duration, rest: &Held) -> i32 {
         self.forward(libc::SIGTERM);
+        rest.signal(libc::SIGTERM);
         let end = std::time::Instant::now() + grace;
         while std::time::Instant::now() < end {
-            if let Some(code) = self.try_exit_code() {
-                return code;
+            if self.try_exit_code().is_some() && rest.all_exited() {
+                break;
             }
             std::thread::sleep(std::time::Duration::from_millis(50));
         }
-        self.forward(libc::SIGKILL);
+        if self.try_exit_code().is_none() {
+            self.forward(libc::SIGKILL);
+        }
+        rest.signal(libc::SIGKILL);
         self.exit_code()
     }
 

@@ -17,7 +17,7 @@ use crate::{
     cmd::{
         event_loop::{self, Beat, GpuTicks, Rings, Stop},
         gpu::{GpuArgs, GpuOptions, GpuWatch},
-        launch::{Launched, Relay},
+        launch::{Held, Launched, Relay},
         signals::Received,
     },
     kernel::{
@@ -49,8 +49,9 @@ pub struct TraceArgs {
     /// the job exits or Ctrl-C.
     #[arg(long, short = 'd', value_name = "D", value_parser = crate::cmd::units::parse_positive_duration)]
     duration: Option<Duration>,
-    /// With `-- CMD`: when --duration ends the trace, stop the job too (SIGTERM, then SIGKILL
-    /// after 10 s, as timeout(1) -k 10s does) and exit with its status. Without it the job
+    /// With `-- CMD`: when --duration ends the trace, stop the job too, every process of it
+    /// (SIGTERM, then SIGKILL after 10 s, as timeout(1) -k 10s does to its process group) and
+    /// exit with its status. Without it the job
     /// keeps running on its own and gpustall exits 0 once its report is written.
     #[arg(long, requires = "duration", requires = "command")]
     stop_job: bool,
@@ -159,9 +160,14 @@ pub async fn run(mut opts: TraceOptions) -> anyhow::Result<()> {
     t.beat.bar.finish();
     log::debug!("trace ended: {stop:?}");
     let launched = t.launched.take();
+    // Held before the report is written: `--stop-job` stops every process of the job, and a
+    // pid may be reused by then.
+    let top = launched.as_ref().map(Launched::pid);
+    let alive = if opts.stop_job { t.session.model.tree.alive_pids() } else { Vec::new() };
+    let rest = Held::new(alive.into_iter().filter(|&p| Some(p) != top));
     let result = finish(&opts, t, &probes);
     let Some(mut job) = launched else { return result };
-    let code = match job_at_end(&opts, &stop, &mut job) {
+    let code = match job_at_end(&opts, &stop, &mut job, &rest) {
         Some(code) => code,
         None => return result,
     };
@@ -184,7 +190,7 @@ pub async fn run(mut opts: TraceOptions) -> anyhow::Result<()> {
 /// with a signal passed on to it), or --duration ended the trace and `--stop-job` stops it.
 /// `None`: --duration ended the trace of a job that keeps running on its own (said); gpustall
 /// never waits for it there, so it cannot hang behind a job that outlives the trace.
-fn job_at_end(opts: &TraceOptions, stop: &Stop, job: &mut Launched) -> Option<i32> {
+fn job_at_end(opts: &TraceOptions, stop: &Stop, job: &mut Launched, rest: &Held) -> Option<i32> {
     if !matches!(stop, Stop::Deadline) {
         return Some(job.exit_code());
     }
@@ -192,7 +198,7 @@ fn job_at_end(opts: &TraceOptions, stop: &Stop, job: &mut Launched) -> Option<i3
         return Some(code);
     }
     if opts.stop_job {
-        return Some(job.stop(Duration::from_secs(10)));
+        return Some(job.stop_all(Duration::from_secs(10), rest));
     }
     say!(
         "gpustall: the job (pid {}) keeps running: --duration ended the trace, not the job (--stop-job stops it too)",

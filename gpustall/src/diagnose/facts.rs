@@ -65,6 +65,8 @@ pub struct ProcFacts {
     pub stuck: Option<Stuck>,
     /// No CPU time and no I/O since.
     pub idle_since_ns: Option<u64>,
+    /// Not scheduled at all since, and where it sleeps (its wchan).
+    pub asleep: Option<Asleep>,
     pub alive: bool,
     /// Off-CPU time and waits (sched_switch / sched_waking), when the kernel measured them.
     pub offcpu: Option<crate::model::offcpu::OffCpuSummary>,
@@ -185,6 +187,14 @@ pub struct KillerFacts {
     pub si_code: i32,
 }
 
+/// A process that has not been scheduled since `since_ns` (a lock, a queue nothing feeds).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Asleep {
+    /// Where in the kernel it sleeps (may be empty).
+    pub wchan: String,
+    pub since_ns: u64,
+}
+
 /// A process that stopped making progress.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Stuck {
@@ -301,6 +311,9 @@ fn proc_facts(m: &Model, n: &crate::model::proctree::ProcNode, now_ns: u64) -> P
             })
         }),
         idle_since_ns: watch.and_then(|w| w.idle_since_ns),
+        asleep: watch.and_then(|w| {
+            w.asleep_since_ns.map(|since_ns| Asleep { wchan: w.last.wchan.clone(), since_ns })
+        }),
         alive: n.alive(),
         cpu_ns: m.ctx.cpu.cpu_ns(n.pid, n.started_ns, m.start_ns).map(|(ns, _)| ns),
         cpu_span_ns: m.ctx.cpu.cpu_ns(n.pid, n.started_ns, m.start_ns).map_or(0, |(_, s)| s),

@@ -232,6 +232,7 @@ mod tests {
             majflt: 0,
             read_bytes: None,
             write_bytes: None,
+            runs: None,
         }
     }
 

@@ -290,6 +290,11 @@ pub struct TaskState {
     /// /proc/PID/io, readable only by the owner or with CAP_SYS_PTRACE.
     pub read_bytes: Option<u64>,
     pub write_bytes: Option<u64>,
+    /// Times its main thread was scheduled onto a CPU (/proc/PID/schedstat, CONFIG_SCHED_INFO):
+    /// a task asleep on a lock never runs, one that polls with a timeout runs now and then,
+    /// though neither uses a clock tick of CPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runs: Option<u64>,
 }
 
 /// A process that has not made progress: stopped (T), in uninterruptible sleep (D), or using
@@ -301,6 +306,11 @@ pub struct TaskWatch {
     pub stuck_since_ns: Option<u64>,
     /// When CPU time and I/O last stood still (None while they move).
     pub idle_since_ns: Option<u64>,
+    /// Since when it has not been scheduled at all: the first reading of a `runs` that a later
+    /// reading found unchanged (None while they move, or where the kernel does not count them).
+    pub asleep_since_ns: Option<u64>,
+    /// When the current `runs` was first read.
+    runs_read_ns: u64,
 }
 
 #[derive(Default)]
@@ -417,8 +427,14 @@ impl HostContext {
     fn watch(&mut self, s: TaskState, now_ns: u64) {
         let Some(w) = self.tasks.get_mut(&s.pid) else {
             let stuck = matches!(s.state, 'T' | 't' | 'D').then_some(now_ns);
-            self.tasks
-                .insert(s.pid, TaskWatch { last: s, stuck_since_ns: stuck, idle_since_ns: None });
+            let w = TaskWatch {
+                last: s,
+                stuck_since_ns: stuck,
+                idle_since_ns: None,
+                asleep_since_ns: None,
+                runs_read_ns: now_ns,
+            };
+            self.tasks.insert(w.last.pid, w);
             return;
         };
         let stuck = matches!(s.state, 'T' | 't' | 'D');
@@ -434,6 +450,13 @@ impl HostContext {
             (true, _) => None,
             (false, Some(since)) => Some(since),
             (false, None) => Some(now_ns),
+        };
+        w.asleep_since_ns = match (s.runs, w.last.runs) {
+            (Some(now), Some(before)) if now == before => Some(w.runs_read_ns),
+            _ => {
+                w.runs_read_ns = now_ns;
+                None
+            }
         };
         w.last = s;
     }
@@ -465,6 +488,7 @@ mod tests {
             majflt: 0,
             read_bytes: Some(0),
             write_bytes: Some(0),
+            runs: Some(cpu),
         }
     }
 
@@ -484,6 +508,24 @@ mod tests {
         assert_eq!(w.idle_since_ns, Some(2_000_000_000));
         c.apply(&at(4, vec![task('S', 12)]));
         assert_eq!((c.tasks[&5].stuck_since_ns, c.tasks[&5].idle_since_ns), (None, None));
+    }
+
+    #[test]
+    fn asleep_since_the_first_reading_of_runs_that_stood_still() {
+        let sleeping = |runs| TaskState { runs, ..task('S', 10) };
+        let mut c = HostContext::default();
+        c.apply(&at(0, vec![sleeping(Some(7))]));
+        assert_eq!(c.tasks[&5].asleep_since_ns, None);
+        c.apply(&at(1, vec![sleeping(Some(7))]));
+        c.apply(&at(2, vec![sleeping(Some(7))]));
+        assert_eq!(c.tasks[&5].asleep_since_ns, Some(0), "since its first reading");
+        // Woken by a timeout: no tick of CPU, but it ran.
+        c.apply(&at(3, vec![sleeping(Some(8))]));
+        assert_eq!(c.tasks[&5].asleep_since_ns, None);
+        // A kernel without schedstat: never said.
+        c.apply(&at(4, vec![sleeping(None)]));
+        c.apply(&at(5, vec![sleeping(None)]));
+        assert_eq!(c.tasks[&5].asleep_since_ns, None);
     }
 
     #[test]

@@ -17,6 +17,8 @@ use crate::model::offcpu::{ClassWait, OffCpuSummary};
 
 /// A trainer or rank that waited for data this share of its time was starved by its input.
 pub(super) const DATA_WAIT_SHARE: f64 = 0.10;
+/// A worker that ended at least this share of a trainer's wait is named with it.
+const KEEPER_SHARE: f64 = 0.05;
 
 /// A process's waits in an ioctl (a device driver), if the kernel counted any.
 fn in_driver(o: &OffCpuSummary) -> ClassWait {
@@ -189,7 +191,11 @@ fn data_clause(f: &Facts) -> String {
     }
     let mut s = format!("; {} waited for data {:.0} % of its time", name(p), share * 100.0);
     s.push_str(&still_waiting(f, p));
-    if let Some(&(k, kept)) = keepers(f).first().filter(|_| mostly_data(f)) {
+    // A worker that ended a sliver of it (a wait still open at the end is nobody's yet) is
+    // not named: "0 % of it for worker 1" reads as the answer.
+    let named = |kept: u64| kept as f64 >= KEEPER_SHARE * wait as f64;
+    if let Some(&(k, kept)) = keepers(f).first().filter(|(_, kept)| mostly_data(f) && named(*kept))
+    {
         s.push_str(&format!(
             ", {:.0} % of it for {}{}",
             kept as f64 * 100.0 / wait.max(1) as f64,

@@ -171,6 +171,7 @@ const RULES: &[(Cause, Rule)] = &[
     (Cause::ProcessHung, rules::process_hung),
     (Cause::GpuThrottling, rules::gpu_throttling),
     (Cause::DiskIoBound, rules::disk_io_bound),
+    (Cause::Deadlock, rules::stuck_worker),
     (Cause::StragglerWorker, pipeline::straggler_worker),
     (Cause::CpuQuotaThrottled, pipeline::cpu_quota_throttled),
     (Cause::BusyHost, pipeline::busy_host),

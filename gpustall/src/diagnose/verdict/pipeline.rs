@@ -529,8 +529,11 @@ pub fn network_bound(c: &Ctx) -> Option<Verdict> {
 
 /// One worker ended at least this share of the trainer's waits that workers ended...
 const STRAGGLER_SHARE: f64 = 0.6;
-/// ...and kept it waiting at least this many times as long as the others did on average.
+/// ...and kept it waiting at least this many times as long as the others did on average...
 const STRAGGLER_OVER_OTHERS: f64 = 3.0;
+/// ...and for at least this share of all the trainer's wait (a wait still open at the end is
+/// no worker's yet: a stuck worker's, see `rules::stuck_worker`).
+const STRAGGLER_OF_WAIT: f64 = 0.5;
 
 /// The worker that kept the trainer waiting far longer than its siblings did, with the wait
 /// it ended and what the others ended together.
@@ -543,8 +546,10 @@ fn straggler<'a>(s: &Starved<'a>) -> Option<(&'a ProcFacts, u64, u64)> {
     let all: u64 = s.workers.iter().map(|p| kept(p)).sum();
     let others = all - kept(slow);
     let others_mean = others as f64 / (s.workers.len() - 1) as f64;
+    let waited = s.share * s.main.lifetime_ns as f64;
     let holds = kept(slow) as f64 >= STRAGGLER_SHARE * all as f64
         && kept(slow) as f64 >= STRAGGLER_OVER_OTHERS * others_mean
+        && kept(slow) as f64 >= STRAGGLER_OF_WAIT * waited
         && all > 0;
     holds.then_some((slow, kept(slow), others))
 }

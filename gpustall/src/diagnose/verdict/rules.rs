@@ -520,6 +520,98 @@ pub fn deadlock(c: &Ctx) -> Option<Verdict> {
     Some(c.verdict(Cause::Deadlock, text, alive.iter().map(|p| p.pid).collect(), chain, advice))
 }
 
+/// A worker not scheduled since this long after its trainer's wait began still counts as
+/// having stopped then: the context samples that tell it come once a second.
+const ASLEEP_SLACK_NS: u64 = 1_500_000_000;
+
+/// The trainer or rank waiting for data at the end for [`HUNG_NS`] or more, and its workers
+/// that have not run since that wait began (oldest first): the trainer waits for a batch
+/// that will not come. Its other workers ran meanwhile (DataLoader's wait on its index queue
+/// times out every 5 s), so the ones that did not are the ones it waits for.
+fn stuck_workers(
+    f: &Facts,
+) -> Option<(&ProcFacts, crate::model::offcpu::OpenWaitSummary, Vec<&ProcFacts>)> {
+    super::datawait::waiters(f).into_iter().find_map(|(main, _, _)| {
+        let open = main.offcpu.as_ref()?.open_data_wait?;
+        if open.ns < HUNG_NS {
+            return None;
+        }
+        let mut stuck: Vec<&ProcFacts> = f
+            .procs
+            .iter()
+            .filter(|p| p.alive && p.is_worker && p.dataloader_pid.unwrap_or(p.ppid) == main.pid)
+            .filter(|p| {
+                p.asleep.as_ref().is_some_and(|a| {
+                    a.since_ns <= open.since_ns + ASLEEP_SLACK_NS
+                        && f.end_ns.saturating_sub(a.since_ns) >= HUNG_NS
+                })
+            })
+            .collect();
+        stuck.sort_by_key(|p| (p.asleep.as_ref().map_or(0, |a| a.since_ns), p.pid));
+        (!stuck.is_empty()).then_some((main, open, stuck))
+    })
+}
+
+/// The trainer has waited for data for [`HUNG_NS`] or more and the worker whose batch it waits
+/// for has not run since: a deadlocked worker (a lock inherited locked at fork, a queue
+/// nothing feeds). Found from the open wait, without a GPU stall or a training log.
+pub fn stuck_worker(c: &Ctx) -> Option<Verdict> {
+    let f = c.f;
+    let (main, open, stuck) = stuck_workers(f)?;
+    let mut chain = c.chain();
+    chain.push(
+        open.since_ns,
+        format!(
+            "{}: {} began waiting for data and was still waiting at the end, {:.1} s later",
+            at(f, open.since_ns),
+            name(main),
+            open.ns as f64 / 1e9
+        ),
+    );
+    let asleep = |p: &ProcFacts| p.asleep.clone().expect("stuck workers are asleep");
+    for p in &stuck {
+        let a = asleep(p);
+        chain.push(
+            a.since_ns,
+            format!(
+                "{}: {} was last scheduled{}",
+                at(f, a.since_ns),
+                name(p),
+                wchan_clause(&a.wchan)
+            ),
+        );
+    }
+    let first = stuck[0];
+    let a = asleep(first);
+    let names: Vec<String> = stuck.iter().map(|p| name(p)).collect();
+    let text = format!(
+        "The input pipeline is stuck, not slow: {} has waited for data {:.1} s (since {}), and {} {} not run since {}{}: the batch it waits for will not come (a lock inherited locked when the worker was forked, a queue nothing feeds, a wait on something outside the job){}.",
+        name(main),
+        open.ns as f64 / 1e9,
+        at(f, open.since_ns),
+        names.join(", "),
+        if stuck.len() == 1 { "has" } else { "have" },
+        at(f, a.since_ns),
+        wchan_clause(&a.wchan),
+        gpu_clause(f)
+    );
+    let advice = vec![
+        format!("see where it waits: py-spy dump --pid {} (the line that blocks), and the trainer's with py-spy dump --pid {}", first.pid, main.pid),
+        "a lock or a thread state copied into a forked worker (logging, a cache, a client library's lock held by another thread at fork) is the usual cause: start the workers with multiprocessing_context=\"forkserver\" or \"spawn\", or create such objects inside the worker (worker_init_fn)".to_string(),
+        format!("set DataLoader(timeout=...) so a stuck batch raises instead of hanging, and stop the whole job, not only {}: a worker stuck in a lock does not notice its trainer's exit (gpustall trace --stop-job stops every process of the job)", name(main)),
+    ];
+    Some(c.verdict(Cause::Deadlock, text, stuck.iter().map(|p| p.pid).collect(), chain, advice))
+}
+
+/// " (asleep in futex_wait_queue)", or nothing where the kernel hid it.
+fn wchan_clause(wchan: &str) -> String {
+    if wchan.is_empty() {
+        String::new()
+    } else {
+        format!(" (asleep in {wchan})")
+    }
+}
+
 /// Nothing measured explains a stall.
 pub fn none_detected(c: &Ctx) -> Verdict {
     let text = format!(

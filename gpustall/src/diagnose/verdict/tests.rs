@@ -544,3 +544,46 @@ fn a_hung_task_report_names_the_process_and_the_storage_the_kernel_blamed() {
         v.text
     );
 }
+
+/// A trainer waiting for data for the last 12 s of 20, and of its 4 workers worker 2 not run
+/// since 1 s before that wait began; the others woke on their queues' timeouts.
+#[test]
+fn the_worker_a_hung_trainer_waits_for_is_named_from_its_open_wait() {
+    use crate::diagnose::facts::Asleep;
+    use crate::model::offcpu::{OffCpuSummary, OpenWaitSummary};
+    let mut f = Facts { start_ns: 0, end_ns: 20 * S, ..Default::default() };
+    let mut t = trainer(10);
+    t.lifetime_ns = 20 * S;
+    t.offcpu = Some(OffCpuSummary {
+        data_wait_ns: Some(S / 10),
+        open_data_wait: Some(OpenWaitSummary {
+            tid: 10,
+            since_ns: 8 * S,
+            ns: 12 * S,
+            without_batch_ns: 12 * S,
+            blocks: 3,
+            batches_put_aside: 0,
+        }),
+        ..Default::default()
+    });
+    f.procs = vec![t];
+    for i in 0..4 {
+        let mut w = worker(11 + i as u32, i, 1000, 1000);
+        w.ppid = 10;
+        w.lifetime_ns = 19 * S;
+        if i == 2 {
+            w.asleep = Some(Asleep { wchan: "futex_wait_queue".into(), since_ns: 7 * S });
+        }
+        f.procs.push(w);
+    }
+    let v = decide(&f);
+    assert_eq!(v.cause.as_str(), "deadlock", "{}", v.text);
+    assert_eq!(v.culprit_pids, vec![13]);
+    assert!(v.text.contains("has waited for data 12.0 s (since +8.0s)"), "{}", v.text);
+    assert!(v.text.contains("has not run since +7.0s (asleep in futex_wait_queue)"), "{}", v.text);
+    assert!(v.advice.join(" ").contains("py-spy dump --pid 13"), "{:?}", v.advice);
+    // Asleep only since well after the wait began: it stopped because no index came, not
+    // the other way round.
+    f.procs[3].asleep = Some(Asleep { wchan: String::new(), since_ns: 15 * S });
+    assert_ne!(decide(&f).cause.as_str(), "deadlock");
+}

@@ -254,7 +254,13 @@ pub fn task_state_at(proc_root: &Path, pid: u32) -> Option<TaskState> {
         majflt: stat.majflt,
         read_bytes: io_field("read_bytes"),
         write_bytes: io_field("write_bytes"),
+        runs: read_text(&dir.join("schedstat")).and_then(|t| schedstat_runs(&t)),
     })
+}
+
+/// The third field of /proc/PID/schedstat: how many times the task was scheduled to run.
+fn schedstat_runs(text: &str) -> Option<u64> {
+    text.split_whitespace().nth(2)?.parse().ok()
 }
 
 /// Major faults from a /proc/PID/stat text.

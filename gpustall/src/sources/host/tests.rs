@@ -215,6 +215,7 @@ fn task_state_from_fake_proc() {
     );
     r.write("9/wchan", "folio_wait_bit_common");
     r.write("9/io", "rchar: 1\nwchar: 2\nsyscr: 3\nsyscw: 4\nread_bytes: 8192\nwrite_bytes: 0\n");
+    r.write("9/schedstat", "123456789 2345678 421\n");
     let t = task_state_at(&r.0, 9).expect("test setup");
     let want = TaskState {
         pid: 9,
@@ -224,6 +225,7 @@ fn task_state_from_fake_proc() {
         majflt: 7,
         read_bytes: Some(8192),
         write_bytes: Some(0),
+        runs: Some(421),
     };
     assert_eq!(t, want);
     r.write("9/wchan", "0");
