@@ -63,6 +63,58 @@ fn three_epochs_of_non_persistent_workers_are_advised_as_three_workers() {
     assert!(a.contains(&format!("{workers} worker processes in all")), "{a}");
 }
 
+/// The job of `three_epochs_...` started by a wrapper script whose child joins the memory
+/// cgroup and execs the trainer (what `cgexec -g memory:X CMD` in a launcher script does):
+/// the wrapper, gpustall's target, stays where it was. The job's cgroup, its limit and the
+/// advice are those of the same job started in the cgroup.
+#[test]
+fn a_job_that_joins_its_memory_cgroup_after_it_starts_gets_its_limit_and_advice() {
+    tests::require_privileged_env();
+    let _lock = tests::pressure_lock();
+    let _swap = SwapFile::ensure(1024);
+    let job = ["epochs", "--mib", "40"];
+    let (t_in, _) = traced(&jobs_py(), &job, "jobs-in-cg", 256);
+    let cg = MemCgroup::with_swap_limit("jobs-late-cg", 256, 64);
+    let dir = tests::TempDir::new("jobs-late-cg");
+    let summary = dir.path("summary.json");
+    let script = format!(
+        "sleep 1; sh -c 'echo $$ > {} && exec python3 -u {} {}'; true",
+        cg.path.join("cgroup.procs").display(),
+        jobs_py().display(),
+        job.join(" ")
+    );
+    let o = std::process::Command::new(tests::gpustall_bin())
+        .args(["trace", "--quiet", "--no-gpu", "--summary-json"])
+        .arg(&summary)
+        .args(["--", "sh", "-c", &script])
+        .env_remove("SUDO_UID")
+        .output()
+        .expect("gpustall trace -- sh");
+    let late: Value =
+        serde_json::from_str(&std::fs::read_to_string(&summary).unwrap_or_else(|e| {
+            panic!("the summary ({e}): {}", String::from_utf8_lossy(&o.stderr))
+        }))
+        .expect("JSON");
+    let (cg_in, cg_late) = (&t_in.summary["context"]["cgroup"], &late["context"]["cgroup"]);
+    eprintln!("in the cgroup from the start: {cg_in}\njoined late: {cg_late}");
+    assert_eq!(cg_late["path"], cg.cgroup_path(), "{cg_late}");
+    assert_eq!(cg_late["limit_bytes"], 256u64 << 20, "{cg_late}");
+    let (v_in, v_late) = (&t_in.summary["verdict"], &late["verdict"]);
+    eprintln!("verdict joined late: {v_late:#}");
+    assert_eq!(v_late["cause"], "host_memory_oom", "{v_late:#}");
+    let first = |v: &Value| v["advice"][0].as_str().unwrap_or_default().to_string();
+    let (a_in, a_late) = (first(v_in), first(v_late));
+    assert!(!a_late.contains("host memory"), "{a_late}");
+    assert!(!v_late["text"].to_string().contains("not read in time"), "{v_late:#}");
+    // The same arithmetic against the same limit: the counts and the limit agree.
+    let limit_clause = |a: &str| {
+        a.split("against ").nth(1).map(|r| r.split(['.', ',']).next().unwrap_or("").to_string())
+    };
+    assert_eq!(limit_clause(&a_late), limit_clause(&a_in), "{a_in}\n{a_late}");
+    assert!(v_late["advice_num_workers"].is_u64(), "fewer workers fit: a count {v_late:#}");
+    assert_eq!(v_late["advice_num_workers"], v_in["advice_num_workers"], "{v_in:#}\n{v_late:#}");
+}
+
 #[test]
 fn two_ranks_of_three_workers_get_advice_per_rank_and_for_the_job() {
     tests::require_privileged_env();

@@ -368,6 +368,13 @@ impl HostContext {
         }
         self.samples += 1;
         if let Some(m) = &s.cgroup {
+            // The job moved to another cgroup (it joined one after it started): its counters
+            // count from there, not from the cgroup it left.
+            if self.cgroup_last.as_ref().is_some_and(|l| l.path != m.path) {
+                self.cgroup_oom_kills_before = None;
+                self.cgroup_events_before = None;
+                self.cgroup_peak_usage = 0;
+            }
             if self.cgroup_oom_kills_before.is_none() {
                 self.cgroup_oom_kills_before = m.oom_kills;
             }

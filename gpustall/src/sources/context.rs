@@ -27,6 +27,13 @@ fn wanted_vmstat(key: &str) -> bool {
     ) || key.starts_with("allocstall")
 }
 
+/// How often a job without a memory limit is looked at again for one it joined (when its
+/// tree did not change meanwhile), and how many of its processes are read then.
+const JOINED_LATE_EVERY_NS: u64 = 10_000_000_000;
+const JOINED_LATE_READS: usize = 64;
+/// At most this many of their cgroups are resolved per look (each reads the mount table).
+const JOINED_LATE_GROUPS: usize = 4;
+
 /// One filesystem the job writes to, as the job sees it. `held` is the directory opened
 /// through a live process of the job (its /proc/PID/root or cwd): the mount it names stays
 /// readable after the job's last process is gone and its mount namespace with it, so a job
@@ -85,6 +92,11 @@ struct JobReader {
     membership: Option<String>,
     /// The job's last fork or exec seen (see [`JobFs::take_reading`]).
     changed_ns: u64,
+    /// The process whose memory cgroup stands for the job's: the target, unless the job
+    /// joined a cgroup after it started ([`JobReader::look_for_a_joined_cgroup`]).
+    stand_in: u32,
+    /// When the job's processes' cgroups were last looked at.
+    looked_ns: u64,
     fs: Vec<JobFs>,
 }
 
@@ -103,6 +115,8 @@ impl JobReader {
             cgroup: None,
             membership: None,
             changed_ns: 0,
+            stand_in: target,
+            looked_ns: 0,
             fs: vec![fs("/tmp", "root/tmp"), fs("/dev/shm", "root/dev/shm")],
         };
         if let Some(cwd) = host::cwd(target) {
@@ -124,22 +138,63 @@ impl JobReader {
         }
     }
 
-    /// Finds the job's memory cgroup again when the target's membership changed. An exited
-    /// target (a zombie) shows the root cgroup: its last one stands. Checked after the read,
+    /// Finds the job's memory cgroup again when its stand-in's membership changed. An exited
+    /// stand-in (a zombie) shows the root cgroup: its last one stands. Checked after the read,
     /// so an exit between the two cannot pass for a move.
     fn follow_cgroup(&mut self) {
-        let now = std::fs::read_to_string(format!("/proc/{}/cgroup", self.target)).ok();
-        let alive = crate::sources::procfs::exists(self.target)
-            && !crate::sources::procfs::is_zombie(self.target);
+        let pid = self.stand_in;
+        let now = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok();
+        let alive = crate::sources::procfs::exists(pid) && !crate::sources::procfs::is_zombie(pid);
         if alive && now.is_some() && now != self.membership {
-            self.cgroup = cgroup::memory_cgroup_dir(self.target);
+            self.cgroup = cgroup::memory_cgroup_dir(pid);
             self.membership = now;
         }
     }
 
+    /// Where the target's memory cgroup sets no limit, the job may have joined one after it
+    /// started: a wrapper that moves its child (`cgexec` from a script, a launcher), or the
+    /// trainer moved by hand. The cgroup most of the job's processes are in, when it sets a
+    /// limit, is the job's from then on. Looked for when the tree changed (fork, exec) and at
+    /// most every [`JOINED_LATE_EVERY_NS`] otherwise; never once a limit is found.
+    fn look_for_a_joined_cgroup(&mut self, others: &[u32], now_ns: u64) {
+        let limited =
+            self.cgroup.as_ref().and_then(cgroup::read_cgroup_mem).and_then(|m| m.limit_bytes);
+        let due = self.changed_ns > self.looked_ns
+            || now_ns.saturating_sub(self.looked_ns) >= JOINED_LATE_EVERY_NS;
+        if limited.is_some() || others.is_empty() || !due {
+            return;
+        }
+        self.looked_ns = now_ns;
+        let mut groups: BTreeMap<String, (usize, u32)> = BTreeMap::new();
+        for &p in others.iter().take(JOINED_LATE_READS) {
+            if let Ok(text) = std::fs::read_to_string(format!("/proc/{p}/cgroup")) {
+                groups.entry(text).or_insert((0, p)).0 += 1;
+            }
+        }
+        // Most of the job's processes first; the first that sets a limit is the job's.
+        let mut groups: Vec<(String, (usize, u32))> = groups.into_iter().collect();
+        groups.sort_by_key(|(_, (n, pid))| (std::cmp::Reverse(*n), *pid));
+        let elsewhere =
+            groups.into_iter().filter(|(text, _)| Some(text) != self.membership.as_ref());
+        for (text, (_, pid)) in elsewhere.take(JOINED_LATE_GROUPS) {
+            let Some(dir) = cgroup::memory_cgroup_dir(pid) else { continue };
+            if cgroup::read_cgroup_mem(&dir).is_some_and(|m| m.limit_bytes.is_some()) {
+                log::debug!(
+                    "the job's memory cgroup is {} (pid {pid}'s, joined after the start)",
+                    dir.path
+                );
+                self.cgroup = Some(dir);
+                self.membership = Some(text);
+                self.stand_in = pid;
+                return;
+            }
+        }
+    }
+
     /// The job's memory cgroup now.
-    fn cgroup(&mut self) -> Option<CgroupMem> {
+    fn cgroup(&mut self, others: &[u32]) -> Option<CgroupMem> {
         self.follow_cgroup();
+        self.look_for_a_joined_cgroup(others, crate::sources::clock::monotonic_ns());
         self.cgroup.as_ref().and_then(cgroup::read_cgroup_mem)
     }
 
@@ -214,7 +269,7 @@ impl ContextReader {
     pub fn read(&mut self, alive: &[u32], t_ns: u64) -> ContextSample {
         ContextSample {
             t_ns,
-            cgroup: self.target.as_mut().and_then(JobReader::cgroup),
+            cgroup: self.target.as_mut().and_then(|j| j.cgroup(alive)),
             host: host::read_host_mem(),
             vmstat: host::read_vmstat_keys(wanted_vmstat),
             disks: self.disks.read_disks(),
@@ -226,7 +281,7 @@ impl ContextReader {
                 .iter_mut()
                 .map(|(&root, j)| JobContext {
                     root,
-                    cgroup: j.cgroup(),
+                    cgroup: j.cgroup(&[]),
                     filesystems: j.filesystems(&[]),
                 })
                 .collect(),

@@ -60,9 +60,7 @@ fn loaders(f: &Facts) -> Vec<Loader<'_>> {
 pub fn memory_advice(f: &Facts) -> Vec<String> {
     let mut advice = Vec::new();
     let loaders = loaders(f);
-    let limit_kb =
-        f.cgroup.as_ref().and_then(|c| c.limit_bytes).map(|b| b / 1024).or(f.host_mem_total_kb);
-    if let (false, Some(limit_kb)) = (loaders.is_empty(), limit_kb) {
+    if let (false, Some(limit_kb)) = (loaders.is_empty(), limit_kb(f)) {
         advice.extend(fit_advice(f, &loaders, limit_kb));
     }
     let workers: Vec<&ProcFacts> = loaders.iter().flat_map(|l| l.workers.iter().copied()).collect();
@@ -70,16 +68,44 @@ pub fn memory_advice(f: &Facts) -> Vec<String> {
     advice
 }
 
-/// "num_workers=3: trainer X + 3 workers x up to Y = Z at peak, against L ..." for one
-/// DataLoader; per rank and for the job when there are several.
-fn fit_advice(f: &Facts, loaders: &[Loader], limit_kb: u64) -> Vec<String> {
+/// The memory the job may use: its cgroup's limit, else the host's.
+fn limit_kb(f: &Facts) -> Option<u64> {
+    f.cgroup.as_ref().and_then(|c| c.limit_bytes).map(|b| b / 1024).or(f.host_mem_total_kb)
+}
+
+/// The memory budget per DataLoader: the trainers' and ranks' peak, 90 % of the limit, and
+/// how many workers per DataLoader fit in what they leave.
+struct Fit {
+    mains_kb: u64,
+    budget: u64,
+    left: u64,
+    per_all: u64,
+    fit: u64,
+}
+
+fn fit(f: &Facts, loaders: &[Loader], limit_kb: u64) -> Fit {
     // Every trainer and rank holds memory of its own, whether or not it has workers.
-    let mains: Vec<&ProcFacts> = f.procs.iter().filter(|p| p.is_trainer || p.is_rank).collect();
-    let mains_kb: u64 = mains.iter().map(|p| p.peak_mem_kb).sum();
+    let mains_kb: u64 =
+        f.procs.iter().filter(|p| p.is_trainer || p.is_rank).map(|p| p.peak_mem_kb).sum();
     let budget = (limit_kb as f64 * 0.9) as u64;
     let left = budget.saturating_sub(mains_kb);
     let per_all: u64 = loaders.iter().map(|l| l.per_worker_kb).sum();
-    let fit = left / per_all.max(1);
+    Fit { mains_kb, budget, left, per_all, fit: left / per_all.max(1) }
+}
+
+/// The num_workers the memory advice names where fewer workers are the fix: the most that fit,
+/// when at least one does and a DataLoader ran more.
+pub fn memory_num_workers(f: &Facts) -> Option<u64> {
+    let loaders = loaders(f);
+    let n = fit(f, &loaders, limit_kb(f)?).fit;
+    (n > 0 && loaders.iter().any(|l| n < l.num_workers)).then_some(n)
+}
+
+/// "num_workers=3: trainer X + 3 workers x up to Y = Z at peak, against L ..." for one
+/// DataLoader; per rank and for the job when there are several.
+fn fit_advice(f: &Facts, loaders: &[Loader], limit_kb: u64) -> Vec<String> {
+    let mains: Vec<&ProcFacts> = f.procs.iter().filter(|p| p.is_trainer || p.is_rank).collect();
+    let Fit { mains_kb, budget, left, per_all, fit } = fit(f, loaders, limit_kb);
     let need: u64 = mains_kb + loaders.iter().map(|l| l.num_workers * l.per_worker_kb).sum::<u64>();
     let kind =
         if f.procs.iter().any(|p| p.mem_is_pss) { "proportional" } else { "resident + swap" };

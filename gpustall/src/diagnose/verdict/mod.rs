@@ -202,7 +202,8 @@ pub struct Verdict {
     /// What to change, with the arithmetic shown.
     pub advice: Vec<String>,
     /// The num_workers the advice names, where it names one (`cpu_bound_pipeline`,
-    /// `network_bound`): what a script reruns the job with.
+    /// `network_bound`; `host_memory_oom` and `host_memory_pressure` where fewer workers fit):
+    /// what a script reruns the job with.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub advice_num_workers: Option<u64>,
 }

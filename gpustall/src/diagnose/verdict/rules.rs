@@ -2,7 +2,7 @@
 //! passes; [`super::RULES`] orders them, so precedence reads in one place.
 
 use super::{
-    advice::memory_advice,
+    advice::{memory_advice, memory_num_workers},
     evidence::{at, dedup, gpu_clause, memory_chain, mib_b, mib_kb, name, significant, Chain},
     Cause, Verdict,
 };
@@ -191,7 +191,8 @@ pub fn host_memory_oom(c: &Ctx) -> Option<Verdict> {
         gpu_clause(f),
         "A DataLoader that sees this raises \"DataLoader worker (pid N) is killed by signal: Killed\"; other ranks then time out."
     );
-    Some(c.verdict(Cause::HostMemoryOom, text, culprits, chain, memory_advice(f)))
+    let v = c.verdict(Cause::HostMemoryOom, text, culprits, chain, memory_advice(f));
+    Some(Verdict { advice_num_workers: memory_num_workers(f), ..v })
 }
 
 /// What ran out: the job's memory cgroup when it has a limit below the host's memory (a
@@ -346,7 +347,8 @@ pub fn host_memory_pressure(c: &Ctx) -> Option<Verdict> {
         mib_b(c.swap_bytes),
         gpu_clause(f)
     );
-    Some(c.verdict(Cause::HostMemoryPressure, text, culprits, chain, memory_advice(f)))
+    let v = c.verdict(Cause::HostMemoryPressure, text, culprits, chain, memory_advice(f));
+    Some(Verdict { advice_num_workers: memory_num_workers(f), ..v })
 }
 
 /// Pages one major fault on swap brings in: swap readahead reads 2^vm.page-cluster pages

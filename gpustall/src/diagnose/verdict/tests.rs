@@ -246,13 +246,15 @@ fn two_ranks_each_with_three_workers_get_advice_per_rank_and_for_the_job() {
     procs.extend(generation(10, 20, 3, 0, 60, 60_000));
     procs.extend(generation(11, 30, 3, 0, 60, 50_000));
     f.procs = procs;
-    let a = decide(&f).advice.join("\n");
+    let v = decide(&f);
+    let a = v.advice.join("\n");
     assert!(a.contains("pid 10's DataLoader: num_workers=3"), "{a}");
     assert!(a.contains("pid 11's DataLoader: num_workers=3"), "{a}");
     // Both ranks' memory counts: 2 x 100 + 3 x 58.6 + 3 x 48.8 MiB.
     assert!(a.contains("the job: 2 ranks 200 MiB + 2 DataLoaders' workers = 522 MiB"), "{a}");
     // (460.8 - 200) MiB left / (58.6 + 48.8) MiB per worker pair: 2 per DataLoader.
     assert!(a.contains("per DataLoader num_workers <= 2 fits"), "{a}");
+    assert_eq!(v.advice_num_workers, Some(2), "the count, for scripts");
 }
 
 #[test]
