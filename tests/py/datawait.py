@@ -22,6 +22,8 @@ themselves `pt_data_worker` as PyTorch's do.
       trainer takes little CPU). Steps for --seconds; the trainer's line adds elapsed_ns (the
       loop's wall time) and data_share (data_ns / elapsed_ns). --slow-worker K
       --slow-cpu-ms M: worker K's samples cost M ms instead (batch i is worker i mod N's).
+      --epoch-steps S: epochs of S steps, the workers started anew each epoch
+      (persistent_workers=False).
       Needs torch.
   datawait.py torch-deadlock [--workers 4] [--slow-worker 2] [--steps 20] [--fetch-ms 10]
                              [--step-ms 40] [--wait-go]
@@ -148,7 +150,7 @@ def torch_cpu_job(a):
         """Decode and augment: CPU work in torch, on the worker's one thread."""
 
         def __len__(self):
-            return 1 << 20
+            return a.epoch_steps or 1 << 20
 
         def __getitem__(self, i):
             time.sleep(a.fetch_ms / 1000)  # the sample's read from storage
@@ -165,8 +167,10 @@ def torch_cpu_job(a):
             return x.mean(dim=0)
 
     torch.set_num_threads(1)
+    # --epoch-steps: epochs of that many steps with workers started anew each epoch.
+    persistent = not a.epoch_steps
     loader = DataLoader(Augmented(), batch_size=1, num_workers=a.workers,
-                        persistent_workers=True, multiprocessing_context="fork")
+                        persistent_workers=persistent, multiprocessing_context="fork")
     if a.wait_go:
         sys.stdin.readline()
     time.sleep(TRACER_BEAT_S)
@@ -176,7 +180,12 @@ def torch_cpu_job(a):
     start = time.monotonic_ns()
     while time.monotonic_ns() - start < a.seconds * 1e9:
         t = time.monotonic_ns()
-        batch = next(it)
+        try:
+            batch = next(it)
+        except StopIteration:  # the epoch's end: its workers exit, the next epoch's start
+            it = iter(loader)
+            pids += [w.pid for w in it._workers]
+            batch = next(it)
         data_ns.append(time.monotonic_ns() - t)
         time.sleep(a.step_ms / 1000)  # the step, on the GPU
         del batch
@@ -391,6 +400,7 @@ def main():
     p.add_argument("--item-cpu-ms", type=float, default=50)
     p.add_argument("--fetch-ms", type=float, default=10)
     p.add_argument("--slow-worker", type=int, default=-1)
+    p.add_argument("--epoch-steps", type=int, default=0)
     p.add_argument("--slow-cpu-ms", type=float, default=0)
     p.add_argument("--batch-ms", default=None)
     p.add_argument("--cpu", action="store_true")

@@ -126,24 +126,31 @@ pub struct PressureLock {
 }
 
 pub fn pressure_lock() -> PressureLock {
+    PressureLock { _held: machine_lock("gpustall-tests.lock") }
+}
+
+/// As [`pressure_lock`], for the scenarios that measure how the job's processes share the
+/// CPUs (a CPU-bound pipeline, a straggler): two at once on 2 CPUs would each see the other
+/// as the bottleneck.
+pub fn cpu_lock() -> PressureLock {
+    PressureLock { _held: machine_lock("gpustall-tests-cpu.lock") }
+}
+
+/// An exclusive flock on `name` in /run/lock (or /tmp), held until the file is dropped.
+fn machine_lock(name: &str) -> std::fs::File {
     use std::os::fd::AsRawFd;
-    let f = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open("/run/lock/gpustall-tests.lock")
-        .or_else(|_| {
-            std::fs::OpenOptions::new()
-                .create(true)
-                .truncate(false)
-                .write(true)
-                .open("/tmp/gpustall-tests.lock")
-        })
-        .expect("opening the test lock file");
+    let open = |dir: &str| {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(std::path::Path::new(dir).join(name))
+    };
+    let f = open("/run/lock").or_else(|_| open("/tmp")).expect("opening the test lock file");
     // SAFETY: a valid fd; the lock is released when the file is closed.
     let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) };
     assert_eq!(rc, 0, "flock: {}", std::io::Error::last_os_error());
-    PressureLock { _held: f }
+    f
 }
 
 pub use apt::lock as apt_lock;

@@ -149,6 +149,7 @@ fn data_wait_share(t: &TraceResult) -> f64 {
 #[test]
 fn cpu_bound_workers_get_a_worker_count_that_keeps_up_when_rerun() {
     tests::require_privileged_env();
+    let _cpu = tests::cpu_lock();
     let cg = CpuCgroup::favoured("pipe-cpu");
     // One worker spends 0.15 s of CPU per batch; the trainer needs one every 0.1 s.
     let job = ["--workers", "1", "--cost", "0.15", "--step", "0.1", "--seconds", "8"];
@@ -189,6 +190,7 @@ fn cpu_bound_workers_get_a_worker_count_that_keeps_up_when_rerun() {
 #[test]
 fn a_torch_dataloaders_cpu_bound_workers_get_a_worker_count_that_keeps_up() {
     tests::require_privileged_env();
+    let _cpu = tests::cpu_lock();
     let started = std::time::Instant::now();
     let cg = CpuCgroup::favoured("pipe-torch");
     // CPUs that other processes of this shared machine use are not the job's to take: while
@@ -247,6 +249,7 @@ fn a_torch_dataloaders_cpu_bound_workers_get_a_worker_count_that_keeps_up() {
 #[test]
 fn a_torch_job_with_a_cpu_left_idle_is_advised_the_worker_that_fills_it() {
     tests::require_privileged_env();
+    let _cpu = tests::cpu_lock();
     let cg = CpuCgroup::favoured("pipe-idle");
     let job = |n: &str| {
         traced_torch_job(
@@ -297,6 +300,7 @@ fn a_torch_job_with_a_cpu_left_idle_is_advised_the_worker_that_fills_it() {
 #[test]
 fn a_torch_job_with_one_slow_worker_names_it_a_straggler() {
     tests::require_privileged_env();
+    let _cpu = tests::cpu_lock();
     let cg = CpuCgroup::favoured("pipe-straggler");
     let (t, trainer) = traced_torch_job(
         &[
@@ -334,9 +338,48 @@ fn a_torch_job_with_one_slow_worker_names_it_a_straggler() {
     );
 }
 
+/// A real torch DataLoader of 2 workers with persistent_workers=False: new worker processes
+/// every epoch of 15 steps. The CPU figures speak of the 2 workers alive at a time, as the
+/// memory advice does, not of every process that ever ran.
+#[test]
+fn a_torch_job_whose_workers_restart_every_epoch_is_counted_by_those_alive_at_once() {
+    tests::require_privileged_env();
+    let _cpu = tests::cpu_lock();
+    let cg = CpuCgroup::favoured("pipe-epochs");
+    let (t, trainer) = traced_torch_job(
+        &[
+            "--workers",
+            "2",
+            "--item-cpu-ms",
+            "120",
+            "--fetch-ms",
+            "10",
+            "--step-ms",
+            "40",
+            "--epoch-steps",
+            "15",
+        ],
+        &cg,
+    );
+    let v = verdict(&t, "torch, workers restarted every epoch");
+    let processes = trainer["worker_pids"].as_array().map_or(0, Vec::len);
+    assert!(processes >= 6, "workers were started anew every epoch: {processes}");
+    assert_eq!(v["cause"], "cpu_bound_pipeline", "{v:#}");
+    let text = v["text"].as_str().expect("text");
+    assert!(
+        text.contains(&format!(
+            "2 DataLoader workers at a time ({processes} worker processes in all"
+        )),
+        "{text}"
+    );
+    let advice = v["advice"][0].as_str().expect("advice");
+    assert!(advice.contains("2 workers used"), "{advice}");
+}
+
 #[test]
 fn a_cpu_quota_that_throttles_the_workers_is_named_with_its_cgroup() {
     tests::require_privileged_env();
+    let _cpu = tests::cpu_lock();
     let cg = CpuCgroup::with_quota("pipe-quota", 0.5);
     let job = ["--workers", "2", "--cost", "0.15", "--step", "0.1", "--seconds", "6"];
     let (t, result) = traced(&job, Some(&cg), &["--no-gpu"], &[]);
@@ -355,6 +398,7 @@ fn a_cpu_quota_that_throttles_the_workers_is_named_with_its_cgroup() {
 #[test]
 fn workers_queued_behind_processes_outside_the_job_are_a_busy_host() {
     tests::require_privileged_env();
+    let _cpu = tests::cpu_lock();
     // Spinning processes outside the job, two per CPU, take most of the CPUs from its worker.
     let name = tests::procs::unique_comm();
     let n = 2 * std::thread::available_parallelism().map_or(2, |n| n.get());
@@ -373,6 +417,7 @@ fn workers_queued_behind_processes_outside_the_job_are_a_busy_host() {
 #[test]
 fn a_trainer_busy_on_its_own_preprocessing_while_the_gpu_idles_is_trainer_bound() {
     tests::require_privileged_env();
+    let _cpu = tests::cpu_lock();
     let cg = CpuCgroup::favoured("pipe-trainer");
     let dir = tests::TempDir::new("pipe-gpu");
     let scenario = dir.path("scenario.json");
@@ -407,6 +452,7 @@ fn a_trainer_busy_on_its_own_preprocessing_while_the_gpu_idles_is_trainer_bound(
 #[test]
 fn workers_waiting_on_a_storage_server_are_network_bound_with_its_address() {
     tests::require_privileged_env();
+    let _cpu = tests::cpu_lock();
     let cg = CpuCgroup::favoured("pipe-net");
     // The server answers each sample after 0.1 s; the trainer needs one every 0.05 s.
     let (_server, hello) = outside(&["server", "--delay", "0.1"], None);
@@ -423,6 +469,7 @@ fn workers_waiting_on_a_storage_server_are_network_bound_with_its_address() {
 #[test]
 fn workers_reading_files_on_a_network_filesystem_are_network_bound_with_its_mount() {
     tests::require_privileged_env();
+    let _cpu = tests::cpu_lock();
     if !tests::slowfs::SlowFs::available() {
         tests::degraded("no FUSE in this kernel: no network filesystem to stand in");
         return;

@@ -24,7 +24,7 @@ struct Loader<'a> {
 }
 
 /// The most of `workers` alive at one moment.
-fn most_alive_at_once(workers: &[&ProcFacts]) -> u64 {
+pub(super) fn most_alive_at_once(workers: &[&ProcFacts]) -> u64 {
     workers
         .iter()
         .map(|w| {

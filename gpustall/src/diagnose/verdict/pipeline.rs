@@ -86,12 +86,17 @@ impl Split {
 /// time), with its wait share, and its DataLoader's workers.
 struct Starved<'a> {
     main: &'a ProcFacts,
+    /// Its wait for data, and the share of its life that was.
+    wait_ns: u64,
     share: f64,
+    /// Every worker process it had: non-persistent workers are new processes every epoch.
     workers: Vec<&'a ProcFacts>,
+    /// The most of them alive at once: its num_workers.
+    at_once: u64,
 }
 
 fn starved(f: &Facts) -> Option<Starved<'_>> {
-    let (main, _, share) =
+    let (main, wait_ns, share) =
         waiters(f).into_iter().filter(|w| w.2 >= DATA_WAIT_SHARE).max_by_key(|w| w.1)?;
     let workers: Vec<&ProcFacts> = f
         .procs
@@ -99,7 +104,22 @@ fn starved(f: &Facts) -> Option<Starved<'_>> {
         .filter(|p| p.is_worker && p.dataloader_pid.unwrap_or(p.ppid) == main.pid)
         .filter(|p| p.lifetime_ns >= MIN_LIFE_NS)
         .collect();
-    (!workers.is_empty()).then_some(Starved { main, share, workers })
+    let at_once = super::advice::most_alive_at_once(&workers);
+    (!workers.is_empty()).then_some(Starved { main, wait_ns, share, workers, at_once })
+}
+
+/// The trainer's wait as a share of the time since its first worker started: what the
+/// worker-count arithmetic needs. Its life before (imports, building the model) waited for
+/// no batch and would dilute it (a loop that waits 75 % reads as 55 % over the whole run).
+fn share_since_workers(f: &Facts, s: &Starved) -> f64 {
+    let first = s.workers.iter().map(|p| p.started_ns).min().unwrap_or(0);
+    let from = first.max(s.main.started_ns).max(f.start_ns);
+    let to = s.main.exit_ns.unwrap_or(f.end_ns);
+    let span = to.saturating_sub(from);
+    if span < MIN_LIFE_NS {
+        return s.share;
+    }
+    (s.wait_ns as f64 / span as f64).clamp(s.share, 1.0)
 }
 
 /// The workers' combined split.
@@ -203,7 +223,7 @@ pub fn keep_up_advice(k: &KeepUp) -> (Vec<String>, Option<u64>) {
     let cpus_then = needed as f64 * per + trainer_then;
     let free = (k.budget_cpus - k.others_cpus).max(0.0);
     let arithmetic = format!(
-        "{} used {:.2} CPUs ({:.2} each) while the trainer waited {:.0} % of its time: to keep up they must deliver 1 / (1 - {:.2}) = {:.2} x as fast",
+        "{} used {:.2} CPUs ({:.2} each) while the trainer waited {:.0} % of its time since they started: to keep up they must deliver 1 / (1 - {:.2}) = {:.2} x as fast",
         workers_n(k.workers),
         k.workers_cpus,
         per,
@@ -245,9 +265,9 @@ pub fn keep_up_advice(k: &KeepUp) -> (Vec<String>, Option<u64>) {
     // grows with the CPUs they get, and the trainer's CPU with the batches it is given, so
     // together they can use `free` once the workers get `usable` of it.
     let usable = free / (1.0 + k.trainer_cpus / k.workers_cpus.max(0.01));
-    let speedup = usable / k.workers_cpus.max(0.01);
-    // The last worker counts when it adds at least a tenth of a worker's CPU.
-    let fit = ((usable / per) - 0.1).ceil().max(0.0) as u64;
+    // The last worker counts when it gets at least half a CPU's worth of the rest.
+    let fit = ((usable / per) + 0.5).floor().max(0.0) as u64;
+    let speedup = (fit as f64 * per).min(usable) / k.workers_cpus.max(0.01);
     if fit <= k.workers || speedup < MORE_WORKERS_GAIN {
         let text = format!(
             "the {} CPUs ({}) are saturated: {arithmetic}, which needs {cpus_then:.2} CPUs against {free:.2} free ({:.2} used by other processes); more workers cannot help: {cheaper}, or give the job more CPUs",
@@ -293,10 +313,12 @@ fn keep_up(f: &Facts, s: &Starved) -> KeepUp {
     // queue); else they used CPU the job did not ask for, and would yield its fair share.
     let competing = w.share(w.runq_ns) >= COMPETING_RUNQUEUE_SHARE;
     KeepUp {
-        workers: s.workers.len() as u64,
-        workers_cpus: cpus(w.cpu_ns, span),
+        workers: s.at_once,
+        // Each worker's CPU while it lived, times the workers alive at once: not over the
+        // trainer's life, which began before its DataLoader did (imports, the model).
+        workers_cpus: w.share(w.cpu_ns) * s.at_once as f64,
         trainer_cpus: cpus(Split::of(s.main).cpu_ns, span),
-        wait_share: s.share,
+        wait_share: share_since_workers(f, s),
         budget_cpus,
         budget_by,
         others_cpus: if competing { cpus(c.others_ns, c.span_ns) } else { 0.0 },
@@ -514,7 +536,7 @@ pub fn network_bound(c: &Ctx) -> Option<Verdict> {
         100.0 * w.share(w.cpu_ns),
         gpu_clause(f)
     );
-    let n = s.workers.len() as u64;
+    let n = s.at_once;
     let more = (((n as f64 / (1.0 - s.share).max(0.05)) - 1e-9).ceil() as u64).max(n + 1);
     let idle =
         if n == 1 { "the one worker is".to_string() } else { format!("the {n} workers are") };
@@ -621,16 +643,19 @@ pub fn cpu_bound_pipeline(c: &Ctx) -> Option<Verdict> {
         split_link(f, p, &mut chain);
     }
     let k = keep_up(f, &s);
+    let who = match (s.at_once, s.workers.len() as u64) {
+        (1, 1) => "one DataLoader worker was".to_string(),
+        (n, all) if all == n => format!("{n} DataLoader workers were"),
+        (n, all) => format!(
+            "{} at a time ({all} worker processes in all, restarted every epoch as persistent_workers=False does) were",
+            if n == 1 { "one DataLoader worker".to_string() } else { format!("{n} DataLoader workers") }
+        ),
+    };
     let text = format!(
-        "The input pipeline is CPU-bound: {}'s {} on CPU {:.0} % of {} time ({:.2} CPUs together), with no memory pressure or disk wait{}.",
+        "The input pipeline is CPU-bound: {}'s {who} on CPU {:.0} % of {} time ({:.2} CPUs together), with no memory pressure or disk wait{}.",
         name(s.main),
-        if s.workers.len() == 1 {
-            "one DataLoader worker was".to_string()
-        } else {
-            format!("{} DataLoader workers were", s.workers.len())
-        },
         100.0 * w.share(w.cpu_ns),
-        if s.workers.len() == 1 { "its" } else { "their" },
+        if s.at_once == 1 { "its" } else { "their" },
         k.workers_cpus,
         gpu_clause(f)
     );

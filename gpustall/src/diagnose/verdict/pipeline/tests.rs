@@ -126,6 +126,35 @@ fn one_worker_that_ends_most_waits_is_a_straggler_not_a_cpu_bound_pipeline() {
     assert_eq!(decide(&f).cause, Cause::CpuBoundPipeline);
 }
 
+/// Non-persistent workers: 2 at a time over 3 epochs, 6 processes, each on CPU 80 % of its
+/// life. The pipeline had 2 workers at 0.8 CPU each, not 6 at 0.27.
+#[test]
+fn workers_restarted_every_epoch_count_as_those_alive_at_once() {
+    let mut f = job(6_000_000_000, 6, 0, 0);
+    let third = 10 * S / 3;
+    for (i, p) in f.procs[1..].iter_mut().enumerate() {
+        let epoch = (i / 2) as u64;
+        p.started_ns = epoch * third;
+        p.exit_ns = Some((epoch + 1) * third - 1);
+        p.lifetime_ns = third - 1;
+        p.cpu_ns = Some(third * 8 / 10);
+        p.cpu_span_ns = third - 1;
+        p.worker_index = Some(i % 2);
+        let o = p.offcpu.as_mut().expect("offcpu");
+        o.offcpu_wait_ns = third / 5;
+    }
+    let v = decide(&f);
+    assert_eq!(v.cause, Cause::CpuBoundPipeline, "{v:#?}");
+    assert!(
+        v.text.contains("2 DataLoader workers at a time (6 worker processes in all"),
+        "{}",
+        v.text
+    );
+    assert!(v.text.contains("(1.60 CPUs together)"), "{}", v.text);
+    let a = v.advice.join("\n");
+    assert!(a.contains("2 workers used 1.60 CPUs (0.80 each)"), "{a}");
+}
+
 #[test]
 fn saturated_cpus_say_more_workers_cannot_help() {
     let mut f = job(6_400_000_000, 2, 9_500_000_000, 100_000_000);
