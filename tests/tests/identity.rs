@@ -101,6 +101,29 @@ fn a_torchrun_jobs_ranks_are_named_with_their_rank_and_run() {
 
 /// One process per "rank" with the variables torchrun gives its ranks (no torch needed for
 /// this: what is tested is the merge), each traced on its own.
+/// A job whose environment claims 2^32 - 1 ranks: not taken as its world size, and a merge of
+/// its recording, which once allocated a name per missing rank (140 GB), is quick and short.
+#[test]
+fn a_world_size_no_job_has_is_not_taken_and_merge_stays_small() {
+    tests::require_privileged_env();
+    let dir = tests::TempDir::new_in("/var/tmp", "identity-world");
+    let env = [("RANK", "0"), ("WORLD_SIZE", "4294967295")];
+    let (s, out) = trace_launch(&dir, "huge", &["sh", "-c", "sleep 1"], &env);
+    assert_eq!(s["job"]["world_size"], Value::Null, "{}", s["job"]);
+    assert!(out.contains("is not a job's ranks"), "said once: {out}");
+    let started = std::time::Instant::now();
+    let o = Command::new(tests::gpustall_bin())
+        .arg("merge")
+        .arg(dir.path("huge.jsonl"))
+        .arg("--summary-json")
+        .arg(dir.path("merged.json"))
+        .output()
+        .expect("gpustall merge");
+    assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(o.stdout.len() + o.stderr.len() < 100_000, "a short report");
+    eprintln!("merge took {:?}", started.elapsed());
+}
+
 #[test]
 fn two_ranks_recordings_merge_in_rank_order_named_by_rank() {
     tests::require_privileged_env();
@@ -232,6 +255,9 @@ fn the_rank_whose_worker_was_oom_killed_is_named_first() {
     assert!(text.contains("rank 1"), "{text}");
 }
 
+/// Where the runtime mounts a pod's service account (/var/run/... through /var/run -> /run).
+const SA: &str = "/run/secrets/kubernetes.io/serviceaccount";
+
 /// What a test made on the host (cgroups, the kubelet's log entries), removed in reverse
 /// order when dropped, on failure too.
 #[derive(Default)]
@@ -329,11 +355,16 @@ impl Pod {
     /// runtime mounts it (at /var/run/secrets/..., which is /run/secrets/... where /var/run is
     /// a link to /run, as on this host and in most images). The job's identity in the summary.
     fn trace(&self, cgroup: &Path) -> Value {
-        let sa = "/run/secrets/kubernetes.io/serviceaccount";
+        self.trace_with(cgroup, &format!("echo {} > {SA}/namespace", self.namespace), "")
+    }
+
+    /// As [`Pod::trace`], with the service account's directory filled by `make_namespace` (a
+    /// shell command, inside the container's mount namespace) and the workload run through
+    /// `run_as` (e.g. setpriv to another user; "" for root).
+    fn trace_with(&self, cgroup: &Path, make_namespace: &str, run_as: &str) -> Value {
         let script = format!(
-            "mount -t tmpfs tmpfs /run && mkdir -p {sa} && echo {ns} > {sa}/namespace \
-             && exec \"$0\" \"$@\"",
-            ns = self.namespace
+            "mount -t tmpfs tmpfs /run && mkdir -p {SA} && {make_namespace} \
+             && exec {run_as} \"$0\" \"$@\""
         );
         let workload = env!("CARGO_BIN_EXE_gpustall-workload");
         let hostname = format!("HOSTNAME={}", self.hostname);
@@ -381,6 +412,49 @@ fn a_process_in_a_pods_cgroup_is_named_by_its_pod_and_container() {
     assert_eq!(job["pod"].as_str(), Some(pod.name.as_str()), "{job}");
     assert_eq!(job["namespace"].as_str(), Some(pod.namespace.as_str()), "{job}");
     assert_eq!(job["container"].as_str(), Some(pod.container.as_str()), "{job}");
+    drop(made);
+}
+
+/// A hostile container arranges its service-account namespace file: a link to a root-only
+/// file of the host (as a user who cannot read it), a link to a file that holds no namespace
+/// (as root), a FIFO. gpustall reads as root, but publishes only what the job could read and
+/// what a Kubernetes namespace can be, and is never stuck on a FIFO.
+#[test]
+fn a_service_account_file_the_job_arranged_is_neither_leaked_nor_waited_on() {
+    tests::require_privileged_env();
+    let pod = Pod::new();
+    let mut made = Made::default();
+    let cgroup = pod.cgroup(&mut made);
+    let secret = std::env::temp_dir().join(format!("gpustall-test-secret-{}", tests::unique()));
+    made.file(&secret);
+    let nobody = "setpriv --reuid=65534 --regid=65534 --clear-groups";
+    let cases = [
+        ("a valid name in a root-only file, as nobody", "leaked-secret", nobody, "ln -s"),
+        ("a shadow line, as root", "root:$6$TOPSECRETHASH:19000:0:99999:7:::", "", "ln -s"),
+        ("a FIFO", "", "", "mkfifo"),
+    ];
+    for (what, content, run_as, how) in cases {
+        std::fs::write(&secret, content).expect("the secret");
+        std::fs::set_permissions(&secret, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+            .expect("chmod");
+        let make = match how {
+            "mkfifo" => format!("mkfifo {SA}/namespace"),
+            _ => format!("ln -s {} {SA}/namespace", secret.display()),
+        };
+        let started = std::time::Instant::now();
+        let job = pod.trace_with(&cgroup, &make, run_as);
+        eprintln!("{what}: {job} ({:?})", started.elapsed());
+        assert_eq!(
+            job["pod_uid"].as_str(),
+            Some(pod.uid.as_str()),
+            "{what}: still the pod's: {job}"
+        );
+        assert_eq!(job["namespace"], Value::Null, "{what}: nothing read: {job}");
+        assert!(
+            !job.to_string().contains("SECRET") && !job.to_string().contains("leaked"),
+            "{job}"
+        );
+    }
     drop(made);
 }
 

@@ -68,6 +68,27 @@ pub const ENV_VARS: &[&str] = &[
     "HOSTNAME",
 ];
 
+/// The largest world size taken from a job's environment: past the largest jobs that run
+/// (about 10^5 GPUs), and a merge lists the ranks it says are missing.
+pub const MAX_WORLD_SIZE: u32 = 1 << 20;
+
+/// A Kubernetes DNS-1123 label (a namespace's or a container's name): 1 to 63 of a-z, 0-9
+/// and '-', starting and ending with a letter or digit. Anything else did not come from
+/// Kubernetes.
+pub fn is_dns_label(s: &str) -> bool {
+    let alnum = |c: u8| c.is_ascii_lowercase() || c.is_ascii_digit();
+    let b = s.as_bytes();
+    (1..=63).contains(&b.len())
+        && b.iter().all(|&c| alnum(c) || c == b'-')
+        && alnum(b[0])
+        && alnum(b[b.len() - 1])
+}
+
+/// A DNS-1123 subdomain (a pod's name): dot-separated labels, 253 bytes at most.
+pub fn is_dns_subdomain(s: &str) -> bool {
+    s.len() <= 253 && s.split('.').all(is_dns_label)
+}
+
 impl Identity {
     pub fn is_empty(&self) -> bool {
         *self == Identity::default()
@@ -105,7 +126,9 @@ impl Identity {
         }
     }
 
-    /// Adds what the environment says (`pairs`: the variables of [`ENV_VARS`] found). The
+    /// Adds what the environment says (`pairs`: the variables of [`ENV_VARS`] found). A rank
+    /// at or above its world size, or a world size above [`MAX_WORLD_SIZE`], is not a job's:
+    /// both are dropped (a merge lists the ranks a world size says are missing). The
     /// cgroup's Slurm job wins over the environment's; HOSTNAME names the pod only in a pod.
     pub fn with_env<'a>(mut self, pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> Self {
         let mut port = None;
@@ -136,6 +159,19 @@ impl Identity {
         if let (Some(addr), Some(port)) = (&self.master, port) {
             self.master = Some(format!("{addr}:{port}"));
         }
+        let world_ok = self.world_size.is_none_or(|w| (1..=MAX_WORLD_SIZE).contains(&w));
+        let rank_ok = |r: Option<u32>| match (r, self.world_size) {
+            (Some(r), Some(w)) => r < w,
+            _ => true,
+        };
+        if !world_ok || !rank_ok(self.rank) {
+            log::warn!(
+                "RANK={:?} WORLD_SIZE={:?} is not a job's ranks (a rank below a world size of at most {MAX_WORLD_SIZE}): not used",
+                self.rank,
+                self.world_size
+            );
+            (self.rank, self.world_size) = (None, None);
+        }
         self
     }
 
@@ -153,7 +189,9 @@ impl Identity {
         if let Some(uid) = self.pod_uid.clone() {
             let suffix = format!("_{uid}");
             let found = pod_dirs.into_iter().find_map(|d| d.strip_suffix(&suffix)?.split_once('_'));
-            if let Some((ns, pod)) = found {
+            if let Some((ns, pod)) =
+                found.filter(|(ns, pod)| is_dns_label(ns) && is_dns_subdomain(pod))
+            {
                 (self.namespace, self.pod) = (Some(ns.to_string()), Some(pod.to_string()));
             }
         }
@@ -163,7 +201,12 @@ impl Identity {
                 let mut it = l.strip_suffix(&suffix)?.splitn(3, '_');
                 Some((it.next()?, it.next()?, it.next()?))
             };
-            if let Some((pod, ns, container)) = container_links.into_iter().find_map(names) {
+            let valid = |(pod, ns, c): &(&str, &str, &str)| {
+                is_dns_subdomain(pod) && is_dns_label(ns) && is_dns_label(c)
+            };
+            if let Some((pod, ns, container)) =
+                container_links.into_iter().find_map(names).filter(valid)
+            {
                 self.pod = Some(pod.to_string());
                 self.namespace = Some(ns.to_string());
                 self.container = Some(container.to_string());
@@ -286,6 +329,27 @@ fn is_container_id(s: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn names_and_ranks_that_kubernetes_and_torchrun_could_not_have_made_are_dropped() {
+        assert!(is_dns_label("kube-system") && is_dns_label("a") && is_dns_label("ns-0"));
+        for bad in ["", "-a", "a-", "A", "root:$6$TOPSECRETHASH:", "a\x1b]0;x\x07", &"a".repeat(64)]
+        {
+            assert!(!is_dns_label(bad), "{bad:?}");
+        }
+        assert!(is_dns_subdomain("train-7f9c.web") && !is_dns_subdomain("a..b"));
+        let env = |rank: &'static str, world: &'static str| {
+            Identity::default().with_env([("RANK", rank), ("WORLD_SIZE", world)])
+        };
+        assert_eq!((env("3", "4").rank, env("3", "4").world_size), (Some(3), Some(4)));
+        assert_eq!((env("0", "4294967295").rank, env("0", "4294967295").world_size), (None, None));
+        assert_eq!((env("4", "4").rank, env("4", "4").world_size), (None, None));
+        assert_eq!(env("0", "0").world_size, None);
+        // A kubelet log name with an escape is no pod's.
+        let id = Identity { pod_uid: Some("u1".into()), ..Default::default() };
+        let id = id.with_kubelet_logs(["ns_p\x1b[2J_u1"], []);
+        assert_eq!((id.namespace, id.pod), (None, None));
+    }
 
     const UID: &str = "8f2a4b1c-3d5e-4f60-9a7b-1c2d3e4f5a6b";
     const CID: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";

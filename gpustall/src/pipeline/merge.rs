@@ -148,15 +148,44 @@ fn missing_ranks(lanes: &[Lane]) -> Option<String> {
     if have.is_empty() {
         return None;
     }
-    let missing: Vec<String> =
-        (0..world).filter(|r| !have.contains(r)).map(|r| r.to_string()).collect();
+    // A recording's world size is what its job's environment said: bounded, not trusted.
+    if world > crate::model::identity::MAX_WORLD_SIZE {
+        return Some(format!(
+            "a recording says the job had {world} ranks: not a job's world size, not used"
+        ));
+    }
+    let missing = rank_ranges((0..world).filter(|r| !have.contains(r)));
     (!missing.is_empty()).then(|| {
         format!(
             "ranks {} of {world} have no recording here: the first to stall may be among them",
-            missing.join(", ")
+            missing
         )
     })
 }
+
+/// "2, 5-9, 12" for ascending ranks, the first [`RANGES_SHOWN`] runs and a count of the rest.
+fn rank_ranges(ranks: impl Iterator<Item = u32>) -> String {
+    let mut runs: Vec<(u32, u32)> = Vec::new();
+    for r in ranks {
+        match runs.last_mut() {
+            Some((_, end)) if *end + 1 == r => *end = r,
+            _ => runs.push((r, r)),
+        }
+    }
+    let shown: Vec<String> = runs
+        .iter()
+        .take(RANGES_SHOWN)
+        .map(|&(a, b)| if a == b { a.to_string() } else { format!("{a}-{b}") })
+        .collect();
+    let rest: u64 = runs.iter().skip(RANGES_SHOWN).map(|&(a, b)| u64::from(b - a) + 1).sum();
+    match rest {
+        0 => shown.join(", "),
+        n => format!("{} and {n} more", shown.join(", ")),
+    }
+}
+
+/// How many runs of missing ranks a warning names.
+const RANGES_SHOWN: usize = 16;
 
 /// Recordings of more than one torchrun run (or Slurm job) merged: said, not refused.
 fn runs_differ(lanes: &[Lane]) -> Option<String> {
@@ -182,6 +211,14 @@ pub fn is_same_recording(a: &Source, b: &Source) -> bool {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn missing_ranks_are_said_as_ranges_and_bounded() {
+        assert_eq!(super::rank_ranges([0, 2, 3, 4, 9].into_iter()), "0, 2-4, 9");
+        // Every other rank of a million: 16 named, the rest counted, in one short line.
+        let s = super::rank_ranges((0..1_000_000u32).filter(|r| r % 2 == 1));
+        assert!(s.ends_with("and 499984 more") && s.len() < 200, "{s}");
+    }
+
     #[test]
     fn a_wall_clock_of_1970_or_the_far_future_is_not_plausible() {
         let now = 1_796_000_000 * 1_000_000_000;
