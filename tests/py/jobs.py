@@ -22,6 +22,10 @@
       3.14's default start method): forks of the forkserver, with its command line. --unnamed:
       workers that never rename (PyTorch releases before the rename, plain multiprocessing).
 
+  jobs.py reader --device DEV [--workers 2] [--sample-mib 4] [--seconds 8] [--wait-go]
+      A trainer whose --workers workers each read --sample-mib MiB per sample from block
+      device DEV with O_DIRECT, each from its own region, for --seconds; the trainer takes
+      their samples in turn. Each worker ends with {"role": "worker_done", "read_bytes": N}.
   jobs.py thrash [--mib 100] [--idle 4] [--touch 4] [--wait-go]
       Fills --mib MiB, idles --idle s (a neighbour may push it out to swap meanwhile), then
       reads through it again and again for --touch s.
@@ -308,9 +312,53 @@ def hog(a):
     return 0
 
 
+def reader_worker(a, index, out):
+    """Reads --sample-mib MiB per sample from --device with O_DIRECT (no page cache: every
+    byte from the device), from its own region, and sends one byte per sample."""
+    import mmap
+    set_name("pt_data_worker")
+    say("worker", index=index)
+    fd = os.open(a.device, os.O_RDONLY | os.O_DIRECT)
+    size = os.lseek(fd, 0, os.SEEK_END)
+    chunk = a.sample_mib << 20
+    buf = mmap.mmap(-1, chunk)  # page-aligned, as O_DIRECT needs
+    offset, done = index * (size // max(a.workers, 1)), 0
+    end = time.monotonic() + a.seconds
+    while time.monotonic() < end:
+        if offset + chunk > size:
+            offset = 0
+        done += os.preadv(fd, [buf], offset)
+        offset += chunk
+        os.write(out, b"x")
+    say("worker_done", index=index, read_bytes=done)
+    os._exit(0)
+
+
+def reader(a):
+    """A trainer whose workers read their samples from a block device (see reader_worker)."""
+    say("trainer")
+    pipes, pids = [], []
+    for i in range(a.workers):
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(r)
+            reader_worker(a, i, w)
+        os.close(w)
+        pipes.append(r)
+        pids.append(pid)
+    open_pipes = list(pipes)
+    while open_pipes:
+        for r in list(open_pipes):
+            if not os.read(r, 1):  # the worker finished
+                open_pipes.remove(r)
+            time.sleep(0.01)  # the step
+    return 1 if reap(pids) else 0
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    shapes = {"epochs": epochs, "ranks": ranks, "spawn-ranks": spawn_ranks,
+    shapes = {"reader": reader, "epochs": epochs, "ranks": ranks, "spawn-ranks": spawn_ranks,
               "forkserver": forkserver, "thrash": thrash, "hog": hog, "shm": shm,
               "sleeper": sleeper, "futex": futex}
     p.add_argument("shape", choices=list(shapes))
@@ -324,6 +372,9 @@ def main():
     p.add_argument("--unnamed", action="store_true")
     p.add_argument("--in-kernel", action="store_true")
     p.add_argument("--hold", type=float, default=1.0)
+    p.add_argument("--device", default="")
+    p.add_argument("--sample-mib", type=int, default=4)
+    p.add_argument("--seconds", type=float, default=8.0)
     p.add_argument("--wait-go", action="store_true", help="read a line from stdin first")
     a = p.parse_args()
     if a.wait_go:

@@ -49,7 +49,12 @@ pub struct ProcFacts {
     /// Major page faults during the trace: pages read back from swap (or from files mapped).
     pub major_faults: u64,
     pub reclaim_io_bytes: u64,
+    /// Bytes it read from block devices: its bios as the kernel side counted them at submission;
+    /// where the job's cgroup limits its I/O, the kernel's own per-task count (/proc/PID/io)
+    /// when larger, as the throttle issues held bios from its own kernel thread
+    /// (`read_bytes_from_proc`).
     pub read_bytes: u64,
+    pub read_bytes_from_proc: bool,
     pub write_bytes: u64,
     /// Sum of the latency of this process's completed block requests.
     pub io_wait_ns: u64,
@@ -116,6 +121,8 @@ pub struct Facts {
     pub pswpin: u64,
     pub disks: Vec<DiskFacts>,
     pub filesystems: Vec<FsFacts>,
+    /// Block I/O limits on the job's cgroup and its ancestors.
+    pub io_limits: Vec<crate::model::host::IoLimit>,
     pub gpu_stalls: Vec<StallEpisode>,
     /// GPU samples that showed thermal/power slowdown, and all GPU samples.
     pub gpu_throttled_samples: u64,
@@ -249,6 +256,30 @@ pub struct FsFacts {
     pub total_bytes: u64,
 }
 
+/// A process's block reads, and whether they are the kernel's per-task count (see
+/// `ProcFacts::read_bytes`). /proc/PID/io counts from the process's start: one forked during
+/// the trace is counted whole, one already running from its first reading.
+fn read_bytes(
+    m: &Model,
+    n: &crate::model::proctree::ProcNode,
+    p: &crate::model::stats::ProcStats,
+    watch: Option<&crate::model::host::TaskWatch>,
+) -> (u64, bool) {
+    let traced = p.io_bytes(IoOp::Read, None);
+    if m.ctx.io_limits.is_empty() {
+        return (traced, false);
+    }
+    let counted = watch.and_then(|w| {
+        let last = w.last.read_bytes?;
+        let first = if n.started_ns > m.start_ns { 0 } else { w.first_read_bytes.unwrap_or(last) };
+        Some(last.saturating_sub(first))
+    });
+    match counted {
+        Some(c) if c > traced + traced / 10 + (1 << 20) => (c, true),
+        _ => (traced, false),
+    }
+}
+
 /// One process as the verdict sees it.
 fn proc_facts(m: &Model, n: &crate::model::proctree::ProcNode, now_ns: u64) -> ProcFacts {
     let empty = crate::model::stats::ProcStats::default();
@@ -256,6 +287,7 @@ fn proc_facts(m: &Model, n: &crate::model::proctree::ProcNode, now_ns: u64) -> P
     let c = &p.counters;
     let role = m.tree.role(n.pid);
     let watch = m.ctx.tasks.get(&n.pid);
+    let read_bytes = read_bytes(m, n, p, watch);
     let ((first_kb, first_ns), (peak_kb, peak_ns)) = match (p.first_pss_kb, p.peak_pss_kb) {
         (Some(first), Some(peak)) => (first, peak),
         // Never sampled (its peak is the OOM kill's figure): no growth was measured.
@@ -291,7 +323,8 @@ fn proc_facts(m: &Model, n: &crate::model::proctree::ProcNode, now_ns: u64) -> P
         swapout_pages: c.swapout_anon_pages,
         major_faults: p.mem.majflt.saturating_sub(p.first_majflt.unwrap_or(p.mem.majflt)),
         reclaim_io_bytes: p.io.iter().filter(|(k, _)| k.in_reclaim).map(|(_, v)| v.bytes).sum(),
-        read_bytes: p.io_bytes(IoOp::Read, None),
+        read_bytes: read_bytes.0,
+        read_bytes_from_proc: read_bytes.1,
         write_bytes: p.io_bytes(IoOp::Write, None),
         io_wait_ns: p.io.values().map(|v| v.latency_ns_sum).sum(),
         lifetime_ns: n.exit_ns.unwrap_or(now_ns).saturating_sub(n.started_ns.max(m.start_ns)),
@@ -427,6 +460,7 @@ pub fn from_model(m: &Model, now_ns: u64) -> Facts {
                 total_bytes: f.total_bytes,
             })
             .collect(),
+        io_limits: m.ctx.io_limits.clone(),
         gpu_stalls: m.gpu.stalls.clone(),
         gpu_throttled_samples: m.gpu.throttled_samples,
         gpu_samples: m.gpu.samples,

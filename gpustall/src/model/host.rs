@@ -275,6 +275,31 @@ pub struct FsUsage {
     pub used_pct: f64,
 }
 
+/// A block I/O limit on one device, set on the job's cgroup or an ancestor (`path`): v1's
+/// blkio.throttle.*_device, v2's io.max. `None`: no limit of that kind.
+#[derive(Serialize, serde::Deserialize, Clone, Debug, Default, PartialEq)]
+pub struct IoLimit {
+    pub path: String,
+    /// "MAJ:MIN", and the kernel's name for it where it could be read.
+    pub dev: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rbps: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wbps: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub riops: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wiops: Option<u64>,
+}
+
+impl IoLimit {
+    pub fn is_set(&self) -> bool {
+        self.rbps.is_some() || self.wbps.is_some() || self.riops.is_some() || self.wiops.is_some()
+    }
+}
+
 /// What a task is doing: a job whose processes sit in D state with a wchan in the block layer
 /// is hung on I/O; at 0 CPU in S state it is waiting or deadlocked.
 #[derive(Serialize, serde::Deserialize, Clone, Debug, PartialEq)]
@@ -311,6 +336,8 @@ pub struct TaskWatch {
     pub asleep_since_ns: Option<u64>,
     /// When the current `runs` was first read.
     runs_read_ns: u64,
+    /// /proc/PID/io read_bytes at its first reading.
+    pub first_read_bytes: Option<u64>,
 }
 
 #[derive(Default)]
@@ -343,6 +370,8 @@ pub struct HostContext {
     pub jobs_last: BTreeMap<u32, JobContext>,
     /// CPU time, quota throttling, host load and socket waits (`model::cpu`).
     pub cpu: crate::model::cpu::CpuTrack,
+    /// The job's block I/O limits as last read.
+    pub io_limits: Vec<IoLimit>,
 }
 
 impl HostContext {
@@ -421,6 +450,9 @@ impl HostContext {
             self.watch(t.clone(), s.t_ns);
         }
         self.cpu.apply(s.t_ns, s.cpu.as_ref(), &s.tasks);
+        if let Some(l) = &s.io_limits {
+            self.io_limits = l.clone();
+        }
         for fs in &s.filesystems {
             // At its fullest; a path the job now has another filesystem on is that one's.
             match self.filesystems.iter_mut().find(|f| f.path == fs.path) {
@@ -434,12 +466,14 @@ impl HostContext {
     fn watch(&mut self, s: TaskState, now_ns: u64) {
         let Some(w) = self.tasks.get_mut(&s.pid) else {
             let stuck = matches!(s.state, 'T' | 't' | 'D').then_some(now_ns);
+            let first_read_bytes = s.read_bytes;
             let w = TaskWatch {
                 last: s,
                 stuck_since_ns: stuck,
                 idle_since_ns: None,
                 asleep_since_ns: None,
                 runs_read_ns: now_ns,
+                first_read_bytes,
             };
             self.tasks.insert(w.last.pid, w);
             return;

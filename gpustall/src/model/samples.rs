@@ -191,6 +191,10 @@ pub struct ContextSample {
     /// consumers outside the job, socket waits (`model::cpu`); absent in older recordings.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu: Option<crate::model::cpu::CpuSample>,
+    /// The block I/O limits on the job's cgroup and its ancestors, when read (at the start,
+    /// then every few seconds; `None` in between and in older recordings).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub io_limits: Option<Vec<crate::model::host::IoLimit>>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug)]

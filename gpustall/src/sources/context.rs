@@ -34,6 +34,9 @@ const JOINED_LATE_READS: usize = 64;
 /// At most this many of their cgroups are resolved per look (each reads the mount table).
 const JOINED_LATE_GROUPS: usize = 4;
 
+/// How often the job's block I/O limits are read again.
+const IO_LIMITS_EVERY_NS: u64 = 10_000_000_000;
+
 /// One filesystem the job writes to, as the job sees it. `held` is the directory opened
 /// through a live process of the job (its /proc/PID/root or cwd): the mount it names stays
 /// readable after the job's last process is gone and its mount namespace with it, so a job
@@ -97,6 +100,8 @@ struct JobReader {
     stand_in: u32,
     /// When the job's processes' cgroups were last looked at.
     looked_ns: u64,
+    /// When its block I/O limits were last read (`None`: never).
+    io_read_ns: Option<u64>,
     fs: Vec<JobFs>,
 }
 
@@ -117,6 +122,7 @@ impl JobReader {
             changed_ns: 0,
             stand_in: target,
             looked_ns: 0,
+            io_read_ns: None,
             fs: vec![fs("/tmp", "root/tmp"), fs("/dev/shm", "root/dev/shm")],
         };
         if let Some(cwd) = host::cwd(target) {
@@ -189,6 +195,16 @@ impl JobReader {
                 return;
             }
         }
+    }
+
+    /// The block I/O limits on the job's cgroup, read at the first sample and then every
+    /// [`IO_LIMITS_EVERY_NS`] (they are set by whoever starts the job, and rarely change).
+    fn io_limits(&mut self, now_ns: u64) -> Option<Vec<crate::model::host::IoLimit>> {
+        if self.io_read_ns.is_some_and(|t| now_ns.saturating_sub(t) < IO_LIMITS_EVERY_NS) {
+            return None;
+        }
+        self.io_read_ns = Some(now_ns);
+        Some(cgroup::io::read_io_limits(self.stand_in))
     }
 
     /// The job's memory cgroup now.
@@ -286,6 +302,7 @@ impl ContextReader {
                 })
                 .collect(),
             cpu: self.cpu.as_mut().map(|c| c.read(alive)),
+            io_limits: self.target.as_mut().and_then(|j| j.io_limits(t_ns)),
         }
     }
 }

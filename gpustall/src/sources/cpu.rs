@@ -149,6 +149,12 @@ pub fn allowed_cpus(status: &str) -> Option<u32> {
 /// The cgroup mounts that hold the cpu controller: v1 hierarchies with "cpu" among their
 /// options, and cgroup2 mounts.
 pub fn cpu_mounts(mountinfo: &str) -> Vec<CgroupMount> {
+    controller_mounts(mountinfo, "cpu")
+}
+
+/// The cgroup mounts that hold `controller`: v1 hierarchies with it among their options, and
+/// cgroup2 mounts.
+pub fn controller_mounts(mountinfo: &str, controller: &str) -> Vec<CgroupMount> {
     mountinfo
         .lines()
         .filter_map(|line| {
@@ -157,7 +163,7 @@ pub fn cpu_mounts(mountinfo: &str) -> Vec<CgroupMount> {
             let mut a = after.split(' ');
             let version = match (a.next()?, a.nth(1).unwrap_or("")) {
                 ("cgroup2", _) => 2,
-                ("cgroup", opts) if opts.split(',').any(|o| o == "cpu") => 1,
+                ("cgroup", opts) if opts.split(',').any(|o| o == controller) => 1,
                 _ => return None,
             };
             Some(CgroupMount {
@@ -171,6 +177,11 @@ pub fn cpu_mounts(mountinfo: &str) -> Vec<CgroupMount> {
 
 /// The v1 cpu path and the v2 path of a /proc/PID/cgroup text.
 pub fn cpu_paths(text: &str) -> (Option<String>, Option<String>) {
+    controller_paths(text, "cpu")
+}
+
+/// The v1 path of `controller` and the v2 path of a /proc/PID/cgroup text.
+pub fn controller_paths(text: &str, controller: &str) -> (Option<String>, Option<String>) {
     let (mut v1, mut v2) = (None, None);
     for line in text.lines() {
         let mut parts = line.splitn(3, ':');
@@ -179,7 +190,7 @@ pub fn cpu_paths(text: &str) -> (Option<String>, Option<String>) {
         };
         if id == "0" && ctrl.is_empty() {
             v2 = Some(path.to_string());
-        } else if ctrl.split(',').any(|c| c == "cpu") {
+        } else if ctrl.split(',').any(|c| c == controller) {
             v1 = Some(path.to_string());
         }
     }

@@ -47,6 +47,7 @@ pub enum Cause {
     HungTask,
     ProcessHung,
     GpuThrottling,
+    IoThrottled,
     DiskIoBound,
     Deadlock,
     CpuQuotaThrottled,
@@ -71,6 +72,7 @@ impl Cause {
             Self::HungTask => "hung_task",
             Self::ProcessHung => "process_hung",
             Self::GpuThrottling => "gpu_throttling",
+            Self::IoThrottled => "io_throttled",
             Self::DiskIoBound => "disk_io_bound",
             Self::Deadlock => "deadlock",
             Self::CpuQuotaThrottled => "cpu_quota_throttled",
@@ -109,6 +111,7 @@ impl Cause {
             Self::HungTask => "The kernel reports a hung task",
             Self::ProcessHung => "A process is stuck",
             Self::GpuThrottling => "The GPU throttled itself",
+            Self::IoThrottled => "A cgroup I/O limit throttles the job's reads",
             Self::DiskIoBound => "The job waits on its disk",
             Self::Deadlock => "The job sits idle: a deadlock or a wait",
             Self::CpuQuotaThrottled => "A CPU limit throttles the input pipeline",
@@ -134,6 +137,7 @@ impl Cause {
             | Self::Deadlock => Severity::Failure,
             Self::HostMemoryPressure
             | Self::GpuThrottling
+            | Self::IoThrottled
             | Self::DiskIoBound
             | Self::CpuQuotaThrottled
             | Self::BusyHost
@@ -169,9 +173,10 @@ const RULES: &[(Cause, Rule)] = &[
     (Cause::HostMemoryPressure, rules::host_memory_pressure),
     (Cause::HungTask, kernlog::hung_task),
     (Cause::ProcessHung, rules::process_hung),
-    (Cause::GpuThrottling, rules::gpu_throttling),
-    (Cause::DiskIoBound, rules::disk_io_bound),
     (Cause::Deadlock, rules::stuck_worker),
+    (Cause::GpuThrottling, rules::gpu_throttling),
+    (Cause::IoThrottled, rules::io_throttled),
+    (Cause::DiskIoBound, rules::disk_io_bound),
     (Cause::StragglerWorker, pipeline::straggler_worker),
     (Cause::CpuQuotaThrottled, pipeline::cpu_quota_throttled),
     (Cause::BusyHost, pipeline::busy_host),

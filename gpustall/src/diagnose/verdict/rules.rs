@@ -445,8 +445,14 @@ pub fn gpu_throttling(c: &Ctx) -> Option<Verdict> {
 pub fn disk_io_bound(c: &Ctx) -> Option<Verdict> {
     let f = c.f;
     // Waiting on the disk most of its life (a process that lived half a second of a long
-    // trace is judged on that half second).
-    let waited = |p: &ProcFacts| p.io_wait_ns as f64 / p.lifetime_ns.max(1) as f64;
+    // trace is judged on that half second): its time blocked on I/O (D state) where the
+    // kernel measured it (the job's own roles), else its requests' latency, which adds up
+    // requests in flight together (readahead) and is capped at its life.
+    let blocked = |p: &ProcFacts| match &p.offcpu {
+        Some(o) if p.is_trainer || p.is_rank || p.is_worker => o.offcpu_io_ns,
+        _ => p.io_wait_ns.min(p.lifetime_ns),
+    };
+    let waited = |p: &ProcFacts| blocked(p) as f64 / p.lifetime_ns.max(1) as f64;
     let io_wait =
         f.procs.iter().filter(|p| p.lifetime_ns >= 200_000_000).map(waited).fold(0.0, f64::max);
     let io_bytes: u64 = f.procs.iter().map(|p| p.read_bytes + p.write_bytes).sum();
@@ -456,19 +462,20 @@ pub fn disk_io_bound(c: &Ctx) -> Option<Verdict> {
     }
     let mut procs: Vec<&ProcFacts> =
         f.procs.iter().filter(|p| p.read_bytes + p.write_bytes > 0).collect();
-    procs.sort_by_key(|p| std::cmp::Reverse(p.io_wait_ns));
+    procs.sort_by_key(|p| std::cmp::Reverse(blocked(p)));
     let mut chain = c.chain();
     for p in procs.iter().take(4) {
         chain.push(
             f.start_ns,
             format!(
-                "{} read {} and wrote {}, waiting {:.1} s on its block requests ({:.0}% of the {:.1} s it ran)",
+                "{} read {} and wrote {}, blocked on I/O {:.1} s ({:.0}% of the {:.1} s it ran; its block requests took {:.1} s together)",
                 name(p),
                 mib_b(p.read_bytes),
                 mib_b(p.write_bytes),
-                p.io_wait_ns as f64 / 1e9,
+                blocked(p) as f64 / 1e9,
                 100.0 * waited(p),
-                p.lifetime_ns as f64 / 1e9
+                p.lifetime_ns as f64 / 1e9,
+                p.io_wait_ns as f64 / 1e9,
             ),
         );
     }
@@ -494,6 +501,103 @@ pub fn disk_io_bound(c: &Ctx) -> Option<Verdict> {
     let advice = vec![format!("the pipeline reads at {rate:.0} MiB/s: more DataLoader workers or readahead only help if the disk has headroom; cache the dataset in page cache/local SSD, use larger sequential reads, or a faster store")];
     let culprits = procs.iter().map(|p| p.pid).filter(|&p| p != 0).collect();
     Some(c.verdict(Cause::DiskIoBound, text, culprits, chain, advice))
+}
+
+/// Who sets a block I/O limit, from its cgroup's path.
+fn io_limit_owner(path: &str) -> String {
+    if let Some(unit) = path.split('/').find(|p| p.ends_with(".service") || p.ends_with(".scope")) {
+        format!("systemd's IOReadBandwidthMax=/IOReadIOPSMax= of {unit} (cgroup {path})")
+    } else if path.contains("kubepods") {
+        format!("the pod's cgroup {path} (a node agent or runtime policy: Kubernetes itself sets no I/O limits)")
+    } else if path.contains("docker") || path.contains("containerd") {
+        format!("the container's I/O limit (docker run --device-read-bps / --device-read-iops, cgroup {path})")
+    } else if path.contains("slurm") {
+        format!("the Slurm job's cgroup {path}")
+    } else {
+        format!("cgroup {path} (blkio.throttle.*_device on cgroup v1, io.max on v2)")
+    }
+}
+
+/// "8 MiB/s of reads" / "200 reads/s" of a limit, for the kind the job did.
+fn limit_clause(l: &crate::model::host::IoLimit) -> String {
+    let mut parts = Vec::new();
+    if let Some(b) = l.rbps {
+        parts.push(format!("{:.1} MiB/s of reads", b as f64 / 1048576.0));
+    }
+    if let Some(n) = l.riops {
+        parts.push(format!("{n} reads/s"));
+    }
+    if let Some(b) = l.wbps {
+        parts.push(format!("{:.1} MiB/s of writes", b as f64 / 1048576.0));
+    }
+    if let Some(n) = l.wiops {
+        parts.push(format!("{n} writes/s"));
+    }
+    parts.join(", ")
+}
+
+/// The job's cgroup limits its block I/O and its processes sat waiting on I/O: the limit, not
+/// the disk, is the bottleneck. The throttle holds the bios and issues them from a kernel
+/// thread, so the disk looks idle and the requests' latency is no process's; the processes'
+/// time blocked on I/O (D state) and the kernel's per-task byte counts say it.
+pub fn io_throttled(c: &Ctx) -> Option<Verdict> {
+    let f = c.f;
+    let limit = f.io_limits.iter().find(|l| l.is_set())?;
+    let blocked = |p: &ProcFacts| p.io_wait_ns.max(p.offcpu.as_ref().map_or(0, |o| o.offcpu_io_ns));
+    let waited = |p: &ProcFacts| blocked(p) as f64 / p.lifetime_ns.max(1) as f64;
+    let mut procs: Vec<&ProcFacts> = f
+        .procs
+        .iter()
+        .filter(|p| p.lifetime_ns >= 200_000_000 && waited(p) >= IO_WAIT_FRACTION)
+        .collect();
+    if procs.is_empty() {
+        return None;
+    }
+    procs.sort_by_key(|p| std::cmp::Reverse(blocked(p)));
+    let read: u64 = f.procs.iter().map(|p| p.read_bytes).sum();
+    let rate = read as f64 / (c.duration_ns as f64 / 1e9) / 1048576.0;
+    let dev = limit.device.clone().unwrap_or_else(|| limit.dev.clone());
+    let mut chain = c.chain();
+    chain.push(
+        f.start_ns,
+        format!("cgroup {} limits {dev} ({}) to {}", limit.path, limit.dev, limit_clause(limit)),
+    );
+    for p in procs.iter().take(4) {
+        chain.push(
+            f.start_ns + 1,
+            format!(
+                "{} read {}{} and sat blocked on I/O {:.1} s ({:.0} % of the {:.1} s it ran)",
+                name(p),
+                mib_b(p.read_bytes),
+                if p.read_bytes_from_proc {
+                    " (its /proc/PID/io count: the throttle issued its bios from a kernel thread)"
+                } else {
+                    ""
+                },
+                blocked(p) as f64 / 1e9,
+                100.0 * waited(p),
+                p.lifetime_ns as f64 / 1e9
+            ),
+        );
+    }
+    let of_limit = limit.rbps.map_or(String::new(), |b| {
+        format!(", {:.0} % of the limit", 100.0 * rate * 1048576.0 / b as f64)
+    });
+    let text = format!(
+        "The job's disk I/O is throttled by its cgroup, not slowed by the disk: {} limits {dev} to {}; the job read {} at {rate:.1} MiB/s{of_limit}, and {} sat blocked on I/O {:.0} % of its time{}.",
+        io_limit_owner(&limit.path),
+        limit_clause(limit),
+        mib_b(read),
+        name(procs[0]),
+        100.0 * waited(procs[0]),
+        gpu_clause(f)
+    );
+    let advice = vec![
+        format!("raise or lift the limit where it is set: {}", io_limit_owner(&limit.path)),
+        format!("or read less from {dev} during training: cache the dataset in memory or on storage outside the limit after the first epoch, larger reads for an IOPS limit"),
+    ];
+    let culprits = procs.iter().map(|p| p.pid).collect();
+    Some(c.verdict(Cause::IoThrottled, text, culprits, chain, advice))
 }
 
 /// The GPU (or the training log) stalled while every traced process sat idle (no CPU, no
@@ -616,8 +720,21 @@ fn wchan_clause(wchan: &str) -> String {
 
 /// Nothing measured explains a stall.
 pub fn none_detected(c: &Ctx) -> Verdict {
+    // Only what was measured absent is said absent: a process that sat blocked on I/O for a
+    // while, short of a disk-bound verdict, is not "no disk wait".
+    let io_share = |p: &ProcFacts| {
+        p.io_wait_ns.max(p.offcpu.as_ref().map_or(0, |o| o.offcpu_io_ns)) as f64
+            / p.lifetime_ns.max(1) as f64
+    };
+    let some_io = c.f.procs.iter().any(|p| io_share(p) >= 0.1);
     let text = format!(
-        "No memory pressure, OOM kill, hung process, disk wait or GPU throttling in the traced tree{}.",
+        "No memory pressure, OOM kill, hung process{} or GPU throttling in the traced tree{}{}.",
+        if some_io { "" } else { ", disk wait" },
+        if some_io {
+            "; processes waited on I/O, short of half their time (a disk-bound pipeline)"
+        } else {
+            ""
+        },
         gpu_clause(c.f)
     );
     c.verdict(Cause::NoneDetected, text, Vec::new(), c.chain(), Vec::new())

@@ -589,3 +589,33 @@ fn the_worker_a_hung_trainer_waits_for_is_named_from_its_open_wait() {
     f.procs[3].asleep = Some(Asleep { wchan: String::new(), since_ns: 15 * S });
     assert_ne!(decide(&f).cause.as_str(), "deadlock");
 }
+
+/// A worker blocked on I/O 90 % of its time under a cgroup read limit: the limit is the cause.
+/// Without the limit the same waits are not "no disk wait".
+#[test]
+fn reads_held_by_a_cgroup_limit_are_io_throttled_and_never_called_no_disk_wait() {
+    use crate::model::host::IoLimit;
+    use crate::model::offcpu::OffCpuSummary;
+    let mut f = Facts { start_ns: 0, end_ns: 10 * S, ..Default::default() };
+    let mut w = worker(11, 0, 1000, 1000);
+    w.lifetime_ns = 10 * S;
+    w.read_bytes = 80 << 20;
+    w.read_bytes_from_proc = true;
+    w.offcpu = Some(OffCpuSummary { offcpu_io_ns: 9 * S, ..Default::default() });
+    f.procs = vec![trainer(10), w];
+    f.io_limits = vec![IoLimit {
+        path: "/system.slice/train.service".into(),
+        dev: "7:0".into(),
+        device: Some("loop0".into()),
+        rbps: Some(8 << 20),
+        ..Default::default()
+    }];
+    let v = decide(&f);
+    assert_eq!(v.cause.as_str(), "io_throttled", "{}", v.text);
+    assert!(v.text.contains("IOReadIOPSMax= of train.service"), "{}", v.text);
+    assert!(v.text.contains("limits loop0 to 8.0 MiB/s of reads"), "{}", v.text);
+    assert!(v.text.contains("read 80 MiB at 8.0 MiB/s, 100 % of the limit"), "{}", v.text);
+    f.io_limits.clear();
+    let v = decide(&f);
+    assert!(!v.text.contains("disk wait"), "{}", v.text);
+}

@@ -5,6 +5,7 @@
 //! Readers return `None` when a file is missing: they run each second against cgroups that may
 //! be removed at any moment. The pure parts are in [`mounts`] and [`limits`].
 
+pub mod io;
 pub mod limits;
 pub mod mounts;
 
