@@ -24,6 +24,10 @@ pub struct DataTimeTrend {
     /// The step (after the baseline window) at which the mean data_time of the last 10 steps
     /// first reaches 3x the baseline.
     pub first_rise_index: Option<usize>,
+    /// The highest mean of 10 steps in a row after the baseline window: what a rise that
+    /// fell back by the end rose to. Absent in older recordings.
+    #[serde(default)]
+    pub peak_window_s: f64,
 }
 
 /// The trend of `values` (one data_time per step, in order); `None` with fewer than 4.
@@ -44,6 +48,8 @@ pub fn data_time_trend(values: &[f64]) -> Option<DataTimeTrend> {
     let first_rise_index = (window.max(roll)..=n)
         .find(|&end| mean(&values[end - roll..end]) >= 3.0 * floor)
         .map(|end| end - 1);
+    let peak_window_s =
+        (window.max(roll)..=n).map(|end| mean(&values[end - roll..end])).fold(recent_s, f64::max);
     Some(DataTimeTrend {
         steps: n,
         baseline_s,
@@ -51,6 +57,7 @@ pub fn data_time_trend(values: &[f64]) -> Option<DataTimeTrend> {
         max_s: values.iter().copied().fold(f64::NEG_INFINITY, f64::max),
         ratio: recent_s / floor,
         first_rise_index,
+        peak_window_s,
     })
 }
 
@@ -62,9 +69,40 @@ fn mean(values: &[f64]) -> f64 {
     values.iter().sum::<f64>() / values.len().max(1) as f64
 }
 
+/// How data_time moved, in words: "rose 0.011 -> 0.269 s per step", or for a rise that fell
+/// back by the end, "rose 0.091 -> 0.310 s per step (10-step mean) and was 0.044 s at the
+/// end"; a data_time that only fell is no rise.
+pub fn rise_words(t: &DataTimeTrend) -> String {
+    if t.recent_s >= t.peak_window_s * 0.8 || t.peak_window_s <= t.baseline_s {
+        format!("rose {:.3} -> {:.3} s per step", t.baseline_s, t.recent_s)
+    } else {
+        format!(
+            "rose {:.3} -> {:.3} s per step (10-step mean) and was {:.3} s at the end",
+            t.baseline_s, t.peak_window_s, t.recent_s
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_rise_that_fell_back_is_said_with_its_peak_and_a_fall_is_no_rise() {
+        // Warm-up slow (0.09), a spike of 0.31, then fast (0.044): the trend at the end fell.
+        let mut v = vec![0.09; 10];
+        v.extend(vec![0.31; 10]);
+        v.extend(vec![0.044; 10]);
+        let t = data_time_trend(&v).expect("trend");
+        assert!(t.first_rise_index.is_some() && t.recent_s < t.baseline_s, "{t:?}");
+        assert_eq!(
+            rise_words(&t),
+            "rose 0.090 -> 0.310 s per step (10-step mean) and was 0.044 s at the end"
+        );
+        // Only falling: never a rise.
+        let t = data_time_trend(&[0.091, 0.09, 0.05, 0.045, 0.044, 0.044]).expect("trend");
+        assert_eq!(t.first_rise_index, None, "{t:?}");
+    }
 
     #[test]
     fn trend_of_a_starving_pipeline() {

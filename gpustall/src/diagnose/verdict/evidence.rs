@@ -235,10 +235,9 @@ pub fn stall_links(f: &Facts, chain: &mut Chain) {
         chain.push(
             t,
             format!(
-                "{}: data_time rose from {:.3} s to {:.3} s per step (x{:.1}, max {:.3} s over {} steps)",
+                "{}: data_time {} (x{:.1} at the end, max {:.3} s over {} steps)",
                 at(f, t),
-                tr.baseline_s,
-                tr.recent_s,
+                crate::model::steps::rise_words(tr),
                 tr.ratio,
                 tr.max_s,
                 tr.steps
@@ -258,10 +257,7 @@ pub fn gpu_clause(f: &Facts) -> String {
         ));
     }
     if let (Some(tr), Some(_)) = (&f.data_time, f.data_time_rise_ns) {
-        parts.push(format!(
-            "; data_time rose {:.3} -> {:.3} s per step",
-            tr.baseline_s, tr.recent_s
-        ));
+        parts.push(format!("; data_time {}", crate::model::steps::rise_words(tr)));
     }
     parts.push(super::datawait::clause(f));
     parts.concat()
