@@ -33,6 +33,11 @@ const TORCH_NO_DEPS: &[&str] = &[
 const TORCH_IMPORTS: &[&str] =
     &["filelock", "typing-extensions", "sympy", "networkx", "jinja2", "fsspec", "numpy"];
 
+/// Training frameworks on top, for the tests' real-framework jobs (tests/py/mmengine_job.py):
+/// mmengine's Runner, the framework of the incident that started this project. Its own
+/// dependencies come with it (opencv-python, matplotlib, rich, yapf); torch stays as above.
+const FRAMEWORKS: &[&str] = &["mmengine==0.10.7"];
+
 /// The environment variable through which the tests find the venv's python.
 pub const PYTHON_ENV: &str = "GPUSTALL_TEST_TORCH_PYTHON";
 
@@ -40,7 +45,7 @@ pub const PYTHON_ENV: &str = "GPUSTALL_TEST_TORCH_PYTHON";
 const STAMP: &str = ".gpustall-torch-complete";
 
 fn recipe() -> String {
-    [TORCH_NO_DEPS, TORCH_IMPORTS].concat().join("\n") + "\n"
+    [TORCH_NO_DEPS, TORCH_IMPORTS, FRAMEWORKS].concat().join("\n") + "\n"
 }
 
 /// The venv's python, making the venv first unless its stamp says it is complete.
@@ -56,7 +61,7 @@ pub fn ensure_venv() -> anyhow::Result<PathBuf> {
             .with_context(|| format!("removing the half-made {}", venv.display()))?;
     }
     eprintln!(
-        "xtask: installing torch 2.15.0 (CPU use) into {} for the DataLoader test: ~2.5 GB, a few minutes, once",
+        "xtask: installing torch 2.15.0 (CPU use) and mmengine 0.10.7 into {} for the real-framework tests: ~2.6 GB, a few minutes, once",
         venv.display()
     );
     let made = make_venv(&venv, &python);
@@ -79,8 +84,9 @@ fn make_venv(venv: &std::path::Path, python: &std::path::Path) -> anyhow::Result
     run_cmd(pip().args(["--upgrade", "pip"]))?;
     run_cmd(pip().arg("--no-deps").args(TORCH_NO_DEPS))?;
     run_cmd(pip().args(TORCH_IMPORTS))?;
+    run_cmd(pip().args(FRAMEWORKS))?;
     // The import is what the test needs; an install that cannot import is not complete.
-    let check = "import torch, torch.utils.data; print(torch.__version__)";
+    let check = "import torch, torch.utils.data, mmengine.runner; print(torch.__version__)";
     let version = output(Command::new(python).args(["-c", check]))
         .context("torch does not import in the new venv")?;
     anyhow::ensure!(version.starts_with("2.15.0"), "the venv has torch {}", version.trim());

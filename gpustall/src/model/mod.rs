@@ -116,11 +116,12 @@ impl Model {
                 let alive = !self.tree.alive_pids().is_empty();
                 return self.gpu.apply(gpus, &pids, alive);
             }
-            Sample::TrainStep { t_ns, data_time_s, iter_time_s, .. } => self.steps.push((
+            Sample::TrainStep { t_ns, data_time_s, iter_time_s, iter, .. } => self.steps.push((
                 *t_ns,
                 crate::model::steps::StepTimes {
                     data_time_s: *data_time_s,
                     iter_time_s: *iter_time_s,
+                    iter: *iter,
                 },
             )),
             Sample::Overhead { overhead, .. } => self.overhead = overhead.clone(),

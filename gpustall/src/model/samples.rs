@@ -251,6 +251,9 @@ pub enum Sample {
         /// none, and lose such steps on replay).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         seq: Option<u64>,
+        /// The training iteration the line was logged at, where it says (mmengine).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        iter: Option<u64>,
     },
     /// What tracing cost, written once at the end.
     Overhead {
@@ -321,8 +324,13 @@ mod tests {
         assert_eq!((line["kind"].as_str(), line["rss_kb"].as_u64()), (Some("proc_mem"), Some(1)));
         let back: Sample = serde_json::from_value(line).expect("parses back");
         assert!(matches!(back, Sample::ProcMem { t_ns: 5, pid: 7, mem } if mem.swap_kb == 2));
-        let step =
-            Sample::TrainStep { t_ns: 1, data_time_s: Some(0.7384), iter_time_s: None, seq: None };
+        let step = Sample::TrainStep {
+            t_ns: 1,
+            data_time_s: Some(0.7384),
+            iter_time_s: None,
+            seq: None,
+            iter: None,
+        };
         let back: Sample =
             serde_json::from_str(&serde_json::to_string(&step).expect("json")).expect("parses");
         assert!(matches!(back, Sample::TrainStep { data_time_s: Some(v), .. } if v == 0.7384));

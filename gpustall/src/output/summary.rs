@@ -101,6 +101,10 @@ pub struct ContextSummary {
     /// From `--log`: the per-step data_time trend.
     pub train_steps: usize,
     pub data_time: Option<crate::model::steps::DataTimeTrend>,
+    /// The log's data_time over the iterations it covers, read as what it is (mmengine's
+    /// window means turned back into time), and how.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_time_logged: Option<crate::model::steps::LoggedDataTime>,
 }
 
 #[derive(Serialize, Debug, Clone)]
@@ -352,6 +356,9 @@ fn context_summary(m: &Model) -> ContextSummary {
         filesystems: c.filesystems.clone(),
         train_steps: m.steps.len(),
         data_time: crate::model::steps::data_time_trend(&data_times),
+        data_time_logged: crate::model::steps::logged_data_time(
+            &m.steps.iter().map(|(_, s)| s.clone()).collect::<Vec<_>>(),
+        ),
     }
 }
 

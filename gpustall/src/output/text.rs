@@ -308,6 +308,13 @@ fn table_rows<'a>(s: &Summary, candidates: &[Row<'a>]) -> (Vec<Row<'a>>, usize) 
 
 /// OOM kills, host reclaim, block latency, events and losses.
 fn footer(o: &mut String, s: &Summary) {
+    if let Some(l) = &s.context.data_time_logged {
+        let _ = writeln!(
+            o,
+            "training log: data_time {:.2} s over {} iterations ({})",
+            l.total_s, l.iterations, l.read_as
+        );
+    }
     for k in &s.oom_kills {
         let _ = writeln!(
             o,

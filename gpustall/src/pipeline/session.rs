@@ -290,6 +290,7 @@ impl Session {
                     t_ns: now,
                     data_time_s: step.data_time_s,
                     iter_time_s: step.iter_time_s,
+                    iter: step.iter,
                     seq: Some(self.steps_seen),
                 });
             }

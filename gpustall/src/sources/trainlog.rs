@@ -24,6 +24,11 @@ const DATA_TIME_RE: &str = r"\bdata_time[:=]\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]
 /// space, comma or parenthesis.
 const ITER_TIME_RE: &str = r"(?:^|[\s,(])time[:=]\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)";
 
+/// mmengine's training iteration: `Epoch(train) [3][ 50/500]` (epoch, iteration in it, its
+/// length) or `Iter(train) [  50/1000]`.
+const EPOCH_ITER_RE: &str = r"Epoch\(train\)\s*\[(\d+)\]\[\s*(\d+)/(\d+)\]";
+const ITER_RE: &str = r"Iter\(train\)\s*\[\s*(\d+)/(\d+)\]";
+
 /// A step time above this (a day) is no step time: a garbled or foreign line.
 const MAX_STEP_S: f64 = 86_400.0;
 
@@ -39,6 +44,8 @@ const MAX_PARTIAL_LINE: usize = 1 << 20;
 pub struct LogPatterns {
     data_time: Regex,
     iter_time: Regex,
+    epoch_iter: Regex,
+    iter: Regex,
 }
 
 impl LogPatterns {
@@ -55,7 +62,12 @@ impl LogPatterns {
                 data_time.captures_len() - 1
             )));
         }
-        Ok(LogPatterns { data_time, iter_time: Regex::new(ITER_TIME_RE)? })
+        Ok(LogPatterns {
+            data_time,
+            iter_time: Regex::new(ITER_TIME_RE)?,
+            epoch_iter: Regex::new(EPOCH_ITER_RE)?,
+            iter: Regex::new(ITER_RE)?,
+        })
     }
 
     /// The times in `line`; `None` when it has neither.
@@ -65,7 +77,17 @@ impl LogPatterns {
         if data_time_s.is_none() && iter_time_s.is_none() {
             return None;
         }
-        Some(StepTimes { data_time_s, iter_time_s })
+        Some(StepTimes { data_time_s, iter_time_s, iter: self.iteration(line) })
+    }
+
+    /// The training iteration counted from the start (epochs of N iterations before this one).
+    fn iteration(&self, line: &str) -> Option<u64> {
+        let n = |c: &regex::Captures, i| c.get(i)?.as_str().parse::<u64>().ok();
+        if let Some(c) = self.epoch_iter.captures(line) {
+            let (epoch, i, len) = (n(&c, 1)?, n(&c, 2)?, n(&c, 3)?);
+            return epoch.checked_sub(1)?.checked_mul(len)?.checked_add(i);
+        }
+        self.iter.captures(line).and_then(|c| n(&c, 1))
     }
 }
 
@@ -291,16 +313,23 @@ mod tests {
     fn mmengine_line() {
         let p = LogPatterns::new(None).expect("test setup");
         let t = p.parse(MMENGINE).expect("test setup");
-        assert_eq!(t, StepTimes { data_time_s: Some(0.0612), iter_time_s: Some(0.2154) });
+        assert_eq!(
+            t,
+            StepTimes { data_time_s: Some(0.0612), iter_time_s: Some(0.2154), iter: Some(50) }
+        );
+        let t = p.parse("Epoch(train)  [3][ 20/100]  time: 0.2  data_time: 0.1").expect("line");
+        assert_eq!(t.iter, Some(220), "two epochs of 100 before");
+        let t = p.parse("Iter(train) [  70/1000]  lr: 1e-2  data_time: 0.1").expect("line");
+        assert_eq!(t.iter, Some(70));
     }
 
     #[test]
     fn data_time_alone_is_not_iter_time() {
         let p = LogPatterns::new(None).expect("test setup");
         let t = p.parse("step 3 data_time: 0.7").expect("test setup");
-        assert_eq!(t, StepTimes { data_time_s: Some(0.7), iter_time_s: None });
+        assert_eq!(t, StepTimes { data_time_s: Some(0.7), iter_time_s: None, iter: None });
         let t = p.parse("iter 3, time=.5 (data_time=1)").expect("test setup");
-        assert_eq!(t, StepTimes { data_time_s: Some(1.0), iter_time_s: Some(0.5) });
+        assert_eq!(t, StepTimes { data_time_s: Some(1.0), iter_time_s: Some(0.5), iter: None });
     }
 
     #[test]
@@ -316,7 +345,7 @@ mod tests {
     fn custom_pattern() {
         let p = LogPatterns::new(Some(r"load=([0-9.]+)s")).expect("test setup");
         let t = p.parse("it 7 load=0.31s time: 1.0").expect("test setup");
-        assert_eq!(t, StepTimes { data_time_s: Some(0.31), iter_time_s: Some(1.0) });
+        assert_eq!(t, StepTimes { data_time_s: Some(0.31), iter_time_s: Some(1.0), iter: None });
         assert_eq!(p.parse(MMENGINE).expect("test setup").data_time_s, None);
         let err = LogPatterns::new(Some(r"load=[0-9.]+s")).expect_err("must fail");
         assert!(err.to_string().contains("one capture group"), "{err}");

@@ -1,0 +1,91 @@
+#!/usr/bin/env python3
+"""A real mmengine Runner job on the CPU, for gpustall's real-framework tests.
+
+  mmengine_job.py cpu --work-dir DIR [--workers 1] [--item-cpu-ms 60] [--step-ms 40]
+                      [--iters 150] [--interval 10]
+      mmengine 0.10's Runner (IterBasedTrainLoop, its LoggerHook every --interval iterations,
+      its default LogProcessor: data_time as the mean of the last 10 iterations) trains a tiny
+      model over a Dataset whose __getitem__ spends --item-cpu-ms of CPU (a decode and an
+      augmentation), with --workers DataLoader workers (persistent, fork). Each step waits
+      --step-ms for "the GPU" (a sleep). mmengine's own log goes to stdout as it does on a
+      console. Needs torch and mmengine: run it with the test venv's python.
+"""
+import argparse
+import ctypes
+import time
+
+PR_SET_NAME = 15
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("shape", choices=["cpu"])
+    p.add_argument("--work-dir", required=True)
+    p.add_argument("--workers", type=int, default=1)
+    p.add_argument("--item-cpu-ms", type=float, default=60)
+    p.add_argument("--step-ms", type=float, default=40)
+    p.add_argument("--iters", type=int, default=150)
+    p.add_argument("--interval", type=int, default=10)
+    a = p.parse_args()
+
+    import torch
+    import torch.nn as nn
+    from mmengine.model import BaseModel
+    from mmengine.runner import Runner
+    from torch.utils.data import Dataset
+
+    torch.set_num_threads(1)
+
+    class Net(BaseModel):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(64, 10)
+
+        def forward(self, x, y, mode="loss"):
+            time.sleep(a.step_ms / 1000)  # the step, on the GPU
+            out = self.fc(x)
+            if mode == "loss":
+                return {"loss": nn.functional.cross_entropy(out, y)}
+            return out
+
+    class Augmented(Dataset):
+        """Decode and augment: CPU work in torch, on the worker's one thread."""
+
+        def __len__(self):
+            return 1 << 20
+
+        def __getitem__(self, i):
+            g = torch.Generator().manual_seed(i)
+            x = torch.rand((64, 64), generator=g)
+            w = torch.rand((64, 64), generator=g) / 64
+            end = time.process_time() + a.item_cpu_ms / 1000
+            while time.process_time() < end:
+                x = torch.tanh(x @ w + x)
+            return {"x": x.mean(dim=0), "y": torch.tensor(i % 10)}
+
+    runner = Runner(
+        model=Net(),
+        work_dir=a.work_dir,
+        train_dataloader=dict(
+            dataset=Augmented(),
+            batch_size=1,
+            num_workers=a.workers,
+            persistent_workers=True,
+            sampler=dict(type="DefaultSampler", shuffle=False),
+            collate_fn=dict(type="default_collate"),
+        ),
+        train_cfg=dict(by_epoch=False, max_iters=a.iters),
+        optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.01)),
+        default_hooks=dict(
+            logger=dict(type="LoggerHook", interval=a.interval),
+            checkpoint=dict(type="CheckpointHook", interval=a.iters * 10),
+        ),
+        log_processor=dict(by_epoch=False),
+        default_scope="mmengine",
+    )
+    runner.train()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
