@@ -175,6 +175,25 @@ fn two_ranks_recordings_merge_in_rank_order_named_by_rank() {
     assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stderr));
     let warnings = summary(&merged)["warnings"].to_string();
     assert!(warnings.contains("ranks 0 of 2 have no recording"), "{warnings}");
+    // Another recording that says it is rank 0 of the same run: said, and both kept.
+    let env = [("RANK", "0"), ("WORLD_SIZE", "2"), ("TORCHELASTIC_RUN_ID", run.as_str())];
+    let dup = tests::TempDir::new_in("/var/tmp", "identity-dup");
+    trace_launch(&dup, "rank0-again", &["sh", "-c", "sleep 1"], &env);
+    let o = Command::new(tests::gpustall_bin())
+        .arg("merge")
+        .args([dir.path("rank0.jsonl"), dup.path("rank0-again.jsonl"), dir.path("rank1.jsonl")])
+        .arg("--summary-json")
+        .arg(&merged)
+        .output()
+        .expect("gpustall merge");
+    assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stderr));
+    let m = summary(&merged);
+    assert!(
+        m["warnings"].to_string().contains("more than one recording claims a rank (rank 0 in"),
+        "{}",
+        m["warnings"]
+    );
+    assert_eq!(m["nodes"].as_array().map(Vec::len), Some(3), "both kept: {m}");
 
     // A directory of recordings of two runs, merged without naming the files: grouped by run.
     let other = format!("other-{}", tests::unique());

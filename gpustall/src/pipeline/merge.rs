@@ -137,6 +137,7 @@ pub fn conclude_job(lanes: &mut [Lane], max_skew_ns: u64) -> (JobVerdict, Vec<St
     let mut warnings = job::disagreements(&sources, max_skew_ns);
     warnings.extend(runs_differ(lanes));
     warnings.extend(missing_ranks(lanes));
+    warnings.extend(duplicate_ranks(lanes));
     (job::decide(&sources, max_skew_ns), warnings)
 }
 
@@ -159,6 +160,29 @@ fn missing_ranks(lanes: &[Lane]) -> Option<String> {
         format!(
             "ranks {} of {world} have no recording here: the first to stall may be among them",
             missing
+        )
+    })
+}
+
+/// Ranks that more than one recording claims (two recordings of one run, or two runs with the
+/// same ranks): said, and every recording kept.
+fn duplicate_ranks(lanes: &[Lane]) -> Option<String> {
+    let mut by_rank: std::collections::BTreeMap<u32, Vec<&str>> = Default::default();
+    for l in lanes {
+        if let Some(r) = l.summary.job.as_ref().and_then(|j| j.rank) {
+            by_rank.entry(r).or_default().push(l.file.as_str());
+        }
+    }
+    let dup: Vec<String> = by_rank
+        .iter()
+        .filter(|(_, files)| files.len() > 1)
+        .take(RANGES_SHOWN)
+        .map(|(r, files)| format!("rank {r} in {}", files.join(" and ")))
+        .collect();
+    (!dup.is_empty()).then(|| {
+        format!(
+            "more than one recording claims a rank ({}): all are kept, side by side",
+            dup.join("; ")
         )
     })
 }
