@@ -111,14 +111,14 @@ fn a_job_that_joins_its_memory_cgroup_after_it_starts_gets_its_limit_and_advice(
         a.split("against ").nth(1).map(|r| r.split(['.', ',']).next().unwrap_or("").to_string())
     };
     assert_eq!(limit_clause(&a_late), limit_clause(&a_in), "{a_in}\n{a_late}");
-    // The count from the same arithmetic: the per-worker peak, sampled once a second, differs
-    // from run to run by a sample's growth (107 or 118 MiB: 2 or 1 fit in 230).
-    let count = |v: &Value| {
-        v["advice_num_workers"]
-            .as_i64()
-            .unwrap_or_else(|| panic!("fewer workers fit: a count {v:#}"))
-    };
-    assert!((count(v_late) - count(v_in)).abs() <= 1, "{v_in:#}\n{v_late:#}");
+    // The count from the same arithmetic, where both name one: the per-worker peak, sampled
+    // once a second, differs from run to run by a sample's growth (107 or 118 MiB: 2 or 1 fit
+    // in 230; at 240 not even one, and no count).
+    if let (Some(a), Some(b)) =
+        (v_in["advice_num_workers"].as_i64(), v_late["advice_num_workers"].as_i64())
+    {
+        assert!((a - b).abs() <= 1, "{v_in:#}\n{v_late:#}");
+    }
 }
 
 #[test]
