@@ -28,6 +28,8 @@ const ITER_TIME_RE: &str = r"(?:^|[\s,(])time[:=]\s*([0-9]*\.?[0-9]+(?:[eE][-+]?
 /// length) or `Iter(train) [  50/1000]`.
 const EPOCH_ITER_RE: &str = r"Epoch\(train\)\s*\[(\d+)\]\[\s*(\d+)/(\d+)\]";
 const ITER_RE: &str = r"Iter\(train\)\s*\[\s*(\d+)/(\d+)\]";
+/// What mmengine's MMLogger puts before each message.
+const MMENGINE_LOGGER: &str = " - mmengine - ";
 
 /// A step time above this (a day) is no step time: a garbled or foreign line.
 const MAX_STEP_S: f64 = 86_400.0;
@@ -80,8 +82,14 @@ impl LogPatterns {
         Some(StepTimes { data_time_s, iter_time_s, iter: self.iteration(line) })
     }
 
-    /// The training iteration counted from the start (epochs of N iterations before this one).
+    /// The training iteration counted from the start (epochs of N iterations before this one),
+    /// on mmengine's own lines only ("12/06 07:35:01 - mmengine - INFO - Iter(train) ..."): its
+    /// data_time is a window mean. A log that only borrows the layout (the bundled demo's,
+    /// one data_time per iteration) is read one value per line.
     fn iteration(&self, line: &str) -> Option<u64> {
+        if !line.contains(MMENGINE_LOGGER) {
+            return None;
+        }
         let n = |c: &regex::Captures, i| c.get(i)?.as_str().parse::<u64>().ok();
         if let Some(c) = self.epoch_iter.captures(line) {
             let (epoch, i, len) = (n(&c, 1)?, n(&c, 2)?, n(&c, 3)?);
@@ -306,8 +314,9 @@ mod tests {
     use super::*;
     use std::io::Write;
 
-    const MMENGINE: &str = "Epoch(train) [1][ 50/500]  lr: 1.0e-04  eta: 0:10:00  \
-                            time: 0.2154  data_time: 0.0612  memory: 9000  loss: 0.5";
+    const MMENGINE: &str = "12/06 07:35:01 - mmengine - INFO - Epoch(train) [1][ 50/500]  \
+                            lr: 1.0e-04  eta: 0:10:00  time: 0.2154  data_time: 0.0612  \
+                            memory: 9000  loss: 0.5";
 
     #[test]
     fn mmengine_line() {
@@ -317,10 +326,17 @@ mod tests {
             t,
             StepTimes { data_time_s: Some(0.0612), iter_time_s: Some(0.2154), iter: Some(50) }
         );
-        let t = p.parse("Epoch(train)  [3][ 20/100]  time: 0.2  data_time: 0.1").expect("line");
+        let t = p
+            .parse("06 - mmengine - INFO - Epoch(train)  [3][ 20/100]  time: 0.2  data_time: 0.1")
+            .expect("line");
         assert_eq!(t.iter, Some(220), "two epochs of 100 before");
-        let t = p.parse("Iter(train) [  70/1000]  lr: 1e-2  data_time: 0.1").expect("line");
+        let t = p
+            .parse("06 - mmengine - INFO - Iter(train) [  70/1000]  lr: 1e-2  data_time: 0.1")
+            .expect("line");
         assert_eq!(t.iter, Some(70));
+        // The layout without mmengine's logger (the demo's per-iteration log): a step a line.
+        let t = p.parse("Epoch(train) [1][ 50/500]  time: 0.2  data_time: 0.1").expect("line");
+        assert_eq!(t.iter, None);
     }
 
     #[test]
