@@ -137,9 +137,9 @@ impl JobReader {
     /// namespace and, mostly, its working directory).
     fn catch_up(&mut self, others: &[u32]) {
         self.follow_cgroup();
-        let pids: Vec<u32> = std::iter::once(self.target).chain(others.iter().copied()).collect();
         for fs in &mut self.fs {
-            let reopened = pids.iter().any(|&p| fs.reopen(p));
+            let reopened =
+                std::iter::once(self.target).chain(others.iter().copied()).any(|p| fs.reopen(p));
             fs.take_reading(reopened, self.changed_ns);
         }
     }
@@ -162,13 +162,12 @@ impl JobReader {
     /// trainer moved by hand. The cgroup most of the job's processes are in, when it sets a
     /// limit, is the job's from then on. Looked for when the tree changed (fork, exec) and at
     /// most every [`JOINED_LATE_EVERY_NS`] otherwise; never once a limit is found.
-    fn look_for_a_joined_cgroup(&mut self, others: &[u32], now_ns: u64) {
-        let limited =
-            self.cgroup.as_ref().and_then(cgroup::read_cgroup_mem).and_then(|m| m.limit_bytes);
+    /// `limited`: the current cgroup's reading sets a limit. Returns whether it moved the job.
+    fn look_for_a_joined_cgroup(&mut self, others: &[u32], now_ns: u64, limited: bool) -> bool {
         let due = self.changed_ns > self.looked_ns
             || now_ns.saturating_sub(self.looked_ns) >= JOINED_LATE_EVERY_NS;
-        if limited.is_some() || others.is_empty() || !due {
-            return;
+        if limited || others.is_empty() || !due {
+            return false;
         }
         self.looked_ns = now_ns;
         let mut groups: BTreeMap<String, (usize, u32)> = BTreeMap::new();
@@ -192,9 +191,10 @@ impl JobReader {
                 self.cgroup = Some(dir);
                 self.membership = Some(text);
                 self.stand_in = pid;
-                return;
+                return true;
             }
         }
+        false
     }
 
     /// The block I/O limits on the job's cgroup, read at the first sample and then every
@@ -210,8 +210,14 @@ impl JobReader {
     /// The job's memory cgroup now.
     fn cgroup(&mut self, others: &[u32]) -> Option<CgroupMem> {
         self.follow_cgroup();
-        self.look_for_a_joined_cgroup(others, crate::sources::clock::monotonic_ns());
-        self.cgroup.as_ref().and_then(cgroup::read_cgroup_mem)
+        // Read once a beat; again only when the job turned out to be in another cgroup.
+        let now = self.cgroup.as_ref().and_then(cgroup::read_cgroup_mem);
+        let limited = now.as_ref().is_some_and(|m| m.limit_bytes.is_some());
+        let now_ns = crate::sources::clock::monotonic_ns();
+        if self.look_for_a_joined_cgroup(others, now_ns, limited) {
+            return self.cgroup.as_ref().and_then(cgroup::read_cgroup_mem);
+        }
+        now
     }
 
     /// Each filesystem at its fullest since the last sample. One never opened through the
