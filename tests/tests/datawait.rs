@@ -137,6 +137,9 @@ fn job(python: &Path, shape: &str, args: &[&str]) -> (TraceResult, Value) {
 fn the_torch_dataloaders_data_wait_is_its_data_time() {
     let python = tests::torch_python();
     tests::require_privileged_env();
+    // The trainer's data_time includes its own CPU time receiving a batch: measured one at a
+    // time, not beside the file's other jobs on 2 CPUs.
+    let _cpu = tests::cpu_lock();
     let (t, truth) = job(&python, "torch", &["--workers", "2", "--steps", "20"]);
     let long = truth["waits"].as_array().expect("waits").iter().filter_map(Value::as_u64);
     let long = long.filter(|&w| w > 5_000_000_000).count();
@@ -150,6 +153,9 @@ fn the_torch_dataloaders_data_wait_is_its_data_time() {
 #[test]
 fn a_pin_memory_relays_data_wait_is_the_workers() {
     tests::require_privileged_env();
+    // The trainer's data_time includes its own CPU time receiving a batch: measured one at a
+    // time, not beside the file's other jobs on 2 CPUs.
+    let _cpu = tests::cpu_lock();
     let args = ["--workers", "2", "--steps", "24", "--batch-ms", "200", "--step-ms", "60"];
     let (t, truth) = job(Path::new("python3"), "relay", &args);
     let d = DataWait::of("pin-memory relay", &t, &truth);
@@ -165,6 +171,9 @@ fn a_pin_memory_relays_data_wait_is_the_workers() {
 #[test]
 fn out_of_order_batches_charge_the_data_wait_to_the_slow_worker() {
     tests::require_privileged_env();
+    // The trainer's data_time includes its own CPU time receiving a batch: measured one at a
+    // time, not beside the file's other jobs on 2 CPUs.
+    let _cpu = tests::cpu_lock();
     let args = ["--workers", "3", "--steps", "24", "--batch-ms", "300,100,100", "--step-ms", "20"];
     let (t, truth) = job(Path::new("python3"), "reorder", &args);
     let d = DataWait::of("out of order, one slow worker", &t, &truth);
@@ -186,6 +195,9 @@ fn out_of_order_batches_charge_the_data_wait_to_the_slow_worker() {
 #[test]
 fn two_identical_cpu_bound_workers_split_the_wait_evenly() {
     tests::require_privileged_env();
+    // The trainer's data_time includes its own CPU time receiving a batch: measured one at a
+    // time, not beside the file's other jobs on 2 CPUs.
+    let _cpu = tests::cpu_lock();
     let args = [
         "--workers",
         "2",
