@@ -9,10 +9,13 @@
 
 /// `eprintln!` that cannot panic: with stderr closed (`gpustall trace 2>&1 | head`) a trace
 /// must go on and still write its files.
+/// One line to stderr (the daemon's journal): a name in it with a newline or an escape
+/// sequence is shown, never obeyed (`model::untrusted`).
 macro_rules! say {
     ($($arg:tt)*) => {{
         use std::io::Write as _;
-        let _ = writeln!(std::io::stderr(), $($arg)*);
+        let line = format!($($arg)*);
+        let _ = writeln!(std::io::stderr(), "{}", $crate::model::untrusted::one_line(&line));
     }};
 }
 
@@ -149,10 +152,15 @@ gpustall completions zsh > \"${fpath[1]}/_gpustall\""
 fn init_log() {
     use std::io::Write as _;
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn"))
-        .format(|f, r| match r.level() {
-            log::Level::Error => writeln!(f, "gpustall: error: {}", r.args()),
-            log::Level::Warn => writeln!(f, "gpustall: warning: {}", r.args()),
-            level => writeln!(f, "gpustall: {level} [{}]: {}", r.target(), r.args()),
+        .format(|f, r| {
+            // A message naming a process or path is one line, whatever the name holds.
+            let text = r.args().to_string();
+            let text = model::untrusted::one_line(&text);
+            match r.level() {
+                log::Level::Error => writeln!(f, "gpustall: error: {text}"),
+                log::Level::Warn => writeln!(f, "gpustall: warning: {text}"),
+                level => writeln!(f, "gpustall: {level} [{}]: {text}", r.target()),
+            }
         })
         .init();
 }

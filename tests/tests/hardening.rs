@@ -410,3 +410,54 @@ fn one_bad_time_does_not_blow_up_the_report() {
     let size = std::fs::metadata(&html).expect("html").len();
     assert!(size < 2 << 20, "a page of {size} bytes");
 }
+
+/// A job that names itself with terminal escapes and a newline (`prctl(PR_SET_NAME)`, which
+/// the kernel allows), passes them in its argv, and dies by SIGKILL so the verdict names it:
+/// the report on the terminal, the status lines, the recording's report and its HTML page show
+/// the bytes as `\xNN`, never raw, and no line of theirs starts where the name's newline was.
+#[test]
+fn terminal_escapes_in_a_jobs_names_are_shown_never_obeyed() {
+    tests::require_privileged_env();
+    let dir = tests::TempDir::new("escapes");
+    let record = dir.path("r.jsonl");
+    let html = dir.path("r.html");
+    // 15 bytes, the kernel's limit: clear screen, BEL, a newline, then what would be a forged line.
+    let job = r#"
+import ctypes, os, signal, sys, time
+ctypes.CDLL(None).prctl(15, b"\x1b[2J\x07\nFORGED:x", 0, 0, 0)
+time.sleep(1.5)
+os.kill(os.getpid(), signal.SIGKILL)
+"#;
+    let o = Command::new(tests::gpustall_bin())
+        .args(["trace", "--no-gpu", "--record"])
+        .arg(&record)
+        .args(["--", "python3", "-c", job, "\x1b]52;c;Y2xpcA==\x07\nFORGED: argv"])
+        .output()
+        .expect("trace");
+    let report = Command::new(tests::gpustall_bin())
+        .arg("report")
+        .arg(&record)
+        .arg("--html")
+        .arg(&html)
+        .output()
+        .expect("report");
+    let page = std::fs::read_to_string(&html).expect("the page");
+    for (what, text) in [
+        ("trace's report", String::from_utf8_lossy(&o.stdout).into_owned()),
+        ("trace's stderr", String::from_utf8_lossy(&o.stderr).into_owned()),
+        ("report", String::from_utf8_lossy(&report.stdout).into_owned()),
+        ("the HTML page", page),
+    ] {
+        assert!(
+            !text.contains(['\x1b', '\x07', '\u{9b}']),
+            "{what} holds a raw escape:\n{}",
+            text.escape_debug()
+        );
+        assert!(
+            !text.lines().any(|l| l.starts_with("FORGED")),
+            "{what} has a forged line:\n{text}"
+        );
+    }
+    let shown = String::from_utf8_lossy(&o.stdout);
+    assert!(shown.contains("\\x1b[2J\\x07\\x0aFORGED:x"), "the name is shown:\n{shown}");
+}

@@ -23,3 +23,6 @@ pub struct LostEvents(pub u64);
 #[derive(Debug, thiserror::Error)]
 #[error("the job exited with status {0}")]
 pub struct JobExit(pub i32);
+
+#[cfg(test)]
+mod untrusted_names;

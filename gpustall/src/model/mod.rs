@@ -19,6 +19,7 @@ pub mod proctree;
 pub mod samples;
 pub mod stats;
 pub mod steps;
+pub mod untrusted;
 
 use std::collections::{BTreeMap, HashSet};
 
@@ -99,6 +100,18 @@ impl Model {
     /// Returns GPU stall episodes that ended with it.
     pub fn observe(&mut self, s: &Sample) -> Vec<crate::model::gpu::StallEpisode> {
         self.last_ns = self.last_ns.max(s.t_ns());
+        // The samples that carry names, paths and kernel-log text from the job's world enter
+        // the model shown safely (`untrusted`), live and on replay of any recording alike.
+        let cleaned = match s {
+            Sample::Seed { .. }
+            | Sample::Cmdline { .. }
+            | Sample::Identity { .. }
+            | Sample::Context(_)
+            | Sample::Gpu { .. }
+            | Sample::KernelLog(_) => untrusted::cleaned(s),
+            _ => None,
+        };
+        let s = cleaned.as_ref().unwrap_or(s);
         match s {
             Sample::Seed { t_ns, pid, ppid, comm, is_target } => {
                 self.tree.seed(*pid, *ppid, comm, *is_target, *t_ns)
@@ -239,11 +252,11 @@ impl Model {
         self.oom_kills.push(OomKill {
             t_ns: h.t_ns,
             victim_pid: *victim_pid,
-            victim_comm: victim_comm.clone(),
+            victim_comm: untrusted::name(victim_comm),
             rss: *rss,
             oom_score_adj: *oom_score_adj,
             trigger_pid: h.tgid,
-            trigger_comm: h.comm.clone(),
+            trigger_comm: untrusted::name(&h.comm),
         });
     }
 
@@ -252,7 +265,7 @@ impl Model {
         let killer = Killer {
             sig: *sig,
             sender_pid: h.tgid,
-            sender_comm: h.comm.clone(),
+            sender_comm: untrusted::name(&h.comm),
             si_code: *code,
             t_ns: h.t_ns,
         };
@@ -262,9 +275,9 @@ impl Model {
             sig: *sig,
             si_code: *code,
             sender_pid: h.tgid,
-            sender_comm: h.comm.clone(),
+            sender_comm: untrusted::name(&h.comm),
             target_pid: *target_pid,
-            target_comm: target_comm.clone(),
+            target_comm: untrusted::name(target_comm),
         });
     }
 

@@ -3,6 +3,8 @@
 
 use std::collections::BTreeMap;
 
+use crate::model::untrusted;
+
 mod roles;
 
 pub use roles::{Role, ThreadRole};
@@ -69,7 +71,7 @@ impl ProcessTree {
             ProcNode {
                 pid,
                 ppid,
-                comm: comm.to_string(),
+                comm: untrusted::name(comm),
                 thread_names: BTreeMap::new(),
                 exec_filename: None,
                 cmdline: None,
@@ -109,17 +111,17 @@ impl ProcessTree {
         let owner = if self.nodes.contains_key(&tid) { tid } else { tgid };
         if let Some(n) = self.nodes.get_mut(&owner) {
             if tid == owner {
-                n.comm = comm.to_string();
+                n.comm = untrusted::name(comm);
             } else {
-                n.thread_names.insert(tid, comm.to_string());
+                n.thread_names.insert(tid, untrusted::name(comm));
             }
         }
     }
 
     pub fn on_exec(&mut self, pid: u32, comm: &str, filename: &str) {
         if let Some(n) = self.nodes.get_mut(&pid) {
-            n.comm = comm.to_string();
-            n.exec_filename = Some(filename.to_string());
+            n.comm = untrusted::name(comm);
+            n.exec_filename = Some(untrusted::name(filename));
         }
     }
 
@@ -177,7 +179,7 @@ impl ProcessTree {
 
     pub fn set_cmdline(&mut self, pid: u32, cmdline: String) {
         if let Some(n) = self.nodes.get_mut(&pid) {
-            n.cmdline = Some(cmdline);
+            n.cmdline = Some(untrusted::one_line(&cmdline).into_owned());
         }
     }
 }

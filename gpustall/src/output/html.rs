@@ -16,8 +16,14 @@ const LEFT: f64 = 70.0;
 const COLORS: [&str; 8] =
     ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#7f7f7f"];
 
+/// Text for the page: markup escaped, and control characters (a process name may hold ESC or
+/// BEL) shown as `\xNN` like everywhere else (`model::untrusted`).
 pub fn esc(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
+    crate::model::untrusted::lines(s)
+        .replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
 }
 
 struct Axis {

@@ -101,6 +101,8 @@ impl StatusBar {
     /// Draws `line`; a closed stderr is ignored (the trace goes on).
     pub fn show(&mut self, line: &str) {
         use std::io::Write as _;
+        // One row, whatever a name in it holds: drawn only with our own escape codes.
+        let line = &*crate::model::untrusted::one_line(line);
         let mut err = std::io::stderr().lock();
         if !self.tty {
             let _ = writeln!(err, "{line}");

@@ -15,6 +15,7 @@ fn mib(bytes: u64) -> f64 {
 pub fn print(text: &str) -> anyhow::Result<()> {
     use std::io::Write as _;
     let mut out = std::io::stdout().lock();
+    let text = crate::model::untrusted::lines(text);
     match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
         // A reader that stopped reading (`| head`) took what it wanted.
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
@@ -31,6 +32,8 @@ pub fn print_beside(text: &str, severity: Severity, json_on_stdout: bool) -> any
     // Colour for a terminal only, unless NO_COLOR is set (no-color.org): files and pipes get
     // no escape codes.
     let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
+    // Shown safely before the colour's own escape codes are added.
+    let text = &*crate::model::untrusted::lines(text);
     if json_on_stdout {
         let text = coloured(text, severity, std::io::stderr().is_terminal() && !no_color);
         let _ = std::io::stderr().write_all(text.as_bytes());

@@ -74,14 +74,18 @@ pub enum RecordError {
 
 impl Record {
     /// One line's bytes (without its newline).
+    /// Every string in it is shown safely (`model::untrusted`): a recording may come from
+    /// another node, or have been written by hand, and each output made from it (the report,
+    /// the timeline, a merge) then starts from clean names.
     pub fn parse(line: &[u8]) -> Result<Record, RecordError> {
-        let v: Value = serde_json::from_slice(line).map_err(|e| {
+        let mut v: Value = serde_json::from_slice(line).map_err(|e| {
             if e.is_eof() {
                 RecordError::Truncated
             } else {
                 RecordError::NotJson(e.to_string())
             }
         })?;
+        crate::model::untrusted::clean_json(&mut v);
         Record::from_value(v)
     }
 

@@ -102,6 +102,7 @@ fn write_files(
     };
     crate::output::summary::write_json(&summary, &dir.join("summary.json"))?;
     let report = crate::output::text::render(&summary);
+    let report = crate::model::untrusted::lines(&report);
     crate::recording::files::write_private(&dir.join("report.txt"), report.as_bytes())?;
     crate::recording::files::write_private_with(&dir.join("trace.json"), |w| {
         crate::output::perfetto::write_recording(&record, usize::MAX, w)

@@ -36,6 +36,8 @@ use prometheus_client::{
 };
 use tokio::{net::TcpListener, sync::Semaphore};
 
+use crate::model::untrusted;
+
 mod cgroup;
 
 /// Labels of per-job, per-role series. The label is `training_job`, not `job`: Prometheus sets
@@ -66,11 +68,13 @@ pub struct JobInfo {
 
 impl JobInfo {
     pub fn of(job: &str, id: &crate::model::identity::Identity) -> Self {
-        let text = |v: &Option<String>| v.clone().unwrap_or_default();
+        // Read from the job's world (its environment, its root, the kubelet's log names):
+        // shown safely, as every name is.
+        let text = |v: &Option<String>| v.as_deref().map(untrusted::name).unwrap_or_default();
         JobInfo {
-            training_job: job.to_string(),
+            training_job: untrusted::name(job),
             namespace: text(&id.namespace),
-            pod: id.pod.clone().or_else(|| id.pod_uid.clone()).unwrap_or_default(),
+            pod: text(&id.pod.clone().or_else(|| id.pod_uid.clone())),
             container: text(&id.container),
             slurm_job: text(&id.slurm_job),
             run_id: text(&id.run_id),

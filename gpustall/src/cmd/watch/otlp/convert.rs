@@ -62,8 +62,9 @@ impl Sender {
     }
 }
 
+/// A string attribute; its value, a name or text from the job's world, shown safely.
 fn kv(key: &str, value: &str) -> KeyValue {
-    any(key, any_value::Value::StringValue(value.to_string()))
+    any(key, any_value::Value::StringValue(crate::model::untrusted::name(value)))
 }
 
 fn any(key: &str, value: any_value::Value) -> KeyValue {
@@ -251,10 +252,9 @@ fn record(i: &IncidentLog, now: u64) -> LogRecord {
         a.push(kv("gpustall.verdict.cause", &v.cause));
         a.push(kv("gpustall.verdict.title", &v.title));
         if !v.advice.is_empty() {
-            let values = v
-                .advice
-                .iter()
-                .map(|s| AnyValue { value: Some(any_value::Value::StringValue(s.clone())) });
+            let values = v.advice.iter().map(|s| AnyValue {
+                value: Some(any_value::Value::StringValue(crate::model::untrusted::name(s))),
+            });
             let array = ArrayValue { values: values.collect() };
             a.push(any("gpustall.verdict.advice", any_value::Value::ArrayValue(array)));
         }
@@ -268,7 +268,9 @@ fn record(i: &IncidentLog, now: u64) -> LogRecord {
         observed_time_unix_nano: now,
         severity_number: severity as i32,
         severity_text: text.into(),
-        body: Some(AnyValue { value: Some(any_value::Value::StringValue(body)) }),
+        body: Some(AnyValue {
+            value: Some(any_value::Value::StringValue(crate::model::untrusted::name(&body))),
+        }),
         attributes: a,
         event_name: "gpustall.incident".into(),
         ..Default::default()

@@ -19,6 +19,8 @@ use std::{
 
 use prost::Message as _;
 
+#[cfg(test)]
+pub use convert::logs;
 pub use convert::{IncidentLog, Sender, VerdictLine};
 
 use super::metrics::Metrics;
