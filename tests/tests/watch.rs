@@ -178,6 +178,12 @@ fn an_idle_watch_ends_on_the_first_signal() {
 fn sigkill_bundle(extra: &[&str]) -> (serde_json::Value, u32) {
     let dir = tests::TempDir::new("watch-kill");
     let comm = unique_comm();
+    let mut w = kill_watcher(&dir, &comm, extra);
+    kill_a_jobs_child(&mut w, &dir, &comm)
+}
+
+/// `watch` matching jobs named `comm`, its bundles in `dir`, ready.
+fn kill_watcher(dir: &tests::TempDir, comm: &str, extra: &[&str]) -> Watcher {
     let rule = format!("comm:^{comm}$");
     let bundles = dir.0.to_str().expect("utf-8").to_string();
     let mut args = vec![
@@ -196,8 +202,18 @@ fn sigkill_bundle(extra: &[&str]) -> (serde_json::Value, u32) {
     args.extend_from_slice(extra);
     let mut w = Watcher::start(&args);
     w.wait_for("metrics on http://", Duration::from_secs(60));
+    w
+}
+
+/// Starts a job named `comm` whose `sleep` child the test SIGKILLs once watch follows it;
+/// returns the bundle's summary and the child's pid.
+fn kill_a_jobs_child(
+    w: &mut Watcher,
+    dir: &tests::TempDir,
+    comm: &str,
+) -> (serde_json::Value, u32) {
     let bin = std::path::Path::new(env!("CARGO_BIN_EXE_gpustall-workload"));
-    let mut job = Workload::start_named(&comm, bin, &["spawn", "sleep", "30"], None, None);
+    let mut job = Workload::start_named(comm, bin, &["spawn", "sleep", "30"], None, None);
     w.wait_for(&format!("watching job {comm}-{}", job.pid()), Duration::from_secs(20));
     job.go();
     let end = Instant::now() + Duration::from_secs(10);
@@ -213,8 +229,9 @@ fn sigkill_bundle(extra: &[&str]) -> (serde_json::Value, u32) {
     std::thread::sleep(Duration::from_millis(1500));
     // SAFETY: plain kill of the test's own grandchild.
     unsafe { libc::kill(sleep_pid as i32, libc::SIGKILL) };
-    let wrote = w.wait_for("wrote incident bundle", Duration::from_secs(30));
-    assert!(wrote.contains(&format!("sigkill-{sleep_pid}")), "{wrote}");
+    // This kill's bundle (the watcher's earlier lines may announce another's).
+    let wrote = w.wait_for(&format!("-sigkill-{sleep_pid} ("), Duration::from_secs(30));
+    assert!(wrote.contains("wrote incident bundle"), "{wrote}");
     let bundle = std::fs::read_dir(&dir.0)
         .expect("bundles")
         .filter_map(|e| e.ok())
@@ -223,6 +240,34 @@ fn sigkill_bundle(extra: &[&str]) -> (serde_json::Value, u32) {
         .expect("the bundle");
     let summary = std::fs::read_to_string(bundle.join("summary.json")).expect("summary.json");
     (serde_json::from_str(&summary).expect("json"), sleep_pid)
+}
+
+/// Two runs of a job, each SIGKILLing its own child, both inside one flight-recorder window:
+/// the second bundle's verdict is the second kill, not the first one earlier in its window
+/// (the bundle is the incident's job's), and it holds no process of the first run.
+#[test]
+fn a_bundles_verdict_is_its_own_jobs_kill_not_an_earlier_one_in_its_window() {
+    tests::require_privileged_env();
+    let dir = tests::TempDir::new("watch-two-kills");
+    let comm = unique_comm();
+    let mut w = kill_watcher(&dir, &comm, &[]);
+    let (_, first) = kill_a_jobs_child(&mut w, &dir, &comm);
+    let (s, second) = kill_a_jobs_child(&mut w, &dir, &comm);
+    let v = &s["verdict"];
+    assert_eq!(v["cause"], "process_killed", "{v:#}");
+    let text = v["text"].as_str().unwrap_or_default();
+    assert!(
+        text.contains(&second.to_string()),
+        "the verdict names the second kill {second}: {v:#}"
+    );
+    assert!(!text.contains(&first.to_string()), "not the first {first}: {v:#}");
+    let pids: Vec<u64> = s["processes"]
+        .as_array()
+        .expect("processes")
+        .iter()
+        .filter_map(|p| p["pid"].as_u64())
+        .collect();
+    assert!(!pids.contains(&u64::from(first)), "{first} is the other run's: {pids:?}");
 }
 
 #[test]

@@ -151,6 +151,18 @@ impl Event {
             | Event::DataWait { h, .. } => h,
         }
     }
+
+    /// The process the event is about: an OOM kill's victim and a signal's target (not the
+    /// task that triggered or sent it, which may belong to another job), the trainer a batch
+    /// woke, else the process it ran in.
+    pub fn subject_pid(&self) -> u32 {
+        match self {
+            Event::OomVictim { victim_pid, .. } => *victim_pid,
+            Event::Signal { target_pid, .. } => *target_pid,
+            Event::DataWait { wakee_pid, .. } => *wakee_pid,
+            e => e.header().tgid,
+        }
+    }
 }
 
 /// `Exit.exit_code` (the raw wait status) as recorded: `wait_status` itself, and for people

@@ -288,6 +288,18 @@ pub enum Sample {
 }
 
 impl Sample {
+    /// The one process the sample is about, where it is about one.
+    pub fn pid(&self) -> Option<u32> {
+        match self {
+            Sample::Seed { pid, .. }
+            | Sample::ProcMem { pid, .. }
+            | Sample::Vanished { pid, .. }
+            | Sample::Cmdline { pid, .. }
+            | Sample::Identity { pid, .. } => Some(*pid),
+            _ => None,
+        }
+    }
+
     pub fn t_ns(&self) -> u64 {
         match self {
             Sample::Seed { t_ns, .. }

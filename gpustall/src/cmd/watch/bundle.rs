@@ -42,6 +42,18 @@ pub fn context_of_job(r: Record, root: Option<u32>) -> Record {
     Record::Sample(Sample::Context(c))
 }
 
+/// Whether a record of the window belongs in the bundle of a job whose processes are those
+/// `in_job` says: a record about one process (an event, a process's sample) only when that
+/// process is the job's, so the kills and exits of other jobs in the window never reach the
+/// bundle's verdict; the node's records (context, GPUs, counters, the kernel log) always.
+pub fn is_of_job(r: &Record, in_job: impl Fn(u32) -> bool) -> bool {
+    match r {
+        Record::Event(e) => in_job(e.subject_pid()),
+        Record::Sample(s) => s.pid().is_none_or(in_job),
+        _ => true,
+    }
+}
+
 /// Writes one bundle from its lines, streamed: each line goes to record.jsonl as it comes and
 /// is dropped; the summary, the report and the Perfetto trace are then read back from that
 /// file one line at a time. No whole-window copy is held (an incident of 8,000 processes in a

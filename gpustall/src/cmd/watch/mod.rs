@@ -459,9 +459,19 @@ impl Daemon {
             incident: Some(IncidentHeader { kind: inc.kind, t_ns: inc.t_ns, pid: inc.pid }),
             ..self.header.clone()
         };
+        // The bundle is the incident's job's: its processes only (every process of the node
+        // when the incident names no watched job), so another job's kill earlier in the window
+        // is never this bundle's verdict.
+        let root = self.root_of(inc.pid);
+        let in_job = |pid: u32| root.is_none() || self.root_of(pid) == root;
         // The tree as it stood: every process alive at the window's start or seen in it.
         let jobs = &self.jobs;
-        let tree = self.session.model.tree.iter().filter(|n| n.exit_ns.is_none_or(|e| e >= from));
+        let tree = self
+            .session
+            .model
+            .tree
+            .iter()
+            .filter(|n| n.exit_ns.is_none_or(|e| e >= from) && in_job(n.pid));
         let seeds = tree.flat_map(|n| {
             let seed = Sample::Seed {
                 t_ns: from,
@@ -484,11 +494,11 @@ impl Daemon {
         });
         // The bundle's verdict is the incident's job's: its cgroup, its filesystems. Each
         // line is parsed, adjusted and written in turn (see bundle::write).
-        let root = self.root_of(inc.pid);
         let mut rebase = crate::cmd::watch::bundle::Rebase::default();
         let window = lines
             .iter()
             .filter_map(|l| Record::parse(l.as_bytes()).ok())
+            .filter(|r| crate::cmd::watch::bundle::is_of_job(r, in_job))
             .map(move |r| rebase.record(crate::cmd::watch::bundle::context_of_job(r, root)));
         // An incomplete window says so in the bundle, where its summary will count it.
         let gap = (dropped > 0)
