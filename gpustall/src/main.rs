@@ -151,7 +151,9 @@ gpustall completions zsh > \"${fpath[1]}/_gpustall\""
 /// shown only at the levels a developer asks for with RUST_LOG (info and below).
 fn init_log() {
     use std::io::Write as _;
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn"))
+    let asked = std::env::var("RUST_LOG").unwrap_or_default();
+    env_logger::Builder::new()
+        .parse_filters(&log_filters(&asked))
         .format(|f, r| {
             // A message naming a process or path is one line, whatever the name holds.
             let text = r.args().to_string();
@@ -163,6 +165,20 @@ fn init_log() {
             }
         })
         .init();
+}
+
+/// The log filter for RUST_LOG `asked` (warnings by default). The HTTP client's own logs stay
+/// at info unless asked for by name (`RUST_LOG=trace,ureq_proto=trace`): at debug and trace it
+/// dumps each request's bytes, and with them the OTLP headers' tokens.
+fn log_filters(asked: &str) -> String {
+    let mut filters = if asked.trim().is_empty() { "warn".to_string() } else { asked.to_string() };
+    for wire in ["ureq", "ureq_proto"] {
+        let named = filters.split(',').any(|d| d.trim().split('=').next() == Some(wire));
+        if !named {
+            filters.push_str(&format!(",{wire}=info"));
+        }
+    }
+    filters
 }
 
 fn main() {
@@ -209,5 +225,19 @@ fn main() {
         }
         say!("gpustall: error: {msg}");
         std::process::exit(1);
+    }
+}
+
+#[cfg(test)]
+mod log_tests {
+    /// The HTTP client's wire dumps are off at any level unless named.
+    #[test]
+    fn wire_dumps_need_their_crate_named() {
+        assert_eq!(super::log_filters(""), "warn,ureq=info,ureq_proto=info");
+        assert_eq!(super::log_filters("trace"), "trace,ureq=info,ureq_proto=info");
+        assert_eq!(
+            super::log_filters("trace,ureq_proto=trace"),
+            "trace,ureq_proto=trace,ureq=info"
+        );
     }
 }

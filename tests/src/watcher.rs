@@ -39,6 +39,16 @@ impl Watcher {
         &self.seen
     }
 
+    /// Reads the daemon's stderr lines for `d`, whatever they say.
+    pub fn read_for(&mut self, d: Duration) {
+        let end = Instant::now() + d;
+        while let Some(left) = end.checked_duration_since(Instant::now()) {
+            if let Ok(l) = self.lines.recv_timeout(left.min(Duration::from_millis(100))) {
+                self.seen.push(l);
+            }
+        }
+    }
+
     /// Waits for a stderr line containing `needle`.
     pub fn wait_for(&mut self, needle: &str, timeout: Duration) -> String {
         let end = Instant::now() + timeout;

@@ -222,3 +222,32 @@ fn the_opentelemetry_variables_alone_send_gzipped_metrics() {
     assert_eq!(value(&served, failures), Some(0.0), "{served}");
     assert_eq!(value(&served, "gpustall_otlp_export_failures_total{signal=\"logs\"}"), None);
 }
+
+/// An OTLP header's token (OTEL_EXPORTER_OTLP_HEADERS) never reaches the daemon's log, even at
+/// RUST_LOG=trace, where the HTTP client would dump each request's bytes: its logs stay at
+/// info unless named.
+#[test]
+fn an_otlp_headers_token_is_never_logged_even_at_trace() {
+    tests::require_privileged_env();
+    let rotel = Rotel::start();
+    let dir = tests::TempDir::new("otlp-secret");
+    let token = format!("S3CR3T{}", tests::unique());
+    let mut cmd = std::process::Command::new(tests::gpustall_bin());
+    cmd.env("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", rotel.otlp_metrics_url())
+        .env("OTEL_EXPORTER_OTLP_HEADERS", format!("authorization=Bearer {token}"))
+        .env("RUST_LOG", "trace")
+        .args(["watch", "--match", &format!("comm:^{}$", unique_comm())])
+        .args(["--bundle-dir", dir.0.to_str().expect("utf-8")])
+        .args(["--listen", "127.0.0.1:0", "--no-gpu", "--otlp-every", "1s"]);
+    let mut w = Watcher::spawn(cmd);
+    w.wait_for("metrics on http://", Duration::from_secs(60));
+    wait_received(&rotel, &["Name: gpustall.watched_jobs"], Duration::from_secs(20));
+    // Two more exports (one a second), their log lines read.
+    w.read_for(Duration::from_secs(3));
+    let log = w.seen().join("\n");
+    let exports = log.matches("OTLP metrics:").count();
+    assert!(exports >= 2, "{exports} exports logged at debug:\n{log}");
+    assert!(!log.contains(&token), "the token is in the log");
+    // A wire dump splits the token over lines of hex: none may be logged at all.
+    assert!(!log.contains("[ureq_proto::util]"), "a wire dump is logged");
+}
