@@ -212,8 +212,19 @@ fn kill_a_jobs_child(
     dir: &tests::TempDir,
     comm: &str,
 ) -> (serde_json::Value, u32) {
+    kill_a_jobs_child_running(w, dir, comm, &["sleep", "30"])
+}
+
+/// [`kill_a_jobs_child`] with `child` as the child's command.
+fn kill_a_jobs_child_running(
+    w: &mut Watcher,
+    dir: &tests::TempDir,
+    comm: &str,
+    child: &[&str],
+) -> (serde_json::Value, u32) {
     let bin = std::path::Path::new(env!("CARGO_BIN_EXE_gpustall-workload"));
-    let mut job = Workload::start_named(comm, bin, &["spawn", "sleep", "30"], None, None);
+    let args: Vec<&str> = std::iter::once("spawn").chain(child.iter().copied()).collect();
+    let mut job = Workload::start_named(comm, bin, &args, None, None);
     w.wait_for(&format!("watching job {comm}-{}", job.pid()), Duration::from_secs(20));
     job.go();
     let end = Instant::now() + Duration::from_secs(10);
@@ -384,4 +395,36 @@ fn healthz_answers_and_build_info_is_exported() {
     assert!(health.starts_with("HTTP/1.1 200") && health.ends_with("ok\n"), "{health}");
     let metrics = scrape(&addr);
     assert!(metrics.contains("gpustall_build_info{version=\""), "{metrics}");
+}
+
+/// A child that names itself with an escape sequence and a newline, killed: the daemon's log
+/// line for its bundle, and the bundle's report.txt, show the bytes as `\xNN`; no line of the
+/// log is forged from the name.
+#[test]
+fn a_name_with_a_newline_cannot_forge_the_daemons_log() {
+    tests::require_privileged_env();
+    let dir = tests::TempDir::new("watch-forge");
+    let comm = unique_comm();
+    let mut w = kill_watcher(&dir, &comm, &[]);
+    let rename = r#"import ctypes, time
+ctypes.CDLL(None).prctl(15, b"\x1b[2J\nFORGED", 0, 0, 0)
+time.sleep(30)"#;
+    let (s, victim) = kill_a_jobs_child_running(&mut w, &dir, &comm, &["python3", "-c", rename]);
+    let text = s["verdict"]["text"].as_str().unwrap_or_default();
+    assert!(text.contains("\\x1b[2J\\x0aFORGED"), "the name shown: {text}");
+    w.read_for(Duration::from_millis(500));
+    let log = w.seen().join("\n");
+    assert!(!log.contains('\x1b'), "a raw ESC in the log:\n{}", log.escape_debug());
+    assert!(
+        !log.lines().any(|l| l.starts_with("FORGED")),
+        "a line forged from the name of {victim}:\n{log}"
+    );
+    let bundle = std::fs::read_dir(&dir.0)
+        .expect("bundles")
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .find(|p| p.to_string_lossy().contains(&format!("sigkill-{victim}")))
+        .expect("the bundle");
+    let report = std::fs::read_to_string(bundle.join("report.txt")).expect("report.txt");
+    assert!(!report.contains('\x1b') && !report.lines().any(|l| l.starts_with("FORGED")));
 }
