@@ -18,6 +18,9 @@ use regex::Regex;
 
 use crate::model::kernlog::{KernelLog, KernelLogLine, LogOrigin, LogWhat};
 
+/// Records read at most at open, to find the last one's sequence number.
+const OPEN_DRAIN_MAX: usize = 1_000_000;
+
 /// The longest text kept of a line.
 const TEXT_MAX: usize = 240;
 
@@ -132,15 +135,43 @@ pub struct KmsgReader {
 }
 
 impl KmsgReader {
-    /// Opens /dev/kmsg at its end (only what the kernel logs from now on). An error says why
-    /// the kernel log cannot be read (no /dev/kmsg in a container, CAP_SYSLOG, dmesg_restrict).
+    /// Opens /dev/kmsg at its end (only what the kernel logs from now on), knowing the last
+    /// record's sequence number, so that records overwritten before the first read are
+    /// counted too. An error says why the kernel log cannot be read (no /dev/kmsg in a
+    /// container, CAP_SYSLOG, dmesg_restrict).
     pub fn open(trust_user_space: bool) -> std::io::Result<Self> {
-        let mut file = std::fs::OpenOptions::new()
+        let file = std::fs::OpenOptions::new()
             .read(true)
             .custom_flags(libc::O_NONBLOCK)
             .open("/dev/kmsg")?;
-        file.seek(SeekFrom::End(0))?;
-        Ok(Self { file, trust_user_space, last_seq: None, missed: 0 })
+        let mut r = Self { file, trust_user_space, last_seq: None, missed: 0 };
+        // Read through what the buffer holds (from its oldest record, where a reader starts):
+        // a few thousand records once, for the last one's number, never classified.
+        let mut buf = vec![0u8; 8192];
+        let mut at_end = false;
+        for _ in 0..OPEN_DRAIN_MAX {
+            match r.file.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => {
+                    if let Some(rec) = parse_record(&String::from_utf8_lossy(&buf[..n])) {
+                        r.last_seq = Some(r.last_seq.map_or(rec.seq, |l| l.max(rec.seq)));
+                    }
+                }
+                Err(e) if e.raw_os_error() == Some(libc::EPIPE) => continue,
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    at_end = e.kind() == ErrorKind::WouldBlock;
+                    break;
+                }
+            }
+        }
+        if !at_end {
+            // Not at the end (a log flooding faster than it is read, an error): from the end,
+            // the first gap uncounted.
+            r.file.seek(SeekFrom::End(0))?;
+            r.last_seq = None;
+        }
+        Ok(r)
     }
 
     /// Every record logged since the last call, the kept ones classified, those `keep` takes
