@@ -93,7 +93,12 @@ pub fn in_cgroup(cg: &crate::cgroup::MemCgroup, args: &[&str]) -> Watcher {
 /// `watch` for the jobs `rule` matches, bundling into `dir` 2 s after an incident and serving
 /// metrics on a free port: the watcher, once it serves, and that address.
 pub fn bundling_watcher(rule: &str, dir: &str) -> (Watcher, String) {
-    let mut w = Watcher::start(&[
+    bundling_watcher_with(rule, dir, &[])
+}
+
+/// [`bundling_watcher`] with `extra` arguments.
+pub fn bundling_watcher_with(rule: &str, dir: &str, extra: &[&str]) -> (Watcher, String) {
+    let args = [
         "--match",
         rule,
         "--bundle-dir",
@@ -105,7 +110,9 @@ pub fn bundling_watcher(rule: &str, dir: &str) -> (Watcher, String) {
         "2s",
         "--scan-every",
         "500ms",
-    ]);
+    ];
+    let args: Vec<&str> = args.iter().chain(extra).copied().collect();
+    let mut w = Watcher::start(&args);
     let started = w.wait_for("metrics on http://", Duration::from_secs(60));
     let addr = started.split("http://").nth(1).and_then(|r| r.split('/').next()).expect("address");
     let addr = addr.to_string();

@@ -1,7 +1,8 @@
 //! The kernel log as evidence, on the real /dev/kmsg: lines written into the kernel's log by
-//! the test (root may log there; the same path a driver's lines take to every reader) during a
-//! traced job, and a hung task the kernel's own detector reports about a process blocked for
-//! real in uninterruptible sleep (I/O to a suspended device-mapper device).
+//! the test (root may log there; the kernel gives them the user facility, so gpustall counts
+//! them as the kernel's only under `--trust-user-kernel-log`, and shows them as user space's
+//! otherwise) during a traced job, and a hung task the kernel's own detector reports about a
+//! process blocked for real in uninterruptible sleep (I/O to a suspended device-mapper device).
 
 use std::io::Write as _;
 use std::path::Path;
@@ -23,11 +24,16 @@ fn kmsg(line: &str) {
     f.write_all(format!("<3>{line}\n").as_bytes()).expect("writing /dev/kmsg");
 }
 
-/// Traces a `sleep SECS` job, running `during` once it is traced; returns the finished trace.
-fn traced_sleep(secs: &str, during: impl FnOnce(u32)) -> TraceResult {
+/// Counts the lines the test writes into the kernel log as the kernel's.
+const TRUST: &str = "--trust-user-kernel-log";
+
+/// Traces a `sleep SECS` job (`trace --no-gpu` with `extra`), running `during` once it is
+/// traced; returns the finished trace.
+fn traced_sleep(secs: &str, extra: &[&str], during: impl FnOnce(u32)) -> TraceResult {
     let bin = Path::new(env!("CARGO_BIN_EXE_gpustall-workload"));
     let mut w = Workload::start(bin, &["spawn", "sleep", secs], None);
-    let tracer = Tracer::start(w.pid(), &["--quiet", "--no-gpu"]);
+    let args: Vec<&str> = ["--quiet", "--no-gpu"].iter().chain(extra).copied().collect();
+    let tracer = Tracer::start(w.pid(), &args);
     w.go();
     during(w.pid());
     let (code, _) = w.wait(Duration::from_secs(60));
@@ -55,7 +61,7 @@ fn a_gpus_xid_in_the_kernel_log_is_a_gpu_fault_and_other_lines_are_never_kept() 
     // A bus id of this test's own, so that no other line is taken for it.
     let bus = format!("0000:{:02x}:00", std::process::id() % 251);
     let private = format!("gpustall-test {} user=alice password=hunter2", std::process::id());
-    let t = traced_sleep("3", |pid| {
+    let t = traced_sleep("3", &[TRUST], |pid| {
         std::thread::sleep(Duration::from_millis(500));
         kmsg(&private);
         kmsg(&format!(
@@ -86,7 +92,7 @@ fn a_network_filesystem_that_stopped_answering_is_a_storage_error_with_its_outag
     tests::require_privileged_env();
     let _one = one_at_a_time();
     let server = format!("nas-{}", std::process::id());
-    let t = traced_sleep("4", |_| {
+    let t = traced_sleep("4", &[TRUST], |_| {
         std::thread::sleep(Duration::from_millis(500));
         kmsg(&format!("nfs: server {server} not responding, still trying"));
         std::thread::sleep(Duration::from_millis(1500));
@@ -184,7 +190,8 @@ fn watch_makes_an_incident_bundle_and_counts_the_gpu_fault_in_its_metrics() {
     let dir = tests::TempDir::new("watch-xid");
     let comm = tests::procs::unique_comm();
     let rule = format!("comm:^{comm}$");
-    let (mut w, addr) = tests::watcher::bundling_watcher(&rule, dir.0.to_str().expect("utf-8"));
+    let (mut w, addr) =
+        tests::watcher::bundling_watcher_with(&rule, dir.0.to_str().expect("utf-8"), &[TRUST]);
     let bin = Path::new(env!("CARGO_BIN_EXE_gpustall-workload"));
     let mut job = Workload::start_named(&comm, bin, &["spawn", "sleep", "30"], None, None);
     w.wait_for(&format!("watching job {comm}-{}", job.pid()), Duration::from_secs(20));
@@ -217,7 +224,8 @@ fn every_pattern_is_kept_from_the_real_kernel_log() {
     tests::require_privileged_env();
     let _one = one_at_a_time();
     let me = std::process::id();
-    let t = traced_sleep("3", |pid| {
+    // Without --trust-user-kernel-log: kept all the same, as user space's.
+    let t = traced_sleep("3", &[], |pid| {
         std::thread::sleep(Duration::from_millis(300));
         for line in [
             format!("NVRM: Xid (PCI:0000:{:02x}:00): 13, pid={pid}, name=sleep, Graphics SM Warp Exception", me % 251),
@@ -256,4 +264,92 @@ fn every_pattern_is_kept_from_the_real_kernel_log() {
     }
     assert_eq!(whats.iter().filter(|w| **w == "io_error").count(), 2, "{whats:?}");
     assert_eq!(whats.iter().filter(|w| **w == "fs_error").count(), 3, "{whats:?}");
+    assert!(kept.iter().all(|l| l["origin"] == "user_space"), "{kept:?}");
+}
+
+/// A fake Xid, written from user space and naming the traced job: without
+/// `--trust-user-kernel-log` it is shown as user space's, and no GPU fault.
+#[test]
+fn an_xid_user_space_wrote_is_no_gpu_fault_and_is_shown_as_user_spaces() {
+    tests::require_privileged_env();
+    let _one = one_at_a_time();
+    let bus = format!("0000:{:02x}:00", std::process::id() % 251);
+    let t = traced_sleep("3", &[], |pid| {
+        std::thread::sleep(Duration::from_millis(500));
+        kmsg(&format!(
+            "NVRM: Xid (PCI:{bus}): 79, pid={pid}, name=sleep, GPU has fallen off the bus."
+        ));
+    });
+    let v = &t.summary["verdict"];
+    eprintln!("verdict: {v:#}");
+    assert_ne!(v["cause"], "gpu_fault", "{v:#}");
+    let evidence: Vec<&str> =
+        v["evidence"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
+    assert!(
+        evidence
+            .iter()
+            .any(|e| e.contains("written into the kernel log by user space (not the kernel's")
+                && e.contains(&format!("NVRM: Xid (PCI:{bus}): 79"))),
+        "{evidence:#?}"
+    );
+    let lines = kept(&t);
+    assert!(lines.iter().any(|l| l["device"] == bus && l["origin"] == "user_space"), "{lines:?}");
+    assert!(t.summary["kernel_log"]["from_user_space"].as_u64() >= Some(1), "{:#}", t.summary);
+    assert_ne!(replayed_verdict(&t)["cause"], "gpu_fault");
+}
+
+/// Writes `n` lines into the kernel log as fast as it takes them (level 4, under the console's
+/// level: not printed on the console, which would slow each write tenfold), one open each
+/// (/dev/kmsg limits the rate of writes per open file).
+fn kmsg_flood(n: u64, line: impl Fn(u64) -> String) {
+    for i in 0..n {
+        let mut f = std::fs::OpenOptions::new().write(true).open("/dev/kmsg").expect("/dev/kmsg");
+        f.write_all(format!("<4>{}\n", line(i)).as_bytes()).expect("writing /dev/kmsg");
+    }
+}
+
+/// 20,000 Xid lines naming the traced job (trusted): folded into one line with its count, the
+/// report and the summary a few KB, every line counted as kept or as missed (the kernel's
+/// buffer overwritten before the reader came to it).
+#[test]
+fn a_flood_of_xid_lines_is_one_folded_line_and_a_bounded_report() {
+    tests::require_privileged_env();
+    let _one = one_at_a_time();
+    const N: u64 = 20_000;
+    let bus = format!("0000:{:02x}:00", std::process::id() % 251);
+    let t = traced_sleep("6", &[TRUST], |pid| {
+        std::thread::sleep(Duration::from_millis(500));
+        kmsg_flood(N, |i| {
+            format!("NVRM: Xid (PCI:{bus}): 79, pid={pid}, name=sleep, GPU has fallen off the bus. ({i})")
+        });
+    });
+    let v = &t.summary["verdict"];
+    assert_eq!(v["cause"], "gpu_fault", "{v:#}");
+    // Every line of the flood the reader read, folded: its count.
+    let folded: u64 = kept(&t)
+        .iter()
+        .filter(|l| l["device"] == bus)
+        .map(|l| l["count"].as_u64().unwrap_or(1))
+        .sum();
+    let k = &t.summary["kernel_log"];
+    eprintln!("kernel_log: {k:#}");
+    let missed = k["missed"].as_u64().expect("missed");
+    assert!(folded > 0 && folded <= N, "{folded} of {N}");
+    assert!(folded + missed >= N, "{folded} read and {missed} missed of {N}");
+    assert!(k["lines"].as_u64() >= Some(folded), "{k:#}");
+    assert!(k["distinct"].as_u64() <= Some(8), "{k:#}");
+    let evidence: Vec<&str> =
+        v["evidence"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
+    let logged: usize = evidence.iter().filter(|e| e.contains("kernel log")).map(|e| e.len()).sum();
+    eprintln!("{evidence:#?}");
+    assert!(logged < 20_000, "{logged} bytes of kernel-log evidence");
+    if folded > 1 {
+        assert!(evidence.iter().any(|e| e.contains("lines like it, the last at")), "{evidence:#?}");
+    }
+    let summary = serde_json::to_string(&t.summary).expect("json").len();
+    eprintln!("report {} bytes, summary {summary} bytes", t.stdout.len() + t.stderr.len());
+    assert!(summary < 64_000, "{summary} bytes of summary");
+    assert!(t.stdout.len() + t.stderr.len() < 64_000, "{} bytes of report", t.stdout.len());
+    // The recording: a line a beat at most, not one per line of the flood.
+    assert!(kept(&t).len() < 64, "{} lines recorded", kept(&t).len());
 }

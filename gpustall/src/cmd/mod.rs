@@ -4,6 +4,7 @@
 pub mod event_loop;
 pub mod export;
 pub mod gpu;
+mod kernel_log;
 pub mod launch;
 pub mod merge;
 pub mod report;
@@ -11,6 +12,8 @@ pub mod signals;
 pub mod trace;
 pub mod units;
 pub mod watch;
+
+pub use kernel_log::KernelLogArgs;
 
 /// A trace that ran to its end but lost events: everything is written, the figures are marked
 /// as lower bounds, and the exit status says so (3).

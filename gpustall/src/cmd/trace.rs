@@ -73,6 +73,8 @@ pub struct TraceArgs {
     summary_every: Duration,
     #[command(flatten)]
     gpu: GpuArgs,
+    #[command(flatten)]
+    kernel_log: crate::cmd::KernelLogArgs,
     /// Tail this training log for per-step data_time (mmengine style `data_time: 0.7384`).
     #[arg(long, value_name = "FILE")]
     log: Option<PathBuf>,
@@ -99,6 +101,7 @@ impl TraceArgs {
             quiet: self.quiet,
             summary_every: self.summary_every,
             gpu: self.gpu.options(Duration::from_millis(500), Duration::from_secs(3)),
+            trust_user_kernel_log: self.kernel_log.trust_user_kernel_log,
             log: self.log,
             log_regex: self.log_regex,
             perfetto: self.perfetto,
@@ -121,6 +124,8 @@ pub struct TraceOptions {
     pub summary_every: Duration,
     /// `None`: --no-gpu.
     pub gpu: Option<GpuOptions>,
+    /// `--trust-user-kernel-log`.
+    pub trust_user_kernel_log: bool,
     /// `--log FILE` and an optional `--log-regex` for data_time.
     pub log: Option<PathBuf>,
     pub log_regex: Option<String>,
@@ -269,7 +274,7 @@ fn setup(opts: &TraceOptions) -> anyhow::Result<(Trace, Probes, Rings, Option<Gp
         r.flush();
     }
     seed(&mut session, &mut probes.maps, opts.pid, start)?;
-    session.follow_kernel_log();
+    session.follow_kernel_log(opts.trust_user_kernel_log);
     // The trainer's waits count from the start, not from the first beat: a job's first batch
     // (the workers' start-up) is often its longest wait.
     probes.maps.account_offcpu(&session.model.tree);

@@ -135,10 +135,11 @@ pub struct Facts {
     pub cpu: Option<CpuFacts>,
     /// The GPUs' average utilisation over their samples.
     pub gpu_util_avg_pct: Option<f64>,
-    /// The kernel log's lines that matter (`model::kernlog`), and the records the reader
-    /// missed.
+    /// The kernel log's lines that matter (`model::kernlog`), folded, the records the reader
+    /// missed and the lines dropped past the cap of distinct lines.
     pub kernel_log: Vec<crate::model::kernlog::KernelLogLine>,
     pub kernel_log_missed: u64,
+    pub kernel_log_dropped: u64,
     /// Critical Xid errors NVML reported (its event sets).
     pub gpu_xids: Vec<crate::model::gpu::GpuXid>,
     /// The GPUs as their latest samples name them (index, UUID, PCI address).
@@ -469,6 +470,7 @@ pub fn from_model(m: &Model, now_ns: u64) -> Facts {
         data_time_rise_ns,
         kernel_log: m.kernel_log.lines.clone(),
         kernel_log_missed: m.kernel_log.missed,
+        kernel_log_dropped: m.kernel_log.dropped,
         gpu_xids: m.gpu.xids.clone(),
         gpus: gpu_names(m),
         cpu: cpu_facts(m),

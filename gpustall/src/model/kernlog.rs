@@ -34,7 +34,55 @@ pub enum LogWhat {
     OomCgroup,
 }
 
-/// One kept line of the kernel log.
+/// Who wrote a kept line into the kernel log, by the record's facility: the kernel's own
+/// lines carry facility 0 (LOG_KERN), and /dev/kmsg gives anything user space writes a
+/// non-zero one (LOG_USER unless the writer names another), so no process can pass a line off
+/// as the kernel's.
+#[derive(
+    Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum LogOrigin {
+    /// The kernel or a driver (older recordings, which did not say, are read as this).
+    #[default]
+    Kernel,
+    /// User space: kept and shown as such, never the ground of a verdict.
+    UserSpace,
+    /// User space, counted as the kernel's (`--trust-user-kernel-log`: tests, or a trusted
+    /// daemon that relays driver messages).
+    UserSpaceTrusted,
+}
+
+impl LogOrigin {
+    /// The origin of a record of `facility` (its PRI shifted right by 3).
+    pub fn of_facility(facility: u32, trust_user_space: bool) -> Self {
+        match (facility, trust_user_space) {
+            (0, _) => Self::Kernel,
+            (_, true) => Self::UserSpaceTrusted,
+            (_, false) => Self::UserSpace,
+        }
+    }
+
+    /// Whether a verdict may rest on the line.
+    pub fn is_trusted(self) -> bool {
+        self != Self::UserSpace
+    }
+
+    fn is_kernel(&self) -> bool {
+        *self == Self::Kernel
+    }
+}
+
+fn one() -> u64 {
+    1
+}
+
+fn is_one(n: &u64) -> bool {
+    *n == 1
+}
+
+/// One kept line of the kernel log, and the lines like it folded into it (same what, origin,
+/// pid, device, Xid, and the same text but for its numbers: [`FoldKey`]).
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 pub struct KernelLogLine {
     /// The record's own time (CLOCK_MONOTONIC, the clock of every other record).
@@ -53,26 +101,131 @@ pub struct KernelLogLine {
     /// An Xid's number.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub xid: Option<u32>,
-    /// The line as the kernel logged it (one line, at most 240 bytes).
+    /// The line as the kernel logged it (one line, at most 240 bytes): the first of its fold.
     pub text: String,
+    /// Who wrote it (absent: the kernel).
+    #[serde(default, skip_serializing_if = "LogOrigin::is_kernel")]
+    pub origin: LogOrigin,
+    /// How many lines it stands for, itself included (absent: 1).
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub count: u64,
+    /// The time of the last of them (absent: only one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_t_ns: Option<u64>,
 }
 
-/// What the model keeps of the kernel log: the kept lines in order, and how many records the
-/// reader could not read (overwritten before it got to them, or a gap in the sequence).
+/// What makes two lines the same line repeated: everything but the numbers in the text (a
+/// sector, a timeout, a counter) and the time.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct FoldKey {
+    what: LogWhat,
+    origin: LogOrigin,
+    pid: Option<u32>,
+    device: Option<String>,
+    xid: Option<u32>,
+    /// The text with each run of digits as `#`.
+    shape: String,
+}
+
+impl KernelLogLine {
+    /// The time of the last line it stands for.
+    pub fn last_ns(&self) -> u64 {
+        self.last_t_ns.unwrap_or(self.t_ns).max(self.t_ns)
+    }
+
+    pub fn fold_key(&self) -> FoldKey {
+        let mut shape = String::with_capacity(self.text.len());
+        for c in self.text.chars() {
+            if !c.is_ascii_digit() {
+                shape.push(c);
+            } else if !shape.ends_with('#') {
+                shape.push('#');
+            }
+        }
+        FoldKey {
+            what: self.what,
+            origin: self.origin,
+            pid: self.pid,
+            device: self.device.clone(),
+            xid: self.xid,
+            shape,
+        }
+    }
+
+    /// Folds `later` (a line like this one, or lines folded already) into it.
+    fn absorb(&mut self, later: &KernelLogLine) {
+        self.count = self.count.saturating_add(later.count.max(1));
+        self.last_t_ns = Some(self.last_ns().max(later.last_ns()));
+    }
+}
+
+/// Distinct lines kept at most of one kind (what, and whether user space wrote it untrusted);
+/// the lines like them are folded in and counted whatever their number. The kinds keep apart so
+/// that a flood of one never crowds out another, nor user space's the kernel's.
+pub const DISTINCT_PER_KIND: usize = 32;
+
+/// The kept lines of the kernel log, folded as they arrive and bounded: at most
+/// [`DISTINCT_PER_KIND`] distinct lines of each kind, the rest counted (`dropped`). The same
+/// store folds a reader's batch (`sources::kmsg`) and the whole trace (the model).
 #[derive(Default, Debug, Clone)]
 pub struct KernelLog {
+    /// Distinct lines, the first seen first, each with its count.
     pub lines: Vec<KernelLogLine>,
+    /// Records the reader could not read (overwritten before it got to them).
     pub missed: u64,
+    /// Lines not kept: unlike every kept line, of a kind that had its distinct lines already.
+    pub dropped: u64,
+    index: std::collections::HashMap<FoldKey, usize>,
+    per_kind: std::collections::HashMap<(LogWhat, bool), usize>,
+    last_seq: Option<u64>,
 }
 
-/// Lines kept at most (the count of missed records goes on).
-const LINES_KEPT: usize = 10_000;
-
 impl KernelLog {
+    /// Folds in a line (or a folded batch's line); one at or before the last applied (the same
+    /// record again) is ignored.
     pub fn apply(&mut self, line: &KernelLogLine) {
-        if self.lines.len() < LINES_KEPT && self.lines.last().is_none_or(|l| l.seq < line.seq) {
-            self.lines.push(line.clone());
+        if self.last_seq.is_some_and(|s| line.seq <= s) {
+            return;
         }
+        self.last_seq = Some(line.seq);
+        let key = line.fold_key();
+        if let Some(&i) = self.index.get(&key) {
+            self.lines[i].absorb(line);
+            return;
+        }
+        let kind = self.per_kind.entry((line.what, line.origin.is_trusted())).or_default();
+        if *kind >= DISTINCT_PER_KIND {
+            self.dropped = self.dropped.saturating_add(line.count.max(1));
+            return;
+        }
+        *kind += 1;
+        self.index.insert(key, self.lines.len());
+        self.lines.push(line.clone());
+    }
+
+    /// Every line it stands for, kept or folded (not the dropped ones).
+    pub fn total(&self) -> u64 {
+        self.lines.iter().map(|l| l.count.max(1)).fold(0, u64::saturating_add)
+    }
+
+    /// Lines whose last time is before `horizon` leave (a daemon's window).
+    pub fn forget_before(&mut self, horizon: u64) {
+        if self.lines.iter().all(|l| l.last_ns() >= horizon) {
+            return;
+        }
+        self.lines.retain(|l| l.last_ns() >= horizon);
+        self.index = self.lines.iter().enumerate().map(|(i, l)| (l.fold_key(), i)).collect();
+        self.per_kind.clear();
+        for l in &self.lines {
+            *self.per_kind.entry((l.what, l.origin.is_trusted())).or_default() += 1;
+        }
+    }
+
+    /// The folded lines, leaving it empty (its sequence and counts go on).
+    pub fn take_lines(&mut self) -> Vec<KernelLogLine> {
+        self.index.clear();
+        self.per_kind.clear();
+        std::mem::take(&mut self.lines)
     }
 }
 
@@ -136,5 +289,89 @@ mod tests {
         assert_eq!(xid_meaning(13).0, XidSide::Application);
         assert_eq!(xid_meaning(45).0, XidSide::Consequence);
         assert_eq!(xid_meaning(9999).0, XidSide::Driver);
+    }
+
+    fn xid(seq: u64, pid: u32, text: &str, origin: LogOrigin) -> KernelLogLine {
+        KernelLogLine {
+            t_ns: seq * 10,
+            seq,
+            what: LogWhat::GpuXid,
+            pid: Some(pid),
+            comm: None,
+            device: Some("0000:3b:00".into()),
+            xid: Some(79),
+            text: text.into(),
+            origin,
+            count: 1,
+            last_t_ns: None,
+        }
+    }
+
+    #[test]
+    fn repeated_lines_fold_into_one_with_their_count_and_last_time() {
+        let mut log = KernelLog::default();
+        for seq in 1..=1000 {
+            // The same line but for its numbers: one line, counted.
+            log.apply(&xid(seq, 7, &format!("NVRM: Xid 79, pid=7, try {seq}"), LogOrigin::Kernel));
+        }
+        assert_eq!(log.lines.len(), 1);
+        let l = &log.lines[0];
+        assert_eq!((l.count, l.t_ns, l.last_ns(), l.seq), (1000, 10, 10_000, 1));
+        assert_eq!(l.text, "NVRM: Xid 79, pid=7, try 1", "the first line's own text");
+        // Another pid, or user space's line, is another line.
+        log.apply(&xid(1001, 8, "NVRM: Xid 79, pid=8, try 1", LogOrigin::Kernel));
+        log.apply(&xid(1002, 7, "NVRM: Xid 79, pid=7, try 1", LogOrigin::UserSpace));
+        assert_eq!(log.lines.len(), 3);
+        assert_eq!(log.total(), 1002);
+        // The same record again (a replay) is not counted twice.
+        log.apply(&xid(1002, 7, "NVRM: Xid 79, pid=7, try 1", LogOrigin::UserSpace));
+        assert_eq!(log.total(), 1002);
+    }
+
+    #[test]
+    fn distinct_lines_are_capped_per_kind_and_the_rest_counted() {
+        let mut log = KernelLog::default();
+        // A flood of distinct lines (each naming another pid) from user space ...
+        for seq in 0..10_000u64 {
+            let pid = seq as u32;
+            log.apply(&xid(seq, pid, "x", LogOrigin::UserSpace));
+        }
+        assert_eq!(log.lines.len(), DISTINCT_PER_KIND);
+        assert_eq!(log.dropped, 10_000 - DISTINCT_PER_KIND as u64);
+        // ... crowds out neither the kernel's own Xid lines nor another kind.
+        log.apply(&xid(20_000, 1, "x", LogOrigin::Kernel));
+        let mut hung = xid(20_001, 1, "INFO: task a:1 blocked", LogOrigin::UserSpace);
+        hung.what = LogWhat::HungTask;
+        log.apply(&hung);
+        assert_eq!(log.lines.len(), DISTINCT_PER_KIND + 2);
+        // A folded batch's line keeps its count.
+        let mut batch = xid(20_002, 1, "x", LogOrigin::Kernel);
+        batch.count = 500;
+        batch.last_t_ns = Some(300_000);
+        log.apply(&batch);
+        let k = log.lines.iter().find(|l| l.origin == LogOrigin::Kernel).unwrap();
+        assert_eq!((k.count, k.last_ns()), (501, 300_000));
+        // A daemon's window: lines last seen before the horizon leave, and make room.
+        log.forget_before(250_000);
+        assert_eq!(log.lines.len(), 1);
+        log.apply(&xid(30_000, 99_999, "x", LogOrigin::UserSpace));
+        assert_eq!(log.lines.len(), 2);
+    }
+
+    #[test]
+    fn the_facility_says_who_wrote_the_line() {
+        assert_eq!(LogOrigin::of_facility(0, false), LogOrigin::Kernel);
+        assert_eq!(LogOrigin::of_facility(0, true), LogOrigin::Kernel);
+        assert_eq!(LogOrigin::of_facility(1, false), LogOrigin::UserSpace);
+        assert_eq!(LogOrigin::of_facility(3, true), LogOrigin::UserSpaceTrusted);
+        assert!(!LogOrigin::UserSpace.is_trusted() && LogOrigin::UserSpaceTrusted.is_trusted());
+        // Older recordings say nothing of it: the kernel's, one line.
+        let old: KernelLogLine = serde_json::from_str(
+            r#"{"t_ns":1,"seq":2,"what":"gpu_xid","xid":79,"text":"NVRM: Xid"}"#,
+        )
+        .unwrap();
+        assert_eq!((old.origin, old.count, old.last_ns()), (LogOrigin::Kernel, 1, 1));
+        let json = serde_json::to_string(&old).unwrap();
+        assert!(!json.contains("origin") && !json.contains("count"), "{json}");
     }
 }

@@ -141,7 +141,10 @@ impl Model {
             Sample::RecordingGap { lines, .. } => self.host.recording_gap_lines += lines,
             Sample::Fold { pids, .. } => self.fold(pids),
             Sample::KernelLog(line) => self.kernel_log.apply(line),
-            Sample::KernelLogMissed { records, .. } => self.kernel_log.missed += records,
+            Sample::KernelLogMissed { records, dropped, .. } => {
+                self.kernel_log.missed = self.kernel_log.missed.saturating_add(*records);
+                self.kernel_log.dropped = self.kernel_log.dropped.saturating_add(*dropped);
+            }
             Sample::Final { pids, .. } => {
                 for pid in pids {
                     if let Some(p) = self.procs.get_mut(pid) {

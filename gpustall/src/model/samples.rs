@@ -280,11 +280,18 @@ pub enum Sample {
     /// A line of the kernel log that matters to a verdict (`model::kernlog`).
     KernelLog(crate::model::kernlog::KernelLogLine),
     /// Records of the kernel log the reader missed since the last such sample (overwritten in
-    /// the kernel's buffer before it read them).
+    /// the kernel's buffer before it read them), and kept lines it dropped (past the cap of
+    /// distinct lines, `model::kernlog::DISTINCT_PER_KIND`).
     KernelLogMissed {
         t_ns: u64,
         records: u64,
+        #[serde(default, skip_serializing_if = "is_zero")]
+        dropped: u64,
     },
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl Sample {

@@ -59,7 +59,44 @@ pub struct Summary {
     /// GPU stall episodes (utilisation at or under the threshold for the window).
     pub stalls: Vec<crate::model::gpu::StallEpisode>,
     pub context: ContextSummary,
+    /// The kernel log's kept lines, as counts (the lines themselves are in the verdict's
+    /// evidence, the first few, and in the recording).
+    pub kernel_log: KernelLogSummary,
     pub verdict: Verdict,
+}
+
+/// How much of the kernel log mattered, folded and bounded (`model::kernlog::KernelLog`).
+#[derive(Serialize, Debug, Clone, Default, PartialEq, Eq)]
+pub struct KernelLogSummary {
+    /// Kept lines, every repeat counted.
+    pub lines: u64,
+    /// Distinct lines they fold into (the same line but for its numbers is one).
+    pub distinct: u64,
+    /// Of `lines`, those user space wrote into the log (not the kernel's; counted as the
+    /// kernel's under `--trust-user-kernel-log` but counted here all the same).
+    pub from_user_space: u64,
+    /// Lines not kept: unlike every kept one, past the cap of distinct lines of their kind.
+    pub dropped: u64,
+    /// Records the reader found overwritten before it read them.
+    pub missed: u64,
+}
+
+impl KernelLogSummary {
+    pub fn of(log: &crate::model::kernlog::KernelLog) -> Self {
+        use crate::model::kernlog::LogOrigin;
+        Self {
+            lines: log.total(),
+            distinct: log.lines.len() as u64,
+            from_user_space: log
+                .lines
+                .iter()
+                .filter(|l| l.origin != LogOrigin::Kernel)
+                .map(|l| l.count.max(1))
+                .sum(),
+            dropped: log.dropped,
+            missed: log.missed,
+        }
+    }
 }
 
 /// Exited processes of one role folded together (`model::folded`).
@@ -612,6 +649,7 @@ impl Summary {
             gpu: m.gpu.summary.clone(),
             stalls: m.gpu.stalls.clone(),
             context: context_summary(m),
+            kernel_log: KernelLogSummary::of(&m.kernel_log),
             verdict,
         }
     }

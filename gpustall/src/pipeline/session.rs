@@ -41,6 +41,9 @@ pub struct Session {
     pub undecodable: u64,
     /// Incidents since the caller last took them.
     pub incidents: Vec<Incident>,
+    /// The kernel log's GPU faults of the last read, folded (each with its count): the lines
+    /// behind its `GpuFault` incidents (`watch` counts them in its metrics).
+    pub logged_faults: Vec<crate::model::kernlog::KernelLogLine>,
     /// An incident arrived: sync the recording now.
     incident: bool,
     last_sync: Instant,
@@ -88,6 +91,7 @@ impl Session {
             full_counters: false,
             undecodable: 0,
             incidents: Vec::new(),
+            logged_faults: Vec::new(),
             incident: false,
             last_sync: Instant::now(),
             zombies: std::collections::HashSet::new(),
@@ -317,9 +321,10 @@ impl Session {
     }
 
     /// Follows the kernel log from now on; where it cannot be read, says so once (its verdicts,
-    /// a GPU's Xid faults, hung tasks, storage errors, are then not made).
-    pub fn follow_kernel_log(&mut self) {
-        match crate::sources::kmsg::KmsgReader::open() {
+    /// a GPU's Xid faults, hung tasks, storage errors, are then not made). `trust_user_space`
+    /// (`--trust-user-kernel-log`): lines user space writes into it count as the kernel's.
+    pub fn follow_kernel_log(&mut self, trust_user_space: bool) {
+        match crate::sources::kmsg::KmsgReader::open(trust_user_space) {
             Ok(r) => self.kmsg = Some(r),
             Err(e) => log::warn!(
                 "the kernel log is not read (/dev/kmsg: {e}): GPU Xid faults, hung tasks and storage errors it reports are not looked for"
@@ -327,37 +332,42 @@ impl Session {
         }
     }
 
-    /// The kernel log's new lines that matter: a report naming a process (a hung task, a soft
-    /// lockup, an OOM kill) only when it is one of the traced tree's; the node's GPU, storage
-    /// and hardware errors always.
+    /// The kernel log's new lines that matter, folded: a report naming a process (a hung task,
+    /// a soft lockup, an OOM kill) only when it is one of the traced tree's; the node's GPU,
+    /// storage and hardware errors always.
     fn read_kernel_log(&mut self, now: u64) {
-        use crate::model::kernlog::LogWhat;
+        use crate::model::kernlog::{xid_meaning, LogWhat, XidSide};
+        self.logged_faults.clear();
         let Some(r) = self.kmsg.as_mut() else { return };
-        let lines = r.read();
-        let missed = std::mem::take(&mut r.missed);
-        for line in lines {
+        let tree = &self.model.tree;
+        let (lines, dropped) = r.read(|line| {
             let names_a_process = matches!(
                 line.what,
                 LogWhat::HungTask | LogWhat::SoftLockup | LogWhat::OomKill | LogWhat::OomCgroup
             );
-            if names_a_process && !line.pid.is_some_and(|p| self.model.tree.contains(p)) {
-                continue;
-            }
+            !names_a_process || line.pid.is_some_and(|p| tree.contains(p))
+        });
+        let missed = std::mem::take(&mut r.missed);
+        for line in lines {
             // A GPU fault is an incident (a bundle in `watch`, a synced recording): an Xid
-            // that only follows another fault (45, a cleanup) is not.
-            let fault = line.xid.map(crate::model::kernlog::xid_meaning);
-            if fault.is_some_and(|(side, _)| side != crate::model::kernlog::XidSide::Consequence) {
+            // that only follows another fault (45, a cleanup) is not, nor a line user space
+            // wrote.
+            let fault = line.xid.map(xid_meaning);
+            if line.origin.is_trusted()
+                && fault.is_some_and(|(side, _)| side != XidSide::Consequence)
+            {
                 self.incident = true;
                 self.incidents.push(Incident {
                     kind: IncidentKind::GpuFault,
                     t_ns: line.t_ns,
                     pid: line.pid.unwrap_or(0),
                 });
+                self.logged_faults.push(line.clone());
             }
             self.observe(Sample::KernelLog(line));
         }
-        if missed > 0 {
-            self.observe(Sample::KernelLogMissed { t_ns: now, records: missed });
+        if missed > 0 || dropped > 0 {
+            self.observe(Sample::KernelLogMissed { t_ns: now, records: missed, dropped });
         }
     }
 

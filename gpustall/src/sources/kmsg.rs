@@ -3,7 +3,11 @@
 //! Only the lines a verdict can use are kept ([`classify`]: a table of patterns over real
 //! kernel lines); everything else is dropped here and never recorded, since the log can hold
 //! other users' data. Records the reader missed (overwritten in the kernel's buffer before it
-//! read them: a gap in the sequence) are counted.
+//! read them: a gap in the sequence) are counted. A record's facility says who wrote it: the
+//! kernel (0), or user space (any other: /dev/kmsg forces one on what it is given), whose lines
+//! are kept as such and never taken for the kernel's ([`LogOrigin`]). A read's lines are
+//! folded as they come (`model::kernlog::KernelLog`): a flood of them is a few lines and
+//! counts.
 
 use std::fs::File;
 use std::io::{ErrorKind, Read as _, Seek as _, SeekFrom};
@@ -12,7 +16,10 @@ use std::sync::LazyLock;
 
 use regex::Regex;
 
-use crate::model::kernlog::{KernelLogLine, LogWhat};
+use crate::model::kernlog::{KernelLog, KernelLogLine, LogOrigin, LogWhat};
+
+/// Records read at most at open, to find the last one's sequence number.
+const OPEN_DRAIN_MAX: usize = 1_000_000;
 
 /// The longest text kept of a line.
 const TEXT_MAX: usize = 240;
@@ -20,6 +27,8 @@ const TEXT_MAX: usize = 240;
 /// A record's header and message: "PRI,SEQ,TS_USEC,FLAGS[,..];MESSAGE\n[ KEY=VALUE\n...]".
 #[derive(Debug, PartialEq, Eq)]
 pub struct Record<'a> {
+    /// The syslog facility (PRI >> 3): 0 is the kernel's own, any other user space's.
+    pub facility: u32,
     pub seq: u64,
     pub ts_usec: u64,
     pub message: &'a str,
@@ -29,11 +38,12 @@ pub struct Record<'a> {
 pub fn parse_record(text: &str) -> Option<Record<'_>> {
     let (head, rest) = text.split_once(';')?;
     let mut f = head.split(',');
-    let _prio: u32 = f.next()?.parse().ok()?;
+    // PRI = facility * 8 + level.
+    let prio: u32 = f.next()?.parse().ok()?;
     let seq = f.next()?.parse().ok()?;
     let ts_usec = f.next()?.parse().ok()?;
     let message = rest.split('\n').next().unwrap_or("");
-    Some(Record { seq, ts_usec, message })
+    Some(Record { facility: prio >> 3, seq, ts_usec, message })
 }
 
 /// /dev/kmsg writes bytes outside printable ASCII as `\xNN`; the text is kept as it came.
@@ -87,7 +97,8 @@ static PATTERNS: LazyLock<Vec<Pattern>> = LazyLock::new(|| {
     ]
 });
 
-/// The kept line a message is, or `None` (dropped). `t_ns` and `seq` are the record's.
+/// The kept line a message is, or `None` (dropped). `t_ns` and `seq` are the record's; the
+/// line is the kernel's (see [`KmsgReader::read`] for the origin).
 pub fn classify(message: &str, t_ns: u64, seq: u64) -> Option<KernelLogLine> {
     PATTERNS.iter().find_map(|p| {
         let c = p.re.captures(message)?;
@@ -105,6 +116,9 @@ pub fn classify(message: &str, t_ns: u64, seq: u64) -> Option<KernelLogLine> {
             device: text("dev"),
             xid: text("xid").and_then(|s| s.parse().ok()),
             text: message[..end].to_string(),
+            origin: LogOrigin::Kernel,
+            count: 1,
+            last_t_ns: None,
         })
     })
 }
@@ -112,6 +126,8 @@ pub fn classify(message: &str, t_ns: u64, seq: u64) -> Option<KernelLogLine> {
 /// Follows /dev/kmsg from the moment it is opened.
 pub struct KmsgReader {
     file: File,
+    /// `--trust-user-kernel-log`: user space's lines count as the kernel's.
+    trust_user_space: bool,
     /// The last sequence number read.
     last_seq: Option<u64>,
     /// Records missed so far.
@@ -119,20 +135,53 @@ pub struct KmsgReader {
 }
 
 impl KmsgReader {
-    /// Opens /dev/kmsg at its end (only what the kernel logs from now on). An error says why
-    /// the kernel log cannot be read (no /dev/kmsg in a container, CAP_SYSLOG, dmesg_restrict).
-    pub fn open() -> std::io::Result<Self> {
-        let mut file = std::fs::OpenOptions::new()
+    /// Opens /dev/kmsg at its end (only what the kernel logs from now on), knowing the last
+    /// record's sequence number, so that records overwritten before the first read are
+    /// counted too. An error says why the kernel log cannot be read (no /dev/kmsg in a
+    /// container, CAP_SYSLOG, dmesg_restrict).
+    pub fn open(trust_user_space: bool) -> std::io::Result<Self> {
+        let file = std::fs::OpenOptions::new()
             .read(true)
             .custom_flags(libc::O_NONBLOCK)
             .open("/dev/kmsg")?;
-        file.seek(SeekFrom::End(0))?;
-        Ok(Self { file, last_seq: None, missed: 0 })
+        let mut r = Self { file, trust_user_space, last_seq: None, missed: 0 };
+        // Read through what the buffer holds (from its oldest record, where a reader starts):
+        // a few thousand records once, for the last one's number, never classified.
+        let mut buf = vec![0u8; 8192];
+        let mut at_end = false;
+        for _ in 0..OPEN_DRAIN_MAX {
+            match r.file.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => {
+                    if let Some(rec) = parse_record(&String::from_utf8_lossy(&buf[..n])) {
+                        r.last_seq = Some(r.last_seq.map_or(rec.seq, |l| l.max(rec.seq)));
+                    }
+                }
+                Err(e) if e.raw_os_error() == Some(libc::EPIPE) => continue,
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    at_end = e.kind() == ErrorKind::WouldBlock;
+                    break;
+                }
+            }
+        }
+        if !at_end {
+            // Not at the end (a log flooding faster than it is read, an error): from the end,
+            // the first gap uncounted.
+            r.file.seek(SeekFrom::End(0))?;
+            r.last_seq = None;
+        }
+        Ok(r)
     }
 
-    /// Every record logged since the last call, the kept ones classified.
-    pub fn read(&mut self) -> Vec<KernelLogLine> {
-        let mut out = Vec::new();
+    /// Every record logged since the last call, the kept ones classified, those `keep` takes
+    /// folded (first seen first): the batch's lines, and how many were dropped (past the cap
+    /// of distinct lines, `model::kernlog::DISTINCT_PER_KIND`).
+    pub fn read(
+        &mut self,
+        mut keep: impl FnMut(&KernelLogLine) -> bool,
+    ) -> (Vec<KernelLogLine>, u64) {
+        let mut out = KernelLog::default();
         let mut buf = vec![0u8; 8192];
         // Bounded: a log flooding faster than this is read again next beat.
         for _ in 0..10_000 {
@@ -142,7 +191,13 @@ impl KmsgReader {
                     let text = String::from_utf8_lossy(&buf[..n]);
                     if let Some(r) = parse_record(&text) {
                         self.note_seq(r.seq);
-                        out.extend(classify(r.message, r.ts_usec.saturating_mul(1000), r.seq));
+                        let t_ns = r.ts_usec.saturating_mul(1000);
+                        if let Some(mut line) = classify(r.message, t_ns, r.seq) {
+                            line.origin = LogOrigin::of_facility(r.facility, self.trust_user_space);
+                            if keep(&line) {
+                                out.apply(&line);
+                            }
+                        }
                     }
                 }
                 // Overwritten before we read it: the reader moved to the oldest record kept;
@@ -156,7 +211,7 @@ impl KmsgReader {
                 }
             }
         }
-        out
+        (out.take_lines(), out.dropped)
     }
 
     fn note_seq(&mut self, seq: u64) {
@@ -186,12 +241,16 @@ mod tests {
         assert_eq!(
             r,
             Some(Record {
+                facility: 0,
                 seq: 1234,
                 ts_usec: 5678901,
                 message: "nfs: server nas1 not responding, still trying"
             })
         );
         assert_eq!(parse_record("garbage"), None);
+        // `<3>line` written to /dev/kmsg from user space: PRI 11, facility 1 (LOG_USER).
+        assert_eq!(parse_record("11,9,1,-;NVRM: Xid").map(|r| r.facility), Some(1));
+        assert_eq!(parse_record("30,9,1,-;x").map(|r| r.facility), Some(3));
     }
 
     /// Real lines, as the kernel and NVIDIA's driver print them.

@@ -80,6 +80,8 @@ pub struct WatchArgs {
     #[command(flatten)]
     gpu: crate::cmd::gpu::GpuArgs,
     #[command(flatten)]
+    kernel_log: crate::cmd::KernelLogArgs,
+    #[command(flatten)]
     otlp: otlp::OtlpArgs,
 }
 
@@ -97,6 +99,7 @@ impl WatchArgs {
             max_bundle_bytes: self.max_bundle_bytes,
             memory_budget: usize::try_from(self.memory_budget).unwrap_or(usize::MAX),
             scan_every: self.scan_every,
+            trust_user_kernel_log: self.kernel_log.trust_user_kernel_log,
             // A daemon samples less often and calls only long idle periods stalls (evaluation,
             // checkpointing and epoch ends idle a GPU for seconds).
             gpu: self.gpu.options(Duration::from_secs(1), Duration::from_secs(30)),
@@ -119,6 +122,8 @@ pub struct WatchOptions {
     pub memory_budget: usize,
     pub gpu: Option<GpuOptions>,
     pub scan_every: Duration,
+    /// `--trust-user-kernel-log`.
+    pub trust_user_kernel_log: bool,
     /// OTLP export, where asked.
     pub otlp: Option<otlp::OtlpOptions>,
 }
@@ -381,6 +386,13 @@ impl Daemon {
     }
 
     fn take_incidents(&mut self) {
+        // The kernel log's faults, folded: each line counts every line it stands for.
+        for l in std::mem::take(&mut self.session.logged_faults) {
+            if let Some(xid) = l.xid {
+                let bus = l.device.clone().unwrap_or_default();
+                self.metrics.gpu_xid(&bus, u64::from(xid), l.count.max(1));
+            }
+        }
         for inc in std::mem::take(&mut self.session.incidents) {
             let job = self.job_of(inc.pid).map(|j| j.name.clone()).unwrap_or_default();
             self.metrics.incident(inc.kind.as_str(), &job);
@@ -398,19 +410,17 @@ impl Daemon {
                 }
                 IncidentKind::GpuFault => {
                     let lines = &self.session.model.kernel_log.lines;
-                    for l in lines.iter().filter(|l| l.t_ns == inc.t_ns && l.xid.is_some()) {
-                        let bus = l.device.clone().unwrap_or_default();
-                        self.metrics.gpu_xid(&bus, u64::from(l.xid.unwrap_or(0)));
-                    }
                     // NVML's events, where the kernel log has no line for them.
                     let xids = &self.session.model.gpu.xids;
                     for x in xids.iter().filter(|x| x.t_ns == inc.t_ns) {
                         let logged = lines.iter().any(|l| {
-                            l.xid.map(u64::from) == Some(x.xid) && l.device == x.pci_bus_id
+                            l.origin.is_trusted()
+                                && l.xid.map(u64::from) == Some(x.xid)
+                                && l.device == x.pci_bus_id
                         });
                         if !logged {
                             let bus = x.pci_bus_id.clone().unwrap_or_default();
-                            self.metrics.gpu_xid(&bus, x.xid);
+                            self.metrics.gpu_xid(&bus, x.xid, 1);
                         }
                     }
                 }
@@ -588,6 +598,8 @@ impl Daemon {
     fn prune(&mut self, maps: &mut loader::KernelMaps, now: u64) {
         let mut defer_trim = false;
         let horizon = now.saturating_sub(self.opts.window.as_nanos() as u64);
+        // The kernel log's lines last seen before the window, as the flight recorder's.
+        self.session.model.kernel_log.forget_before(horizon);
         let gone: Vec<u32> = self
             .session
             .model
@@ -699,7 +711,7 @@ async fn setup(opts: WatchOptions) -> anyhow::Result<(Daemon, Probes, Rings, Opt
         opts.memory_budget,
     )));
     let mut session = Session::new(Model { start_ns: start, last_ns: start, ..Default::default() });
-    session.follow_kernel_log();
+    session.follow_kernel_log(opts.trust_user_kernel_log);
     session.recorder = Some(Box::new(FlightSink::new(flight.clone())));
     session.full_counters = true;
     let (gpu, gpu_header) = crate::cmd::gpu::open(opts.gpu.as_ref(), &mut session.model.gpu);

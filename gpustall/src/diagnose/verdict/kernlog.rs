@@ -1,13 +1,16 @@
 //! Verdicts from the kernel log (`model::kernlog`): a GPU or driver fault (an Xid), a task the
 //! kernel reports as hung, a storage error or a network filesystem that stopped answering.
-//! Each line kept also goes into every verdict's evidence ([`links`]), so that a fault that
-//! does not explain the stall is still in front of the reader.
+//! The first lines kept, and the verdict's own, also go into every verdict's evidence
+//! ([`links`]), so that a fault that does not explain the stall is still in front of the
+//! reader; the rest are counted there, not listed. Only the kernel's own lines (and user
+//! space's where `--trust-user-kernel-log` says so) make a verdict: a line any process can
+//! write into the log is shown as user space's.
 
-use super::evidence::{at, Chain};
+use super::evidence::{at, thousands, Chain};
 use super::rules::Ctx;
 use super::{Cause, Verdict};
 use crate::diagnose::facts::Facts;
-use crate::model::kernlog::{xid_meaning, KernelLogLine, LogWhat, XidSide};
+use crate::model::kernlog::{xid_meaning, KernelLogLine, LogOrigin, LogWhat, XidSide};
 
 fn advice_for(side: XidSide) -> &'static str {
     match side {
@@ -18,10 +21,53 @@ fn advice_for(side: XidSide) -> &'static str {
     }
 }
 
-/// Every kept kernel-log line as a link, and the records the reader missed.
-pub fn links(f: &Facts, chain: &mut Chain) {
+/// Kernel-log lines listed in a verdict's evidence at most, besides the verdict's own.
+pub const EVIDENCE_LINES: usize = 8;
+
+/// `+1.2s: the kernel log: "..." (20,000 lines like it, the last at +4.0s)`, or user space's.
+fn line_link(f: &Facts, l: &KernelLogLine) -> String {
+    let source = match l.origin {
+        LogOrigin::Kernel => "the kernel log",
+        LogOrigin::UserSpace => {
+            "written into the kernel log by user space (not the kernel's: no verdict rests on it)"
+        }
+        LogOrigin::UserSpaceTrusted => {
+            "written into the kernel log by user space, counted as the kernel's (--trust-user-kernel-log)"
+        }
+    };
+    let repeats = if l.count > 1 {
+        format!(" ({} lines like it, the last at {})", thousands(l.count), at(f, l.last_ns()))
+    } else {
+        String::new()
+    };
+    format!("{}: {source}: \"{}\"{repeats}", at(f, l.t_ns), l.text)
+}
+
+/// The first [`EVIDENCE_LINES`] kept kernel-log lines (each with its count), those `cited`
+/// (the verdict's own, by their first record's sequence number) whatever their place, and the
+/// rest counted in one link; the records the reader missed, and the lines it dropped.
+pub fn links(f: &Facts, cited: &[u64], chain: &mut Chain) {
+    let mut listed = 0;
+    let (mut rest_lines, mut rest_distinct, mut rest_last) = (0u64, 0u64, 0u64);
     for l in &f.kernel_log {
-        chain.push(l.t_ns, format!("{}: the kernel log: \"{}\"", at(f, l.t_ns), l.text));
+        if listed < EVIDENCE_LINES || cited.contains(&l.seq) {
+            chain.push(l.t_ns, line_link(f, l));
+            listed += 1;
+        } else {
+            rest_lines = rest_lines.saturating_add(l.count.max(1));
+            rest_distinct += 1;
+            rest_last = rest_last.max(l.last_ns());
+        }
+    }
+    if rest_lines > 0 {
+        chain.push(
+            rest_last,
+            format!(
+                "and {} more lines of the kernel log like these ({} distinct), not listed",
+                thousands(rest_lines),
+                thousands(rest_distinct)
+            ),
+        );
     }
     for x in &f.gpu_xids {
         chain.push(
@@ -34,19 +80,38 @@ pub fn links(f: &Facts, chain: &mut Chain) {
             f.start_ns,
             format!(
                 "{} records of the kernel log were overwritten before gpustall read them",
-                f.kernel_log_missed
+                thousands(f.kernel_log_missed)
+            ),
+        );
+    }
+    if f.kernel_log_dropped > 0 {
+        chain.push(
+            f.start_ns,
+            format!(
+                "{} lines of the kernel log were not kept: unlike every line kept, and of a kind gpustall had its {} distinct lines of already",
+                thousands(f.kernel_log_dropped),
+                crate::model::kernlog::DISTINCT_PER_KIND
             ),
         );
     }
 }
 
+/// The lines a verdict may rest on: the kernel's own (and user space's where trusted).
+pub(super) fn trusted(f: &Facts) -> impl Iterator<Item = &KernelLogLine> {
+    f.kernel_log.iter().filter(|l| l.origin.is_trusted())
+}
+
 fn of(f: &Facts, what: LogWhat) -> impl Iterator<Item = &KernelLogLine> {
-    f.kernel_log.iter().filter(move |l| l.what == what)
+    trusted(f).filter(move |l| l.what == what)
 }
 
 /// One GPU fault, from the driver's kernel-log line or NVML's event.
 struct Fault {
     t_ns: u64,
+    /// The kernel-log line's first record (`None`: NVML's event).
+    seq: Option<u64>,
+    /// The lines it stands for.
+    count: u64,
     xid: u32,
     side: XidSide,
     meaning: &'static str,
@@ -65,6 +130,8 @@ fn faults(f: &Facts) -> Vec<Fault> {
         let (side, meaning) = xid_meaning(xid);
         Some(Fault {
             t_ns: l.t_ns,
+            seq: Some(l.seq),
+            count: l.count.max(1),
             xid,
             side,
             meaning,
@@ -84,6 +151,8 @@ fn faults(f: &Facts) -> Vec<Fault> {
                 let (side, meaning) = xid_meaning(xid);
                 Fault {
                     t_ns: x.t_ns,
+                    seq: None,
+                    count: 1,
                     xid,
                     side,
                     meaning,
@@ -128,11 +197,9 @@ pub fn gpu_fault(c: &Ctx) -> Option<Verdict> {
         (Some(p), None) => format!(" in pid {p}"),
         _ => String::new(),
     };
-    let more = if faults.len() > 1 {
-        format!(" ({} Xid errors in all)", faults.len())
-    } else {
-        String::new()
-    };
+    let all: u64 = faults.iter().map(|x| x.count).sum();
+    let more =
+        if all > 1 { format!(" ({} Xid errors in all)", thousands(all)) } else { String::new() };
     let text = format!(
         "The GPU {} reported Xid {} {} at {}{by}: {}{more}. A GPU or driver fault stalls a job like a starved GPU does (utilisation at 0 %, the process alive); this one is on the {} side.",
         first.gpu,
@@ -148,7 +215,8 @@ pub fn gpu_fault(c: &Ctx) -> Option<Verdict> {
     );
     let culprits = first.pid.filter(|p| f.procs.iter().any(|q| q.pid == *p)).into_iter().collect();
     let advice = vec![advice_for(first.side).to_string()];
-    Some(c.verdict(Cause::GpuFault, text, culprits, c.chain(), advice))
+    let chain = c.chain_citing(&first.seq.into_iter().collect::<Vec<_>>());
+    Some(c.verdict(Cause::GpuFault, text, culprits, chain, advice))
 }
 
 /// The kernel's hung-task detector reported a process of the job.
@@ -186,13 +254,14 @@ pub fn hung_task(c: &Ctx) -> Option<Verdict> {
         at(f, first.t_ns)
     );
     let culprits = hung.iter().filter_map(|l| l.pid).collect();
-    Some(c.verdict(Cause::HungTask, text, culprits, c.chain(), vec![advice.to_string()]))
+    let chain = c.chain_citing(&[first.seq]);
+    Some(c.verdict(Cause::HungTask, text, culprits, chain, vec![advice.to_string()]))
 }
 
 /// Storage errors and unresponsive network filesystems, as "NAME (what)", first seen first.
 fn storage_troubles(f: &Facts) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
-    for l in &f.kernel_log {
+    for l in trusted(f) {
         let what = match l.what {
             LogWhat::IoError => "I/O errors",
             LogWhat::FsError => "filesystem errors",
@@ -215,15 +284,15 @@ fn storage_troubles(f: &Facts) -> Vec<String> {
 pub fn storage_error(c: &Ctx) -> Option<Verdict> {
     let f = c.f;
     let troubles = storage_troubles(f);
-    let first = f
-        .kernel_log
-        .iter()
+    let first = trusted(f)
         .find(|l| matches!(l.what, LogWhat::IoError | LogWhat::FsError | LogWhat::RemoteFsDown))?;
     let mut outage = String::new();
+    let mut cited = vec![first.seq];
     if first.what == LogWhat::RemoteFsDown {
-        let back = of(f, LogWhat::RemoteFsUp)
-            .find(|u| u.device == first.device && u.t_ns >= first.t_ns)
-            .map(|u| u.t_ns);
+        let back =
+            of(f, LogWhat::RemoteFsUp).find(|u| u.device == first.device && u.t_ns >= first.t_ns);
+        cited.extend(back.map(|u| u.seq));
+        let back = back.map(|u| u.t_ns);
         let secs = back.unwrap_or(f.end_ns).saturating_sub(first.t_ns) as f64 / 1e9;
         outage = match back {
             Some(_) => format!(" for {secs:.1} s, then answered again"),
@@ -236,5 +305,5 @@ pub fn storage_error(c: &Ctx) -> Option<Verdict> {
         at(f, first.t_ns)
     );
     let advice = vec!["check the device or the server the kernel names (dmesg -T around that time; smartctl or nvme smart-log for a local disk; the NFS or CIFS server and the network to it); move the job's data or checkpoints elsewhere until it is fixed".to_string()];
-    Some(c.verdict(Cause::StorageError, text, Vec::new(), c.chain(), advice))
+    Some(c.verdict(Cause::StorageError, text, Vec::new(), c.chain_citing(&cited), advice))
 }

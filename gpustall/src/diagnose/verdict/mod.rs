@@ -214,4 +214,6 @@ pub struct Verdict {
 }
 
 #[cfg(test)]
+mod kernlog_tests;
+#[cfg(test)]
 mod tests;

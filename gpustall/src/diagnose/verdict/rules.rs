@@ -58,10 +58,16 @@ impl<'a> Ctx<'a> {
 
     /// A chain that starts with the GPU stalls and the data_time rise.
     pub(super) fn chain(&self) -> Chain {
+        self.chain_citing(&[])
+    }
+
+    /// The same, listing the kernel-log lines `cited` (by their first record's sequence
+    /// number) whatever their place among the lines kept.
+    pub(super) fn chain_citing(&self, cited: &[u64]) -> Chain {
         let mut chain = Chain(Vec::new());
         super::evidence::stall_links(self.f, &mut chain);
         super::datawait::links(self.f, &mut chain);
-        super::kernlog::links(self.f, &mut chain);
+        super::kernlog::links(self.f, cited, &mut chain);
         chain
     }
 
@@ -221,8 +227,7 @@ fn memory_scope(f: &Facts) -> String {
 
 /// The memory cgroup the kernel's OOM report gives for a traced victim's kill.
 fn oom_cgroup_in_log(f: &Facts) -> Option<&str> {
-    f.kernel_log
-        .iter()
+    super::kernlog::trusted(f)
         .filter(|l| l.what == crate::model::kernlog::LogWhat::OomCgroup)
         .find(|l| f.oom_kills.iter().any(|o| Some(o.victim_pid) == l.pid))
         .and_then(|l| l.device.as_deref())

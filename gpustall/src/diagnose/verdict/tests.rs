@@ -7,7 +7,7 @@ use crate::diagnose::facts::{
 use crate::model::gpu::stall::Attribution;
 use crate::model::gpu::StallEpisode;
 
-const S: u64 = 1_000_000_000;
+pub(super) const S: u64 = 1_000_000_000;
 
 fn worker(pid: u32, i: usize, first_kb: u64, peak_kb: u64) -> ProcFacts {
     ProcFacts {
@@ -56,7 +56,7 @@ fn stall(start: u64, secs: u64, throttle: &[&str]) -> StallEpisode {
     }
 }
 
-fn memory_facts() -> Facts {
+pub(super) fn memory_facts() -> Facts {
     let mut f = base();
     let mut w1 = worker(11, 0, 40_960, 307_200);
     w1.reclaim_count = 500;
@@ -143,6 +143,9 @@ fn the_kernels_oom_report_names_a_cgroup_gpustall_did_not_read_in_time() {
         device: Some("/slurm_n/uid_0/job_7".into()),
         xid: None,
         text: "oom-kill:constraint=CONSTRAINT_MEMCG,...".into(),
+        origin: crate::model::kernlog::LogOrigin::Kernel,
+        count: 1,
+        last_t_ns: None,
     }];
     let v = decide(&f);
     assert!(
@@ -448,7 +451,7 @@ fn a_worker_dead_of_sigbus_with_a_small_dev_shm_is_a_bus_error_not_oom() {
 }
 
 /// A kept kernel-log line, as `sources::kmsg` classifies the real line `text`.
-fn log_line(t: u64, text: &str) -> crate::model::kernlog::KernelLogLine {
+pub(super) fn log_line(t: u64, text: &str) -> crate::model::kernlog::KernelLogLine {
     use crate::model::kernlog::{KernelLogLine, LogWhat};
     let (what, pid, comm, device, xid) = match text {
         t if t.contains("): 45,") => {
@@ -472,6 +475,9 @@ fn log_line(t: u64, text: &str) -> crate::model::kernlog::KernelLogLine {
         device: device.map(Into::into),
         xid,
         text: text.into(),
+        origin: crate::model::kernlog::LogOrigin::Kernel,
+        count: 1,
+        last_t_ns: None,
     }
 }
 

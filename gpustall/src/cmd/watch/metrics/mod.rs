@@ -553,10 +553,10 @@ impl Metrics {
         self.gpu_stall_episodes.get_or_create(gpu).inc();
     }
 
-    /// A GPU fault: Xid `xid` on the GPU at PCI `bus`.
-    pub fn gpu_xid(&self, bus: &str, xid: u64) {
+    /// GPU faults: Xid `xid` on the GPU at PCI `bus`, `times` times.
+    pub fn gpu_xid(&self, bus: &str, xid: u64, times: u64) {
         let labels = XidLabel { pci_bus_id: bus.to_string(), xid: xid.to_string() };
-        self.gpu_xid_errors.get_or_create(&labels).inc();
+        self.gpu_xid_errors.get_or_create(&labels).inc_by(times);
     }
 
     /// Takes the cumulative count of lost events and adds what is new. A smaller total means the

@@ -210,7 +210,7 @@ fn every_series() -> String {
     let gpu = GpuLabel { gpu: "0".into() };
     m.set_gpu(&gpu, 0.5, Some(60.0));
     m.gpu_stall(&gpu);
-    m.gpu_xid("0000:3b:00", 79);
+    m.gpu_xid("0000:3b:00", 79, 1);
     m.set_watched(1, 4);
     m.incident("oom_kill", "train-7");
     m.set_lost_events("bulk_ring", 1);
