@@ -9,6 +9,14 @@
       augmentation), with --workers DataLoader workers (persistent, fork). Each step waits
       --step-ms for "the GPU" (a sleep). mmengine's own log goes to stdout as it does on a
       console. Needs torch and mmengine: run it with the test venv's python.
+
+  mmengine_job.py oom --work-dir DIR [--workers 8] [--item-cpu-ms 150] [--grow-mib 2]
+                      [--batch 2] [--iters 100000] [--interval 2]
+      The same Runner, each worker keeping every sample it made in a cache of its own
+      (--grow-mib MiB each, written so the pages are real): the workers' memory grows with
+      every batch until the memory cgroup it runs in OOM-kills one, and the DataLoader raises
+      "DataLoader worker (pid N) is killed by signal: Killed". The incident that started
+      gpustall, on mmengine's own Runner.
 """
 import argparse
 import ctypes
@@ -19,14 +27,18 @@ PR_SET_NAME = 15
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("shape", choices=["cpu"])
+    p.add_argument("shape", choices=["cpu", "oom"])
     p.add_argument("--work-dir", required=True)
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--item-cpu-ms", type=float, default=60)
     p.add_argument("--step-ms", type=float, default=40)
     p.add_argument("--iters", type=int, default=150)
     p.add_argument("--interval", type=int, default=10)
+    p.add_argument("--grow-mib", type=float, default=2)
+    p.add_argument("--batch", type=int, default=None)
     a = p.parse_args()
+    if a.shape == "oom":
+        a.batch = a.batch or 2
 
     import torch
     import torch.nn as nn
@@ -51,6 +63,9 @@ def main():
     class Augmented(Dataset):
         """Decode and augment: CPU work in torch, on the worker's one thread."""
 
+        def __init__(self):
+            self.cache = []
+
         def __len__(self):
             return 1 << 20
 
@@ -61,6 +76,11 @@ def main():
             end = time.process_time() + a.item_cpu_ms / 1000
             while time.process_time() < end:
                 x = torch.tanh(x @ w + x)
+            if a.shape == "oom":
+                # The cache that grows: real pages, this worker's own.
+                kept = torch.empty(int(a.grow_mib * (1 << 20)) // 4, dtype=torch.float32)
+                kept.fill_(float(i))
+                self.cache.append(kept)
             return {"x": x.mean(dim=0), "y": torch.tensor(i % 10)}
 
     runner = Runner(
@@ -68,7 +88,7 @@ def main():
         work_dir=a.work_dir,
         train_dataloader=dict(
             dataset=Augmented(),
-            batch_size=1,
+            batch_size=a.batch or 1,
             num_workers=a.workers,
             persistent_workers=True,
             sampler=dict(type="DefaultSampler", shuffle=False),

@@ -144,13 +144,13 @@ impl JobReader {
         }
     }
 
-    /// Finds the job's memory cgroup again when its stand-in's membership changed. An exited
-    /// stand-in (a zombie) shows the root cgroup: its last one stands. Checked after the read,
+    /// Finds the job's memory cgroup again when its stand-in's membership changed. An exiting
+    /// or exited stand-in shows the root cgroup: its last one stands. Checked after the read,
     /// so an exit between the two cannot pass for a move.
     fn follow_cgroup(&mut self) {
         let pid = self.stand_in;
         let now = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok();
-        let alive = crate::sources::procfs::exists(pid) && !crate::sources::procfs::is_zombie(pid);
+        let alive = !crate::sources::procfs::is_ending(pid);
         if alive && now.is_some() && now != self.membership {
             self.cgroup = cgroup::memory_cgroup_dir(pid);
             self.membership = now;

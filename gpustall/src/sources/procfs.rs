@@ -62,6 +62,16 @@ pub fn is_zombie(pid: u32) -> bool {
         .is_ok_and(|s| s.state == 'Z' || s.state == 'X')
 }
 
+/// Gone, a zombie, or on its way out (PF_EXITING, set at the start of the kernel's `do_exit`).
+/// An exiting task is moved to the root cgroup before it becomes a zombie (`cgroup_exit`
+/// comes first): its /proc/PID/cgroup then says "/" while it still looks alive.
+pub fn is_ending(pid: u32) -> bool {
+    const PF_EXITING: u32 = 0x4;
+    procfs::process::Process::new(pid as i32)
+        .and_then(|p| p.stat())
+        .map_or(true, |s| s.state == 'Z' || s.state == 'X' || s.flags & PF_EXITING != 0)
+}
+
 /// Memory of one process, or `None` once it is gone (or a zombie without an mm). Read from
 /// /proc/PID/status and stat directly: the procfs crate opens the process directory and
 /// parses every line of both files into maps, several times the cost of the read itself.
