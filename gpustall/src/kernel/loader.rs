@@ -155,6 +155,7 @@ pub fn load(
     let mut ebpf = load_object(&kernel, typed_pair, options)?;
     let classic_inflight = typed_pair.then_some(inflight_entries(true).0);
     let attached = attach::attach_all(&mut ebpf, &kernel, options, classic_inflight)?;
+    crate::kernel::stats::log_verifier_costs(&ebpf, &attached.programs);
     let mut degraded = degradations(tracefs, &offsets, &layouts);
     degraded.extend(attached.degraded);
     let maps = KernelMaps::take(&mut ebpf)?;
