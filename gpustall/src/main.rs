@@ -147,10 +147,16 @@ gpustall completions zsh > \"${fpath[1]}/_gpustall\""
 /// Warnings read like gpustall's other notes (`gpustall: warning: ...`); the module path is
 /// shown only at the levels a developer asks for with RUST_LOG (info and below).
 fn init_log() {
+    use gpustall_common::names::LOG_TARGET;
     use std::io::Write as _;
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn"))
+    // The kernel side's own lines (`kernel::klog`) only when RUST_LOG asks for them.
+    let default = format!("warn,{LOG_TARGET}=off");
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(default))
         .format(|f, r| match r.level() {
             log::Level::Error => writeln!(f, "gpustall: error: {}", r.args()),
+            log::Level::Warn if r.target() == LOG_TARGET => {
+                writeln!(f, "gpustall: warning [{LOG_TARGET}]: {}", r.args())
+            }
             log::Level::Warn => writeln!(f, "gpustall: warning: {}", r.args()),
             level => writeln!(f, "gpustall: {level} [{}]: {}", r.target(), r.args()),
         })
