@@ -3,6 +3,10 @@
 //! global the loader rewrites. The agent looks everything up by these; a unit test in the agent
 //! checks each one against the built object, so a rename on one side fails the build's tests.
 
+/// The `log` target of the kernel side's own lines (aya-log): `RUST_LOG=gpustall::ebpf=debug`
+/// turns them on; without it the programs do not even format them.
+pub const LOG_TARGET: &str = "gpustall::ebpf";
+
 /// Map names.
 pub mod maps {
     pub const TRACKED: &str = "TRACKED";

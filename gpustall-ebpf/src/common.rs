@@ -15,6 +15,8 @@ use gpustall_common::{
     task::{TaskOffsets, UNKNOWN as TASK_UNKNOWN},
 };
 
+use crate::diag::kwarn;
+
 /// Written by the agent before load (`EbpfLoader::set_global`).
 #[unsafe(no_mangle)]
 pub static OFFSETS: TracepointOffsets = TracepointOffsets::missing();
@@ -158,6 +160,7 @@ pub fn track(tgid: u32) {
     // Not a new key: there already (reset it), or the map is full.
     if TRACKED.insert(tgid, 1, BPF_EXIST).is_err() {
         add_lost(LostCounter::MapFull);
+        kwarn!("TRACKED is full: process {} is not followed", tgid);
     }
     hint_add(&TRACKED_HINT, tgid, u64::MAX);
 }
@@ -221,7 +224,8 @@ pub enum Wake {
     Later,
 }
 
-/// Puts one record in the critical ring, counting it as lost when the ring is full.
+/// Puts one record in the critical ring, counting it as lost when the ring is full. Only the
+/// process family's programs use it, none of them hot: the loss is logged too.
 #[inline(always)]
 pub fn emit<T: 'static>(value: T, wake: Wake) {
     match CRITICAL.reserve::<T>(0) {
@@ -237,15 +241,19 @@ pub fn emit<T: 'static>(value: T, wake: Wake) {
             };
             entry.submit(flags);
         }
-        None => add_lost(LostCounter::CriticalRing),
+        None => {
+            add_lost(LostCounter::CriticalRing);
+            kwarn!("the critical ring is full: a process record is lost");
+        }
     }
 }
 
 /// Puts one record in the bulk ring without waking the agent, which drains it on a short timer:
 /// a wakeup is an interrupt to the agent's CPU per record (in a VM, an exit to the hypervisor),
 /// which under a reclaim storm costs more than the record. Once the ring is half full, wake it.
+/// False when the ring was full (counted as lost): a caller off the hot paths logs it.
 #[inline(always)]
-pub fn emit_bulk<T: 'static>(value: T) {
+pub fn emit_bulk<T: 'static>(value: T) -> bool {
     match BULK.reserve::<T>(0) {
         Some(mut entry) => {
             entry.write(value);
@@ -255,8 +263,12 @@ pub fn emit_bulk<T: 'static>(value: T) {
                 BPF_RB_NO_WAKEUP
             };
             entry.submit(flags);
+            true
         }
-        None => add_lost(LostCounter::BulkRing),
+        None => {
+            add_lost(LostCounter::BulkRing);
+            false
+        }
     }
 }
 
@@ -312,12 +324,17 @@ pub fn atomic_add(p: *mut u64, n: u64) {
     unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(p, n) };
 }
 
-/// Adds to fields of a process's counters: `proc_add!(tgid, field += n, ...)`.
+/// Adds to fields of a process's counters: `proc_add!(tgid, field += n, ...)`; false when the
+/// map was full (counted as lost): a caller off the hot paths logs it.
 macro_rules! proc_add {
     ($tgid:expr, $($f:ident += $n:expr),+ $(,)?) => {
-        if let Some(p) = $crate::common::shared_value(&$crate::common::PROC_COUNTERS, &$tgid) {
-            // SAFETY: `p` is a live map value; `&raw mut` makes no reference to it.
-            $( $crate::common::atomic_add(unsafe { &raw mut (*p).$f }, $n); )+
+        match $crate::common::shared_value(&$crate::common::PROC_COUNTERS, &$tgid) {
+            Some(p) => {
+                // SAFETY: `p` is a live map value; `&raw mut` makes no reference to it.
+                $( $crate::common::atomic_add(unsafe { &raw mut (*p).$f }, $n); )+
+                true
+            }
+            None => false,
         }
     };
 }

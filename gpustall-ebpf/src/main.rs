@@ -16,6 +16,7 @@
 
 mod block;
 mod common;
+mod diag;
 mod process;
 mod reclaim;
 mod sched;

@@ -10,9 +10,12 @@ use gpustall_common::events::{
     EventKind, ExecEvent, ExitEvent, ForkEvent, OomVictimEvent, RenameEvent, SignalEvent, SI_KERNEL,
 };
 
-use crate::common::{
-    comm_field, data_loc_str, emit, field, header, is_tracked, kread, offset, pid_tgid,
-    task_offset, Wake, RECLAIM_START,
+use crate::{
+    common::{
+        comm_field, data_loc_str, emit, field, header, is_tracked, kread, offset, pid_tgid,
+        task_offset, Wake, RECLAIM_START,
+    },
+    diag::kdebug,
 };
 
 const CLONE_THREAD: u64 = 0x0001_0000;
@@ -75,7 +78,10 @@ pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
             aya_ebpf::helpers::bpf_probe_read_kernel(task.add(off as usize) as *const u32)
         } {
             Ok(v) => (v, 1),
-            Err(_) => (0, 0),
+            Err(_) => {
+                kdebug!("the exit code of process {} is unreadable: sent as unknown", tgid);
+                (0, 0)
+            }
         }
     };
     emit(
@@ -102,7 +108,16 @@ fn group_dead(ctx: &TracePointContext, tgid: u32, tid: u32) -> bool {
         .and_then(|signal| kread::<i32>(signal as *const u8, task_offset!(signal_live)));
     match live {
         Some(n) => n <= 0,
-        None => tid == tgid,
+        None => {
+            // BTF gave the offsets, yet the read failed (without them the loader says so).
+            if task_offset!(signal_live) != gpustall_common::task::UNKNOWN {
+                kdebug!(
+                    "signal->live of process {} is unreadable: its leader's exit ends it",
+                    tgid
+                );
+            }
+            tid == tgid
+        }
     }
 }
 

@@ -13,9 +13,12 @@ use gpustall_common::{
     reclaim::{on_begin, on_end, on_kswapd_wake, EndOutcome, ReclaimKind},
 };
 
-use crate::common::{
-    add_per_cpu, emit_bulk, field, header, header_at, is_tracked, offset, pid_tgid, proc_add, HOST,
-    RECLAIM_START,
+use crate::{
+    common::{
+        add_lost, add_per_cpu, emit_bulk, field, header, header_at, is_tracked, offset, pid_tgid,
+        proc_add, HOST, RECLAIM_START,
+    },
+    diag::{kdebug, kwarn},
 };
 
 /// A begin always starts a new episode (see `on_begin`): no lookup of what was there.
@@ -24,7 +27,8 @@ fn begin(kind: ReclaimKind) -> u32 {
     let (_, tid) = pid_tgid();
     let next = on_begin(kind, unsafe { bpf_ktime_get_ns() });
     if RECLAIM_START.insert(tid, next, 0).is_err() {
-        crate::common::add_lost(LostCounter::MapFull);
+        add_lost(LostCounter::MapFull);
+        kwarn!("RECLAIM_START is full: a reclaim of thread {} is not timed", tid);
     }
     0
 }
@@ -37,7 +41,10 @@ fn end(nr_reclaimed: impl FnOnce() -> u64) -> u32 {
     let existing = unsafe { RECLAIM_START.get(tid) }.copied();
     let now = unsafe { bpf_ktime_get_ns() };
     let (kind, start_ns, duration_ns) = match on_end(existing.as_ref(), now) {
-        EndOutcome::Unmatched => return 0,
+        EndOutcome::Unmatched => {
+            kdebug!("a reclaim of thread {} ends without its begin: not timed", tid);
+            return 0;
+        }
         EndOutcome::Complete { kind, start_ns, duration_ns } => (kind, start_ns, duration_ns),
     };
     let _ = RECLAIM_START.remove(tid);
@@ -48,22 +55,25 @@ fn end(nr_reclaimed: impl FnOnce() -> u64) -> u32 {
     if is_tracked(tgid) {
         let nr_reclaimed = nr_reclaimed();
         // One lookup of the process's counters for all three adds.
-        if kind == ReclaimKind::Memcg as u32 {
+        let counted = if kind == ReclaimKind::Memcg as u32 {
             proc_add!(
                 tgid,
                 memcg_reclaim_count += 1,
                 memcg_reclaim_ns += duration_ns,
                 reclaimed_pages += nr_reclaimed
-            );
+            )
         } else {
             proc_add!(
                 tgid,
                 direct_reclaim_count += 1,
                 direct_reclaim_ns += duration_ns,
                 reclaimed_pages += nr_reclaimed
-            );
+            )
+        };
+        if !counted {
+            kwarn!("PROC_COUNTERS is full: a reclaim of process {} is not counted", tgid);
         }
-        emit_bulk(ReclaimEvent {
+        let sent = emit_bulk(ReclaimEvent {
             header: header_at(EventKind::Reclaim, tgid, tid, now),
             kind,
             _pad: 0,
@@ -71,6 +81,9 @@ fn end(nr_reclaimed: impl FnOnce() -> u64) -> u32 {
             duration_ns,
             nr_reclaimed,
         });
+        if !sent {
+            kwarn!("the bulk ring is full: a reclaim record of process {} is lost", tgid);
+        }
     } else if kind == ReclaimKind::Memcg as u32 {
         add_per_cpu(&HOST, HostCounter::OtherMemcgReclaimCount as u32, 1);
         add_per_cpu(&HOST, HostCounter::OtherMemcgReclaimNs as u32, duration_ns);
@@ -125,7 +138,10 @@ pub fn mm_vmscan_kswapd_wake(_ctx: TracePointContext) -> u32 {
     // SAFETY: the value is copied out at once.
     let existing = unsafe { RECLAIM_START.get(tid) }.copied();
     if let Some(start) = on_kswapd_wake(existing.as_ref(), unsafe { bpf_ktime_get_ns() }) {
-        let _ = RECLAIM_START.insert(tid, start, 0);
+        if RECLAIM_START.insert(tid, start, 0).is_err() {
+            add_lost(LostCounter::MapFull);
+            kwarn!("RECLAIM_START is full: kswapd {} is not timed", tid);
+        }
     }
     0
 }
@@ -135,18 +151,23 @@ pub fn mm_vmscan_kswapd_sleep(_ctx: TracePointContext) -> u32 {
     let (tgid, tid) = pid_tgid();
     // SAFETY: the value is copied out at once.
     let existing = unsafe { RECLAIM_START.get(tid) }.copied();
-    if let EndOutcome::Complete { kind, start_ns, duration_ns } =
+    let EndOutcome::Complete { kind, start_ns, duration_ns } =
         on_end(existing.as_ref(), unsafe { bpf_ktime_get_ns() })
-    {
-        let _ = RECLAIM_START.remove(tid);
-        emit_bulk(ReclaimEvent {
-            header: header(EventKind::Reclaim, tgid, tid),
-            kind,
-            _pad: 0,
-            start_ns,
-            duration_ns,
-            nr_reclaimed: 0,
-        });
+    else {
+        kdebug!("kswapd {} sleeps without its wake: not timed", tid);
+        return 0;
+    };
+    let _ = RECLAIM_START.remove(tid);
+    let sent = emit_bulk(ReclaimEvent {
+        header: header(EventKind::Reclaim, tgid, tid),
+        kind,
+        _pad: 0,
+        start_ns,
+        duration_ns,
+        nr_reclaimed: 0,
+    });
+    if !sent {
+        kwarn!("the bulk ring is full: a kswapd record is lost");
     }
     0
 }
@@ -238,13 +259,18 @@ pub fn mm_vmscan_throttled(ctx: TracePointContext) -> u32 {
         return 0;
     }
     let delayed: i32 = field(&ctx, offset!(throttled_usec_delayed)).unwrap_or(0);
-    proc_add!(tgid, throttled_count += 1, throttled_us += delayed.max(0) as u64);
-    emit_bulk(ThrottledEvent {
+    if !proc_add!(tgid, throttled_count += 1, throttled_us += delayed.max(0) as u64) {
+        kwarn!("PROC_COUNTERS is full: a throttling of process {} is not counted", tgid);
+    }
+    let sent = emit_bulk(ThrottledEvent {
         header: header(EventKind::Throttled, tgid, tid),
         usec_timeout: field(&ctx, offset!(throttled_usec_timeout)).unwrap_or(0),
         usec_delayed: delayed,
         reason: field(&ctx, offset!(throttled_reason)).unwrap_or(0),
         nid: field(&ctx, offset!(throttled_nid)).unwrap_or(0),
     });
+    if !sent {
+        kwarn!("the bulk ring is full: a throttling record of process {} is lost", tgid);
+    }
     0
 }

@@ -150,6 +150,7 @@ gpustall completions zsh > \"${fpath[1]}/_gpustall\""
 /// Warnings read like gpustall's other notes (`gpustall: warning: ...`); the module path is
 /// shown only at the levels a developer asks for with RUST_LOG (info and below).
 fn init_log() {
+    use gpustall_common::names::LOG_TARGET;
     use std::io::Write as _;
     let asked = std::env::var("RUST_LOG").unwrap_or_default();
     env_logger::Builder::new()
@@ -160,6 +161,9 @@ fn init_log() {
             let text = model::untrusted::one_line(&text);
             match r.level() {
                 log::Level::Error => writeln!(f, "gpustall: error: {text}"),
+                log::Level::Warn if r.target() == LOG_TARGET => {
+                    writeln!(f, "gpustall: warning [{LOG_TARGET}]: {text}")
+                }
                 log::Level::Warn => writeln!(f, "gpustall: warning: {text}"),
                 level => writeln!(f, "gpustall: {level} [{}]: {text}", r.target()),
             }
@@ -167,11 +171,16 @@ fn init_log() {
         .init();
 }
 
-/// The log filter for RUST_LOG `asked` (warnings by default). The HTTP client's own logs stay
-/// at info unless asked for by name (`RUST_LOG=trace,ureq_proto=trace`): at debug and trace it
+/// The log filter for RUST_LOG `asked`: by default warnings, without the kernel side's own
+/// lines (`kernel::klog`), which only RUST_LOG turns on. The HTTP client's own logs stay at
+/// info unless asked for by name (`RUST_LOG=trace,ureq_proto=trace`): at debug and trace it
 /// dumps each request's bytes, and with them the OTLP headers' tokens.
 fn log_filters(asked: &str) -> String {
-    let mut filters = if asked.trim().is_empty() { "warn".to_string() } else { asked.to_string() };
+    let mut filters = if asked.trim().is_empty() {
+        format!("warn,{}=off", gpustall_common::names::LOG_TARGET)
+    } else {
+        asked.to_string()
+    };
     for wire in ["ureq", "ureq_proto"] {
         let named = filters.split(',').any(|d| d.trim().split('=').next() == Some(wire));
         if !named {
@@ -233,7 +242,7 @@ mod log_tests {
     /// The HTTP client's wire dumps are off at any level unless named.
     #[test]
     fn wire_dumps_need_their_crate_named() {
-        assert_eq!(super::log_filters(""), "warn,ureq=info,ureq_proto=info");
+        assert_eq!(super::log_filters(""), "warn,gpustall::ebpf=off,ureq=info,ureq_proto=info");
         assert_eq!(super::log_filters("trace"), "trace,ureq=info,ureq_proto=info");
         assert_eq!(
             super::log_filters("trace,ureq_proto=trace"),

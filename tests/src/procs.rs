@@ -183,7 +183,9 @@ impl Tracer {
         Self::launch(cmd, pid, extra, &[])
     }
 
-    fn launch(mut cmd: Command, pid: u32, extra: &[&str], env: &[(&str, &str)]) -> Self {
+    /// As [`Tracer::start_with_env`], with gpustall run as `cmd` (its environment set by the
+    /// caller: `env_remove("RUST_LOG")` for a trace that must not inherit the test's).
+    pub fn launch(mut cmd: Command, pid: u32, extra: &[&str], env: &[(&str, &str)]) -> Self {
         let dir = TempDir::new("trace");
         cmd.arg("trace")
             .arg("--pid")

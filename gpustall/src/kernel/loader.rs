@@ -152,11 +152,16 @@ pub fn load(
     // Requests in flight wait in the typed programs' slots or the classic programs' hash: the
     // one that will not be used is made small (kernel memory, `kernel::mapmem`).
     let typed_pair = !options.classic_only && attach::typed_requests_expected(&kernel);
-    let mut ebpf = load_object(&kernel, typed_pair, options)?;
+    let log_level = crate::kernel::klog::requested_level();
+    let mut ebpf = load_object(&kernel, typed_pair, options, log_level)?;
     let classic_inflight = typed_pair.then_some(inflight_entries(true).0);
     let attached = attach::attach_all(&mut ebpf, &kernel, options, classic_inflight)?;
+    crate::kernel::stats::log_verifier_costs(&ebpf, &attached.programs);
     let mut degraded = degradations(tracefs, &offsets, &layouts);
     degraded.extend(attached.degraded);
+    if log_level != 0 {
+        crate::kernel::klog::start(&mut ebpf);
+    }
     let maps = KernelMaps::take(&mut ebpf)?;
     let critical = crate::kernel::maps::take(&mut ebpf, maps::CRITICAL)?;
     let bulk = crate::kernel::maps::take(&mut ebpf, maps::BULK)?;
@@ -192,11 +197,13 @@ fn tracepoint_offsets(
 }
 
 /// The object loaded (not yet attached) with the kernel's layouts in its globals and its maps
-/// sized: the in-flight request maps for the typed pair (`typed_pair`) or the classic one.
+/// sized: the in-flight request maps for the typed pair (`typed_pair`) or the classic one; the
+/// kernel side's own lines at `log_level` (0: off).
 fn load_object(
     kernel: &Kernel<'_>,
     typed_pair: bool,
     options: &LoadOptions,
+    log_level: u8,
 ) -> Result<Ebpf, LoadError> {
     let layouts = kernel.layouts;
     let mut loader = EbpfLoader::new();
@@ -209,6 +216,7 @@ fn load_object(
     loader.override_global(names::BLOCK_LAYOUT, &layouts.block, true);
     loader.override_global(names::SYSCALL_NR_OFFSET, &layouts.syscall_nr, true);
     loader.override_global(names::STACK_LAYOUT, &layouts.stack, true);
+    crate::kernel::klog::configure(&mut loader, &log_level);
     let (inflight, slots) = inflight_entries(typed_pair);
     loader.map_max_entries(maps::IO_INFLIGHT, inflight);
     loader.map_max_entries(maps::RQ_SLOTS, slots);

@@ -198,7 +198,8 @@ mod tests {
         assert_eq!(cpu_count("3-1"), None);
     }
 
-    /// The object's maps as the loader sizes them, with the typed request programs or without.
+    /// The object's maps as the loader sizes them, with the typed request programs or without
+    /// (and the kernel side's lines off, as unless RUST_LOG asks: aya-log's ring one page).
     fn loaded_maps(typed_pair: bool) -> Vec<(String, MapDef)> {
         let (inflight, slots) = crate::kernel::maps::inflight_entries(typed_pair);
         let mut maps = object_maps();
@@ -206,6 +207,7 @@ mod tests {
             match name.as_str() {
                 "IO_INFLIGHT" => m.max_entries = inflight,
                 "RQ_SLOTS" => m.max_entries = slots,
+                crate::kernel::klog::LOG_MAP => m.max_entries = PAGE as u32,
                 _ => {}
             }
         }

@@ -50,11 +50,11 @@ where
 /// Entries of `IO_INFLIGHT` and `RQ_SLOTS` when the typed request programs are (`true`) or
 /// are not expected to run. The hash keeps an eighth of its size beside the slots, for the
 /// classic programs should the typed ones fail to attach after all (said among degradations).
-/// The classic hash holds 12,288 requests of the job (with the front-merged ones it loses
+/// The classic hash holds 12,032 requests of the job (with the front-merged ones it loses
 /// until the agent's minute-old sweep): what fits the 16 MiB bound beside the other maps
-/// (`kernel::mapmem`).
+/// (`kernel::mapmem`), aya-log's ring at its one page (`kernel::klog`) included.
 pub(crate) const fn inflight_entries(typed_pair: bool) -> (u32, u32) {
-    const HASH: u32 = 12288;
+    const HASH: u32 = 12032;
     if typed_pair {
         (HASH / 8, gpustall_common::rqslot::RQ_SLOTS)
     } else {

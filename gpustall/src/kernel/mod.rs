@@ -9,6 +9,7 @@ pub mod btf;
 pub mod decode;
 pub mod folio;
 pub mod hint;
+pub mod klog;
 pub mod layouts;
 pub mod loader;
 pub mod mapmem;

@@ -338,6 +338,8 @@ mod tests {
             maps::WAKES,
             maps::SYSCALL_WAITS,
             maps::FEEDERS,
+            // aya-log-ebpf's, which the loader sizes and the logger reads.
+            crate::kernel::klog::LOG_MAP,
         ];
         for m in map_names {
             assert!(

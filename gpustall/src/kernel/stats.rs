@@ -29,6 +29,29 @@ pub fn program_stats(
     stats
 }
 
+/// What loading each attached program cost, at debug level (target `gpustall::kernel::stats`):
+/// the instructions the verifier walked (`verified_insns`, 5.16+) and the sizes of what it kept,
+/// translated and JIT-compiled. The per-program table of docs/HOW-IT-WORKS.md comes from it.
+pub fn log_verifier_costs(ebpf: &Ebpf, programs: &[&'static str]) {
+    if !log::log_enabled!(log::Level::Debug) {
+        return;
+    }
+    let mut costs: Vec<_> = ebpf
+        .programs()
+        .filter(|(name, _)| programs.contains(name))
+        .filter_map(|(name, p)| Some((name, p.info().ok()?)))
+        .collect();
+    costs.sort_by_key(|(name, _)| *name);
+    for (name, info) in costs {
+        log::debug!(
+            "program {name}: {} instructions verified, {} bytes translated, {} bytes JIT-compiled",
+            info.verified_instruction_count().unwrap_or(0),
+            info.size_translated().unwrap_or(0),
+            info.size_jitted(),
+        );
+    }
+}
+
 /// The runs of a program the kernel skipped because it was already running on that CPU: the
 /// `recursion_misses` line of its fdinfo (aya's program info does not carry it; 5.12+).
 fn recursion_misses(fd: std::os::fd::BorrowedFd<'_>) -> Option<u64> {
