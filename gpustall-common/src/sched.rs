@@ -395,6 +395,27 @@ pub fn wait_tail(w: &mut LogicalWait, ns: u64) {
     }
 }
 
+/// A reclaim of `ns` ended at `now` in a data waiter's thread, on a CPU since `on_cpu_since`.
+/// Reclaim runs on the CPU, in the allocating thread: where it came after the wait's batch and
+/// before the thread got back to work (receiving the batch: its pages, its tensors), the
+/// trainer still had no data to use, and its log's data_time counts it. It lasts the wait
+/// that long more and is not the thread's own work. Only its part in the current stretch on
+/// CPU counts: a sleep inside it was counted when it ended ([`wait_tail`]). Returns the
+/// time the thread's work on CPU is counted from.
+#[inline(always)]
+pub fn wait_reclaimed(w: &mut LogicalWait, on_cpu_since: u64, now: u64, ns: u64) -> u64 {
+    let on_cpu = now.saturating_sub(on_cpu_since);
+    let ns = ns.min(on_cpu);
+    let worked = (w.ran_ns as u64).saturating_add(on_cpu - ns);
+    let tail_open =
+        w.start_ns != 0 && w.data_end_ns != 0 && w.flags & WAIT_DONE == 0 && worked < WAIT_JOIN_NS;
+    if !tail_open {
+        return on_cpu_since;
+    }
+    w.tail_ns = w.tail_ns.saturating_add(ns.min(u32::MAX as u64) as u32);
+    on_cpu_since + ns
+}
+
 /// Closes the wait in progress (at a switch-out that ends it, or the thread's exit).
 #[inline(always)]
 pub fn wait_finish(w: &mut LogicalWait) -> Option<FinishedWait> {
@@ -836,6 +857,39 @@ mod tests {
             wait_switch_out(&mut w, Some(T0 + 23 * MS), T0 + 23 * MS + 100_000, state::WAIT, READ);
         wait_woken(&mut w, T0 + 90 * MS, READ, 9, 90, 0, 0);
         assert_eq!(wait_finish(&mut w).map(|f| (f.ns(), f.waker)), Some((90 * MS, 9)));
+    }
+
+    #[test]
+    fn reclaim_before_the_batch_is_used_is_part_of_the_wait() {
+        // Worker 7's batch at 50 ms; the trainer is on a CPU at 51 ms, runs 300 us, then
+        // reclaims 12 ms (memcg reclaim receiving the batch), runs 300 us more and sleeps.
+        let mut w = LogicalWait::default();
+        run(&mut w, &[(0, READ, 50 * MS, 7, 0, 0)]);
+        wait_tail(&mut w, MS);
+        let since = T0 + 51 * MS;
+        let now = since + 300_000 + 12 * MS;
+        let since = wait_reclaimed(&mut w, since, now, 12 * MS);
+        assert_eq!(since, T0 + 63 * MS, "the reclaim is not its work");
+        let f = wait_switch_out(&mut w, Some(since), now + 300_000, state::WAIT, SLEEP);
+        assert_eq!(f.map(|f| f.ns()), Some(63 * MS), "the batch came at 50, used after 13 ms");
+        // After a millisecond of its own work, a reclaim is the step's, not the wait's.
+        let mut w = LogicalWait::default();
+        run(&mut w, &[(0, READ, 50 * MS, 7, 0, 0)]);
+        let since = T0 + 50 * MS;
+        let now = since + 2 * MS + 5 * MS;
+        assert_eq!(wait_reclaimed(&mut w, since, now, 5 * MS), since);
+        let f = wait_switch_out(&mut w, Some(since), now, state::WAIT, SLEEP);
+        assert_eq!(f.map(|f| f.ns()), Some(50 * MS));
+        // A reclaim longer than this stretch on CPU (it slept inside): only the stretch counts.
+        let mut w = LogicalWait::default();
+        run(&mut w, &[(0, READ, 50 * MS, 7, 0, 0)]);
+        let since = T0 + 60 * MS;
+        assert_eq!(wait_reclaimed(&mut w, since, since + 2 * MS, 9 * MS), since + 2 * MS);
+        assert_eq!(w.tail_ns, 2_000_000);
+        // No batch yet: nothing to add to.
+        let mut w = LogicalWait::default();
+        assert_eq!(wait_reclaimed(&mut w, T0, T0 + MS, MS), T0);
+        assert_eq!(w.tail_ns, 0);
     }
 
     #[test]

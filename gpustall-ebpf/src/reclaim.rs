@@ -53,6 +53,7 @@ fn end(nr_reclaimed: impl FnOnce() -> u64) -> u32 {
         return 0;
     }
     if is_tracked(tgid) {
+        crate::sched::reclaimed(tid, now, duration_ns);
         let nr_reclaimed = nr_reclaimed();
         // One lookup of the process's counters for all three adds.
         let counted = if kind == ReclaimKind::Memcg as u32 {

@@ -21,10 +21,10 @@ use gpustall_common::{
     hint::HINT_SLOTS,
     sched::{
         busy_feeder, classify, consumer_wait, on_switch_in, on_waking, relay_charge, report_state,
-        state, wait_finish, wait_switch_out, wait_tail, wait_woken, wake_bucket, wrapping_us,
-        Feeders, FinishedWait, LogicalWait, OffCpuCounters, OffCpuThread, SchedOffsets,
-        StackLayout, WakeCounters, WakeKey, WakeOutcome, ACCOUNT, ACCOUNT_WAITS, FEEDER_SLOTS,
-        LONG_WAIT_NS, OFFCPU_PROCESSES, WAKE_BUCKETS,
+        state, wait_finish, wait_reclaimed, wait_switch_out, wait_tail, wait_woken, wake_bucket,
+        wrapping_us, Feeders, FinishedWait, LogicalWait, OffCpuCounters, OffCpuThread,
+        SchedOffsets, StackLayout, WakeCounters, WakeKey, WakeOutcome, ACCOUNT, ACCOUNT_WAITS,
+        FEEDER_SLOTS, LONG_WAIT_NS, OFFCPU_PROCESSES, WAKE_BUCKETS,
     },
     syscall::{x86_64_class, SyscallWaits, WaitClass, WAIT_CLASSES},
     task::UNKNOWN as TASK_UNKNOWN,
@@ -439,6 +439,25 @@ fn busy_feeder_of(tgid: u32, waker: u32, now: u64) -> u32 {
         }
     }
     0
+}
+
+/// A reclaim of `ns` that ended at `now` in thread `tid` (on its CPU): a data waiter's
+/// reclaim before it got back to work after its batch came lengthens its wait
+/// (`sched::wait_reclaimed`).
+#[inline(always)]
+pub fn reclaimed(tid: u32, now: u64, ns: u64) {
+    if !maybe_in(&ACCOUNTED_HINT, tid) {
+        return;
+    }
+    let Some(p) = OFFCPU_THREADS.get_ptr_mut(tid) else {
+        return;
+    };
+    // SAFETY: a live map value, written in place by the thread it is about, on its CPU.
+    unsafe {
+        if (*p).data_waiter != 0 && (*p).state == state::ON_CPU {
+            (*p).since_ns = wait_reclaimed(&mut (*p).wait, (*p).since_ns, now, ns);
+        }
+    }
 }
 
 /// A thread of a tracked process exits (its last switch-out may come after its process left

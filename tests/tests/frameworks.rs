@@ -11,12 +11,25 @@ use serde_json::Value;
 /// `gpustall trace --log LOG -- python mmengine_job.py ARGS` (the job's stdout, where
 /// mmengine logs, to LOG): the summary and the log's text.
 fn trace_mmengine(dir: &tests::TempDir, args: &[&str]) -> (Value, String) {
+    trace_mmengine_in(dir, args, None, 0)
+}
+
+/// As [`trace_mmengine`], the job moving itself into `cgroup` first (as a batch script does
+/// before it starts python), and ending with `code`.
+fn trace_mmengine_in(
+    dir: &tests::TempDir,
+    args: &[&str],
+    cgroup: Option<&tests::cgroup::MemCgroup>,
+    code: i32,
+) -> (Value, String) {
     let python = tests::torch_python();
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("py/mmengine_job.py");
     let (log, summary, work) = (dir.path("train.log"), dir.path("summary.json"), dir.path("work"));
     std::fs::write(&log, "").expect("the log");
+    let join = cgroup
+        .map_or(String::new(), |cg| format!("echo $$ > {}/cgroup.procs && ", cg.path.display()));
     let cmd = format!(
-        "exec {} -u {} {} --work-dir {} > {} 2>&1",
+        "{join}exec {} -u {} {} --work-dir {} > {} 2>&1",
         python.display(),
         script.display(),
         args.join(" "),
@@ -35,7 +48,7 @@ fn trace_mmengine(dir: &tests::TempDir, args: &[&str]) -> (Value, String) {
         .output()
         .expect("gpustall trace -- mmengine job");
     let text = std::fs::read_to_string(&log).unwrap_or_default();
-    assert_eq!(o.status.code(), Some(0), "{}\n{text}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(o.status.code(), Some(code), "{}\n{text}", String::from_utf8_lossy(&o.stderr));
     let s =
         serde_json::from_str(&std::fs::read_to_string(&summary).expect("summary")).expect("JSON");
     (s, text)
@@ -101,4 +114,47 @@ fn an_mmengine_log_whose_windows_overlap_is_read_back_exactly() {
         .sum();
     let (from_log, _) = parity(&s);
     eprintln!("the printed means x 5: {:.2} s, read back: {from_log:.2} s", printed * 5.0);
+}
+
+/// The incident that started gpustall, on mmengine's own Runner: 8 DataLoader workers on 2
+/// CPUs, each caching every sample it makes, in a 1400 MiB memory cgroup the job joins as it
+/// starts. The cgroup OOM-kills a worker and the DataLoader raises. The cgroup and its limit
+/// are the job's, the advice is a worker count under the 8 that ran out, and the trainer's
+/// wait for data is the log's data_time within 15 %, reclaim and the page faults of a job at
+/// its limit included.
+#[test]
+fn an_mmengine_runner_whose_workers_outgrow_its_cgroup_is_an_oom_with_a_worker_count() {
+    tests::require_privileged_env();
+    let _memory = tests::pressure_lock();
+    let _cpu = tests::cpu_lock();
+    let dir = tests::TempDir::new("mmengine-oom");
+    let cg = tests::cgroup::MemCgroup::new("mmengine-oom", 1400, false);
+    let (s, log) = trace_mmengine_in(
+        &dir,
+        &["oom", "--workers", "8", "--iters", "100000", "--interval", "2"],
+        Some(&cg),
+        1,
+    );
+    assert!(log.contains("is killed by signal: Killed"), "the DataLoader raised: {log}");
+    assert!(cg.oom_kills() >= 1, "the cgroup's own count");
+    let v = &s["verdict"];
+    eprintln!("verdict: {v:#}");
+    assert_eq!(v["cause"], "host_memory_oom", "{v:#}");
+    let victim = s["oom_kills"][0]["victim_pid"].as_u64().expect("the kill");
+    let role = |pid: u64| {
+        s["processes"]
+            .as_array()
+            .and_then(|ps| ps.iter().find(|p| p["pid"] == pid))
+            .map(|p| p["role"].as_str().unwrap_or_default().to_string())
+    };
+    assert!(role(victim).is_some_and(|r| r.starts_with("dataloader_worker")), "{victim}");
+    assert!(v["culprit_pids"].as_array().is_some_and(|c| c.iter().any(|p| *p == victim)), "{v:#}");
+    let cgroup = &s["context"]["cgroup"];
+    assert_eq!(cgroup["path"].as_str(), Some(cg.cgroup_path().as_str()), "{cgroup:#}");
+    assert_eq!(cgroup["limit_bytes"].as_u64(), Some(1400 << 20), "{cgroup:#}");
+    let n = v["advice_num_workers"].as_u64().unwrap_or_else(|| panic!("a count: {v:#}"));
+    assert!((1..8).contains(&n), "fewer than the 8 that ran out: {v:#}");
+    let advice = v["advice"].as_array().map(|a| format!("{a:?}")).unwrap_or_default();
+    assert!(advice.contains("1400 MiB limit"), "advised against the cgroup's limit: {advice}");
+    parity(&s);
 }
