@@ -309,13 +309,46 @@ fn table_rows<'a>(s: &Summary, candidates: &[Row<'a>]) -> (Vec<Row<'a>>, usize) 
     (rows, candidates.len() - MAX_ROWS)
 }
 
+/// The trainer's wait for data beside its log's data_time, where one trainer waited: a user
+/// compares the two, and they measure different things. The wait is the time the kernel saw
+/// the trainer blocked on its workers (and off CPU before it could use a batch); data_time is
+/// the trainer's clock around fetching a batch, which also counts its own work receiving it
+/// (unpickling, mapping the tensors) and, in mmengine, the hooks that run between its reads.
+fn beside_the_log(s: &Summary, logged_s: f64) -> String {
+    let waits: Vec<u64> = s
+        .processes
+        .iter()
+        .filter(|p| p.role == Role::Trainer)
+        .filter_map(|p| p.offcpu.as_ref()?.data_wait_ns)
+        .collect();
+    let [wait_ns] = waits[..] else { return String::new() };
+    let waited = wait_ns as f64 / 1e9;
+    if logged_s <= 0.0 {
+        return String::new();
+    }
+    let share = 100.0 * waited / logged_s;
+    let why = if share < 95.0 {
+        ": the log also counts the trainer's own time fetching (receiving each batch, the framework's hooks between its clock's reads)"
+    } else if share > 105.0 {
+        ": the trace also holds the waits after the log's last iteration"
+    } else {
+        ""
+    };
+    format!(
+        "; the trainer was blocked on its workers {waited:.2} s over the trace, {share:.0} % of it{why}"
+    )
+}
+
 /// OOM kills, host reclaim, block latency, events and losses.
 fn footer(o: &mut String, s: &Summary) {
     if let Some(l) = &s.context.data_time_logged {
         let _ = writeln!(
             o,
-            "training log: data_time {:.2} s over {} iterations ({})",
-            l.total_s, l.iterations, l.read_as
+            "training log: data_time {:.2} s over {} iterations ({}){}",
+            l.total_s,
+            l.iterations,
+            l.read_as,
+            beside_the_log(s, l.total_s)
         );
     }
     for k in &s.oom_kills {
