@@ -11,16 +11,16 @@ use serde_json::Value;
 /// `gpustall trace --log LOG -- python mmengine_job.py ARGS` (the job's stdout, where
 /// mmengine logs, to LOG): the summary and the log's text.
 fn trace_mmengine(dir: &tests::TempDir, args: &[&str]) -> (Value, String) {
-    trace_mmengine_in(dir, args, None, 0)
+    trace_mmengine_in(dir, args, None, &[0])
 }
 
 /// As [`trace_mmengine`], the job moving itself into `cgroup` first (as a batch script does
-/// before it starts python), and ending with `code`.
+/// before it starts python), and ending with one of `codes`.
 fn trace_mmengine_in(
     dir: &tests::TempDir,
     args: &[&str],
     cgroup: Option<&tests::cgroup::MemCgroup>,
-    code: i32,
+    codes: &[i32],
 ) -> (Value, String) {
     let python = tests::torch_python();
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("py/mmengine_job.py");
@@ -48,7 +48,8 @@ fn trace_mmengine_in(
         .output()
         .expect("gpustall trace -- mmengine job");
     let text = std::fs::read_to_string(&log).unwrap_or_default();
-    assert_eq!(o.status.code(), Some(code), "{}\n{text}", String::from_utf8_lossy(&o.stderr));
+    let code = o.status.code().unwrap_or(-1);
+    assert!(codes.contains(&code), "exit {code}: {}\n{text}", String::from_utf8_lossy(&o.stderr));
     let s =
         serde_json::from_str(&std::fs::read_to_string(&summary).expect("summary")).expect("JSON");
     (s, text)
@@ -150,9 +151,10 @@ fn an_mmengine_runner_whose_workers_outgrow_its_cgroup_is_an_oom_with_a_worker_c
             dir.path("fetch.txt").to_str().expect("utf-8"),
         ],
         Some(&cg),
-        1,
+        // The DataLoader raises when a worker is killed (1); the OOM killer may pick the
+        // trainer instead, the largest process while the workers' caches are small (137).
+        &[1, 137],
     );
-    assert!(log.contains("is killed by signal: Killed"), "the DataLoader raised: {log}");
     assert!(cg.oom_kills() >= 1, "the cgroup's own count");
     let v = &s["verdict"];
     eprintln!("verdict: {v:#}");
@@ -163,9 +165,15 @@ fn an_mmengine_runner_whose_workers_outgrow_its_cgroup_is_an_oom_with_a_worker_c
             .as_array()
             .and_then(|ps| ps.iter().find(|p| p["pid"] == pid))
             .map(|p| p["role"].as_str().unwrap_or_default().to_string())
+            .unwrap_or_default()
     };
-    assert!(role(victim).is_some_and(|r| r.starts_with("dataloader_worker")), "{victim}");
-    assert!(v["culprit_pids"].as_array().is_some_and(|c| c.iter().any(|p| *p == victim)), "{v:#}");
+    if role(victim).starts_with("dataloader_worker") {
+        assert!(log.contains("is killed by signal: Killed"), "the DataLoader raised: {log}");
+    } else {
+        assert_eq!(role(victim), "trainer", "{victim}");
+    }
+    let culprits = v["culprit_pids"].as_array().expect("culprits");
+    assert!(culprits.iter().any(|p| *p == victim), "the victim is named: {v:#}");
     let cgroup = &s["context"]["cgroup"];
     assert_eq!(cgroup["path"].as_str(), Some(cg.cgroup_path().as_str()), "{cgroup:#}");
     assert_eq!(cgroup["limit_bytes"].as_u64(), Some(3000 << 20), "{cgroup:#}");
