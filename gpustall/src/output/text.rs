@@ -315,17 +315,26 @@ fn table_rows<'a>(s: &Summary, candidates: &[Row<'a>]) -> (Vec<Row<'a>>, usize) 
 /// the trainer's clock around fetching a batch, which also counts its own work receiving it
 /// (unpickling, mapping the tensors) and, in mmengine, the hooks that run between its reads.
 fn beside_the_log(s: &Summary, logged_s: f64) -> String {
-    let waits: Vec<u64> = s
+    let waits: Vec<(u64, u64)> = s
         .processes
         .iter()
         .filter(|p| p.role == Role::Trainer)
-        .filter_map(|p| p.offcpu.as_ref()?.data_wait_ns)
+        .filter_map(|p| p.offcpu.as_ref())
+        .filter_map(|o| Some((o.data_wait_ns?, o.unended_wait_ns.unwrap_or(0))))
         .collect();
-    let [wait_ns] = waits[..] else { return String::new() };
+    let [(wait_ns, unended_ns)] = waits[..] else { return String::new() };
     let waited = wait_ns as f64 / 1e9;
     if logged_s <= 0.0 {
         return String::new();
     }
+    // Waits no process of the job ended (a poll's timeout, a signal) are not data waits, but
+    // a loop around a timed poll for a batch spends them inside data_time.
+    let unended = match unended_ns as f64 / 1e9 {
+        u if u >= 0.01 => {
+            format!(", and {u:.2} s in waits no process of the job ended (timeouts, signals)")
+        }
+        _ => String::new(),
+    };
     let share = 100.0 * waited / logged_s;
     let why = if share < 95.0 {
         ": the log also counts the trainer's own time fetching (receiving each batch, the framework's hooks between its clock's reads)"
@@ -335,7 +344,7 @@ fn beside_the_log(s: &Summary, logged_s: f64) -> String {
         ""
     };
     format!(
-        "; the trainer was blocked on its workers {waited:.2} s over the trace, {share:.0} % of it{why}"
+        "; the trainer was blocked on its workers {waited:.2} s over the trace, {share:.0} % of it{unended}{why}"
     )
 }
 
