@@ -55,6 +55,15 @@ fn trace_mmengine_in(
     (s, text)
 }
 
+/// The trainer's wait for data that gpustall measured, in seconds.
+fn trainer_wait_s(s: &Value) -> f64 {
+    let trainer = s["processes"]
+        .as_array()
+        .and_then(|p| p.iter().find(|p| p["role"] == "trainer"))
+        .expect("the trainer");
+    trainer["data_wait_ns"].as_u64().unwrap_or(0) as f64 / 1e9
+}
+
 /// The log's data_time, read as mmengine wrote it, beside the trainer's wait for data that
 /// gpustall measured: within 15 % (the figure users compare). Returns (log, measured) seconds.
 fn parity(s: &Value) -> (f64, f64) {
@@ -62,11 +71,7 @@ fn parity(s: &Value) -> (f64, f64) {
     eprintln!("the log's data_time: {logged}");
     assert!(logged["read_as"].as_str().is_some_and(|r| r.contains("exact")), "{logged}");
     let from_log = logged["total_s"].as_f64().expect("total_s");
-    let trainer = s["processes"]
-        .as_array()
-        .and_then(|p| p.iter().find(|p| p["role"] == "trainer"))
-        .expect("the trainer");
-    let waited = trainer["data_wait_ns"].as_u64().unwrap_or(0) as f64 / 1e9;
+    let waited = trainer_wait_s(s);
     eprintln!(
         "mmengine's data_time {from_log:.2} s over {} iterations; gpustall's wait for data {waited:.2} s ({:+.0} %)",
         logged["iterations"],
@@ -184,11 +189,7 @@ fn an_mmengine_runner_whose_workers_outgrow_its_cgroup_is_an_oom_with_a_worker_c
     let fetch = std::fs::read_to_string(dir.path("fetch.txt")).expect("the job's fetch times");
     let in_next: f64 = fetch.split_whitespace().next().and_then(|t| t.parse().ok()).expect("s");
     let logged = s["context"]["data_time_logged"]["total_s"].as_f64().expect("the log's");
-    let trainer = s["processes"]
-        .as_array()
-        .and_then(|p| p.iter().find(|p| p["role"] == "trainer"))
-        .expect("the trainer");
-    let waited = trainer["data_wait_ns"].as_u64().unwrap_or(0) as f64 / 1e9;
+    let waited = trainer_wait_s(&s);
     eprintln!(
         "wait for data {waited:.2} s; in next() {in_next:.2} s ({fetch:?}); log {logged:.2} s ({:+.0} %)",
         100.0 * (waited - logged) / logged

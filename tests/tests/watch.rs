@@ -243,14 +243,19 @@ fn kill_a_jobs_child_running(
     // This kill's bundle (the watcher's earlier lines may announce another's).
     let wrote = w.wait_for(&format!("-sigkill-{sleep_pid} ("), Duration::from_secs(30));
     assert!(wrote.contains("wrote incident bundle"), "{wrote}");
-    let bundle = std::fs::read_dir(&dir.0)
+    let bundle = sigkill_bundle_dir(dir, sleep_pid);
+    let summary = std::fs::read_to_string(bundle.join("summary.json")).expect("summary.json");
+    (serde_json::from_str(&summary).expect("json"), sleep_pid)
+}
+
+/// The bundle in `dir` made for the SIGKILL of `pid`.
+fn sigkill_bundle_dir(dir: &tests::TempDir, pid: u32) -> std::path::PathBuf {
+    std::fs::read_dir(&dir.0)
         .expect("bundles")
         .filter_map(|e| e.ok())
         .map(|e| e.path())
-        .find(|p| p.to_string_lossy().contains(&format!("sigkill-{sleep_pid}")))
-        .expect("the bundle");
-    let summary = std::fs::read_to_string(bundle.join("summary.json")).expect("summary.json");
-    (serde_json::from_str(&summary).expect("json"), sleep_pid)
+        .find(|p| p.to_string_lossy().contains(&format!("sigkill-{pid}")))
+        .expect("the bundle")
 }
 
 /// Two runs of a job, each SIGKILLing its own child, both inside one flight-recorder window:
@@ -419,12 +424,7 @@ time.sleep(30)"#;
         !log.lines().any(|l| l.starts_with("FORGED")),
         "a line forged from the name of {victim}:\n{log}"
     );
-    let bundle = std::fs::read_dir(&dir.0)
-        .expect("bundles")
-        .filter_map(|e| e.ok())
-        .map(|e| e.path())
-        .find(|p| p.to_string_lossy().contains(&format!("sigkill-{victim}")))
-        .expect("the bundle");
+    let bundle = sigkill_bundle_dir(&dir, victim);
     let report = std::fs::read_to_string(bundle.join("report.txt")).expect("report.txt");
     assert!(!report.contains('\x1b') && !report.lines().any(|l| l.starts_with("FORGED")));
 }
