@@ -181,10 +181,14 @@ fn log_filters(asked: &str) -> String {
     } else {
         asked.to_string()
     };
-    for wire in ["ureq", "ureq_proto"] {
-        let named = filters.split(',').any(|d| d.trim().split('=').next() == Some(wire));
+    // The HTTP client logs headers (a token) at debug; py-spy warns of each stack it could
+    // not read (a process exiting mid-read), which the report counts instead.
+    for (quiet, level) in
+        [("ureq", "info"), ("ureq_proto", "info"), ("py_spy", "error"), ("remoteprocess", "error")]
+    {
+        let named = filters.split(',').any(|d| d.trim().split('=').next() == Some(quiet));
         if !named {
-            filters.push_str(&format!(",{wire}=info"));
+            filters.push_str(&format!(",{quiet}={level}"));
         }
     }
     filters
@@ -242,11 +246,15 @@ mod log_tests {
     /// The HTTP client's wire dumps are off at any level unless named.
     #[test]
     fn wire_dumps_need_their_crate_named() {
-        assert_eq!(super::log_filters(""), "warn,gpustall::ebpf=off,ureq=info,ureq_proto=info");
-        assert_eq!(super::log_filters("trace"), "trace,ureq=info,ureq_proto=info");
+        let quiet = "py_spy=error,remoteprocess=error";
+        assert_eq!(
+            super::log_filters(""),
+            format!("warn,gpustall::ebpf=off,ureq=info,ureq_proto=info,{quiet}")
+        );
+        assert_eq!(super::log_filters("trace"), format!("trace,ureq=info,ureq_proto=info,{quiet}"));
         assert_eq!(
             super::log_filters("trace,ureq_proto=trace"),
-            "trace,ureq_proto=trace,ureq=info"
+            format!("trace,ureq_proto=trace,ureq=info,{quiet}")
         );
     }
 }

@@ -60,6 +60,22 @@ fn a_deadlocked_torch_worker_is_named_and_stop_job_ends_the_whole_job() {
     assert_eq!(v["culprit_pids"].as_array().map(Vec::len), Some(1), "only worker 2: {v:#}");
     let text = v["text"].as_str().unwrap_or_default();
     assert!(text.contains("DataLoader worker 2"), "{text}");
+    // The line each waits at, from their Python stacks: the worker in the `with cache_lock:`
+    // of its __getitem__, the trainer in its `next(it)`.
+    let source = std::fs::read_to_string(&script).expect("datawait.py");
+    let line_of = |needle: &str| {
+        1 + source.lines().position(|l| l.trim_start().starts_with(needle)).expect(needle)
+    };
+    let lock_line = format!("datawait.py:{} `", line_of("with cache_lock:  # this worker's"));
+    assert!(text.contains(&format!("blocked at {lock_line}")), "{lock_line} in {text}");
+    assert!(text.contains("__getitem__`"), "{text}");
+    let chain: Vec<&str> =
+        v["evidence"].as_array().expect("evidence").iter().filter_map(Value::as_str).collect();
+    let next_line = format!("datawait.py:{} `", line_of("next(it)"));
+    assert!(
+        chain.iter().any(|l| l.contains("waits for its batches at") && l.contains(&next_line)),
+        "the trainer at {next_line}: {chain:#?}"
+    );
     // Stopped whole: the trainer and every worker, the stuck one too (gone, or a zombie
     // waiting for init to reap it).
     let gone = |pid: u32| {

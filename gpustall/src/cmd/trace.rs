@@ -87,6 +87,10 @@ pub struct TraceArgs {
     /// Also write a self-contained HTML page of the run (verdict, charts, tables) to OUT.
     #[arg(long, value_name = "OUT")]
     html: Option<PathBuf>,
+    /// Sample the Python stacks of the trainer and its DataLoader workers (py-spy, without
+    /// pausing them): `auto` (at most 0.5 % of one CPU), `off`, or samples a second.
+    #[arg(long, value_name = "RATE", default_value = "auto")]
+    py_stacks: crate::sources::pystacks::Rate,
 }
 
 impl TraceArgs {
@@ -106,6 +110,7 @@ impl TraceArgs {
             log_regex: self.log_regex,
             perfetto: self.perfetto,
             html: self.html,
+            py_stacks: self.py_stacks,
         }
     }
 }
@@ -132,6 +137,8 @@ pub struct TraceOptions {
     /// Also write a Perfetto trace and an HTML page at the end.
     pub perfetto: Option<PathBuf>,
     pub html: Option<PathBuf>,
+    /// `--py-stacks`.
+    pub py_stacks: crate::sources::pystacks::Rate,
 }
 
 pub async fn run(mut opts: TraceOptions) -> anyhow::Result<()> {
@@ -275,6 +282,7 @@ fn setup(opts: &TraceOptions) -> anyhow::Result<(Trace, Probes, Rings, Option<Gp
     }
     seed(&mut session, &mut probes.maps, opts.pid, start)?;
     session.follow_kernel_log(opts.trust_user_kernel_log);
+    session.sample_stacks(opts.py_stacks);
     // The trainer's waits count from the start, not from the first beat: a job's first batch
     // (the workers' start-up) is often its longest wait.
     probes.maps.account_offcpu(&session.model.tree);
@@ -481,6 +489,7 @@ impl Beat for Trace {
 fn finish(opts: &TraceOptions, mut t: Trace, probes: &Probes) -> anyhow::Result<()> {
     let end = monotonic_ns();
     t.session.tick(&probes.maps, &mut t.beat.ctx, t.beat.log.as_mut(), end);
+    t.session.finish_stacks();
     let ended = t.session.model.finish(end);
     t.session.stalls_ended(&ended);
     let (cpu, rss) = agent::agent_usage();

@@ -144,6 +144,8 @@ pub struct Facts {
     pub gpu_xids: Vec<crate::model::gpu::GpuXid>,
     /// The GPUs as their latest samples name them (index, UUID, PCI address).
     pub gpus: Vec<GpuName>,
+    /// The job's Python stacks, per process, where they were sampled.
+    pub py_stacks: crate::model::pystacks::PyStacks,
 }
 
 /// A GPU's names.
@@ -473,6 +475,7 @@ pub fn from_model(m: &Model, now_ns: u64) -> Facts {
         kernel_log_dropped: m.kernel_log.dropped,
         gpu_xids: m.gpu.xids.clone(),
         gpus: gpu_names(m),
+        py_stacks: m.py_stacks.clone(),
         cpu: cpu_facts(m),
         gpu_util_avg_pct: m.gpu.summary.as_ref().and_then(|g| g.util_avg_pct()),
     }

@@ -16,6 +16,7 @@ pub mod offcpu;
 pub mod origin;
 pub mod overhead;
 pub mod proctree;
+pub mod pystacks;
 pub mod samples;
 pub mod stats;
 pub mod steps;
@@ -82,6 +83,8 @@ pub struct Model {
     pub offcpu: crate::model::offcpu::OffCpu,
     /// The kernel log's lines that matter to a verdict (`sources::kmsg`).
     pub kernel_log: crate::model::kernlog::KernelLog,
+    /// The job's Python stacks, per process (`--py-stacks`).
+    pub py_stacks: crate::model::pystacks::PyStacks,
     /// Each process's identity in its cluster, where one was found.
     pub identities: BTreeMap<u32, crate::model::identity::Identity>,
     /// Where and when the trace ran (from the recording's header).
@@ -108,7 +111,8 @@ impl Model {
             | Sample::Identity { .. }
             | Sample::Context(_)
             | Sample::Gpu { .. }
-            | Sample::KernelLog(_) => untrusted::cleaned(s),
+            | Sample::KernelLog(_)
+            | Sample::PyStacks(_) => untrusted::cleaned(s),
             _ => None,
         };
         let s = cleaned.as_ref().unwrap_or(s);
@@ -141,6 +145,7 @@ impl Model {
             Sample::RecordingGap { lines, .. } => self.host.recording_gap_lines += lines,
             Sample::Fold { pids, .. } => self.fold(pids),
             Sample::KernelLog(line) => self.kernel_log.apply(line),
+            Sample::PyStacks(r) => self.py_stacks.apply(r),
             Sample::KernelLogMissed { records, dropped, .. } => {
                 self.kernel_log.missed = self.kernel_log.missed.saturating_add(*records);
                 self.kernel_log.dropped = self.kernel_log.dropped.saturating_add(*dropped);

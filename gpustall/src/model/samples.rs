@@ -288,6 +288,8 @@ pub enum Sample {
         #[serde(default, skip_serializing_if = "is_zero")]
         dropped: u64,
     },
+    /// A process's Python stacks sampled since its last such line (`model::pystacks`).
+    PyStacks(crate::model::pystacks::PyStacksRec),
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -303,6 +305,7 @@ impl Sample {
             | Sample::Vanished { pid, .. }
             | Sample::Cmdline { pid, .. }
             | Sample::Identity { pid, .. } => Some(*pid),
+            Sample::PyStacks(r) => Some(r.pid),
             _ => None,
         }
     }
@@ -322,6 +325,7 @@ impl Sample {
             | Sample::Final { t_ns, .. }
             | Sample::KernelLogMissed { t_ns, .. } => *t_ns,
             Sample::KernelLog(l) => l.t_ns,
+            Sample::PyStacks(r) => r.t_ns,
             Sample::Counters(c) => c.t_ns,
             Sample::Context(c) => c.t_ns,
         }

@@ -295,6 +295,9 @@ pub struct ProcessSummary {
     pub alive: bool,
     #[serde(flatten)]
     pub offcpu: Option<crate::model::offcpu::OffCpuSummary>,
+    /// Its Python stacks, where they were sampled (`--py-stacks`) or could not be read.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub py_stacks: Option<crate::model::pystacks::StacksSummary>,
 }
 
 /// A thread with a role in its process.
@@ -526,6 +529,7 @@ fn process_summary(
         killed_by: n.killed_by.clone(),
         alive: n.alive(),
         offcpu: f.and_then(|f| f.offcpu.clone()),
+        py_stacks: m.py_stacks.procs.get(&n.pid).map(|s| s.summary()),
     }
 }
 

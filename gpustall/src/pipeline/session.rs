@@ -69,6 +69,8 @@ pub struct Session {
     /// The tree's last fork or exec drained (kernel time): a job may have made its own mount
     /// namespace then (see `sources::context`).
     pub tree_changed_ns: u64,
+    /// The job's Python stacks, where sampled (`sample_stacks`).
+    stacks: Option<crate::sources::pystacks::StackSampler>,
 }
 
 /// Why the job's surroundings (its /dev/shm, its cgroup) are read now, between beats: its
@@ -104,6 +106,7 @@ impl Session {
             kmsg: None,
             moment: None,
             tree_changed_ns: 0,
+            stacks: None,
         }
     }
 
@@ -301,6 +304,40 @@ impl Session {
         }
     }
 
+    /// Samples the Python stacks of the job's trainers, ranks and workers from now on.
+    pub fn sample_stacks(&mut self, rate: crate::sources::pystacks::Rate) {
+        self.stacks = crate::sources::pystacks::StackSampler::start(rate);
+    }
+
+    /// Gives the stack sampler this beat's processes and takes in what it found.
+    fn read_stacks(&mut self) {
+        use crate::sources::pystacks::Target;
+        let Some(sampler) = &self.stacks else { return };
+        let tree = &self.model.tree;
+        let targets = tree
+            .alive_pids()
+            .into_iter()
+            .filter_map(|pid| match tree.role(pid) {
+                Role::Trainer | Role::Rank => Some(Target { pid, every_round: true }),
+                Role::DataloaderWorker => Some(Target { pid, every_round: false }),
+                Role::Forkserver | Role::Other => None,
+            })
+            .collect();
+        sampler.set_targets(targets);
+        for s in sampler.take() {
+            self.observe(s);
+        }
+    }
+
+    /// Stops sampling stacks and takes in the last of them (at the end of a trace).
+    pub fn finish_stacks(&mut self) {
+        if let Some(sampler) = self.stacks.take() {
+            for s in sampler.finish() {
+                self.observe(s);
+            }
+        }
+    }
+
     /// Everything a tick looks at.
     pub fn tick(
         &mut self,
@@ -318,6 +355,7 @@ impl Session {
             self.read_log(log, now);
         }
         self.read_kernel_log(now);
+        self.read_stacks();
     }
 
     /// Follows the kernel log from now on; where it cannot be read, says so once (its verdicts,

@@ -12,4 +12,5 @@ pub mod identity;
 pub mod kmsg;
 pub mod nvml;
 pub mod procfs;
+pub mod pystacks;
 pub mod trainlog;

@@ -189,7 +189,8 @@ fn data_clause(f: &Facts) -> String {
             )
         };
     }
-    let mut s = format!("; {} waited for data {:.0} % of its time", name(p), share * 100.0);
+    let site = super::stacks::wait_site(f, p).map_or(String::new(), |s| format!(" at {s}"));
+    let mut s = format!("; {} waited for data{site} {:.0} % of its time", name(p), share * 100.0);
     s.push_str(&still_waiting(f, p));
     // A worker that ended a sliver of it (a wait still open at the end is nobody's yet) is
     // not named: "0 % of it for worker 1" reads as the answer.
@@ -243,6 +244,7 @@ pub fn links(f: &Facts, chain: &mut Chain) {
                 still_waiting(f, p)
             ),
         );
+        super::stacks::wait_link(f, p, chain);
     }
     for (p, d, share) in driver_waiters(f) {
         chain.push(

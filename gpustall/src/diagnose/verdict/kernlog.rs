@@ -254,7 +254,10 @@ pub fn hung_task(c: &Ctx) -> Option<Verdict> {
         at(f, first.t_ns)
     );
     let culprits = hung.iter().filter_map(|l| l.pid).collect();
-    let chain = c.chain_citing(&[first.seq]);
+    let mut chain = c.chain_citing(&[first.seq]);
+    let hung_procs: Vec<&crate::diagnose::facts::ProcFacts> =
+        f.procs.iter().filter(|p| hung.iter().any(|l| l.pid == Some(p.pid))).collect();
+    super::stacks::blocked_links(f, &hung_procs, &mut chain);
     Some(c.verdict(Cause::HungTask, text, culprits, chain, vec![advice.to_string()]))
 }
 

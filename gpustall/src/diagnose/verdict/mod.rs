@@ -27,6 +27,7 @@ mod evidence;
 mod kernlog;
 mod pipeline;
 mod rules;
+mod stacks;
 
 use serde::Serialize;
 

@@ -405,6 +405,8 @@ pub fn cpu_quota_throttled(c: &Ctx) -> Option<Verdict> {
     for p in &s.workers {
         split_link(f, p, &mut chain);
     }
+    let pids: Vec<u32> = s.workers.iter().map(|p| p.pid).collect();
+    super::stacks::hot_link(f, &pids, "the workers", &mut chain);
     let k = keep_up(f, &s);
     let used = k.workers_cpus + k.trainer_cpus;
     let need = k.workers_cpus / (1.0 - k.wait_share).max(0.05) + k.trainer_cpus;
@@ -444,6 +446,8 @@ pub fn busy_host(c: &Ctx) -> Option<Verdict> {
     for p in &s.workers {
         split_link(f, p, &mut chain);
     }
+    let pids: Vec<u32> = s.workers.iter().map(|p| p.pid).collect();
+    super::stacks::hot_link(f, &pids, "the workers", &mut chain);
     let span = secs(cpu.span_ns);
     let names: Vec<String> = cpu
         .others
@@ -588,6 +592,7 @@ pub fn straggler_worker(c: &Ctx) -> Option<Verdict> {
     for p in &s.workers {
         split_link(f, p, &mut chain);
     }
+    super::stacks::hot_link(f, &[slow.pid], &name(slow), &mut chain);
     let mine = Split::of(slow);
     let rest: Vec<&ProcFacts> = s.workers.iter().copied().filter(|p| p.pid != slow.pid).collect();
     let theirs = total(&rest);
@@ -642,6 +647,8 @@ pub fn cpu_bound_pipeline(c: &Ctx) -> Option<Verdict> {
     for p in &s.workers {
         split_link(f, p, &mut chain);
     }
+    let pids: Vec<u32> = s.workers.iter().map(|p| p.pid).collect();
+    super::stacks::hot_link(f, &pids, "the workers", &mut chain);
     let k = keep_up(f, &s);
     let who = match (s.at_once, s.workers.len() as u64) {
         (1, 1) => "one DataLoader worker was".to_string(),
@@ -652,11 +659,12 @@ pub fn cpu_bound_pipeline(c: &Ctx) -> Option<Verdict> {
         ),
     };
     let text = format!(
-        "The input pipeline is CPU-bound: {}'s {who} on CPU {:.0} % of {} time ({:.2} CPUs together), with no memory pressure or disk wait{}.",
+        "The input pipeline is CPU-bound: {}'s {who} on CPU {:.0} % of {} time ({:.2} CPUs together{}), with no memory pressure or disk wait{}.",
         name(s.main),
         100.0 * w.share(w.cpu_ns),
         if s.at_once == 1 { "its" } else { "their" },
         k.workers_cpus,
+        super::stacks::hot_clause(f, &pids, if s.at_once == 1 { "its" } else { "their" }),
         gpu_clause(f)
     );
     let culprits = s.workers.iter().map(|p| p.pid).collect();

@@ -68,6 +68,7 @@ impl<'a> Ctx<'a> {
         super::evidence::stall_links(self.f, &mut chain);
         super::datawait::links(self.f, &mut chain);
         super::kernlog::links(self.f, cited, &mut chain);
+        super::stacks::unreadable_link(self.f, &mut chain);
         chain
     }
 
@@ -419,8 +420,11 @@ pub fn process_hung(c: &Ctx) -> Option<Verdict> {
             );
         }
     }
+    super::stacks::blocked_links(f, &hung, &mut chain);
     let secs = stuck_for(first).unwrap_or(0) as f64 / 1e9;
-    let text = format!("{} is hung: it has not run for {secs:.1} s{}.", name(first), gpu_clause(f));
+    let line = super::stacks::blocked_at(f, first).map_or(String::new(), |b| format!(", {b}"));
+    let text =
+        format!("{} is hung: it has not run for {secs:.1} s{line}{}.", name(first), gpu_clause(f));
     let advice = vec!["a stopped process (SIGSTOP, a debugger, job control) must be continued (SIGCONT); one in D state waits in the kernel (wchan above): check the storage or network filesystem it waits on".into()];
     Some(c.verdict(Cause::ProcessHung, text, hung.iter().map(|p| p.pid).collect(), chain, advice))
 }
@@ -626,6 +630,7 @@ pub fn deadlock(c: &Ctx) -> Option<Verdict> {
             );
         }
     }
+    super::stacks::blocked_links(f, &alive, &mut chain);
     let text = "The job stalled while every traced process sat idle (no CPU, no I/O, none stopped or in D state): a deadlock or a wait on something outside the job (a collective waiting for another rank, a lock).".into();
     let advice = vec!["take Python stacks of the idle processes (py-spy dump --pid PID) and check the other ranks: one rank dead or slow leaves the rest waiting in a collective".into()];
     Some(c.verdict(Cause::Deadlock, text, alive.iter().map(|p| p.pid).collect(), chain, advice))
@@ -692,11 +697,13 @@ pub fn stuck_worker(c: &Ctx) -> Option<Verdict> {
             ),
         );
     }
+    super::stacks::blocked_links(f, &stuck, &mut chain);
     let first = stuck[0];
     let a = asleep(first);
     let names: Vec<String> = stuck.iter().map(|p| name(p)).collect();
+    let line = super::stacks::blocked_at(f, first).map_or(String::new(), |b| format!(" ({b})"));
     let text = format!(
-        "The input pipeline is stuck, not slow: {} has waited for data {:.1} s (since {}), and {} {} not run since {}{}: the batch it waits for will not come (a lock inherited locked when the worker was forked, a queue nothing feeds, a wait on something outside the job){}.",
+        "The input pipeline is stuck, not slow: {} has waited for data {:.1} s (since {}), and {} {} not run since {}{}{line}: the batch it waits for will not come (a lock inherited locked when the worker was forked, a queue nothing feeds, a wait on something outside the job){}.",
         name(main),
         open.ns as f64 / 1e9,
         at(f, open.since_ns),

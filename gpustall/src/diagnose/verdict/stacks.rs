@@ -1,0 +1,136 @@
+//! The job's own lines in a verdict, from its Python stacks (`model::pystacks`): where the
+//! workers' CPU goes, the line a stuck process blocks on, where the trainer waits for data and
+//! what receiving its batches costs it.
+
+use super::evidence::{at, name, Chain};
+use crate::diagnose::facts::{Facts, ProcFacts};
+use crate::model::pystacks::{self, ProcStacks};
+
+/// Hot spots named in a verdict.
+const TOP: usize = 3;
+/// Fewer on-CPU samples than this name no hot spot: a share of a handful is noise.
+const MIN_SAMPLES: u64 = 10;
+/// A site with less than this share of the samples is not named.
+const MIN_SHARE: f64 = 0.05;
+
+fn sampled<'a>(f: &'a Facts, pids: &[u32]) -> Vec<&'a ProcStacks> {
+    pids.iter().filter_map(|p| f.py_stacks.get(*p)).collect()
+}
+
+/// "61 % in ds.py:9 `decode` -> numpy/...; 20 % in ...", from the on-CPU samples of `pids`.
+pub fn hot_spots(f: &Facts, pids: &[u32]) -> Option<(String, u64)> {
+    let procs = sampled(f, pids);
+    let (spots, total) = pystacks::hot_spots(&procs, TOP);
+    if total < MIN_SAMPLES {
+        return None;
+    }
+    let named: Vec<String> = spots
+        .iter()
+        .filter(|s| s.share >= MIN_SHARE)
+        .map(|s| format!("{:.0} % in {}", s.share * 100.0, s.site))
+        .collect();
+    (!named.is_empty()).then(|| (named.join("; "), total))
+}
+
+/// A clause naming where `pids`' CPU goes: " (61 % of their CPU in ds.py:9 `decode`)".
+pub fn hot_clause(f: &Facts, pids: &[u32], whose: &str) -> String {
+    let procs = sampled(f, pids);
+    let (spots, total) = pystacks::hot_spots(&procs, 1);
+    match spots.first() {
+        Some(s) if total >= MIN_SAMPLES && s.share >= MIN_SHARE => {
+            format!(" ({:.0} % of {whose} CPU in {})", s.share * 100.0, s.site)
+        }
+        _ => String::new(),
+    }
+}
+
+/// Evidence: where the on-CPU samples of `pids` went.
+pub fn hot_link(f: &Facts, pids: &[u32], who: &str, chain: &mut Chain) {
+    if let Some((spots, total)) = hot_spots(f, pids) {
+        chain.push(
+            f.start_ns + 2,
+            format!(
+                "{}: Python stacks of {who} on CPU ({total} samples): {spots}",
+                at(f, f.start_ns)
+            ),
+        );
+    }
+}
+
+/// The stack `p` was last seen blocked in, as py-spy dump prints it, innermost first.
+pub fn blocked_at(f: &Facts, p: &ProcFacts) -> Option<String> {
+    let frames = f.py_stacks.get(p.pid)?.blocked_in()?;
+    let site =
+        pystacks::user_frame(frames).map_or_else(|| pystacks::show(&frames[0]), pystacks::show);
+    Some(format!("blocked at {site}; its stack: {}", pystacks::dump(frames).join(" <- ")))
+}
+
+/// Evidence: each of `stuck` blocked at its line.
+pub fn blocked_links(f: &Facts, stuck: &[&ProcFacts], chain: &mut Chain) {
+    for p in stuck {
+        if let Some(b) = blocked_at(f, p) {
+            let t = f.py_stacks.get(p.pid).map_or(f.end_ns, |s| s.latest_ns);
+            chain.push(t, format!("{}: {}'s Python stack: {b}", at(f, t), name(p)));
+        }
+    }
+}
+
+/// " at train.py:30 `main`": the job's line where `p` waits for its batches.
+pub fn wait_site(f: &Facts, p: &ProcFacts) -> Option<String> {
+    let frames = f.py_stacks.get(p.pid)?.data_wait_stack()?;
+    pystacks::user_frame(frames).map(pystacks::show)
+}
+
+/// The trainer's CPU time receiving batches (inside the DataLoader's `__next__`: unpickling,
+/// mapping the workers' shared memory), estimated as its share of `p`'s on-CPU samples times
+/// the CPU time the kernel counted; with the samples behind it.
+pub fn receiving_ns(f: &Facts, p: &ProcFacts) -> Option<(u64, u64, u64)> {
+    let (inside, all) = f.py_stacks.get(p.pid)?.receiving();
+    let cpu = p.cpu_ns?;
+    (all >= MIN_SAMPLES).then(|| ((cpu as f64 * inside as f64 / all as f64) as u64, inside, all))
+}
+
+/// Evidence: where the trainer waits and what receiving batches cost it.
+pub fn wait_link(f: &Facts, p: &ProcFacts, chain: &mut Chain) {
+    let site = wait_site(f, p);
+    let receiving = receiving_ns(f, p);
+    if site.is_none() && receiving.is_none() {
+        return;
+    }
+    let t = p.started_ns.max(f.start_ns);
+    let mut s = format!("{}: {}'s Python stacks", at(f, t), name(p));
+    if let Some(site) = site {
+        s.push_str(&format!(": it waits for its batches at {site}, in the DataLoader's next()"));
+    }
+    if let Some((ns, inside, all)) = receiving {
+        s.push_str(&format!(
+            "; receiving batches (on CPU inside the DataLoader's next(): unpickling, mapping the workers' shared memory) took {:.2} s of its CPU ({inside} of {all} on-CPU samples)",
+            ns as f64 / 1e9
+        ));
+    }
+    chain.push(t + 1, s);
+}
+
+/// Processes whose stacks could not be read, said once in the chain.
+pub fn unreadable_link(f: &Facts, chain: &mut Chain) {
+    let mut by_why: std::collections::BTreeMap<&str, Vec<u32>> = Default::default();
+    for (pid, why) in f.py_stacks.unreadable() {
+        by_why.entry(why).or_default().push(pid);
+    }
+    for (why, pids) in by_why {
+        let shown: Vec<String> = pids.iter().take(5).map(|p| p.to_string()).collect();
+        chain.push(
+            f.end_ns,
+            format!(
+                "{}: Python stacks were not read for pid {}{} ({why})",
+                at(f, f.end_ns),
+                shown.join(", "),
+                if pids.len() > 5 {
+                    format!(" and {} more", pids.len() - 5)
+                } else {
+                    String::new()
+                }
+            ),
+        );
+    }
+}

@@ -1,0 +1,165 @@
+//! The job's own lines in the answer: Python stacks read from outside (py-spy as a library)
+//! on real processes (tests/py/stacks.py; the stuck worker's line is in stuck_worker.rs).
+//! - a real torch DataLoader whose `__getitem__` burns its CPU in `decode_tile_expensive`: the
+//!   CPU-bound verdict names that function with its file and line, and the trainer's wait the
+//!   `next(it)` line; `gpustall report` on the recording says the same;
+//! - a Python whose interpreter exists only in its own mount namespace (a container's): its
+//!   stacks are read through /proc/PID/root;
+//! - a job that runs no Python: no stacks, no evidence about them, said once in the summary.
+
+use std::process::Command;
+use std::time::Duration;
+
+use serde_json::Value;
+use tests::{
+    cpucg::CpuCgroup,
+    procs::{TraceResult, Tracer, Workload},
+};
+
+fn script() -> String {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("py/stacks.py")
+        .to_str()
+        .expect("utf-8")
+        .to_string()
+}
+
+/// `file.py:LINE` numbers after each mention of `file` in `text`.
+fn lines_named(text: &str, file: &str) -> Vec<u64> {
+    text.match_indices(&format!("{file}:"))
+        .filter_map(|(i, m)| {
+            let rest = &text[i + m.len()..];
+            let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+            digits.parse().ok()
+        })
+        .collect()
+}
+
+fn evidence(v: &Value) -> String {
+    v["evidence"].as_array().map_or(String::new(), |e| {
+        e.iter().filter_map(Value::as_str).collect::<Vec<_>>().join("\n")
+    })
+}
+
+#[test]
+fn a_cpu_heavy_getitem_is_named_with_its_line_and_the_trainers_wait_with_next() {
+    tests::require_privileged_env();
+    let _cpu = tests::cpu_lock();
+    let cg = CpuCgroup::favoured("py-stacks");
+    let python = tests::torch_python();
+    let script = script();
+    let args = ["-u", &script, "cpu", "--seconds", "10", "--wait-go"];
+    let mut w = Workload::start(&python, &args, None);
+    cg.add(w.pid());
+    let lines = w.wait_for_role("lines", Duration::from_secs(60));
+    let tracer = Tracer::start(w.pid(), &["--quiet", "--no-gpu"]);
+    w.go();
+    let (code, out) = w.wait(Duration::from_secs(120));
+    assert_eq!(code, Some(0), "{out:?}");
+    let t: TraceResult = tracer.wait(Duration::from_secs(30));
+    assert_eq!(t.code, Some(0), "{}", t.stderr);
+    let v = &t.summary["verdict"];
+    eprintln!("verdict: {v:#}");
+    let hot = (lines["hot"][0].as_u64().expect("hot"), lines["hot"][1].as_u64().expect("hot"));
+    let next = lines["next"].as_u64().expect("next");
+
+    assert_eq!(v["cause"], "cpu_bound_pipeline", "{v:#}");
+    let text = v["text"].as_str().expect("text");
+    assert!(text.contains("decode_tile_expensive`"), "the function that burns the CPU: {text}");
+    let named = lines_named(text, "stacks.py");
+    assert!(
+        named.iter().any(|l| (hot.0..=hot.1).contains(l)),
+        "a line of decode_tile_expensive ({hot:?}) in {named:?}: {text}"
+    );
+    assert!(named.contains(&next), "the trainer waits at line {next} (next(it)): {text}");
+    let chain = evidence(v);
+    assert!(chain.contains("Python stacks of the workers on CPU"), "{chain}");
+
+    // The summary: each worker's top site and the interpreter's version.
+    let worker = t
+        .processes()
+        .iter()
+        .find(|p| p["role"] == "dataloader_worker")
+        .expect("the worker")
+        .clone();
+    let s = &worker["py_stacks"];
+    assert!(s["python"].as_str().is_some_and(|p| p.starts_with("3.")), "{s:#}");
+    assert!(s["samples"].as_u64().unwrap_or(0) >= 10, "{s:#}");
+    let top = s["top"][0]["site"].as_str().unwrap_or_default();
+    assert!(top.contains("decode_tile_expensive"), "{s:#}");
+    assert!(s["top"][0]["share"].as_f64().unwrap_or(0.0) >= 0.5, "{s:#}");
+    assert!(s["folded"][0][0].as_str().is_some_and(|f| f.contains(';')), "{s:#}");
+
+    // Replayed from the recording: the same lines.
+    let (replayed, _) = t.replayed();
+    assert_eq!(replayed["verdict"]["text"], v["text"]);
+}
+
+#[test]
+fn a_python_seen_only_in_its_own_mount_namespace_has_its_stacks_read() {
+    tests::require_privileged_env();
+    let dir = tests::TempDir::new("py-stacks-ns");
+    // An empty file on the host; inside the job's namespace, the interpreter bind-mounted on
+    // it. Read from the host's view, this "python" has no symbols at all.
+    let python = dir.path("python");
+    std::fs::write(&python, b"").expect("mount point");
+    let real = std::fs::canonicalize("/usr/bin/python3").expect("a system python3");
+    let inner = format!(
+        "mount --bind {} {} && exec {} -u {} plain --seconds 6",
+        real.display(),
+        python.display(),
+        python.display(),
+        script()
+    );
+    let mut cmd = Command::new(tests::gpustall_bin());
+    cmd.args(["trace", "--quiet", "--no-gpu", "--summary-json"])
+        .arg(dir.path("summary.json"))
+        .args(["--", "unshare", "--mount", "--propagation", "private", "sh", "-c", &inner])
+        .env_remove("SUDO_UID");
+    let o = cmd.output().expect("gpustall trace");
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(0), "{stderr}");
+    assert_eq!(std::fs::metadata(&python).map(|m| m.len()).ok(), Some(0), "host view untouched");
+    let summary: Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.path("summary.json")).expect("the summary"),
+    )
+    .expect("json");
+    let trainer = summary["processes"]
+        .as_array()
+        .and_then(|ps| ps.iter().find(|p| p["role"] == "trainer"))
+        .expect("the trainer")
+        .clone();
+    let s = &trainer["py_stacks"];
+    eprintln!("{s:#}");
+    assert!(s["samples"].as_u64().unwrap_or(0) >= 3, "{s:#}\n{stderr}");
+    let top = s["top"][0]["site"].as_str().unwrap_or_default();
+    assert!(top.contains("stacks.py:") && top.contains("spin_hot"), "{s:#}");
+}
+
+#[test]
+fn a_job_that_runs_no_python_has_no_stacks_and_says_so_once() {
+    tests::require_privileged_env();
+    let dir = tests::TempDir::new("py-stacks-none");
+    let o = Command::new(tests::gpustall_bin())
+        .args(["trace", "--quiet", "--no-gpu", "--summary-json"])
+        .arg(dir.path("summary.json"))
+        .args(["--", "sh", "-c", "i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done; sleep 7"])
+        .env_remove("SUDO_UID")
+        .output()
+        .expect("gpustall trace");
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(0), "{stderr}");
+    let summary: Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.path("summary.json")).expect("the summary"),
+    )
+    .expect("json");
+    let procs = summary["processes"].as_array().expect("processes");
+    let trainer = procs.iter().find(|p| p["role"] == "trainer").expect("the trainer");
+    assert_eq!(trainer["py_stacks"]["not_python"], true, "{trainer:#}");
+    assert_eq!(trainer["py_stacks"]["samples"], 0, "{trainer:#}");
+    let sampled = procs.iter().filter(|p| p["py_stacks"]["samples"].as_u64() > Some(0)).count();
+    assert_eq!(sampled, 0, "{procs:#?}");
+    let chain = evidence(&summary["verdict"]);
+    assert!(!chain.contains("Python stack"), "{chain}");
+    assert!(!stderr.contains("python") && !stderr.contains("py-spy"), "{stderr}");
+}
