@@ -4,6 +4,10 @@
       A real torch DataLoader whose __getitem__ calls decode_tile_expensive, pure Python on
       the worker's CPU (about 60 ms a sample); the trainer asks for a batch every 20 ms, so
       it waits for its worker most of the time, at the `next(it)` line.
+  stacks.py big [--workers 8] [--batch 40] [--steps 60] [--wait-go]
+      Batches of 80 MiB of float32 (40 samples of 8x256x256) from 8 workers: the trainer
+      spends part of each `next(it)` on its own CPU receiving the batch, besides waiting for
+      it. Prints each step's time in next() ({"role": "step", "data_ns": ...}).
   stacks.py plain [--seconds 6]
       No torch: the process itself spins in spin_hot (a job whose interpreter is only visible
       in its own mount namespace, started by the test).
@@ -75,6 +79,38 @@ def cpu_job(a):
     return 0
 
 
+def big_job(a):
+    import torch
+    from torch.utils.data import DataLoader, Dataset
+
+    class Tensors(Dataset):
+        def __len__(self):
+            return 1 << 20
+
+        def __getitem__(self, i):
+            return torch.full((8, 256, 256), float(i % 7))
+
+    torch.set_num_threads(1)
+    loader = DataLoader(Tensors(), batch_size=a.batch, num_workers=a.workers,
+                        persistent_workers=True, multiprocessing_context="fork")
+    say("lines", next=line_of(big_job, "batch = next(it)"), file=__file__)
+    if a.wait_go:
+        sys.stdin.readline()
+    it = iter(loader)
+    total = 0
+    for _ in range(a.steps):
+        t = time.monotonic_ns()
+        batch = next(it)
+        data_ns = time.monotonic_ns() - t
+        total += data_ns
+        say("step", data_ns=data_ns)
+        time.sleep(a.step_ms / 1000)  # the step, on the GPU
+        del batch
+    say("trainer", data_ns=total, worker_pids=[w.pid for w in it._workers])
+    del it
+    return 0
+
+
 def spin_hot(seconds):
     end = time.monotonic() + seconds
     n = 0
@@ -93,14 +129,16 @@ def plain_job(a):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("shape", choices=["cpu", "plain"])
+    p.add_argument("shape", choices=["cpu", "big", "plain"])
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--seconds", type=float, default=8)
     p.add_argument("--item-cpu-ms", type=float, default=60)
     p.add_argument("--step-ms", type=float, default=20)
+    p.add_argument("--batch", type=int, default=40)
+    p.add_argument("--steps", type=int, default=60)
     p.add_argument("--wait-go", action="store_true")
     a = p.parse_args()
-    return {"cpu": cpu_job, "plain": plain_job}[a.shape](a)
+    return {"cpu": cpu_job, "big": big_job, "plain": plain_job}[a.shape](a)
 
 
 if __name__ == "__main__":

@@ -163,3 +163,55 @@ fn a_job_that_runs_no_python_has_no_stacks_and_says_so_once() {
     assert!(!chain.contains("Python stack"), "{chain}");
     assert!(!stderr.contains("python") && !stderr.contains("py-spy"), "{stderr}");
 }
+
+/// Batches of 80 MiB (40 samples of 8x256x256 float32, 8 workers on 2 CPUs): the trainer's
+/// `data_time` (its own clock around `next(it)`) holds its blocked wait for the workers and
+/// its time receiving each batch (runnable inside next(): fetching the shared memory's file
+/// descriptors, rebuilding the tensor, waiting for a CPU). The second is measured from its
+/// stacks; together they come closer to data_time than the wait alone.
+#[test]
+fn the_trainers_time_receiving_big_batches_is_counted_beside_its_wait() {
+    tests::require_privileged_env();
+    let _cpu = tests::cpu_lock();
+    let python = tests::torch_python();
+    let script = script();
+    let args = ["-u", &script, "big", "--workers", "8", "--steps", "300", "--wait-go"];
+    let mut w = Workload::start(&python, &args, None);
+    w.wait_for_role("lines", Duration::from_secs(60));
+    // 20 samples a second: enough of the trainer's few runnable moments inside next() to
+    // estimate them within a few percent of data_time (auto samples it a few times a second).
+    let tracer = Tracer::start(w.pid(), &["--quiet", "--no-gpu", "--py-stacks", "20"]);
+    w.go();
+    let (code, out) = w.wait(Duration::from_secs(180));
+    assert_eq!(code, Some(0), "{out:?}");
+    let t = tracer.wait(Duration::from_secs(30));
+    assert_eq!(t.code, Some(0), "{}", t.stderr);
+    let data_s: f64 = out
+        .iter()
+        .filter(|l| l["role"] == "step")
+        .map(|l| l["data_ns"].as_f64().unwrap_or(0.0) / 1e9)
+        .sum();
+    let trainer = t.process(w_pid(&t));
+    let blocked = trainer["data_wait_ns"].as_f64().unwrap_or(0.0) / 1e9;
+    let r = &trainer["receiving_batches"];
+    let receiving = r["ns"].as_f64().unwrap_or(0.0) / 1e9;
+    let together = blocked + receiving;
+    eprintln!(
+        "data_time {data_s:.2} s; blocked {blocked:.2} s ({:.0} %), receiving {receiving:.2} s ({} of {} samples), together {together:.2} s ({:.0} %)",
+        100.0 * blocked / data_s,
+        r["samples_inside"],
+        r["samples_on_cpu"],
+        100.0 * together / data_s
+    );
+    assert!(r["samples_inside"].as_u64().unwrap_or(0) >= 5, "{trainer:#}");
+    assert!((together - data_s).abs() < (blocked - data_s).abs(), "closer with receiving");
+    assert!((together / data_s - 1.0).abs() <= 0.2, "{together:.2} s against {data_s:.2} s");
+}
+
+fn w_pid(t: &TraceResult) -> u32 {
+    t.processes()
+        .iter()
+        .find(|p| p["role"] == "trainer")
+        .and_then(|p| p["pid"].as_u64())
+        .expect("the trainer") as u32
+}

@@ -78,6 +78,8 @@ pub struct ProcFacts {
     /// CPU time (utime + stime, /proc/PID/stat) between its first and last reading during the
     /// trace, and the span those readings cover (`model::cpu`).
     pub cpu_ns: Option<u64>,
+    /// Its CPU time receiving batches, from its Python stacks (a trainer or rank).
+    pub receiving: Option<crate::model::pystacks::Receiving>,
     pub cpu_span_ns: u64,
     /// Readings of it during the trace, and those that found it blocked reading a socket, with
     /// the socket's peer ("" unknown) and how often.
@@ -297,7 +299,7 @@ fn proc_facts(m: &Model, n: &crate::model::proctree::ProcNode, now_ns: u64) -> P
         _ if p.first_mem_kb.is_none() => ((0, p.peak_mem_ns), (p.peak_mem_kb, p.peak_mem_ns)),
         _ => ((p.first_mem_kb.unwrap_or(0), p.first_rss_ns), (p.peak_mem_kb, p.peak_mem_ns)),
     };
-    ProcFacts {
+    let facts = ProcFacts {
         offcpu: m
             .offcpu
             .summary(n.pid, |pid| matches!(m.tree.role(pid), Role::Trainer | Role::Rank)),
@@ -352,11 +354,22 @@ fn proc_facts(m: &Model, n: &crate::model::proctree::ProcNode, now_ns: u64) -> P
         }),
         alive: n.alive(),
         cpu_ns: m.ctx.cpu.cpu_ns(n.pid, n.started_ns, m.start_ns).map(|(ns, _)| ns),
+        receiving: None,
         cpu_span_ns: m.ctx.cpu.cpu_ns(n.pid, n.started_ns, m.start_ns).map_or(0, |(_, s)| s),
         readings: m.ctx.cpu.readings.get(&n.pid).copied().unwrap_or(0),
         socket_waits: by_peer(&m.ctx.cpu.socket, n.pid),
         remote_file_waits: by_peer(&m.ctx.cpu.remote_file, n.pid),
-    }
+    };
+    ProcFacts { receiving: receiving(m, &facts), ..facts }
+}
+
+/// `p`'s time receiving batches: its stack samples tell the share of its runnable time (a
+/// sample sees a thread in state R whether it runs or waits for a CPU) spent inside the
+/// DataLoader's next(), and the kernel the runnable time itself, on CPU plus in the run queue.
+fn receiving(m: &Model, p: &ProcFacts) -> Option<crate::model::pystacks::Receiving> {
+    let stacks = m.py_stacks.get(p.pid)?;
+    let runnable = p.cpu_ns? + p.offcpu.as_ref().map_or(0, |o| o.runqueue_ns);
+    crate::model::pystacks::Receiving::estimate(stacks, runnable)
 }
 
 type PeerReadings = std::collections::BTreeMap<u32, std::collections::BTreeMap<String, u64>>;

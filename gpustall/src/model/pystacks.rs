@@ -62,6 +62,9 @@ pub struct PyStacksRec {
     /// Times the process was sampled.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub rounds: u64,
+    /// Samples that could not be read (the interpreter changed what was being read).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub failed: u64,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub stacks: Vec<StackCount>,
 }
@@ -73,6 +76,7 @@ pub struct ProcStacks {
     pub unreadable: Option<String>,
     pub not_python: bool,
     pub rounds: u64,
+    pub failed: u64,
     /// (thread, frames) -> (on CPU, off CPU).
     pub stacks: HashMap<(String, Vec<PyFrame>), (u64, u64)>,
     /// Samples past [`STACKS_PER_PROC`].
@@ -93,6 +97,7 @@ impl ProcStacks {
         }
         self.not_python |= r.not_python;
         self.rounds += r.rounds;
+        self.failed += r.failed;
         for s in &r.stacks {
             let key = (s.thread.clone(), s.frames.clone());
             if self.stacks.len() >= STACKS_PER_PROC && !self.stacks.contains_key(&key) {
@@ -147,6 +152,32 @@ impl ProcStacks {
             .map(|(_, c)| c.0)
             .sum();
         (inside, self.on_cpu())
+    }
+}
+
+/// Fewer on-CPU samples than this estimate no time: a share of a handful is noise.
+pub const MIN_SAMPLES: u64 = 10;
+
+/// The trainer's time receiving batches: runnable (on CPU, or waiting for one) inside the
+/// DataLoader's `__next__` (unpickling, fetching the workers' shared-memory file descriptors,
+/// rebuilding tensors), which its blocked wait does not count but its loop's `data_time` does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Receiving {
+    /// Its share of the process's on-CPU samples times its runnable time (CPU time plus run
+    /// queue) the kernel counted.
+    pub ns: u64,
+    pub samples_inside: u64,
+    pub samples_on_cpu: u64,
+}
+
+impl Receiving {
+    pub fn estimate(p: &ProcStacks, runnable_ns: u64) -> Option<Self> {
+        let (inside, all) = p.receiving();
+        (all >= MIN_SAMPLES && inside > 0).then(|| Self {
+            ns: (runnable_ns as f64 * inside as f64 / all as f64) as u64,
+            samples_inside: inside,
+            samples_on_cpu: all,
+        })
     }
 }
 
@@ -299,8 +330,9 @@ pub struct StacksSummary {
     pub unreadable: Option<String>,
     #[serde(skip_serializing_if = "is_false")]
     pub not_python: bool,
-    /// Times it was sampled, and its threads' samples on CPU.
+    /// Times it was sampled, times a sample could not be read, and its threads' samples on CPU.
     pub samples: u64,
+    pub failed_samples: u64,
     pub on_cpu_samples: u64,
     /// Where its on-CPU samples went: the job's line and the innermost frame.
     pub top: Vec<HotSpot>,
@@ -323,6 +355,7 @@ impl ProcStacks {
             unreadable: self.unreadable.clone(),
             not_python: self.not_python,
             samples: self.rounds,
+            failed_samples: self.failed,
             on_cpu_samples: self.on_cpu(),
             top: hot_spots(&[self], 5).0,
             blocked_in: self.blocked_in().map(dump).unwrap_or_default(),

@@ -295,6 +295,9 @@ pub struct ProcessSummary {
     pub alive: bool,
     #[serde(flatten)]
     pub offcpu: Option<crate::model::offcpu::OffCpuSummary>,
+    /// A trainer's or rank's CPU time receiving batches, from its Python stacks.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub receiving_batches: Option<crate::model::pystacks::Receiving>,
     /// Its Python stacks, where they were sampled (`--py-stacks`) or could not be read.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub py_stacks: Option<crate::model::pystacks::StacksSummary>,
@@ -529,6 +532,7 @@ fn process_summary(
         killed_by: n.killed_by.clone(),
         alive: n.alive(),
         offcpu: f.and_then(|f| f.offcpu.clone()),
+        receiving_batches: f.and_then(|f| f.receiving),
         py_stacks: m.py_stacks.procs.get(&n.pid).map(|s| s.summary()),
     }
 }

@@ -315,14 +315,20 @@ fn table_rows<'a>(s: &Summary, candidates: &[Row<'a>]) -> (Vec<Row<'a>>, usize) 
 /// the trainer's clock around fetching a batch, which also counts its own work receiving it
 /// (unpickling, mapping the tensors) and, in mmengine, the hooks that run between its reads.
 fn beside_the_log(s: &Summary, logged_s: f64) -> String {
-    let waits: Vec<(u64, u64)> = s
+    let waits: Vec<(u64, u64, Option<u64>)> = s
         .processes
         .iter()
         .filter(|p| p.role == Role::Trainer)
-        .filter_map(|p| p.offcpu.as_ref())
-        .filter_map(|o| Some((o.data_wait_ns?, o.unended_wait_ns.unwrap_or(0))))
+        .filter_map(|p| {
+            let o = p.offcpu.as_ref()?;
+            Some((
+                o.data_wait_ns?,
+                o.unended_wait_ns.unwrap_or(0),
+                p.receiving_batches.map(|r| r.ns),
+            ))
+        })
         .collect();
-    let [(wait_ns, unended_ns)] = waits[..] else { return String::new() };
+    let [(wait_ns, unended_ns, receiving_ns)] = waits[..] else { return String::new() };
     let waited = wait_ns as f64 / 1e9;
     if logged_s <= 0.0 {
         return String::new();
@@ -336,15 +342,28 @@ fn beside_the_log(s: &Summary, logged_s: f64) -> String {
         _ => String::new(),
     };
     let share = 100.0 * waited / logged_s;
-    let why = if share < 95.0 {
-        ": the log also counts the trainer's own time fetching (receiving each batch, the framework's hooks between its clock's reads)"
-    } else if share > 105.0 {
+    // Its own CPU receiving the batches, from its Python stacks: what data_time counts besides.
+    let (receiving, fetching) = match receiving_ns.map(|ns| ns as f64 / 1e9) {
+        Some(r) => (
+            format!(", and on CPU receiving batches {r:.2} s (from its Python stacks): {:.2} s, {:.0} % of it together", waited + r, 100.0 * (waited + r) / logged_s),
+            waited + r,
+        ),
+        None => (String::new(), waited),
+    };
+    let together = 100.0 * fetching / logged_s;
+    let why = if together < 95.0 {
+        if receiving_ns.is_some() {
+            ": the log also counts what its clock's reads hold besides (the framework's hooks)"
+        } else {
+            ": the log also counts the trainer's own time fetching (receiving each batch, the framework's hooks between its clock's reads)"
+        }
+    } else if together > 105.0 {
         ": the trace also holds the waits after the log's last iteration"
     } else {
         ""
     };
     format!(
-        "; the trainer was blocked on its workers {waited:.2} s over the trace, {share:.0} % of it{unended}{why}"
+        "; the trainer was blocked on its workers {waited:.2} s over the trace, {share:.0} % of it{receiving}{unended}{why}"
     )
 }
 

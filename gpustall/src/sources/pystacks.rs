@@ -1,15 +1,17 @@
 //! The job's Python stacks, read from outside with py-spy (as a library, non-blocking: the
 //! process is never paused) on a thread of their own, at a rate chosen from what sampling costs.
 //!
-//! Who is sampled each round (the session's [`Target`]s, given each beat):
-//! - trainers and ranks every round: where they wait for data, and what they run on CPU;
+//! Whom it samples (the session's [`Target`]s, given each beat), each on its own clock:
+//! - trainers and ranks, on CPU or not: where they wait for data, and what they run on CPU;
 //! - DataLoader workers when they are on CPU (state R): where the pipeline's CPU goes;
 //! - any of them, on CPU or not, at least every [`IDLE_EVERY`]: the line a stuck process
 //!   blocks on.
 //!
-//! Each round's cost (the thread's own CPU time) sets the pause before the next, so that
-//! sampling takes at most [`BUDGET`] of one CPU whatever the job's size (`--py-stacks auto`),
-//! or a fixed rate (`--py-stacks HZ`). What was seen is sent every [`FLUSH_EVERY`] as one
+//! Under `--py-stacks auto` sampling takes at most [`BUDGET`] of one CPU whatever the job's
+//! size: half of it for the trainers and ranks, half for the workers, shared equally within
+//! each; a process's period is the CPU its last sample cost divided by its share. Opening a
+//! process (reading its interpreter's symbols, once) is not a sample's cost. `--py-stacks HZ`
+//! samples each at that rate. What was seen is sent every [`FLUSH_EVERY`] as one
 //! [`PyStacksRec`] per process, counts since its last one.
 
 use std::collections::{HashMap, HashSet};
@@ -24,9 +26,9 @@ use crate::sources::clock::monotonic_ns;
 
 /// The share of one CPU sampling may take under `--py-stacks auto`.
 pub const BUDGET: f64 = 0.005;
-/// The shortest and longest pause between rounds.
-const MIN_PAUSE: Duration = Duration::from_millis(50);
-const MAX_PAUSE: Duration = Duration::from_secs(2);
+/// The shortest and longest period of one process's samples.
+const MIN_PERIOD: Duration = Duration::from_millis(50);
+const MAX_PERIOD: Duration = Duration::from_secs(2);
 /// A process off CPU is still sampled this often (a stuck one's line).
 const IDLE_EVERY: Duration = Duration::from_secs(3);
 /// How often counts are sent.
@@ -35,6 +37,8 @@ const FLUSH_EVERY: Duration = Duration::from_secs(2);
 /// `sh` that execs python, a launcher that becomes the trainer.
 const RETRY_EVERY: Duration = Duration::from_secs(2);
 const OPEN_TRIES: u32 = 3;
+/// Samples that fail in a row before the process is opened again (an exec).
+const FAILED_IN_A_ROW: u32 = 10;
 
 /// `--py-stacks`: off, within [`BUDGET`], or a fixed rate.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -65,15 +69,16 @@ impl std::str::FromStr for Rate {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Target {
     pub pid: u32,
-    /// A trainer or rank: every round, on CPU or not.
+    /// A trainer or rank: sampled on CPU or not.
     pub every_round: bool,
 }
 
-/// The pause after a round that cost `cost` of CPU.
-pub fn pause_after(rate: Rate, cost: Duration) -> Duration {
+/// The period of a process's samples when one costs `cost` of CPU and it is one of `peers`
+/// sharing half the budget.
+pub fn period(rate: Rate, cost: Duration, peers: usize) -> Duration {
     match rate {
         Rate::Hz(hz) => Duration::from_secs_f64(1.0 / hz),
-        _ => cost.div_f64(BUDGET).saturating_sub(cost).clamp(MIN_PAUSE, MAX_PAUSE),
+        _ => cost.div_f64(BUDGET / 2.0 / peers.max(1) as f64).clamp(MIN_PERIOD, MAX_PERIOD),
     }
 }
 
@@ -129,8 +134,11 @@ struct Proc {
     spy: Option<py_spy::PythonSpy>,
     tries: u32,
     next_try: Option<Instant>,
+    /// When it is next looked at, and when it was last sampled.
+    due: Option<Instant>,
     last_sample: Option<Instant>,
     gave_up: bool,
+    failed_in_a_row: u32,
     /// Counts since the last flush.
     pending: PyStacksRec,
     counts: HashMap<(String, Vec<PyFrame>), (u64, u64)>,
@@ -142,7 +150,7 @@ struct Sampling {
     out: Sender<Sample>,
     procs: HashMap<u32, Proc>,
     last_flush: Instant,
-    /// A cheap generator for the pauses' jitter: a round in step with a job's own period
+    /// A cheap generator for the periods' jitter: samples in step with a job's own period
     /// would see one phase of it only.
     seed: u64,
 }
@@ -153,23 +161,35 @@ impl Sampling {
         Self { rate, targets, out, procs: HashMap::new(), last_flush: Instant::now(), seed }
     }
 
+    fn targets(&self) -> Vec<Target> {
+        self.targets.lock().map(|t| t.clone()).unwrap_or_default()
+    }
+
     fn run(mut self, stop: Receiver<()>) {
         loop {
-            let cpu0 = thread_cpu();
-            let targets = self.targets.lock().map(|t| t.clone()).unwrap_or_default();
+            let targets = self.targets();
+            let trainers = targets.iter().filter(|t| t.every_round).count();
+            let others = targets.len() - trainers;
+            let now = Instant::now();
             for t in &targets {
-                self.sample(*t);
+                let peers = if t.every_round { trainers } else { others };
+                self.visit(*t, now, peers);
             }
             if self.last_flush.elapsed() >= FLUSH_EVERY {
                 self.flush(&targets);
             }
-            let pause = self.jitter(pause_after(self.rate, thread_cpu().saturating_sub(cpu0)));
-            match stop.recv_timeout(pause) {
+            // Until the first process due, looked at again at least at each flush (new targets).
+            let next = targets
+                .iter()
+                .filter_map(|t| self.procs.get(&t.pid).and_then(|p| p.due))
+                .min()
+                .map_or(MIN_PERIOD, |d| d.saturating_duration_since(Instant::now()));
+            match stop.recv_timeout(next.clamp(Duration::from_millis(5), FLUSH_EVERY)) {
                 Err(mpsc::RecvTimeoutError::Timeout) => continue,
                 _ => break,
             }
         }
-        let targets = self.targets.lock().map(|t| t.clone()).unwrap_or_default();
+        let targets = self.targets();
         self.flush(&targets);
     }
 
@@ -181,50 +201,22 @@ impl Sampling {
         d.mul_f64(0.75 + (self.seed % 1000) as f64 / 2000.0)
     }
 
-    fn sample(&mut self, t: Target) {
-        let now = Instant::now();
+    /// Samples `t` if it is due, and sets when it is next.
+    fn visit(&mut self, t: Target, now: Instant, peers: usize) {
         let p = self.procs.entry(t.pid).or_default();
-        if p.gave_up {
+        if p.gave_up || p.due.is_some_and(|d| now < d) {
             return;
         }
-        let due = t.every_round
+        let wanted = t.every_round
             || on_cpu(t.pid)
             || p.last_sample.is_none_or(|l| now.duration_since(l) >= IDLE_EVERY);
-        if !due {
-            return;
-        }
-        if p.spy.is_none() && !open(t.pid, p, now) {
-            return;
-        }
-        let Some(spy) = p.spy.as_mut() else { return };
-        match spy.get_stack_traces() {
-            Ok(traces) => {
-                p.last_sample = Some(now);
-                p.pending.rounds += 1;
-                for tr in traces {
-                    let frames: Vec<PyFrame> = tr
-                        .frames
-                        .iter()
-                        .map(|f| PyFrame {
-                            name: f.name.clone(),
-                            file: f.filename.clone(),
-                            line: f.line.max(0) as u32,
-                        })
-                        .collect();
-                    let thread = tr.thread_name.unwrap_or_else(|| format!("{:#x}", tr.thread_id));
-                    let c = p.counts.entry((thread, frames)).or_default();
-                    if tr.active {
-                        c.0 += 1;
-                    } else {
-                        c.1 += 1;
-                    }
-                }
-            }
-            // Exited, or exec'd into something else: open it again if it is still a target.
-            Err(_) => {
-                p.spy = None;
-                p.next_try = Some(now + RETRY_EVERY);
-            }
+        let cost = if wanted { sample(t.pid, p, now) } else { None };
+        log::debug!("pid {}: sample cost {cost:?} ({peers} peers)", t.pid);
+        // Not sampled (off CPU, not Python yet): looked at again after the least period.
+        let next = period(self.rate, cost.unwrap_or_default(), peers);
+        let next = self.jitter(next);
+        if let Some(p) = self.procs.get_mut(&t.pid) {
+            p.due = Some(now + next);
         }
     }
 
@@ -255,6 +247,60 @@ impl Sampling {
         let wanted: HashSet<u32> = targets.iter().map(|t| t.pid).collect();
         self.procs.retain(|pid, _| wanted.contains(pid));
         self.last_flush = Instant::now();
+    }
+}
+
+/// One sample of `pid`'s threads into its counts; the CPU it cost, or `None` when it could not
+/// be taken (not open yet, not Python, gone).
+fn sample(pid: u32, p: &mut Proc, now: Instant) -> Option<Duration> {
+    if p.spy.is_none() && !open(pid, p, now) {
+        return None;
+    }
+    let spy = p.spy.as_mut()?;
+    let cpu0 = thread_cpu();
+    match spy.get_stack_traces() {
+        Ok(traces) => {
+            // py-spy reads the threads' states before their stacks: a main thread that blocked
+            // meanwhile is shown running in the stack it blocked in. Read again after.
+            let main_still_running = on_cpu(pid);
+            p.failed_in_a_row = 0;
+            p.last_sample = Some(now);
+            p.pending.rounds += 1;
+            for tr in traces {
+                let frames: Vec<PyFrame> = tr
+                    .frames
+                    .iter()
+                    .map(|f| PyFrame {
+                        name: f.name.clone(),
+                        file: f.filename.clone(),
+                        line: f.line.max(0) as u32,
+                    })
+                    .collect();
+                let thread = tr.thread_name.unwrap_or_else(|| format!("{:#x}", tr.thread_id));
+                let c = p.counts.entry((thread, frames)).or_default();
+                let main = tr.os_thread_id == Some(u64::from(pid));
+                if tr.active && (!main || main_still_running) {
+                    c.0 += 1;
+                } else {
+                    c.1 += 1;
+                }
+            }
+            Some(thread_cpu().saturating_sub(cpu0))
+        }
+        // Read while the interpreter changed it (non-blocking reads race with the process):
+        // counted, and the next one taken as usual. Many in a row: it exited, or exec'd into
+        // something else, and is opened again if it is still a target.
+        Err(e) => {
+            log::debug!("pid {pid}: no stack: {e}");
+            p.pending.failed += 1;
+            p.failed_in_a_row += 1;
+            if p.failed_in_a_row >= FAILED_IN_A_ROW || !crate::sources::procfs::exists(pid) {
+                p.spy = None;
+                p.failed_in_a_row = 0;
+                p.next_try = Some(now + RETRY_EVERY);
+            }
+            None
+        }
     }
 }
 
@@ -342,15 +388,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_pause_keeps_sampling_within_its_budget() {
-        // A round of 2 ms at 0.5 % of a CPU: 398 ms of pause.
-        assert_eq!(pause_after(Rate::Auto, Duration::from_millis(2)), Duration::from_millis(398));
-        assert_eq!(pause_after(Rate::Auto, Duration::from_micros(10)), MIN_PAUSE);
-        assert_eq!(pause_after(Rate::Auto, Duration::from_millis(50)), MAX_PAUSE);
-        assert_eq!(
-            pause_after(Rate::Hz(20.0), Duration::from_millis(50)),
-            Duration::from_millis(50)
-        );
+    fn each_process_is_sampled_within_its_share_of_the_budget() {
+        // A sample of 0.5 ms, one trainer with half of 0.5 % of a CPU: every 200 ms.
+        assert_eq!(period(Rate::Auto, Duration::from_micros(500), 1), Duration::from_millis(200));
+        // Eight workers share the other half: a 100 us sample each every 320 ms.
+        assert_eq!(period(Rate::Auto, Duration::from_micros(100), 8), Duration::from_millis(320));
+        assert_eq!(period(Rate::Auto, Duration::from_micros(10), 1), MIN_PERIOD);
+        assert_eq!(period(Rate::Auto, Duration::from_millis(50), 1), MAX_PERIOD);
+        assert_eq!(period(Rate::Hz(20.0), Duration::from_millis(50), 9), Duration::from_millis(50));
     }
 
     #[test]

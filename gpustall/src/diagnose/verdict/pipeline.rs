@@ -690,6 +690,7 @@ pub fn trainer_bound(c: &Ctx) -> Option<Verdict> {
     }
     let mut chain = c.chain();
     split_link(f, main, &mut chain);
+    super::stacks::hot_link(f, &[main.pid], &name(main), &mut chain);
     chain.push(f.start_ns + 1, format!("the GPUs averaged {util:.0} % utilisation over the trace"));
     let text = format!(
         "The GPU is starved by the main process, not the workers: {} was on CPU {:.0} % of its time and waited for data only {:.0} %, while the GPU averaged {util:.0} % utilisation: its own per-batch work (collate, host-side augmentation, a slow .to(device) path, Python overhead) holds the GPU back{}.",

@@ -8,8 +8,7 @@ use crate::model::pystacks::{self, ProcStacks};
 
 /// Hot spots named in a verdict.
 const TOP: usize = 3;
-/// Fewer on-CPU samples than this name no hot spot: a share of a handful is noise.
-const MIN_SAMPLES: u64 = 10;
+use crate::model::pystacks::MIN_SAMPLES;
 /// A site with less than this share of the samples is not named.
 const MIN_SHARE: f64 = 0.05;
 
@@ -81,19 +80,10 @@ pub fn wait_site(f: &Facts, p: &ProcFacts) -> Option<String> {
     pystacks::user_frame(frames).map(pystacks::show)
 }
 
-/// The trainer's CPU time receiving batches (inside the DataLoader's `__next__`: unpickling,
-/// mapping the workers' shared memory), estimated as its share of `p`'s on-CPU samples times
-/// the CPU time the kernel counted; with the samples behind it.
-pub fn receiving_ns(f: &Facts, p: &ProcFacts) -> Option<(u64, u64, u64)> {
-    let (inside, all) = f.py_stacks.get(p.pid)?.receiving();
-    let cpu = p.cpu_ns?;
-    (all >= MIN_SAMPLES).then(|| ((cpu as f64 * inside as f64 / all as f64) as u64, inside, all))
-}
-
 /// Evidence: where the trainer waits and what receiving batches cost it.
 pub fn wait_link(f: &Facts, p: &ProcFacts, chain: &mut Chain) {
     let site = wait_site(f, p);
-    let receiving = receiving_ns(f, p);
+    let receiving = p.receiving;
     if site.is_none() && receiving.is_none() {
         return;
     }
@@ -102,10 +92,12 @@ pub fn wait_link(f: &Facts, p: &ProcFacts, chain: &mut Chain) {
     if let Some(site) = site {
         s.push_str(&format!(": it waits for its batches at {site}, in the DataLoader's next()"));
     }
-    if let Some((ns, inside, all)) = receiving {
+    if let Some(r) = receiving {
         s.push_str(&format!(
-            "; receiving batches (on CPU inside the DataLoader's next(): unpickling, mapping the workers' shared memory) took {:.2} s of its CPU ({inside} of {all} on-CPU samples)",
-            ns as f64 / 1e9
+            "; receiving batches (runnable inside the DataLoader's next(): unpickling, mapping the workers' shared memory) took {:.2} s ({} of {} samples on CPU or waiting for one)",
+            r.ns as f64 / 1e9,
+            r.samples_inside,
+            r.samples_on_cpu
         ));
     }
     chain.push(t + 1, s);
