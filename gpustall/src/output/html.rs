@@ -264,6 +264,7 @@ pub fn body(summary: &Summary, t: &Timeline) -> String {
     o.push_str("<h2>Timeline</h2>");
     timeline_charts(&mut o, t, summary);
     kept_waiting_table(&mut o, summary);
+    flame_graphs(&mut o, summary);
     process_table(&mut o, summary);
     let _ = write!(
         o,
@@ -273,6 +274,43 @@ pub fn body(summary: &Summary, t: &Timeline) -> String {
         esc(&summary.gpu_status)
     );
     o
+}
+
+/// One flame graph per role of the job's Python processes' on-CPU stacks (the summary's
+/// folded lines), drawn by inferno as inline SVG: the page stays one file.
+fn flame_graphs(o: &mut String, summary: &Summary) {
+    use crate::model::proctree::Role;
+    let roles: [(&str, &[Role]); 2] = [
+        ("The trainer's and ranks' Python stacks on CPU", &[Role::Trainer, Role::Rank]),
+        ("The DataLoader workers' Python stacks on CPU", &[Role::DataloaderWorker]),
+    ];
+    for (title, roles) in roles {
+        let mut lines: std::collections::BTreeMap<&str, u64> = Default::default();
+        for p in summary.processes.iter().filter(|p| roles.contains(&p.role)) {
+            for (stack, n) in p.py_stacks.iter().flat_map(|s| &s.folded) {
+                *lines.entry(stack.as_str()).or_default() += n;
+            }
+        }
+        if let Some(svg) = flame_graph(title, &lines) {
+            let _ = write!(o, "<h2>{}</h2>{svg}", esc(title));
+        }
+    }
+}
+
+/// The SVG element inferno draws for folded `lines`, or `None` without any.
+fn flame_graph(title: &str, lines: &std::collections::BTreeMap<&str, u64>) -> Option<String> {
+    if lines.is_empty() {
+        return None;
+    }
+    let folded: Vec<String> = lines.iter().map(|(s, n)| format!("{s} {n}")).collect();
+    let mut opts = inferno::flamegraph::Options::default();
+    opts.title = title.to_string();
+    opts.count_name = "samples".to_string();
+    let mut svg = Vec::new();
+    inferno::flamegraph::from_lines(&mut opts, folded.iter().map(String::as_str), &mut svg).ok()?;
+    let svg = String::from_utf8(svg).ok()?;
+    // Inline in the page: the element without its XML prolog and doctype.
+    svg.find("<svg").map(|at| svg[at..].to_string())
 }
 
 /// A labelled series of (t_ns, value) points.
@@ -513,6 +551,21 @@ mod tests {
     fn a_series_is_drawn_in_steps_that_end_at_each_sample() {
         let d = super::steps(&[(0, 0.0), (1, 5.0), (4, 0.0)], |t| t as f64 * 10.0, |v| v);
         assert_eq!(d, ["0.0,0.0", "0.0,5.0", "10.0,5.0", "10.0,0.0", "40.0,0.0"]);
+    }
+
+    #[test]
+    fn a_flame_graph_is_an_inline_svg_whose_frames_cannot_inject_markup() {
+        let lines = [
+            ("main (train.py:3);decode (ds.py:9)", 7),
+            ("main (train.py:3);<script>alert(1)</script> (x.py:1)", 2),
+        ]
+        .into_iter()
+        .collect();
+        let svg = super::flame_graph("workers", &lines).expect("drawn");
+        assert!(svg.starts_with("<svg"), "{}", &svg[..80]);
+        assert!(svg.contains("decode (ds.py:9)"), "the frame is named");
+        assert!(!svg.contains("<script>alert"), "escaped");
+        assert!(super::flame_graph("none", &Default::default()).is_none());
     }
 
     #[test]
