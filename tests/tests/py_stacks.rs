@@ -215,3 +215,58 @@ fn w_pid(t: &TraceResult) -> u32 {
         .and_then(|p| p["pid"].as_u64())
         .expect("the trainer") as u32
 }
+
+/// `watch`: an incident's bundle holds stacks.txt, the Python stacks of the job's processes as
+/// last seen, in py-spy dump's style: here the trainer waiting for its child in its own
+/// `wait_for_child`, when the child is SIGKILLed.
+#[test]
+fn a_watch_bundle_holds_the_jobs_python_stacks() {
+    tests::require_privileged_env();
+    let dir = tests::TempDir::new("py-stacks-watch");
+    let comm = tests::procs::unique_comm();
+    let rule = format!("comm:^{comm}$");
+    let (mut w, _) = tests::watcher::bundling_watcher(&rule, dir.0.to_str().expect("utf-8"));
+    let job = format!(
+        r#"import ctypes, subprocess, time
+ctypes.CDLL(None).prctl(15, b"{comm}", 0, 0, 0)
+child = subprocess.Popen(["sleep", "60"])
+print(child.pid, flush=True)
+def wait_for_child():
+    while child.poll() is None:
+        time.sleep(0.05)
+wait_for_child()
+time.sleep(3)
+"#
+    );
+    let mut py = Command::new("python3")
+        .args(["-c", &job])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3");
+    let _cleanup = tests::procs::KillTree(py.id());
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(py.stdout.take().expect("stdout")),
+        &mut line,
+    )
+    .expect("the child's pid");
+    let child: i32 = line.trim().parse().expect("a pid");
+    w.wait_for(&format!("watching job {comm}-{}", py.id()), Duration::from_secs(20));
+    // Sampled a few times before the kill.
+    std::thread::sleep(Duration::from_secs(4));
+    // SAFETY: plain kill of the test's own grandchild.
+    unsafe { libc::kill(child, libc::SIGKILL) };
+    w.wait_for(&format!("-sigkill-{child} ("), Duration::from_secs(30));
+    let _ = py.wait();
+    let bundle = std::fs::read_dir(&dir.0)
+        .expect("bundles")
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .find(|p| p.to_string_lossy().contains(&format!("sigkill-{child}")))
+        .expect("the bundle");
+    let stacks = std::fs::read_to_string(bundle.join("stacks.txt")).expect("stacks.txt");
+    eprintln!("{stacks}");
+    assert!(stacks.contains(&format!("Process {} (", py.id())), "{stacks}");
+    assert!(stacks.contains("wait_for_child (<string>:"), "{stacks}");
+    assert!(stacks.contains("Thread MainThread"), "{stacks}");
+}

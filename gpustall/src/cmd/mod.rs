@@ -9,11 +9,13 @@ pub mod launch;
 pub mod merge;
 pub mod report;
 pub mod signals;
+mod stacks;
 pub mod trace;
 pub mod units;
 pub mod watch;
 
 pub use kernel_log::KernelLogArgs;
+pub use stacks::StacksArgs;
 
 /// A trace that ran to its end but lost events: everything is written, the figures are marked
 /// as lower bounds, and the exit status says so (3).

@@ -87,10 +87,8 @@ pub struct TraceArgs {
     /// Also write a self-contained HTML page of the run (verdict, charts, tables) to OUT.
     #[arg(long, value_name = "OUT")]
     html: Option<PathBuf>,
-    /// Sample the Python stacks of the trainer and its DataLoader workers (py-spy, without
-    /// pausing them): `auto` (at most 0.5 % of one CPU), `off`, or samples a second.
-    #[arg(long, value_name = "RATE", default_value = "auto")]
-    py_stacks: crate::sources::pystacks::Rate,
+    #[command(flatten)]
+    stacks: crate::cmd::StacksArgs,
 }
 
 impl TraceArgs {
@@ -110,7 +108,7 @@ impl TraceArgs {
             log_regex: self.log_regex,
             perfetto: self.perfetto,
             html: self.html,
-            py_stacks: self.py_stacks,
+            py_stacks: self.stacks.py_stacks,
         }
     }
 }

@@ -115,6 +115,26 @@ impl ProcStacks {
         }
     }
 
+    /// Each thread's most seen stack of the last line.
+    fn last_seen(&self) -> Vec<ThreadSeen> {
+        let mut by_thread: BTreeMap<&str, &StackCount> = BTreeMap::new();
+        for s in &self.latest {
+            let seen = |c: &StackCount| c.on_cpu + c.off_cpu;
+            let e = by_thread.entry(&s.thread).or_insert(s);
+            if seen(s) > seen(e) {
+                *e = s;
+            }
+        }
+        by_thread
+            .into_values()
+            .map(|s| ThreadSeen {
+                thread: s.thread.clone(),
+                on_cpu: s.on_cpu > s.off_cpu,
+                frames: dump(&s.frames),
+            })
+            .collect()
+    }
+
     /// On-CPU samples of every thread.
     pub fn on_cpu(&self) -> u64 {
         self.stacks.values().map(|c| c.0).sum::<u64>() + self.other_on_cpu
@@ -340,9 +360,22 @@ pub struct StacksSummary {
     /// order).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub blocked_in: Vec<String>,
+    /// Its threads' stacks at its last line (py-spy dump's order), and when that was.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub last_seen: Vec<ThreadSeen>,
+    pub last_seen_ns: u64,
     /// On-CPU stacks as folded lines (outermost first, `;` between frames) with their samples:
     /// a flame graph's input (inferno, flamegraph.pl).
     pub folded: Vec<(String, u64)>,
+}
+
+/// A thread's stack as last seen.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ThreadSeen {
+    pub thread: String,
+    /// Seen on CPU (or runnable) in most of its last samples.
+    pub on_cpu: bool,
+    pub frames: Vec<String>,
 }
 
 impl ProcStacks {
@@ -359,6 +392,8 @@ impl ProcStacks {
             on_cpu_samples: self.on_cpu(),
             top: hot_spots(&[self], 5).0,
             blocked_in: self.blocked_in().map(dump).unwrap_or_default(),
+            last_seen: self.last_seen(),
+            last_seen_ns: self.latest_ns,
             folded,
         }
     }

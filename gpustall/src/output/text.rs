@@ -168,6 +168,42 @@ pub fn process_name(s: &Summary, pid: u32) -> String {
     }
 }
 
+/// The Python stacks of the summary's processes as `seen` last saw them, in the style of
+/// `py-spy dump`: an incident bundle's stacks.txt (`seen` holding the lines up to the
+/// incident). Empty when none was sampled.
+pub fn stacks(s: &Summary, seen: &crate::model::pystacks::PyStacks) -> String {
+    let mut o = String::new();
+    let start_ns = s.t_ns.saturating_sub((s.duration_s * 1e9) as u64);
+    for p in &s.processes {
+        let Some(st) = seen.get(p.pid).map(|st| st.summary()).filter(|st| !st.last_seen.is_empty())
+        else {
+            continue;
+        };
+        let _ = writeln!(
+            o,
+            "Process {} ({}, {}; Python {}), last sampled {:.1} s into the trace:",
+            p.pid,
+            p.comm,
+            role_name(p),
+            st.python.as_deref().unwrap_or("?"),
+            st.last_seen_ns.saturating_sub(start_ns) as f64 / 1e9
+        );
+        for t in &st.last_seen {
+            let _ = writeln!(
+                o,
+                "  Thread {} ({}):",
+                t.thread,
+                if t.on_cpu { "active" } else { "idle" }
+            );
+            for f in &t.frames {
+                let _ = writeln!(o, "    {f}");
+            }
+        }
+        o.push('\n');
+    }
+    o
+}
+
 fn role_name(p: &crate::output::summary::ProcessSummary) -> String {
     let role = serde_json::to_value(p.role)
         .ok()

@@ -65,10 +65,11 @@ pub fn is_of_job(r: &Record, in_job: impl Fn(u32) -> bool) -> bool {
 pub fn write(
     root: &Path,
     name: &str,
+    at_ns: u64,
     records: impl Iterator<Item = Record>,
 ) -> anyhow::Result<(PathBuf, crate::output::summary::Summary)> {
     let partial = root.join(format!(".{name}{PARTIAL}"));
-    let written = write_files(&partial, records);
+    let written = write_files(&partial, at_ns, records);
     let done = written.and_then(|summary| {
         let dir = root.join(name);
         std::fs::rename(&partial, &dir)
@@ -86,6 +87,7 @@ const PARTIAL: &str = ".partial";
 
 fn write_files(
     dir: &Path,
+    at_ns: u64,
     records: impl Iterator<Item = Record>,
 ) -> anyhow::Result<crate::output::summary::Summary> {
     let dir = dir.to_path_buf();
@@ -100,9 +102,19 @@ fn write_files(
     }
     let record = dir.join("record.jsonl");
     let mut rec = std::io::BufWriter::new(crate::recording::files::create_private(&record)?);
-    for line in records.filter_map(|r| r.as_line().map(|l| serde_json::to_vec(&l))) {
-        rec.write_all(&line?)?;
-        rec.write_all(b"\n")?;
+    // The Python stacks up to the incident (the window goes on past it).
+    let mut stacks_then = crate::model::pystacks::PyStacks::default();
+    for r in records {
+        if let Record::Sample(crate::model::samples::Sample::PyStacks(s)) = &r {
+            if s.t_ns <= at_ns {
+                stacks_then
+                    .apply(&crate::model::untrusted::cleaned(s).unwrap_or_else(|| s.clone()));
+            }
+        }
+        if let Some(line) = r.as_line().map(|l| serde_json::to_vec(&l)) {
+            rec.write_all(&line?)?;
+            rec.write_all(b"\n")?;
+        }
     }
     rec.flush()?;
     drop(rec);
@@ -116,6 +128,12 @@ fn write_files(
     let report = crate::output::text::render(&summary);
     let report = crate::model::untrusted::lines(&report);
     crate::recording::files::write_private(&dir.join("report.txt"), report.as_bytes())?;
+    // The job's Python stacks as last seen before the incident, where any were.
+    let stacks = crate::output::text::stacks(&summary, &stacks_then);
+    if !stacks.is_empty() {
+        let stacks = crate::model::untrusted::lines(&stacks);
+        crate::recording::files::write_private(&dir.join("stacks.txt"), stacks.as_bytes())?;
+    }
     crate::recording::files::write_private_with(&dir.join("trace.json"), |w| {
         crate::output::perfetto::write_recording(&record, usize::MAX, w)
     })?;

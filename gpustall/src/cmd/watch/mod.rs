@@ -82,6 +82,8 @@ pub struct WatchArgs {
     #[command(flatten)]
     kernel_log: crate::cmd::KernelLogArgs,
     #[command(flatten)]
+    stacks: crate::cmd::StacksArgs,
+    #[command(flatten)]
     otlp: otlp::OtlpArgs,
 }
 
@@ -100,6 +102,7 @@ impl WatchArgs {
             memory_budget: usize::try_from(self.memory_budget).unwrap_or(usize::MAX),
             scan_every: self.scan_every,
             trust_user_kernel_log: self.kernel_log.trust_user_kernel_log,
+            py_stacks: self.stacks.py_stacks,
             // A daemon samples less often and calls only long idle periods stalls (evaluation,
             // checkpointing and epoch ends idle a GPU for seconds).
             gpu: self.gpu.options(Duration::from_secs(1), Duration::from_secs(30)),
@@ -126,6 +129,8 @@ pub struct WatchOptions {
     pub trust_user_kernel_log: bool,
     /// OTLP export, where asked.
     pub otlp: Option<otlp::OtlpOptions>,
+    /// `--py-stacks`.
+    pub py_stacks: crate::sources::pystacks::Rate,
 }
 
 struct Job {
@@ -522,7 +527,7 @@ impl Daemon {
         let who = root.and_then(|r| self.identity_of_job(r).file_tag());
         let who = who.map(|w| format!("-{w}")).unwrap_or_default();
         let name = format!("incident-{secs:012}-{}-{}{who}", inc.kind, inc.pid);
-        let written = crate::cmd::watch::bundle::write(&self.opts.bundle_dir, &name, out);
+        let written = crate::cmd::watch::bundle::write(&self.opts.bundle_dir, &name, inc.t_ns, out);
         drop(lines);
         self.export_incident(&inc, unsaid, root, &written);
         self.announce_bundle(&written);
@@ -712,6 +717,7 @@ async fn setup(opts: WatchOptions) -> anyhow::Result<(Daemon, Probes, Rings, Opt
     )));
     let mut session = Session::new(Model { start_ns: start, last_ns: start, ..Default::default() });
     session.follow_kernel_log(opts.trust_user_kernel_log);
+    session.sample_stacks(opts.py_stacks);
     session.recorder = Some(Box::new(FlightSink::new(flight.clone())));
     session.full_counters = true;
     let (gpu, gpu_header) = crate::cmd::gpu::open(opts.gpu.as_ref(), &mut session.model.gpu);
