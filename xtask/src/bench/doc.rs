@@ -7,8 +7,17 @@
 use serde_json::Value;
 
 /// The sections in the order of the document.
-pub const SECTIONS: [&str; 8] =
-    ["header", "swap-heavy", "watch", "fork-burst", "incident", "peer", "outside", "ctxswitch"];
+pub const SECTIONS: [&str; 9] = [
+    "header",
+    "swap-heavy",
+    "watch",
+    "fork-burst",
+    "incident",
+    "peer",
+    "outside",
+    "ctxswitch",
+    "py-stacks",
+];
 
 /// The machine a run measured.
 #[derive(Clone, Debug, PartialEq)]
@@ -195,6 +204,7 @@ pub fn section(name: &str, v: &Value, m: &Machine) -> Option<String> {
         "peer" => ("Against a bpftrace peer, and the floor", PEER_PROSE, peer(v)),
         "outside" => ("Cost to processes outside the traced job", OUTSIDE_PROSE, outside(v)),
         "ctxswitch" => ("Context-switch-heavy job", CTX_PROSE, ctxswitch(v)),
+        "py-stacks" => ("Python stacks: what sampling them costs", STACKS_PROSE, py_stacks(v)),
         _ => return None,
     };
     let when =
@@ -572,6 +582,46 @@ pub fn ctxswitch(v: &Value) -> String {
         &rows,
     );
     format!("{how}{t}")
+}
+
+const STACKS_PROSE: &str = "A real torch DataLoader with 8 workers on this machine's CPUs \
+(tests/py/stacks.py big: 300 batches of 80 MiB) traced with `--py-stacks off`, `auto` (the \
+default) and 10 samples a second per process, alternating. The agent's CPU leaves out its \
+start-up; the job's time is its whole run under the tracer. The samples are what the cost \
+bought: the trainer's and the workers' (summed), and those that could not be read. `auto` keeps \
+the samples themselves within 0.5 % of one CPU; opening each process once (reading its \
+interpreter's symbols, nine processes here) and recording the stacks come on top.";
+
+/// The Python stacks case's table.
+pub fn py_stacks(v: &Value) -> String {
+    let rows: Vec<Vec<String>> = ["off", "auto", "10 Hz"]
+        .iter()
+        .filter(|k| v[**k].is_object())
+        .map(|k| {
+            let r = &v[*k];
+            vec![
+                format!("`--py-stacks {}`", r["py_stacks"].as_str().unwrap_or("?")),
+                opt(f(&r["median_agent_cpu_pct"]), 2),
+                opt(f(&r["median_duration_s"]), 1),
+                f(&r["duration_to_off"]).map_or("-".into(), |x| format!("x{x:.2}")),
+                opt(f(&r["median_trainer_samples"]), 0),
+                opt(f(&r["median_worker_samples"]), 0),
+                opt(f(&r["median_failed_samples"]), 0),
+            ]
+        })
+        .collect();
+    table(
+        &[
+            "stacks",
+            "agent CPU, % of one CPU",
+            "job, s",
+            "to off",
+            "trainer samples",
+            "worker samples",
+            "failed samples",
+        ],
+        &rows,
+    )
 }
 
 /// The text a document has for a section before any run measured it.

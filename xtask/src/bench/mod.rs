@@ -9,7 +9,8 @@
 //! - `incident` (incident.rs): the daemon at an 8,000-process incident, in its shipped limit;
 //! - `peer` (peer.rs, with floor.rs): gpustall against a bpftrace script on one workload, then
 //!   `outside`: what gpustall's programs cost processes it does not trace;
-//! - `ctxswitch` (ctx.rs): a pipe ping-pong untraced, outside and inside the traced job.
+//! - `ctxswitch` (ctx.rs): a pipe ping-pong untraced, outside and inside the traced job;
+//! - `py-stacks` (stacks.rs): a torch job with 8 workers traced with Python stacks off and on.
 
 mod common;
 mod ctx;
@@ -18,6 +19,7 @@ mod floor;
 mod fork;
 mod incident;
 mod peer;
+mod stacks;
 mod swap;
 mod watch;
 
@@ -27,8 +29,8 @@ use serde_json::Value;
 use crate::util::{cargo, is_root, run_cmd, target_dir, workspace_root};
 
 /// The cases `--only` takes, in the order of a whole run.
-const CASES: [&str; 7] =
-    ["swap-heavy", "watch", "fork-burst", "incident", "peer", "outside", "ctxswitch"];
+const CASES: [&str; 8] =
+    ["swap-heavy", "watch", "fork-burst", "incident", "peer", "outside", "ctxswitch", "py-stacks"];
 
 /// The key of a case's figures in overhead.json.
 fn json_key(case: &str) -> &'static str {
@@ -39,6 +41,7 @@ fn json_key(case: &str) -> &'static str {
         "incident" => "watch_big_incident",
         "peer" => "peer",
         "outside" => "outside_the_job",
+        "py-stacks" => "py_stacks",
         _ => "ctxswitch",
     }
 }
@@ -52,6 +55,7 @@ fn run_case(case: &str) -> anyhow::Result<Value> {
         "peer" => peer::run(),
         "outside" => peer::outside_cases(),
         "ctxswitch" => ctx::run(),
+        "py-stacks" => stacks::run(),
         other => anyhow::bail!("no bench case {other:?} (cases: {})", CASES.join(", ")),
     }
 }

@@ -78,8 +78,12 @@ impl<'a> Ctx<'a> {
         text: String,
         culprits: Vec<u32>,
         chain: Chain,
-        advice: Vec<String>,
+        mut advice: Vec<String>,
     ) -> Verdict {
+        // A job that runs slower than it could: receiving big batches may be part of why.
+        if cause.severity() != super::Severity::Failure {
+            advice.extend(super::stacks::receiving_advice(self.f));
+        }
         Verdict {
             cause,
             culprit_pids: culprits,

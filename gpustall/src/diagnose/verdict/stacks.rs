@@ -103,6 +103,28 @@ pub fn wait_link(f: &Facts, p: &ProcFacts, chain: &mut Chain) {
     chain.push(t + 1, s);
 }
 
+/// Receiving its batches costs a trainer this share of its time fetching data (blocked plus
+/// receiving), and at least [`RECEIVING_NS`]: a cost of its own, which more workers do not cut.
+const RECEIVING_SHARE: f64 = 0.25;
+const RECEIVING_NS: u64 = 1_000_000_000;
+
+/// Advice for a trainer whose batches are costly to receive, where one is.
+pub fn receiving_advice(f: &Facts) -> Option<String> {
+    f.procs.iter().filter(|p| p.is_trainer || p.is_rank).find_map(|p| {
+        let r = p.receiving?;
+        let blocked = p.offcpu.as_ref().and_then(|o| o.data_wait_ns).unwrap_or(0);
+        let share = r.ns as f64 / (r.ns + blocked).max(1) as f64;
+        (share >= RECEIVING_SHARE && r.ns >= RECEIVING_NS).then(|| {
+            format!(
+                "receiving its batches took {} {:.2} s ({:.0} % of its time fetching data, besides waiting for them): the batches cost the trainer to take in (unpickling, mapping the workers' shared memory); more workers do not make that faster, smaller or cheaper batches do: uint8 instead of float32, crop or decode on the GPU, fewer samples a batch",
+                name(p),
+                r.ns as f64 / 1e9,
+                100.0 * share
+            )
+        })
+    })
+}
+
 /// Processes whose stacks could not be read, said once in the chain.
 pub fn unreadable_link(f: &Facts, chain: &mut Chain) {
     let mut by_why: std::collections::BTreeMap<&str, Vec<u32>> = Default::default();

@@ -625,3 +625,20 @@ fn reads_held_by_a_cgroup_limit_are_io_throttled_and_never_called_no_disk_wait()
     let v = decide(&f);
     assert!(!v.text.contains("disk wait"), "{}", v.text);
 }
+
+#[test]
+fn a_trainer_slow_to_receive_its_batches_is_advised_smaller_ones_not_more_workers() {
+    use crate::model::offcpu::OffCpuSummary;
+    use crate::model::pystacks::Receiving;
+    let mut f = Facts { procs: vec![trainer(10)], ..base() };
+    let receiving = Receiving { ns: 3_000_000_000, samples_inside: 30, samples_on_cpu: 100 };
+    f.procs[0].receiving = Some(receiving);
+    f.procs[0].offcpu =
+        Some(OffCpuSummary { data_wait_ns: Some(2_000_000_000), ..Default::default() });
+    let v = decide(&f);
+    let advice = v.advice.join("\n");
+    assert!(advice.contains("receiving its batches took"), "{v:#?}");
+    assert!(advice.contains("60 % of its time fetching data"), "{advice}");
+    f.procs[0].receiving = Some(Receiving { ns: 200_000_000, ..receiving });
+    assert!(!decide(&f).advice.join("\n").contains("receiving its batches"));
+}
