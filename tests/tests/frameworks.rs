@@ -199,3 +199,57 @@ fn an_mmengine_runner_whose_workers_outgrow_its_cgroup_is_an_oom_with_a_worker_c
     assert!(waited >= in_next * 0.75, "wait {waited} s, in next() {in_next} s");
     assert!(waited >= logged * 0.70, "wait {waited} s, log {logged} s");
 }
+
+/// PyTorch Lightning's own Trainer and fit loop on a tiny model (tests/py/lightning_job.py):
+/// one DataLoader worker whose samples cost 60 ms of pure Python CPU each, on a 2-CPU machine.
+/// The pipeline is CPU-bound with a CPU left idle: the verdict says so, names the worker and
+/// the function it burns its CPU in, and advises the second worker that fills the idle CPU,
+/// as it does under mmengine and plain torch.
+#[test]
+fn a_lightning_trainer_with_a_cpu_bound_worker_is_advised_the_worker_that_fills_the_idle_cpu() {
+    tests::require_privileged_env();
+    let _cpu = tests::cpu_lock();
+    let dir = tests::TempDir::new("lightning-cpu");
+    let python = tests::torch_python();
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("py/lightning_job.py");
+    let summary = dir.path("summary.json");
+    let o = Command::new(tests::gpustall_bin())
+        .args(["trace", "--quiet", "--no-gpu", "--summary-json"])
+        .arg(&summary)
+        .arg("--")
+        .arg(&python)
+        .arg("-u")
+        .arg(&script)
+        .args(["cpu", "--workers", "1", "--item-cpu-ms", "60", "--steps", "150"])
+        .env_remove("SUDO_UID")
+        .output()
+        .expect("gpustall trace -- lightning job");
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(o.status.code(), Some(0), "{out}\n{}", String::from_utf8_lossy(&o.stderr));
+    let lines: Vec<Value> = out.lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
+    let done = lines.iter().find(|l| l["role"] == "trainer").expect("the job's last line");
+    assert_eq!(done["steps"], 150, "Lightning ran to max_steps: {out}");
+    let hot = lines.iter().find(|l| l["role"] == "lines").expect("the job's lines");
+    let s: Value =
+        serde_json::from_str(&std::fs::read_to_string(&summary).expect("summary")).expect("JSON");
+    let v = &s["verdict"];
+    eprintln!("verdict: {v:#}");
+    assert_eq!(v["cause"], "cpu_bound_pipeline", "{v:#}");
+    let worker = s["processes"]
+        .as_array()
+        .and_then(|ps| ps.iter().find(|p| p["role"] == "dataloader_worker"))
+        .expect("the worker");
+    assert_eq!(v["culprit_pids"][0], worker["pid"], "{v:#}");
+    assert_eq!(v["advice_num_workers"], 2, "{v:#}");
+    let text = v["text"].as_str().unwrap_or_default();
+    let (first, last) = (hot["hot"][0].as_u64().unwrap_or(0), hot["hot"][1].as_u64().unwrap_or(0));
+    let named = text
+        .split("lightning_job.py:")
+        .skip(1)
+        .filter_map(|r| r.split(|c: char| !c.is_ascii_digit()).next()?.parse::<u64>().ok())
+        .any(|l| (first..=last).contains(&l));
+    assert!(
+        named && text.contains("decode_tile_expensive`"),
+        "decode_tile_expensive ({first}-{last}) named: {text}"
+    );
+}

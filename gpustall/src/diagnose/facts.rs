@@ -78,6 +78,9 @@ pub struct ProcFacts {
     /// CPU time (utime + stime, /proc/PID/stat) between its first and last reading during the
     /// trace, and the span those readings cover (`model::cpu`).
     pub cpu_ns: Option<u64>,
+    /// A trainer's or rank's CPU time since its first DataLoader worker was seen, and the span
+    /// that covers (its start-up left out).
+    pub cpu_since_workers: Option<(u64, u64)>,
     /// Its CPU time receiving batches, from its Python stacks (a trainer or rank).
     pub receiving: Option<crate::model::pystacks::Receiving>,
     pub cpu_span_ns: u64,
@@ -355,6 +358,7 @@ fn proc_facts(m: &Model, n: &crate::model::proctree::ProcNode, now_ns: u64) -> P
         alive: n.alive(),
         cpu_ns: m.ctx.cpu.cpu_ns(n.pid, n.started_ns, m.start_ns).map(|(ns, _)| ns),
         receiving: None,
+        cpu_since_workers: m.ctx.cpu.cpu_ns_since_mark(n.pid),
         cpu_span_ns: m.ctx.cpu.cpu_ns(n.pid, n.started_ns, m.start_ns).map_or(0, |(_, s)| s),
         readings: m.ctx.cpu.readings.get(&n.pid).copied().unwrap_or(0),
         socket_waits: by_peer(&m.ctx.cpu.socket, n.pid),

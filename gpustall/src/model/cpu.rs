@@ -110,6 +110,8 @@ pub struct CpuTrack {
     pub last_ns: u64,
     /// Per traced pid: its first and last reading (t_ns, utime + stime ticks).
     pub tasks: BTreeMap<u32, (Reading, Reading)>,
+    /// Per trainer or rank: its reading when its first DataLoader worker was seen (`mark`).
+    pub marks: BTreeMap<u32, Reading>,
     /// Per process outside the job: its name and the ticks it used over the trace (from the
     /// top consumers of each interval).
     pub others: BTreeMap<u32, (String, u64)>,
@@ -163,6 +165,21 @@ impl CpuTrack {
     pub fn cpu_ns(&self, pid: u32, started_ns: u64, from_ns: u64) -> Option<(u64, u64)> {
         let ((t0, c0), (t1, c1)) = *self.tasks.get(&pid)?;
         let (t0, c0) = if started_ns > from_ns { (started_ns, 0) } else { (t0, c0) };
+        let used = (c1.saturating_sub(c0) as f64 * self.tick_ns()) as u64;
+        Some((used, t1.saturating_sub(t0)))
+    }
+
+    /// Marks `pid`'s latest reading, once: its CPU from then on is `cpu_ns_since_mark`.
+    pub fn mark(&mut self, pid: u32) {
+        if let Some((_, last)) = self.tasks.get(&pid) {
+            self.marks.entry(pid).or_insert(*last);
+        }
+    }
+
+    /// CPU time `pid` used between its mark and its last reading, with the span it covers.
+    pub fn cpu_ns_since_mark(&self, pid: u32) -> Option<(u64, u64)> {
+        let (t0, c0) = *self.marks.get(&pid)?;
+        let (_, (t1, c1)) = *self.tasks.get(&pid)?;
         let used = (c1.saturating_sub(c0) as f64 * self.tick_ns()) as u64;
         Some((used, t1.saturating_sub(t0)))
     }

@@ -127,7 +127,16 @@ impl Model {
                 self.identities.insert(*pid, identity.clone());
             }
             Sample::Counters(c) => self.apply_counters(c),
-            Sample::Context(c) => self.ctx.apply(c),
+            Sample::Context(c) => {
+                self.ctx.apply(c);
+                // A trainer's CPU from its first DataLoader worker on is its per-batch work,
+                // without its imports and model building before (`CpuTrack::mark`).
+                for pid in self.tree.alive_pids() {
+                    if let Some(owner) = self.tree.dataloader_of(pid) {
+                        self.ctx.cpu.mark(owner);
+                    }
+                }
+            }
             Sample::Gpu { gpus, .. } => {
                 let pids: HashSet<u32> = self.tree.iter().map(|n| n.pid).collect();
                 let alive = !self.tree.alive_pids().is_empty();

@@ -317,7 +317,12 @@ fn keep_up(f: &Facts, s: &Starved) -> KeepUp {
         // Each worker's CPU while it lived, times the workers alive at once: not over the
         // trainer's life, which began before its DataLoader did (imports, the model).
         workers_cpus: w.share(w.cpu_ns) * s.at_once as f64,
-        trainer_cpus: cpus(Split::of(s.main).cpu_ns, span),
+        // The trainer's CPU since its workers came (its per-batch work), not over a life that
+        // began with its imports and model building (seconds of a CPU for Lightning).
+        trainer_cpus: match s.main.cpu_since_workers {
+            Some((used, over)) if over >= MIN_LIFE_NS => cpus(used, over),
+            _ => cpus(Split::of(s.main).cpu_ns, span),
+        },
         wait_share: share_since_workers(f, s),
         budget_cpus,
         budget_by,

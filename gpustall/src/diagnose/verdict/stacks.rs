@@ -31,13 +31,13 @@ pub fn hot_spots(f: &Facts, pids: &[u32]) -> Option<(String, u64)> {
     (!named.is_empty()).then(|| (named.join("; "), total))
 }
 
-/// A clause naming where `pids`' CPU goes: " (61 % of their CPU in ds.py:9 `decode`)".
+/// A clause naming where `pids`' CPU goes: "; 61 % of their CPU in ds.py:9 `decode`".
 pub fn hot_clause(f: &Facts, pids: &[u32], whose: &str) -> String {
     let procs = sampled(f, pids);
     let (spots, total) = pystacks::hot_spots(&procs, 1);
     match spots.first() {
         Some(s) if total >= MIN_SAMPLES && s.share >= MIN_SHARE => {
-            format!(" ({:.0} % of {whose} CPU in {})", s.share * 100.0, s.site)
+            format!("; {:.0} % of {whose} CPU in {}", s.share * 100.0, s.site)
         }
         _ => String::new(),
     }
