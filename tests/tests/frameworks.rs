@@ -243,8 +243,9 @@ fn a_lightning_trainer_with_a_cpu_bound_worker_is_advised_the_worker_that_fills_
     assert_eq!(v["advice_num_workers"], 2, "{v:#}");
     let text = v["text"].as_str().unwrap_or_default();
     let (first, last) = (hot["hot"][0].as_u64().unwrap_or(0), hot["hot"][1].as_u64().unwrap_or(0));
+    let file = format!("{}:", hot["file"].as_str().expect("the decode's file"));
     let named = text
-        .split("lightning_job.py:")
+        .split(file.as_str())
         .skip(1)
         .filter_map(|r| r.split(|c: char| !c.is_ascii_digit()).next()?.parse::<u64>().ok())
         .any(|l| (first..=last).contains(&l));
