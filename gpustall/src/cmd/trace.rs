@@ -488,6 +488,10 @@ fn finish(opts: &TraceOptions, mut t: Trace, probes: &Probes) -> anyhow::Result<
     let end = monotonic_ns();
     t.session.tick(&probes.maps, &mut t.beat.ctx, t.beat.log.as_mut(), end);
     t.session.finish_stacks();
+    // The programs' own lines still in their ring (the reader's task may not run again).
+    if let Some(k) = &probes.klog {
+        k.drain();
+    }
     let ended = t.session.model.finish(end);
     t.session.stalls_ended(&ended);
     let (cpu, rss) = agent::agent_usage();

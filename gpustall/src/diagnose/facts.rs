@@ -367,13 +367,11 @@ fn proc_facts(m: &Model, n: &crate::model::proctree::ProcNode, now_ns: u64) -> P
     ProcFacts { receiving: receiving(m, &facts), ..facts }
 }
 
-/// `p`'s time receiving batches: its stack samples tell the share of its runnable time (a
-/// sample sees a thread in state R whether it runs or waits for a CPU) spent inside the
-/// DataLoader's next(), and the kernel the runnable time itself, on CPU plus in the run queue.
+/// `p`'s time receiving batches, from its main thread's stack samples (a sample sees a thread
+/// in state R whether it runs or waits for a CPU), each standing for the time since the one
+/// before it.
 fn receiving(m: &Model, p: &ProcFacts) -> Option<crate::model::pystacks::Receiving> {
-    let stacks = m.py_stacks.get(p.pid)?;
-    let runnable = p.cpu_ns? + p.offcpu.as_ref().map_or(0, |o| o.runqueue_ns);
-    crate::model::pystacks::Receiving::estimate(stacks, runnable)
+    crate::model::pystacks::Receiving::estimate(m.py_stacks.get(p.pid)?)
 }
 
 type PeerReadings = std::collections::BTreeMap<u32, std::collections::BTreeMap<String, u64>>;

@@ -45,36 +45,72 @@ pub fn configure<'a>(loader: &mut EbpfLoader<'a>, level: &'a u8) {
     }
 }
 
+/// The kernel side's log ring, shared by the task that drains it as lines come and by
+/// [`Reader::drain`] at the end: a trace that ends before the task's next turn still prints
+/// the lines the programs wrote.
+pub struct Reader(Shared);
+
+type Shared = std::sync::Arc<std::sync::Mutex<aya_log::EbpfLogger<&'static dyn log::Log>>>;
+
+fn flush(shared: &Shared) {
+    if let Ok(mut l) = shared.lock() {
+        l.flush();
+    }
+}
+
+/// The ring as the runtime watches it: its fd, kept open by the logger it holds.
+struct Watched {
+    logger: Shared,
+    fd: std::os::fd::RawFd,
+}
+
+impl std::os::fd::AsRawFd for Watched {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        self.fd
+    }
+}
+
+impl Reader {
+    /// Prints whatever lines the ring holds now.
+    pub fn drain(&self) {
+        flush(&self.0);
+    }
+}
+
 /// Drains the kernel side's lines into `log` on the current tokio runtime, for as long as the
 /// runtime runs. A logger that cannot start is a debug message: the tracer works without it.
-pub fn start(ebpf: &mut Ebpf) {
+pub fn start(ebpf: &mut Ebpf) -> Option<Reader> {
+    use std::os::fd::AsRawFd as _;
     use tokio::io::{unix::AsyncFd, Interest};
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         log::debug!("the kernel side's lines are not read: no runtime");
-        return;
+        return None;
     };
     let _in_runtime = runtime.enter();
     let logger = match aya_log::EbpfLogger::init(ebpf) {
         Ok(l) => l,
         Err(e) => {
             log::debug!("the kernel side's lines are not read: {e}");
-            return;
+            return None;
         }
     };
-    // SAFETY: the AsyncFd owns the logger, and with it the ring's fd, until it is dropped:
-    // the fd cannot be closed while registered.
-    let mut fd = match unsafe { AsyncFd::register_with_interest(logger, Interest::READABLE) } {
+    let fd = logger.as_raw_fd();
+    let shared: Shared = std::sync::Arc::new(std::sync::Mutex::new(logger));
+    let watched = Watched { logger: std::sync::Arc::clone(&shared), fd };
+    // SAFETY: the AsyncFd owns `watched`, whose logger keeps the ring's fd open until the
+    // AsyncFd is dropped with it: the fd cannot be closed while registered.
+    let mut fd = match unsafe { AsyncFd::register_with_interest(watched, Interest::READABLE) } {
         Ok(fd) => fd,
         Err(e) => {
             log::debug!("the kernel side's lines are not read: {e}");
-            return;
+            return None;
         }
     };
     runtime.spawn(async move {
         loop {
             match fd.readable_mut().await {
                 Ok(mut ready) => {
-                    ready.get_inner_mut().flush();
+                    flush(&ready.get_inner().logger);
                     ready.clear_ready();
                 }
                 Err(e) => {
@@ -84,6 +120,7 @@ pub fn start(ebpf: &mut Ebpf) {
             }
         }
     });
+    Some(Reader(shared))
 }
 
 #[cfg(test)]

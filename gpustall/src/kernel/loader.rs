@@ -107,6 +107,8 @@ pub struct Probes {
     /// What this kernel lacks that gpustall measures another way (see [`degradations`]).
     pub degraded: Vec<String>,
     pub maps: KernelMaps,
+    /// The kernel side's own lines, where asked for (`RUST_LOG`): drained at the end too.
+    pub klog: Option<crate::kernel::klog::Reader>,
     /// The two rings, until the event loop takes them ([`Probes::take_rings`]).
     rings: Option<(RingBuf<MapData>, RingBuf<MapData>)>,
 }
@@ -159,9 +161,7 @@ pub fn load(
     crate::kernel::stats::log_verifier_costs(&ebpf, &attached.programs);
     let mut degraded = degradations(tracefs, &offsets, &layouts);
     degraded.extend(attached.degraded);
-    if log_level != 0 {
-        crate::kernel::klog::start(&mut ebpf);
-    }
+    let klog = if log_level != 0 { crate::kernel::klog::start(&mut ebpf) } else { None };
     let maps = KernelMaps::take(&mut ebpf)?;
     let critical = crate::kernel::maps::take(&mut ebpf, maps::CRITICAL)?;
     let bulk = crate::kernel::maps::take(&mut ebpf, maps::BULK)?;
@@ -172,6 +172,7 @@ pub fn load(
         skipped: attached.skipped,
         degraded,
         maps,
+        klog,
         rings: Some((critical, bulk)),
     })
 }

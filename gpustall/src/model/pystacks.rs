@@ -35,6 +35,10 @@ pub struct StackCount {
     pub on_cpu: u64,
     #[serde(default, skip_serializing_if = "is_zero")]
     pub off_cpu: u64,
+    /// The time its on-CPU samples stand for: each sample, the time since the process's
+    /// previous one (absent in recordings before it).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub on_cpu_ns: u64,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -82,6 +86,11 @@ pub struct ProcStacks {
     /// Samples past [`STACKS_PER_PROC`].
     pub other_on_cpu: u64,
     pub other_off_cpu: u64,
+    /// Its main thread runnable inside the DataLoader's `__next__`: the time those samples
+    /// stand for, their number, and the main thread's runnable samples in all.
+    pub receiving_ns: u64,
+    pub receiving_samples: u64,
+    pub main_on_cpu: u64,
     /// The stacks of its last line: what it was doing most recently.
     pub latest: Vec<StackCount>,
     pub latest_ns: u64,
@@ -99,6 +108,13 @@ impl ProcStacks {
         self.rounds += r.rounds;
         self.failed += r.failed;
         for s in &r.stacks {
+            if s.thread == "MainThread" {
+                self.main_on_cpu += s.on_cpu;
+                if s.frames.iter().any(is_dataloader_next) {
+                    self.receiving_ns += s.on_cpu_ns;
+                    self.receiving_samples += s.on_cpu;
+                }
+            }
             let key = (s.thread.clone(), s.frames.clone());
             if self.stacks.len() >= STACKS_PER_PROC && !self.stacks.contains_key(&key) {
                 self.other_on_cpu += s.on_cpu;
@@ -162,39 +178,33 @@ impl ProcStacks {
             .map(|((_, frames), _)| frames.as_slice())
     }
 
-    /// On-CPU samples inside the DataLoader's `__next__` (the trainer receiving batches:
-    /// unpickling, mapping the workers' shared memory), and all its on-CPU samples.
+    /// Its main thread's runnable samples inside the DataLoader's `__next__` (the trainer
+    /// receiving batches: unpickling, mapping the workers' shared memory), and all of them.
     pub fn receiving(&self) -> (u64, u64) {
-        let inside = self
-            .stacks
-            .iter()
-            .filter(|((_, frames), _)| frames.iter().any(is_dataloader_next))
-            .map(|(_, c)| c.0)
-            .sum();
-        (inside, self.on_cpu())
+        (self.receiving_samples, self.main_on_cpu)
     }
 }
 
 /// Fewer on-CPU samples than this estimate no time: a share of a handful is noise.
 pub const MIN_SAMPLES: u64 = 10;
 
-/// The trainer's time receiving batches: runnable (on CPU, or waiting for one) inside the
-/// DataLoader's `__next__` (unpickling, fetching the workers' shared-memory file descriptors,
-/// rebuilding tensors), which its blocked wait does not count but its loop's `data_time` does.
+/// The trainer's time receiving batches: its main thread runnable (on CPU, or waiting for one)
+/// inside the DataLoader's `__next__` (unpickling, fetching the workers' shared-memory file
+/// descriptors, rebuilding tensors), which its blocked wait does not count but its loop's
+/// `data_time` does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct Receiving {
-    /// Its share of the process's on-CPU samples times its runnable time (CPU time plus run
-    /// queue) the kernel counted.
+    /// The time those samples stand for (each, the time since the one before it).
     pub ns: u64,
     pub samples_inside: u64,
     pub samples_on_cpu: u64,
 }
 
 impl Receiving {
-    pub fn estimate(p: &ProcStacks, runnable_ns: u64) -> Option<Self> {
+    pub fn estimate(p: &ProcStacks) -> Option<Self> {
         let (inside, all) = p.receiving();
-        (all >= MIN_SAMPLES && inside > 0).then(|| Self {
-            ns: (runnable_ns as f64 * inside as f64 / all as f64) as u64,
+        (all >= MIN_SAMPLES && inside > 0 && p.receiving_ns > 0).then_some(Self {
+            ns: p.receiving_ns,
             samples_inside: inside,
             samples_on_cpu: all,
         })
@@ -469,7 +479,13 @@ mod tests {
     }
 
     fn count(frames: Vec<PyFrame>, on: u64, off: u64) -> StackCount {
-        StackCount { thread: "MainThread".into(), frames, on_cpu: on, off_cpu: off }
+        StackCount {
+            thread: "MainThread".into(),
+            frames,
+            on_cpu: on,
+            off_cpu: off,
+            on_cpu_ns: on * 100,
+        }
     }
 
     #[test]

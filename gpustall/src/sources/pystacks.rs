@@ -37,6 +37,8 @@ const FLUSH_EVERY: Duration = Duration::from_secs(2);
 /// `sh` that execs python, a launcher that becomes the trainer.
 const RETRY_EVERY: Duration = Duration::from_secs(2);
 const OPEN_TRIES: u32 = 3;
+/// The most time one sample stands for.
+const STANDS_FOR_AT_MOST: Duration = Duration::from_secs(4);
 /// Samples that fail in a row before the process is opened again (an exec).
 const FAILED_IN_A_ROW: u32 = 10;
 
@@ -141,7 +143,8 @@ struct Proc {
     failed_in_a_row: u32,
     /// Counts since the last flush.
     pending: PyStacksRec,
-    counts: HashMap<(String, Vec<PyFrame>), (u64, u64)>,
+    /// (thread, stack) -> (on CPU, off CPU, the time the on-CPU samples stand for).
+    counts: HashMap<(String, Vec<PyFrame>), (u64, u64, u64)>,
 }
 
 struct Sampling {
@@ -229,11 +232,12 @@ impl Sampling {
             let mut rec = std::mem::take(&mut p.pending);
             rec.stacks = counts
                 .into_iter()
-                .map(|((thread, frames), (on_cpu, off_cpu))| StackCount {
+                .map(|((thread, frames), (on_cpu, off_cpu, on_cpu_ns))| StackCount {
                     thread,
                     frames,
                     on_cpu,
                     off_cpu,
+                    on_cpu_ns,
                 })
                 .collect();
             if rec == PyStacksRec::default() {
@@ -264,6 +268,11 @@ fn sample(pid: u32, p: &mut Proc, now: Instant) -> Option<Duration> {
             // meanwhile is shown running in the stack it blocked in. Read again after.
             let main_still_running = on_cpu(pid);
             p.failed_in_a_row = 0;
+            // The time this sample stands for: since the one before (none for the first; a
+            // gap, the process off CPU and not looked at, counts at most STANDS_FOR_AT_MOST).
+            let stands_for = p
+                .last_sample
+                .map_or(Duration::ZERO, |l| now.duration_since(l).min(STANDS_FOR_AT_MOST));
             p.last_sample = Some(now);
             p.pending.rounds += 1;
             for tr in traces {
@@ -281,6 +290,7 @@ fn sample(pid: u32, p: &mut Proc, now: Instant) -> Option<Duration> {
                 let main = tr.os_thread_id == Some(u64::from(pid));
                 if tr.active && (!main || main_still_running) {
                     c.0 += 1;
+                    c.2 += stands_for.as_nanos() as u64;
                 } else {
                     c.1 += 1;
                 }

@@ -665,6 +665,9 @@ pub async fn run(opts: WatchOptions) -> anyhow::Result<()> {
         event_loop::run(&mut d, &mut rings, &mut probes.maps, GpuTicks { watch: gpu, every }, None)
             .await?;
     log::debug!("watch ended: {stop:?}");
+    if let Some(k) = &probes.klog {
+        k.drain();
+    }
     d.take_incidents();
     d.write_bundle(true);
     if let Some(o) = d.otlp.take() {
