@@ -57,6 +57,33 @@ esac
 [ -e /sys/kernel/btf/vmlinux ] && echo "@@FACT btf yes" || echo "@@FACT btf no"
 echo "@@FACT cpus online=$(cat /sys/devices/system/cpu/online) possible=$(cat /sys/devices/system/cpu/possible)"
 
+# Under software emulation a guest now and then locks up or oopses (int3 in `__schedule`,
+# `__hrtimer_run_queues`) while gpustall attaches: the first probe on a tracepoint flips its
+# static key, which rewrites kernel text live on both vCPUs, and qemu's multi-threaded TCG
+# loses that race now and then (never seen on real hardware). Enabled here once, on an idle
+# guest, through ftrace with its ring buffer off (nothing is recorded), the keys stay on: the
+# tests' attaches and detaches then only add and remove probes, with no text patched. The
+# tracepoints are gpustall-ebpf's (gpustall/src/kernel/probes.rs); a missing one is skipped.
+T=/sys/kernel/tracing
+[ -d $T/events ] || T=/sys/kernel/debug/tracing
+if [ -w $T/tracing_on ]; then
+  echo 0 > $T/tracing_on
+  pinned=0
+  for ev in task/task_newtask task/task_rename sched/sched_process_exit sched/sched_process_exec \
+    sched/sched_waking sched/sched_switch oom/mark_victim signal/signal_generate \
+    vmscan/mm_vmscan_direct_reclaim_begin vmscan/mm_vmscan_direct_reclaim_end \
+    vmscan/mm_vmscan_memcg_reclaim_begin vmscan/mm_vmscan_memcg_reclaim_end \
+    vmscan/mm_vmscan_kswapd_wake vmscan/mm_vmscan_kswapd_sleep vmscan/mm_vmscan_wakeup_kswapd \
+    vmscan/mm_vmscan_write_folio vmscan/mm_vmscan_writepage vmscan/mm_vmscan_throttled \
+    block/block_bio_remap block/block_bio_queue block/block_io_start block/block_io_done \
+    block/block_rq_complete timer/hrtimer_expire_entry timer/hrtimer_expire_exit; do
+    [ -w $T/events/$ev/enable ] && echo 1 > $T/events/$ev/enable && pinned=$((pinned + 1))
+  done
+  echo "@@FACT tracepoint keys pinned on (ftrace, ring buffer off): $pinned"
+else
+  echo "@@FACT tracepoint keys not pinned (no tracefs)"
+fi
+
 while IFS=$'\t' read -r kind name exe rest; do
   [ "$kind" = test ] || continue
   export GPUSTALL_VM_DEGRADED=/run/degraded-$name
