@@ -9,6 +9,7 @@ pub mod blocklayout;
 pub mod counters;
 pub mod events;
 pub mod folio;
+pub mod gpu;
 pub mod hint;
 pub mod names;
 pub mod offsets;

@@ -27,6 +27,8 @@ pub mod maps {
     pub const SYSCALL_WAITS: &str = "SYSCALL_WAITS";
     pub const FEEDERS: &str = "FEEDERS";
     pub const KILLED_THREADS: &str = "KILLED_THREADS";
+    pub const GPU_CALLS: &str = "GPU_CALLS";
+    pub const GPU_WAITS: &str = "GPU_WAITS";
 }
 
 /// The global holding this kernel's tracepoint field offsets.
@@ -40,6 +42,9 @@ pub const FOLIO_LAYOUT: &str = "FOLIO_LAYOUT";
 /// The global holding the offset of the syscall number in `struct pt_regs` (x86_64 `orig_ax`,
 /// from BTF; `task::UNKNOWN` elsewhere), read by the typed sched_switch program.
 pub const SYSCALL_NR_OFFSET: &str = "SYSCALL_NR_OFFSET";
+/// The global holding the offset of the thread's CPU time in `struct task_struct`
+/// (`se.sum_exec_runtime`, from BTF; `task::UNKNOWN` without it), read by the CUDA uprobes.
+pub const CPU_TIME_OFFSET: &str = "CPU_TIME_OFFSET";
 /// The typed sched_waking's `StackLayout` global (`gpustall_common::sched`).
 pub const STACK_LAYOUT: &str = "STACK_LAYOUT";
 /// The typed block programs' `BlockLayout` global.
@@ -83,4 +88,7 @@ pub mod programs {
     pub const SCHED_WAKING: &str = "sched_waking";
     pub const HRTIMER_EXPIRE_ENTRY: &str = "hrtimer_expire_entry";
     pub const HRTIMER_EXPIRE_EXIT: &str = "hrtimer_expire_exit";
+    /// The uprobe and uretprobe on the CUDA driver's synchronising calls (`kernel::cuda`).
+    pub const CUDA_SYNC_ENTER: &str = "cuda_sync_enter";
+    pub const CUDA_SYNC_EXIT: &str = "cuda_sync_exit";
 }

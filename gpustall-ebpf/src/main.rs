@@ -17,6 +17,7 @@
 mod block;
 mod common;
 mod diag;
+mod gpu;
 mod process;
 mod reclaim;
 mod sched;

@@ -96,10 +96,10 @@ pub static FEEDERS: HashMap<u32, Feeders> = HashMap::with_max_entries(64, BPF_F_
 
 /// Trainers' and ranks' interruptible waits by the class of the syscall they blocked in. Sized
 /// for the job's data waiters (a node's ranks, a few per GPU), allocated on use: 224 bytes an
-/// entry, 43 KiB when full. Past it a new waiter's waits are counted as lost (map full).
+/// entry, about 21 KiB when full. Past it a new waiter's waits are counted as lost (map full).
 #[map]
 pub static SYSCALL_WAITS: HashMap<u32, SyscallWaits> =
-    HashMap::with_max_entries(128, BPF_F_NO_PREALLOC);
+    HashMap::with_max_entries(64, BPF_F_NO_PREALLOC);
 
 /// Per CPU: 1 inside an hrtimer callback. A wakeup there ends a timeout (a sleep, a poll or a
 /// timed wait running out), and `current` is only the task the timer interrupted: it must not

@@ -72,17 +72,31 @@ pub fn torch_python() -> PathBuf {
     python
 }
 
-/// The stand-in NVML library built by the workspace (crate nvml-stub): beside `GPUSTALL_BIN`
-/// when that is set (another target directory), else in the workspace's debug build.
-pub fn nvml_stub() -> PathBuf {
+/// A library the workspace builds (`file`, crate `krate`): beside `GPUSTALL_BIN` when that is
+/// set (another target directory), else in the workspace's debug build.
+fn built_library(file: &str, krate: &str) -> PathBuf {
     let p = std::env::var_os("GPUSTALL_BIN")
-        .map(|b| PathBuf::from(b).with_file_name("libnvidia_ml_stub.so"))
-        .unwrap_or_else(|| workspace_root().join("target/debug/libnvidia_ml_stub.so"));
+        .map(|b| PathBuf::from(b).with_file_name(file))
+        .unwrap_or_else(|| workspace_root().join("target/debug").join(file));
     assert!(
         p.exists(),
-        "{} is missing: build it first (cargo build -p nvml-stub, or cargo xtask test)",
+        "{} is missing: build it first (cargo build -p {krate}, or cargo xtask test)",
         p.display()
     );
+    p
+}
+
+/// The stand-in NVML library (crate nvml-stub).
+pub fn nvml_stub() -> PathBuf {
+    built_library("libnvidia_ml_stub.so", "nvml-stub")
+}
+
+/// The stand-in CUDA driver (crate cuda-stub), copied into `dir` as `libcuda.so.1`: the name
+/// gpustall looks for in a process's maps.
+pub fn cuda_stub(dir: &TempDir) -> PathBuf {
+    let p = dir.path("libcuda.so.1");
+    std::fs::copy(built_library("libcuda_stub.so", "cuda-stub"), &p)
+        .expect("copying the stand-in libcuda");
     p
 }
 

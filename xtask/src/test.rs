@@ -13,7 +13,7 @@ pub fn run(extra: &[String]) -> anyhow::Result<()> {
     }
     crate::setup::run_setup(true)?;
     crate::setup::ensure_test_tools()?;
-    run_cmd(cargo().args(["build", "-p", "gpustall", "-p", "tests", "-p", "nvml-stub"]))?;
+    crate::util::build_test_programs()?;
     let bin = target_dir().join("debug/gpustall");
     // The package as users install it: built here (a release build, cargo-deb), installed by the
     // test, which a cargo test could not build in reasonable time.

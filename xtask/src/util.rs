@@ -45,6 +45,13 @@ pub fn cargo() -> Command {
 }
 
 /// `apt-get install` of `packages`, without recommends, after a quiet `apt-get update`.
+/// Builds what the end-to-end tests run: gpustall, the test binaries and the stand-in NVML
+/// and CUDA libraries.
+pub fn build_test_programs() -> anyhow::Result<()> {
+    let packages = ["gpustall", "tests", "nvml-stub", "cuda-stub"];
+    run_cmd(cargo().arg("build").args(packages.iter().flat_map(|p| ["-p", p])))
+}
+
 pub fn apt_install(packages: &[&str]) -> anyhow::Result<()> {
     let _ = run_cmd(Command::new("apt-get").args(["update", "-qq"]));
     run_cmd(

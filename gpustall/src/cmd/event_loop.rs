@@ -21,7 +21,7 @@ use crate::{
         gpu::GpuWatch,
         signals::{Received, Signals},
     },
-    kernel::loader::KernelMaps,
+    kernel::loader::{KernelMaps, Probes},
     model::samples::Sample,
     sources::clock::monotonic_ns,
 };
@@ -134,7 +134,7 @@ fn ticker(every: Duration) -> Interval {
 pub async fn run(
     cmd: &mut impl Beat,
     rings: &mut Rings,
-    maps: &mut KernelMaps,
+    probes: &mut Probes,
     gpu: GpuTicks,
     deadline: Option<Duration>,
 ) -> anyhow::Result<Stop> {
@@ -189,7 +189,9 @@ pub async fn run(
             _ = beat_tick.tick() => {
                 let records = rings.drain(cmd.session());
                 paced(records, drain_tick.as_mut());
-                let stop = cmd.beat(maps, monotonic_ns());
+                let now = monotonic_ns();
+                let stop = cmd.beat(&mut probes.maps, now);
+                cmd.session().follow_cuda(probes, now);
                 cmd.session().sync_if_due();
                 if let Some(stop) = stop {
                     break stop;
@@ -207,7 +209,7 @@ pub async fn run(
                 }
             }
         }
-        cmd.session().follow_roles(maps);
+        cmd.session().follow_roles(&mut probes.maps);
         if let Some(why) = cmd.session().take_moment() {
             cmd.catch_up(why);
         }

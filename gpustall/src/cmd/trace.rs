@@ -166,7 +166,7 @@ pub async fn run(mut opts: TraceOptions) -> anyhow::Result<()> {
     t.launched = launched;
     let gpu =
         GpuTicks { watch: gpu, every: opts.gpu.as_ref().map_or(Duration::MAX, |g| g.interval) };
-    let stop = event_loop::run(&mut t, &mut rings, &mut probes.maps, gpu, opts.duration).await?;
+    let stop = event_loop::run(&mut t, &mut rings, &mut probes, gpu, opts.duration).await?;
     t.beat.bar.finish();
     log::debug!("trace ended: {stop:?}");
     let launched = t.launched.take();

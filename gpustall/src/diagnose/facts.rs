@@ -81,8 +81,13 @@ pub struct ProcFacts {
     /// A trainer's or rank's CPU time since its first DataLoader worker was seen, and the span
     /// that covers (its start-up left out).
     pub cpu_since_workers: Option<(u64, u64)>,
+    /// From that first worker's beat to its exit or the end of the trace.
+    pub since_workers_ns: Option<u64>,
     /// Its CPU time receiving batches, from its Python stacks (a trainer or rank).
     pub receiving: Option<crate::model::pystacks::Receiving>,
+    /// A trainer's or rank's time inside the CUDA driver's synchronising calls, where they
+    /// were probed (`model::gpuwait`).
+    pub gpu_wait: Option<crate::model::gpuwait::GpuWaitSummary>,
     pub cpu_span_ns: u64,
     /// Readings of it during the trace, and those that found it blocked reading a socket, with
     /// the socket's peer ("" unknown) and how often.
@@ -358,7 +363,13 @@ fn proc_facts(m: &Model, n: &crate::model::proctree::ProcNode, now_ns: u64) -> P
         alive: n.alive(),
         cpu_ns: m.ctx.cpu.cpu_ns(n.pid, n.started_ns, m.start_ns).map(|(ns, _)| ns),
         receiving: None,
+        gpu_wait: m.gpu_waits.summary(n.pid),
         cpu_since_workers: m.ctx.cpu.cpu_ns_since_mark(n.pid),
+        since_workers_ns: m
+            .ctx
+            .cpu
+            .mark_ns(n.pid)
+            .map(|t| n.exit_ns.unwrap_or(now_ns).saturating_sub(t)),
         cpu_span_ns: m.ctx.cpu.cpu_ns(n.pid, n.started_ns, m.start_ns).map_or(0, |(_, s)| s),
         readings: m.ctx.cpu.readings.get(&n.pid).copied().unwrap_or(0),
         socket_waits: by_peer(&m.ctx.cpu.socket, n.pid),

@@ -60,6 +60,12 @@ pub fn task_exit_code_offset(btf: &Btf) -> Option<u32> {
     off
 }
 
+/// `task_struct.se.sum_exec_runtime`: the thread's CPU time, as the scheduler last updated it.
+pub fn cpu_time_offset(btf: &Btf) -> Option<u32> {
+    let se = member_offset(btf, "task_struct", "se")?;
+    Some(se + member_offset(btf, "sched_entity", "sum_exec_runtime")?)
+}
+
 /// The running kernel's BTF, or why it cannot be read (a kernel built without
 /// CONFIG_DEBUG_INFO_BTF): the typed programs then fall back to classic tracepoints.
 pub fn open() -> Result<Btf, String> {

@@ -17,6 +17,9 @@ pub struct Layouts {
     pub syscall_nr: u32,
     /// How the typed sched_waking tells interrupt context (kernel::offcpu::stack_layout).
     pub stack: StackLayout,
+    /// Where `struct task_struct` keeps the thread's CPU time (`se.sum_exec_runtime`), read
+    /// by the CUDA uprobes (kernel::cuda).
+    pub cpu_time: u32,
 }
 
 impl Layouts {
@@ -28,6 +31,7 @@ impl Layouts {
             block: BlockLayout::unknown(),
             syscall_nr: TASK_UNKNOWN,
             stack: StackLayout::unknown(),
+            cpu_time: TASK_UNKNOWN,
         }
     }
 
@@ -39,6 +43,7 @@ impl Layouts {
             block: crate::kernel::btf::block_layout(btf),
             syscall_nr: syscall_nr.unwrap_or(TASK_UNKNOWN),
             stack: crate::kernel::offcpu::stack_layout(btf, syscall_nr),
+            cpu_time: crate::kernel::btf::cpu_time_offset(btf).unwrap_or(TASK_UNKNOWN),
         }
     }
 }

@@ -111,10 +111,27 @@ pub struct Probes {
     pub klog: Option<crate::kernel::klog::Reader>,
     /// The two rings, until the event loop takes them ([`Probes::take_rings`]).
     rings: Option<(RingBuf<MapData>, RingBuf<MapData>)>,
+    /// The CUDA drivers probed for the waiters' GPU waits.
+    cuda: crate::kernel::cuda::CudaProbes,
 }
 
 impl Probes {
     /// The critical and the bulk ring, for the event loop (once).
+    /// Probes the CUDA drivers `waiters` (live trainers and ranks) mapped since the last
+    /// call: what was found, once per waiter.
+    pub fn follow_cuda(
+        &mut self,
+        waiters: &[u32],
+        now_ns: u64,
+    ) -> Vec<crate::model::gpuwait::CudaProbesRec> {
+        let found = self.cuda.follow(&mut self.ebpf, waiters, now_ns);
+        // Once loaded, their run statistics are the overhead's as the tracepoints' are.
+        if self.cuda.loaded() && !self.programs.contains(&programs::CUDA_SYNC_ENTER) {
+            self.programs.extend([programs::CUDA_SYNC_ENTER, programs::CUDA_SYNC_EXIT]);
+        }
+        found
+    }
+
     pub fn take_rings(&mut self) -> anyhow::Result<(RingBuf<MapData>, RingBuf<MapData>)> {
         self.rings.take().ok_or_else(|| anyhow::anyhow!("the rings were already taken"))
     }
@@ -174,6 +191,7 @@ pub fn load(
         maps,
         klog,
         rings: Some((critical, bulk)),
+        cuda: Default::default(),
     })
 }
 
@@ -217,6 +235,7 @@ fn load_object(
     loader.override_global(names::BLOCK_LAYOUT, &layouts.block, true);
     loader.override_global(names::SYSCALL_NR_OFFSET, &layouts.syscall_nr, true);
     loader.override_global(names::STACK_LAYOUT, &layouts.stack, true);
+    loader.override_global(names::CPU_TIME_OFFSET, &layouts.cpu_time, true);
     crate::kernel::klog::configure(&mut loader, &log_level);
     let (inflight, slots) = inflight_entries(typed_pair);
     loader.map_max_entries(maps::IO_INFLIGHT, inflight);

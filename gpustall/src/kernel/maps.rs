@@ -33,6 +33,7 @@ pub struct KernelMaps {
     /// When the in-flight map was last searched for stale requests.
     inflight_swept_ns: std::sync::atomic::AtomicU64,
     sched: crate::kernel::offcpu::SchedMaps,
+    gpu: crate::kernel::cuda::GpuMaps,
 }
 
 /// How often the in-flight map is searched for stale requests.
@@ -78,6 +79,7 @@ impl KernelMaps {
             io_inflight: std::sync::Mutex::new(take(ebpf, maps::IO_INFLIGHT)?),
             inflight_swept_ns: std::sync::atomic::AtomicU64::new(0),
             sched: crate::kernel::offcpu::SchedMaps::take(ebpf)?,
+            gpu: crate::kernel::cuda::GpuMaps::take(ebpf)?,
         })
     }
 
@@ -91,6 +93,7 @@ impl KernelMaps {
         }
         let _ = self.proc_counters.remove(&pid);
         self.sched.forget(pid);
+        self.gpu.forget(pid);
         for IoSlot { dev, op, in_reclaim } in io_slots {
             let key = IoKey { tgid: pid, dev, op, in_reclaim: u32::from(in_reclaim) };
             let _ = self.io_counters.remove(&key);
@@ -143,6 +146,7 @@ impl KernelMaps {
         out.procs.sort_by_key(|p| p.pid);
         out.io.sort_by_key(|r| (r.pid, r.dev, r.op, r.in_reclaim));
         self.sched.read(&mut out);
+        self.gpu.read(&mut out);
         out.host = read_array(&self.host, HOST_COUNTERS);
         out.lost = read_array(&self.lost, LOST_COUNTERS);
         let lat = read_array(&self.io_latency, 3 * LATENCY_BUCKETS);

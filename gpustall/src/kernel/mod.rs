@@ -6,6 +6,7 @@
 mod attach;
 pub mod batch;
 pub mod btf;
+pub mod cuda;
 pub mod decode;
 pub mod folio;
 pub mod hint;

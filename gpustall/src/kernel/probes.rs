@@ -338,6 +338,8 @@ mod tests {
             maps::WAKES,
             maps::SYSCALL_WAITS,
             maps::FEEDERS,
+            maps::GPU_CALLS,
+            maps::GPU_WAITS,
             // aya-log-ebpf's, which the loader sizes and the logger reads.
             crate::kernel::klog::LOG_MAP,
         ];
@@ -348,15 +350,17 @@ mod tests {
                 obj.maps.keys()
             );
         }
-        let table: Vec<&str> = PROBES
+        let mut table: Vec<&str> = PROBES
             .iter()
             .flat_map(|p| [Some(p.program), p.typed.map(|t| t.program)])
             .flatten()
             .collect();
+        // The CUDA uprobes, attached per library by `kernel::cuda`, not by the table.
+        table.extend([programs::CUDA_SYNC_ENTER, programs::CUDA_SYNC_EXIT]);
         for p in &table {
             assert!(obj.programs.contains_key(*p), "program {p} is not in the object");
         }
-        // Every program of the object is attached by the table (none forgotten).
+        // Every program of the object is attached by the table or kernel::cuda (none forgotten).
         assert_eq!(obj.programs.len(), table.len(), "{:?}", obj.programs.keys());
     }
 

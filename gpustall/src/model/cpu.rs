@@ -176,6 +176,11 @@ impl CpuTrack {
         }
     }
 
+    /// When `pid`'s mark was read.
+    pub fn mark_ns(&self, pid: u32) -> Option<u64> {
+        self.marks.get(&pid).map(|(t, _)| *t)
+    }
+
     /// CPU time `pid` used between its mark and its last reading, with the span it covers.
     pub fn cpu_ns_since_mark(&self, pid: u32) -> Option<(u64, u64)> {
         let (t0, c0) = *self.marks.get(&pid)?;

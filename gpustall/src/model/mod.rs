@@ -7,6 +7,7 @@ pub mod cpu;
 pub mod event;
 pub mod folded;
 pub mod gpu;
+pub mod gpuwait;
 pub mod host;
 pub mod identity;
 pub mod incident;
@@ -85,6 +86,8 @@ pub struct Model {
     pub kernel_log: crate::model::kernlog::KernelLog,
     /// The job's Python stacks, per process (`--py-stacks`).
     pub py_stacks: crate::model::pystacks::PyStacks,
+    /// Trainers' and ranks' waits for the GPU (only trainers and ranks: never folded).
+    pub gpu_waits: crate::model::gpuwait::GpuWaitModel,
     /// Each process's identity in its cluster, where one was found.
     pub identities: BTreeMap<u32, crate::model::identity::Identity>,
     /// Where and when the trace ran (from the recording's header).
@@ -112,7 +115,8 @@ impl Model {
             | Sample::Context(_)
             | Sample::Gpu { .. }
             | Sample::KernelLog(_)
-            | Sample::PyStacks(_) => untrusted::cleaned(s),
+            | Sample::PyStacks(_)
+            | Sample::CudaProbes(_) => untrusted::cleaned(s),
             _ => None,
         };
         let s = cleaned.as_ref().unwrap_or(s);
@@ -155,6 +159,7 @@ impl Model {
             Sample::Fold { pids, .. } => self.fold(pids),
             Sample::KernelLog(line) => self.kernel_log.apply(line),
             Sample::PyStacks(r) => self.py_stacks.apply(r),
+            Sample::CudaProbes(r) => self.gpu_waits.apply_probes(r),
             Sample::KernelLogMissed { records, dropped, .. } => {
                 self.kernel_log.missed = self.kernel_log.missed.saturating_add(*records);
                 self.kernel_log.dropped = self.kernel_log.dropped.saturating_add(*dropped);
@@ -203,6 +208,7 @@ impl Model {
         if let Some(open) = &c.open_waits {
             self.offcpu.apply_open(c.t_ns, open);
         }
+        self.gpu_waits.apply(c.t_ns, &c.gpu_waits, settled_pid);
         for (dst, src) in self.host.io_latency.iter_mut().zip(&c.io_latency) {
             for (d, s) in dst.iter_mut().zip(src) {
                 *d = *s;

@@ -64,6 +64,10 @@ pub struct CountersSample {
     /// since the last line, or not read; recordings before it have none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub open_waits: Option<Vec<crate::model::offcpu::OpenWaitRec>>,
+    /// Trainers' and ranks' time inside the CUDA driver's synchronising calls (recordings
+    /// before it have none).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpu_waits: Vec<crate::model::gpuwait::GpuWaitRec>,
 }
 
 impl CountersSample {
@@ -96,6 +100,12 @@ impl CountersSample {
             open_waits: (self.open_waits != prev.open_waits)
                 .then(|| self.open_waits.clone())
                 .flatten(),
+            gpu_waits: self
+                .gpu_waits
+                .iter()
+                .filter(|w| !prev.gpu_waits.contains(w))
+                .copied()
+                .collect(),
         }
     }
 
@@ -152,6 +162,7 @@ impl CountersSample {
                 &base.syscall_waits,
             ),
             open_waits: self.open_waits.clone(),
+            gpu_waits: crate::model::gpuwait::rebase(&self.gpu_waits, &base.gpu_waits),
         }
     }
 
@@ -166,6 +177,7 @@ impl CountersSample {
             && self.wakes.is_empty()
             && self.syscall_waits.is_empty()
             && self.open_waits.is_none()
+            && self.gpu_waits.is_empty()
     }
 }
 
@@ -290,6 +302,8 @@ pub enum Sample {
     },
     /// A process's Python stacks sampled since its last such line (`model::pystacks`).
     PyStacks(crate::model::pystacks::PyStacksRec),
+    /// Where a trainer's or rank's waits for the GPU are measured from (`model::gpuwait`).
+    CudaProbes(crate::model::gpuwait::CudaProbesRec),
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -306,6 +320,7 @@ impl Sample {
             | Sample::Cmdline { pid, .. }
             | Sample::Identity { pid, .. } => Some(*pid),
             Sample::PyStacks(r) => Some(r.pid),
+            Sample::CudaProbes(r) => Some(r.pid),
             _ => None,
         }
     }
@@ -326,6 +341,7 @@ impl Sample {
             | Sample::KernelLogMissed { t_ns, .. } => *t_ns,
             Sample::KernelLog(l) => l.t_ns,
             Sample::PyStacks(r) => r.t_ns,
+            Sample::CudaProbes(r) => r.t_ns,
             Sample::Counters(c) => c.t_ns,
             Sample::Context(c) => c.t_ns,
         }

@@ -301,6 +301,15 @@ pub struct ProcessSummary {
     /// Its Python stacks, where they were sampled (`--py-stacks`) or could not be read.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub py_stacks: Option<crate::model::pystacks::StacksSummary>,
+    /// A trainer's or rank's time inside the CUDA driver's synchronising calls, where they
+    /// were probed; else, for a trainer or rank, why not (`gpu_wait_unmeasured`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu_wait: Option<crate::model::gpuwait::GpuWaitSummary>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu_wait_unmeasured: Option<String>,
+    /// Its time split into waiting for data, for the GPU, its own CPU work (with `gpu_wait`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub time_split: Option<crate::diagnose::verdict::TimeSplit>,
 }
 
 /// A thread with a role in its process.
@@ -534,6 +543,19 @@ fn process_summary(
         offcpu: f.and_then(|f| f.offcpu.clone()),
         receiving_batches: f.and_then(|f| f.receiving),
         py_stacks: m.py_stacks.procs.get(&n.pid).map(|s| s.summary()),
+        gpu_wait: f.and_then(|f| f.gpu_wait.clone()),
+        gpu_wait_unmeasured: f
+            .filter(|f| (f.is_trainer || f.is_rank) && f.gpu_wait.is_none())
+            .map(|_| gpu_wait_unmeasured(m, n.pid)),
+        time_split: f.and_then(crate::diagnose::verdict::time_split),
+    }
+}
+
+/// Why a trainer's or rank's GPU waits were not measured.
+fn gpu_wait_unmeasured(m: &Model, pid: u32) -> String {
+    match m.gpu_waits.probes(pid).and_then(|p| p.error.as_deref().map(|e| (p, e))) {
+        Some((p, e)) => format!("its CUDA driver {} was not probed: {e}", p.library),
+        None => "it mapped no CUDA driver (libcuda.so) while traced: a CPU-only job, or CUDA not yet initialised".to_string(),
     }
 }
 

@@ -403,6 +403,28 @@ fn beside_the_log(s: &Summary, logged_s: f64) -> String {
     )
 }
 
+/// Each trainer's or rank's time split with its waits for the GPU, or why they were not
+/// measured.
+fn gpu_waits(o: &mut String, s: &Summary) {
+    for p in &s.processes {
+        if let (Some(g), Some(t)) = (&p.gpu_wait, &p.time_split) {
+            let _ = writeln!(
+                o,
+                "GPU waits: {} {}: {}; {} calls into {} ({}), {:.2} s",
+                role_name(p),
+                p.pid,
+                t.words(),
+                g.calls,
+                g.library,
+                g.symbols.join(", "),
+                g.wait_ns as f64 / 1e9
+            );
+        } else if let Some(why) = &p.gpu_wait_unmeasured {
+            let _ = writeln!(o, "GPU waits: {} {}: not measured: {why}", role_name(p), p.pid);
+        }
+    }
+}
+
 /// OOM kills, host reclaim, block latency, events and losses.
 fn footer(o: &mut String, s: &Summary) {
     if let Some(l) = &s.context.data_time_logged {
@@ -415,6 +437,7 @@ fn footer(o: &mut String, s: &Summary) {
             beside_the_log(s, l.total_s)
         );
     }
+    gpu_waits(o, s);
     for k in &s.oom_kills {
         let _ = writeln!(
             o,

@@ -413,6 +413,15 @@ impl Session {
     /// renamed itself): its off-CPU accounting and its trainer's feeders start with its first
     /// batch, not at the next beat. At most every [`ROLES_EVERY`]: each pass reads the roles
     /// of the whole tree, and a fork burst drains many times a second.
+    /// Probes the CUDA drivers the live trainers and ranks mapped (`kernel::cuda`); what was
+    /// found is recorded.
+    pub fn follow_cuda(&mut self, probes: &mut loader::Probes, now: u64) {
+        let waiters = crate::kernel::cuda::waiters(&self.model.tree);
+        for r in probes.follow_cuda(&waiters, now) {
+            self.observe(Sample::CudaProbes(r));
+        }
+    }
+
     pub fn follow_roles(&mut self, maps: &mut loader::KernelMaps) {
         if self.roles_moved && self.roles_given.elapsed() >= ROLES_EVERY {
             self.roles_moved = false;

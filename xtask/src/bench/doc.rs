@@ -7,7 +7,7 @@
 use serde_json::Value;
 
 /// The sections in the order of the document.
-pub const SECTIONS: [&str; 9] = [
+pub const SECTIONS: [&str; 10] = [
     "header",
     "swap-heavy",
     "watch",
@@ -17,6 +17,7 @@ pub const SECTIONS: [&str; 9] = [
     "outside",
     "ctxswitch",
     "py-stacks",
+    "cuda-uprobes",
 ];
 
 /// The machine a run measured.
@@ -205,6 +206,9 @@ pub fn section(name: &str, v: &Value, m: &Machine) -> Option<String> {
         "outside" => ("Cost to processes outside the traced job", OUTSIDE_PROSE, outside(v)),
         "ctxswitch" => ("Context-switch-heavy job", CTX_PROSE, ctxswitch(v)),
         "py-stacks" => ("Python stacks: what sampling them costs", STACKS_PROSE, py_stacks(v)),
+        "cuda-uprobes" => {
+            ("Waits for the GPU: what the CUDA uprobes add to a call", CUDA_PROSE, cuda_uprobes(v))
+        }
         _ => return None,
     };
     let when =
@@ -621,6 +625,37 @@ pub fn py_stacks(v: &Value) -> String {
             "failed samples",
         ],
         &rows,
+    )
+}
+
+const CUDA_PROSE: &str = "A Python loop calls the stand-in CUDA driver's `cuStreamSynchronize` \
+(crate cuda-stub, returning at once) 200,000 times through ctypes, untraced and under `gpustall \
+trace`, alternating: the difference per call is what the uprobe at its entry and the uretprobe \
+at its return add (two traps into the kernel, two short programs). A real synchronisation waits \
+for the GPU for microseconds to milliseconds, and a training step makes a few. The programs' \
+own run time is the kernel's BPF stats'.";
+
+/// The CUDA uprobes case's table.
+pub fn cuda_uprobes(v: &Value) -> String {
+    let ns = |k: &str| opt(f(&v[k]), 0);
+    let row = vec![
+        ns("calls"),
+        ns("median_untraced_ns_per_call"),
+        ns("median_traced_ns_per_call"),
+        ns("median_added_ns_per_call"),
+        ns("enter_program_avg_ns"),
+        ns("exit_program_avg_ns"),
+    ];
+    table(
+        &[
+            "calls",
+            "untraced, ns a call (median)",
+            "traced, ns a call (median)",
+            "added, ns a call (median)",
+            "entry program, ns",
+            "return program, ns",
+        ],
+        &[row],
     )
 }
 

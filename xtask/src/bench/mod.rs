@@ -10,10 +10,12 @@
 //! - `peer` (peer.rs, with floor.rs): gpustall against a bpftrace script on one workload, then
 //!   `outside`: what gpustall's programs cost processes it does not trace;
 //! - `ctxswitch` (ctx.rs): a pipe ping-pong untraced, outside and inside the traced job;
-//! - `py-stacks` (stacks.rs): a torch job with 8 workers traced with Python stacks off and on.
+//! - `py-stacks` (stacks.rs): a torch job with 8 workers traced with Python stacks off and on;
+//! - `cuda-uprobes` (cuda.rs): what the uprobes on the CUDA driver add to each call.
 
 mod common;
 mod ctx;
+mod cuda;
 mod doc;
 mod floor;
 mod fork;
@@ -29,8 +31,17 @@ use serde_json::Value;
 use crate::util::{cargo, is_root, run_cmd, target_dir, workspace_root};
 
 /// The cases `--only` takes, in the order of a whole run.
-const CASES: [&str; 8] =
-    ["swap-heavy", "watch", "fork-burst", "incident", "peer", "outside", "ctxswitch", "py-stacks"];
+const CASES: [&str; 9] = [
+    "swap-heavy",
+    "watch",
+    "fork-burst",
+    "incident",
+    "peer",
+    "outside",
+    "ctxswitch",
+    "py-stacks",
+    "cuda-uprobes",
+];
 
 /// The key of a case's figures in overhead.json.
 fn json_key(case: &str) -> &'static str {
@@ -42,6 +53,7 @@ fn json_key(case: &str) -> &'static str {
         "peer" => "peer",
         "outside" => "outside_the_job",
         "py-stacks" => "py_stacks",
+        "cuda-uprobes" => "cuda_uprobes",
         _ => "ctxswitch",
     }
 }
@@ -56,6 +68,7 @@ fn run_case(case: &str) -> anyhow::Result<Value> {
         "outside" => peer::outside_cases(),
         "ctxswitch" => ctx::run(),
         "py-stacks" => stacks::run(),
+        "cuda-uprobes" => cuda::run(),
         other => anyhow::bail!("no bench case {other:?} (cases: {})", CASES.join(", ")),
     }
 }

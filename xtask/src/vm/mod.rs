@@ -19,7 +19,7 @@ use std::{
 
 use anyhow::{bail, Context as _};
 
-use crate::util::{cargo, is_root, output, run_cmd, target_dir, workspace_root};
+use crate::util::{cargo, is_root, output, target_dir, workspace_root};
 use report::{Outcome, Run};
 
 /// The whole matrix, what `cargo xtask vm-test` runs without arguments.
@@ -113,7 +113,7 @@ struct TestBin {
 
 /// Builds gpustall, the workloads, the NVML stand-in and the test binaries; lists the tests.
 fn build() -> anyhow::Result<Vec<TestBin>> {
-    run_cmd(cargo().args(["build", "-p", "gpustall", "-p", "tests", "-p", "nvml-stub"]))?;
+    crate::util::build_test_programs()?;
     let out = cargo()
         .args(["test", "-p", "tests", "--no-run", "--message-format=json"])
         .stderr(std::process::Stdio::inherit())

@@ -662,7 +662,7 @@ pub async fn run(opts: WatchOptions) -> anyhow::Result<()> {
     let (mut d, mut probes, mut rings, gpu) = setup(opts).await?;
     let every = d.opts.gpu.as_ref().map_or(Duration::MAX, |g| g.interval);
     let stop =
-        event_loop::run(&mut d, &mut rings, &mut probes.maps, GpuTicks { watch: gpu, every }, None)
+        event_loop::run(&mut d, &mut rings, &mut probes, GpuTicks { watch: gpu, every }, None)
             .await?;
     log::debug!("watch ended: {stop:?}");
     if let Some(k) = &probes.klog {

@@ -29,17 +29,19 @@ fn in_driver(o: &OffCpuSummary) -> ClassWait {
 /// still in progress at the end), and the share of their time it took: logical waits of the
 /// consumer thread, so never above the whole.
 pub(super) fn waiters(f: &Facts) -> Vec<(&ProcFacts, u64, f64)> {
-    f.procs
-        .iter()
-        .filter(|p| p.is_trainer || p.is_rank)
-        .filter_map(|p| {
-            let o = p.offcpu.as_ref()?;
-            let open = o.open_data_wait.map_or(0, |w| w.ns);
-            let wait = o.data_wait_ns?.saturating_sub(in_driver(o).data_ns) + open;
-            let wait = wait.min(p.lifetime_ns.max(1));
-            Some((p, wait, wait as f64 / p.lifetime_ns.max(1) as f64))
-        })
-        .collect()
+    f.procs.iter().filter_map(|p| wait_of(p).map(|(wait, share)| (p, wait, share))).collect()
+}
+
+/// A trainer's or rank's wait for data and its share of its life (see [`waiters`]).
+pub(super) fn wait_of(p: &ProcFacts) -> Option<(u64, f64)> {
+    if !(p.is_trainer || p.is_rank) {
+        return None;
+    }
+    let o = p.offcpu.as_ref()?;
+    let open = o.open_data_wait.map_or(0, |w| w.ns);
+    let wait = o.data_wait_ns?.saturating_sub(in_driver(o).data_ns) + open;
+    let wait = wait.min(p.lifetime_ns.max(1));
+    Some((wait, wait as f64 / p.lifetime_ns.max(1) as f64))
 }
 
 /// A wait for data still in progress at the end (a trainer hung on its input): "; it was

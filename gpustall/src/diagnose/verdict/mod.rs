@@ -19,11 +19,14 @@
 //! - `cpu_quota_throttled`, `busy_host`, `network_bound`, `cpu_bound_pipeline`, `trainer_bound`:
 //!   the trainer starved for data (or the GPU for the trainer) for a reason other than memory
 //!   (`pipeline.rs`);
+//! - `gpu_bound`: the trainer waited for the GPU (inside the CUDA driver's synchronising calls)
+//!   most of its time and for data little: the input pipeline keeps up (`gpuwait.rs`);
 //! - `none_detected`: nothing measured explains a stall.
 
 mod advice;
 mod datawait;
 mod evidence;
+mod gpuwait;
 mod kernlog;
 mod pipeline;
 mod rules;
@@ -32,6 +35,13 @@ mod stacks;
 use serde::Serialize;
 
 pub use crate::diagnose::facts::Facts;
+pub use gpuwait::TimeSplit;
+
+/// A trainer's or rank's time split into waiting for data, for the GPU, its own CPU work and
+/// the rest, where its GPU waits were measured.
+pub fn time_split(p: &crate::diagnose::facts::ProcFacts) -> Option<TimeSplit> {
+    TimeSplit::of(p, datawait::wait_of(p)?.0)
+}
 use rules::Ctx;
 
 /// The cause of a stall; its JSON name is the summary's `verdict.cause`.
@@ -57,6 +67,7 @@ pub enum Cause {
     StragglerWorker,
     CpuBoundPipeline,
     TrainerBound,
+    GpuBound,
     NoneDetected,
 }
 
@@ -82,6 +93,7 @@ impl Cause {
             Self::StragglerWorker => "straggler_worker",
             Self::CpuBoundPipeline => "cpu_bound_pipeline",
             Self::TrainerBound => "trainer_bound",
+            Self::GpuBound => "gpu_bound",
             Self::NoneDetected => "none_detected",
         }
     }
@@ -121,6 +133,7 @@ impl Cause {
             Self::StragglerWorker => "One DataLoader worker holds the input pipeline back",
             Self::CpuBoundPipeline => "The input pipeline is CPU-bound",
             Self::TrainerBound => "The trainer's own work keeps the GPU waiting",
+            Self::GpuBound => "The job is GPU-bound: its input pipeline keeps up",
             Self::NoneDetected => "No stall cause found",
         }
     }
@@ -146,7 +159,7 @@ impl Cause {
             | Self::StragglerWorker
             | Self::CpuBoundPipeline
             | Self::TrainerBound => Severity::Slowdown,
-            Self::NoneDetected => Severity::Clear,
+            Self::GpuBound | Self::NoneDetected => Severity::Clear,
         }
     }
 }
@@ -183,6 +196,7 @@ const RULES: &[(Cause, Rule)] = &[
     (Cause::BusyHost, pipeline::busy_host),
     (Cause::NetworkBound, pipeline::network_bound),
     (Cause::CpuBoundPipeline, pipeline::cpu_bound_pipeline),
+    (Cause::GpuBound, gpuwait::gpu_bound),
     (Cause::TrainerBound, pipeline::trainer_bound),
     (Cause::Deadlock, rules::deadlock),
 ];

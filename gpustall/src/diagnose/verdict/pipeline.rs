@@ -685,12 +685,14 @@ pub fn trainer_bound(c: &Ctx) -> Option<Verdict> {
     if util >= GPU_IDLE_PCT && f.gpu_stalls.is_empty() {
         return None;
     }
+    // Its own CPU: not what it spun inside the CUDA driver waiting for the GPU.
     let (main, _, share) = waiters(f)
         .into_iter()
         .filter(|p| p.0.lifetime_ns >= MIN_LIFE_NS)
-        .max_by_key(|p| Split::of(p.0).cpu_ns)?;
+        .max_by_key(|p| super::gpuwait::own_cpu_ns(p.0))?;
     let sp = Split::of(main);
-    if share >= DATA_WAIT_SHARE || sp.share(sp.cpu_ns) < TRAINER_ON_CPU {
+    let own = super::gpuwait::own_cpu_ns(main);
+    if share >= DATA_WAIT_SHARE || sp.share(own) < TRAINER_ON_CPU {
         return None;
     }
     let mut chain = c.chain();
@@ -700,7 +702,7 @@ pub fn trainer_bound(c: &Ctx) -> Option<Verdict> {
     let text = format!(
         "The GPU is starved by the main process, not the workers: {} was on CPU {:.0} % of its time and waited for data only {:.0} %, while the GPU averaged {util:.0} % utilisation: its own per-batch work (collate, host-side augmentation, a slow .to(device) path, Python overhead) holds the GPU back{}.",
         name(main),
-        100.0 * sp.share(sp.cpu_ns),
+        100.0 * sp.share(own),
         100.0 * share,
         gpu_clause(f)
     );

@@ -378,3 +378,58 @@ fn the_memory_chain_and_an_idle_job_keep_their_verdicts() {
     // A trainer that never waited, idle workers: nothing.
     assert_eq!(decide(&job(0, 2, 100_000_000, 0)).cause, Cause::NoneDetected);
 }
+
+/// The trainer's 10 s with `spun` of it on CPU inside the CUDA driver's synchronising calls,
+/// `gpu_wait` in them in all.
+fn in_the_driver(f: &mut Facts, gpu_wait: u64, spun: u64) {
+    f.procs[0].gpu_wait = Some(crate::model::gpuwait::GpuWaitSummary {
+        calls: 250,
+        wait_ns: gpu_wait,
+        on_cpu_ns: Some(spun),
+        off_cpu_ns: Some(gpu_wait - spun),
+        longest_ns: 50_000_000,
+        library: "/usr/lib/x86_64-linux-gnu/libcuda.so.1".into(),
+        symbols: vec!["cuStreamSynchronize".into()],
+        ..Default::default()
+    });
+}
+
+#[test]
+fn a_trainer_spinning_in_the_cuda_driver_is_gpu_bound_not_trainer_bound() {
+    // On CPU 9 s of 10, 7 s of them spinning in cuStreamSynchronize; the GPU looks idle to
+    // NVML between kernels.
+    let mut f = job(200_000_000, 2, 1_000_000_000, 0);
+    f.procs[0].cpu_ns = Some(9 * S);
+    f.gpu_util_avg_pct = Some(12.0);
+    in_the_driver(&mut f, 7 * S, 7 * S);
+    let v = decide(&f);
+    assert_eq!(v.cause, Cause::GpuBound, "{v:#?}");
+    assert_eq!(v.culprit_pids, vec![10]);
+    assert!(v.text.contains("waited for the GPU 70 % of its time"), "{}", v.text);
+    assert!(
+        v.evidence.iter().any(|e| e.contains(
+            "70 % waiting for the GPU, 2 % for data, 20 % on its own CPU work, 8 % neither"
+        )),
+        "{:#?}",
+        v.evidence
+    );
+    // 3 s of its 9 s in the driver: 60 % of its own work is left, and it is trainer-bound.
+    in_the_driver(&mut f, 3 * S, 3 * S);
+    let v = decide(&f);
+    assert_eq!(v.cause, Cause::TrainerBound, "{v:#?}");
+    assert!(v.text.contains("on CPU 60 % of its time"), "{}", v.text);
+    // 4.5 s spinning leaves 45 %: neither its own work nor half its time on the GPU.
+    in_the_driver(&mut f, 4_500_000_000, 4_500_000_000);
+    assert_eq!(decide(&f).cause, Cause::NoneDetected);
+}
+
+#[test]
+fn a_trainer_starved_for_data_keeps_the_pipelines_cause_whatever_its_gpu_waits() {
+    let mut f = job(6_400_000_000, 1, 9_000_000_000, 0);
+    in_the_driver(&mut f, 3 * S, S);
+    assert_eq!(decide(&f).cause, Cause::CpuBoundPipeline);
+    // Mostly waiting for the GPU, and 20 % for data: the data wait is the answer's.
+    let mut f = job(2 * S, 1, 9_000_000_000, 0);
+    in_the_driver(&mut f, 6 * S, 6 * S);
+    assert_eq!(decide(&f).cause, Cause::CpuBoundPipeline);
+}
