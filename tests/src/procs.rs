@@ -54,8 +54,20 @@ impl Workload {
         cgroup: Option<&MemCgroup>,
         cwd: Option<&Path>,
     ) -> Self {
+        Self::start_env(comm, bin, args, cgroup, cwd, &[])
+    }
+
+    /// The same, with these variables in its environment (a launcher's `RANK`, say).
+    pub fn start_env(
+        comm: &str,
+        bin: &Path,
+        args: &[&str],
+        cgroup: Option<&MemCgroup>,
+        cwd: Option<&Path>,
+        env: &[(&str, &str)],
+    ) -> Self {
         let mut cmd = Command::new(bin);
-        cmd.env("GPUSTALL_WORKLOAD_COMM", comm);
+        cmd.env("GPUSTALL_WORKLOAD_COMM", comm).envs(env.iter().copied());
         if let Some(dir) = cwd {
             cmd.current_dir(dir);
         }

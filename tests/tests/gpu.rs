@@ -17,7 +17,10 @@ fn trace_with_scenario(timeline: Value, secs: &str) -> (u32, TraceResult) {
     let doc = json!({"driver_version": "550.54.15", "gpus": [{"name": "Stand-in H200", "uuid": "GPU-stub-0", "pci_bus_id": "0000:3b:00.0", "memory_total_mib": 143771, "timeline": timeline}]});
     std::fs::write(&scenario, doc.to_string()).expect("scenario");
     let bin = std::path::Path::new(env!("CARGO_BIN_EXE_gpustall-workload"));
-    let mut w = Workload::start(bin, &["spawn", "sleep", secs], None);
+    // As a launcher starts rank 3 of a job: its identity says so (RANK in its environment).
+    let comm = tests::procs::unique_comm();
+    let args = ["spawn", "sleep", secs];
+    let mut w = Workload::start_env(&comm, bin, &args, None, None, &[("RANK", "3")]);
     let trainer = w.pid().to_string();
     let stub = tests::nvml_stub();
     let tracer = Tracer::start_with_env(
@@ -80,6 +83,19 @@ fn one_stall_with_its_bounds_throttling_and_ranks() {
     assert_eq!(s["max_temperature_c"], 90);
     assert_eq!(s["pids"], json!([trainer]), "the GPU's compute process is the traced trainer");
     assert_eq!(s["attribution"], "process_list");
+    // The stall is told by the rank that held the GPU, as NVML listed it.
+    let v = &t.summary["verdict"];
+    let told = "GPU 0 idle (<= threshold) for";
+    let link = v["evidence"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .find(|e| e.contains(told));
+    assert!(
+        link.is_some_and(|l| l.contains(&format!("while rank 3 (pid {trainer}) held it"))),
+        "{v:#}"
+    );
     let gpu = &t.summary["gpu"][0];
     assert_eq!(gpu["job_pids"], json!([trainer]));
     assert_eq!(gpu["uuid"], "GPU-stub-0");

@@ -104,6 +104,8 @@ fn a_data_starved_trainer_keeps_its_data_wait_verdict_with_its_gpu_waits_measure
 #[test]
 fn a_cpu_only_trainers_gpu_waits_are_said_to_be_unmeasured() {
     tests::require_privileged_env();
+    // Its torch import beside the other tests' spinning trainers would take their CPU.
+    let _cpu = tests::cpu_lock();
     let dir = tests::TempDir::new("gpu-none");
     let summary = dir.path("summary.json");
     let python = tests::torch_python();

@@ -20,6 +20,8 @@ pub struct ProcFacts {
     pub is_trainer: bool,
     /// A rank of a launcher (torchrun): its memory counts like the trainer's.
     pub is_rank: bool,
+    /// Its rank in the job, where its identity says (`RANK`, a launcher's variable).
+    pub rank: Option<u32>,
     /// When it started (fork, or the start of tracing) and exited, if it did.
     pub started_ns: u64,
     pub exit_ns: Option<u64>,
@@ -317,6 +319,7 @@ fn proc_facts(m: &Model, n: &crate::model::proctree::ProcNode, now_ns: u64) -> P
         is_worker: role == Role::DataloaderWorker,
         is_trainer: role == Role::Trainer,
         is_rank: role == Role::Rank,
+        rank: m.identities.get(&n.pid).and_then(|i| i.rank),
         started_ns: n.started_ns,
         exit_ns: n.exit_ns,
         mem_is_pss: p.peak_pss_kb.is_some(),

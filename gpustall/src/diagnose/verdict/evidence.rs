@@ -208,6 +208,17 @@ pub fn memory_chain(f: &Facts, chain: &mut Chain) {
     }
 }
 
+/// The job's processes NVML listed on a GPU, by what they are to the job: "rank 3 (pid 812)",
+/// "the trainer (pid 640)", else "pid 77".
+pub fn holders(f: &Facts, pids: &[u32]) -> String {
+    let one = |pid: u32| match f.procs.iter().find(|p| p.pid == pid) {
+        Some(p) if p.rank.is_some() => format!("rank {} (pid {pid})", p.rank.unwrap_or(0)),
+        Some(p) if p.is_trainer => format!("the trainer (pid {pid})"),
+        _ => format!("pid {pid}"),
+    };
+    pids.iter().map(|&p| one(p)).collect::<Vec<_>>().join(", ")
+}
+
 pub fn stall_links(f: &Facts, chain: &mut Chain) {
     for s in &f.gpu_stalls {
         let thr = if s.throttle_reasons.is_empty() {
@@ -225,7 +236,7 @@ pub fn stall_links(f: &Facts, chain: &mut Chain) {
                 if s.pids.is_empty() {
                     String::new()
                 } else {
-                    format!(" while pids {:?} held it", s.pids)
+                    format!(" while {} held it", holders(f, &s.pids))
                 },
                 thr
             ),
@@ -249,8 +260,13 @@ pub fn stall_links(f: &Facts, chain: &mut Chain) {
 pub fn gpu_clause(f: &Facts) -> String {
     let mut parts = Vec::new();
     if let Some(s) = f.gpu_stalls.first() {
+        let whose = if s.pids.is_empty() {
+            String::new()
+        } else {
+            format!(" while {} held it", holders(f, &s.pids))
+        };
         parts.push(format!(
-            "; GPU {} sat idle {:.1} s from {}",
+            "; GPU {} sat idle {:.1} s from {}{whose}",
             s.gpu_index,
             s.duration_ns as f64 / 1e9,
             at(f, s.start_ns)

@@ -115,6 +115,34 @@ fn oom_kill_is_the_memory_cause_with_the_grower_first_and_evidence_in_time_order
         "{joined}"
     );
     assert!(v.text.contains("GPU 0 sat idle 20.0 s"), "{}", v.text);
+    assert!(v.text.contains("while the trainer (pid 10) held it"), "{}", v.text);
+}
+
+/// A GPU's idleness is told by the rank using it, as NVML listed it: "GPU 3 ... while rank 3
+/// (pid 13) held it".
+#[test]
+fn a_stalled_gpu_names_the_rank_that_holds_it() {
+    let mut f = memory_facts();
+    let rank = ProcFacts {
+        pid: 13,
+        comm: "python".into(),
+        is_rank: true,
+        rank: Some(3),
+        ..Default::default()
+    };
+    f.procs.push(rank);
+    f.gpu_stalls = vec![StallEpisode { gpu_index: 3, pids: vec![13], ..stall(20 * S, 20, &[]) }];
+    let v = decide(&f);
+    assert!(
+        v.text.contains("GPU 3 sat idle 20.0 s from +20.0s while rank 3 (pid 13) held it"),
+        "{}",
+        v.text
+    );
+    let joined = v.evidence.join("\n");
+    assert!(
+        joined.contains("GPU 3 idle (<= threshold) for 20.0 s while rank 3 (pid 13) held it"),
+        "{joined}"
+    );
 }
 
 /// A job that moved itself into a memory cgroup and was killed before gpustall read it: the
