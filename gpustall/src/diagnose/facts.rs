@@ -295,6 +295,12 @@ fn read_bytes(
     }
 }
 
+/// From the beat a trainer's first DataLoader worker was seen to its exit or `now_ns`.
+fn since_workers(m: &Model, n: &crate::model::proctree::ProcNode, now_ns: u64) -> Option<u64> {
+    let from = m.ctx.cpu.mark_ns(n.pid)?;
+    Some(n.exit_ns.unwrap_or(now_ns).saturating_sub(from))
+}
+
 /// One process as the verdict sees it.
 fn proc_facts(m: &Model, n: &crate::model::proctree::ProcNode, now_ns: u64) -> ProcFacts {
     let empty = crate::model::stats::ProcStats::default();
@@ -368,11 +374,7 @@ fn proc_facts(m: &Model, n: &crate::model::proctree::ProcNode, now_ns: u64) -> P
         receiving: None,
         gpu_wait: m.gpu_waits.summary(n.pid),
         cpu_since_workers: m.ctx.cpu.cpu_ns_since_mark(n.pid),
-        since_workers_ns: m
-            .ctx
-            .cpu
-            .mark_ns(n.pid)
-            .map(|t| n.exit_ns.unwrap_or(now_ns).saturating_sub(t)),
+        since_workers_ns: since_workers(m, n, now_ns),
         cpu_span_ns: m.ctx.cpu.cpu_ns(n.pid, n.started_ns, m.start_ns).map_or(0, |(_, s)| s),
         readings: m.ctx.cpu.readings.get(&n.pid).copied().unwrap_or(0),
         socket_waits: by_peer(&m.ctx.cpu.socket, n.pid),
