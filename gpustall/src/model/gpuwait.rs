@@ -81,6 +81,11 @@ impl GpuWaitModel {
         self.probes.insert(r.pid, r.clone());
     }
 
+    /// `pid`'s time in the calls that returned (a counter's source: never the open call's).
+    pub fn returned_ns(&self, pid: u32) -> u64 {
+        self.totals.get(&pid).map_or(0, |t| t.waits.ns)
+    }
+
     /// How `pid`'s GPU waits were probed, if they were looked for.
     pub fn probes(&self, pid: u32) -> Option<&CudaProbesRec> {
         self.probes.get(&pid)

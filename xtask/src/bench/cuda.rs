@@ -63,6 +63,8 @@ fn run_once(python: &std::path::Path, traced: bool) -> anyhow::Result<(f64, Valu
 pub fn run() -> anyhow::Result<Value> {
     let python = crate::torch::ensure_venv()?;
     crate::util::run_cmd(crate::util::cargo().args(["build", "--release", "-p", "cuda-stub"]))?;
+    // The programs' run time (restored at the end, whatever happens).
+    let _stats = super::common::BpfStats::enable();
     let (mut plain, mut traced, mut programs) = (Vec::new(), Vec::new(), Value::Null);
     for round in 1..=ROUNDS {
         let (p, _) = run_once(&python, false)?;

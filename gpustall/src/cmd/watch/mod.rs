@@ -148,13 +148,16 @@ struct Totals {
     reclaim_io: u64,
     /// A trainer's or rank's wait for data (logical waits that ended).
     data_wait_ns: u64,
+    /// Its time in the CUDA driver's synchronising calls that returned.
+    gpu_wait_ns: u64,
 }
 
 impl Totals {
-    fn of(p: &crate::model::stats::ProcStats, data_wait_ns: u64) -> Self {
+    fn of(p: &crate::model::stats::ProcStats, data_wait_ns: u64, gpu_wait_ns: u64) -> Self {
         let c = &p.counters;
         Self {
             data_wait_ns,
+            gpu_wait_ns,
             stall_ns: c.direct_reclaim_ns + c.memcg_reclaim_ns,
             stalls: c.direct_reclaim_count + c.memcg_reclaim_count,
             swapout: c.swapout_anon_pages,
@@ -280,7 +283,7 @@ impl Daemon {
             let Some(l) = self.labels(n.pid) else { continue };
             let Some(p) = m.procs.get(&n.pid) else { continue };
             let key = (l.training_job, l.role);
-            let now = Totals::of(p, m.offcpu.data_wait(n.pid).ns);
+            let now = Totals::of(p, m.offcpu.data_wait(n.pid).ns, m.gpu_waits.returned_ns(n.pid));
             let id = (n.pid, n.started_ns);
             let prev = self.last_totals.get(&id).copied().unwrap_or_default();
             seen.insert(id, now);
@@ -293,6 +296,7 @@ impl Daemon {
             d.block_write_bytes += now.write.saturating_sub(prev.write);
             d.reclaim_io_bytes += now.reclaim_io.saturating_sub(prev.reclaim_io);
             d.data_wait_seconds += now.data_wait_ns.saturating_sub(prev.data_wait_ns) as f64 / 1e9;
+            d.gpu_wait_seconds += now.gpu_wait_ns.saturating_sub(prev.gpu_wait_ns) as f64 / 1e9;
             if n.alive() {
                 let open = m.offcpu.open_wait(n.pid).map_or(0, |w| w.without_batch_ns);
                 let o = open_waits.entry(key.clone()).or_insert(0);

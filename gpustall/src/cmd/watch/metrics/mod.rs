@@ -142,6 +142,8 @@ pub struct ProcDelta {
     pub reclaim_io_bytes: u64,
     /// Trainers' and ranks' wait for data (logical waits that ended).
     pub data_wait_seconds: f64,
+    /// Trainers' and ranks' time inside the CUDA driver's synchronising calls that returned.
+    pub gpu_wait_seconds: f64,
 }
 
 /// A counter of seconds: prometheus-client stores the f64 in an `AtomicU64`.
@@ -164,6 +166,7 @@ struct JobFamilies {
     swap_bytes: Family<JobRole, ByteGauge>,
     data_wait_seconds: Family<JobRole, SecondsCounter>,
     open_data_wait_seconds: Family<JobRole, FloatGauge>,
+    gpu_wait_seconds: Family<JobRole, SecondsCounter>,
 }
 
 impl JobFamilies {
@@ -180,6 +183,7 @@ impl JobFamilies {
         let _ = self.resident_bytes.get_or_create(labels);
         let _ = self.swap_bytes.get_or_create(labels);
         let _ = self.data_wait_seconds.get_or_create(labels);
+        let _ = self.gpu_wait_seconds.get_or_create(labels);
     }
 
     fn remove(&self, labels: &JobRole) {
@@ -197,6 +201,7 @@ impl JobFamilies {
         self.swap_bytes.remove(labels);
         self.data_wait_seconds.remove(labels);
         self.open_data_wait_seconds.remove(labels);
+        self.gpu_wait_seconds.remove(labels);
     }
 }
 
@@ -330,6 +335,12 @@ impl JobFamilies {
             "How long a trainer or rank has been waiting for data with no batch coming (0: not waiting; a trainer hung on its input grows it)",
             Unit::Seconds,
             self.open_data_wait_seconds.clone(),
+        );
+        r.register_with_unit(
+            "gpu_wait",
+            "Time the job's trainers or ranks waited for the GPU inside the CUDA driver's synchronising calls (uprobes; calls that returned)",
+            Unit::Seconds,
+            self.gpu_wait_seconds.clone(),
         );
     }
 }
@@ -509,6 +520,10 @@ impl Metrics {
         let wait = j.data_wait_seconds.get_or_create(labels);
         if let Some(s) = nonneg(d.data_wait_seconds) {
             wait.inc_by(s);
+        }
+        let gpu = j.gpu_wait_seconds.get_or_create(labels);
+        if let Some(s) = nonneg(d.gpu_wait_seconds) {
+            gpu.inc_by(s);
         }
     }
 

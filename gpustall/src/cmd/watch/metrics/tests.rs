@@ -27,10 +27,14 @@ fn encode_has_the_series_with_labels_and_values() {
         block_write_bytes: 8192,
         reclaim_io_bytes: 409_600,
         data_wait_seconds: 0.0,
+        gpu_wait_seconds: 0.0,
     };
     m.add(&w, d);
     let trainer = jr("train-7", "trainer");
-    m.add(&trainer, ProcDelta { data_wait_seconds: 2.5, ..Default::default() });
+    m.add(
+        &trainer,
+        ProcDelta { data_wait_seconds: 2.5, gpu_wait_seconds: 7.25, ..Default::default() },
+    );
     m.set_open_data_wait(&trainer, 40_000_000_000);
     m.add(&w, ProcDelta { reclaim_stall_seconds: 0.25, reclaim_stalls: 1, ..Default::default() });
     m.oom_kill(&w);
@@ -57,6 +61,7 @@ fn encode_has_the_series_with_labels_and_values() {
     has(&t, &format!("gpustall_process_resident_bytes{tr}"), "10737418240");
     has(&t, &format!("gpustall_process_swap_bytes{tr}"), "1048576");
     has(&t, &format!("gpustall_data_wait_seconds_total{tr}"), "2.5");
+    has(&t, &format!("gpustall_gpu_wait_seconds_total{tr}"), "7.25");
     has(&t, &format!("gpustall_data_wait_open_seconds{tr}"), "40.0");
     has(&t, r#"gpustall_gpu_utilization_ratio{gpu="0"}"#, "0.42");
     has(&t, r#"gpustall_gpu_temperature_celsius{gpu="0"}"#, "71.0");
