@@ -100,6 +100,49 @@ fn a_data_starved_trainer_keeps_its_data_wait_verdict_with_its_gpu_waits_measure
     assert!(f(&split["data_wait_ns"]) > 5.0 * f(&split["gpu_wait_ns"]), "{split:#}");
 }
 
+/// The uprobe path alone, with no Python (so that it runs on every kernel of the VM matrix): a
+/// trainer process loads the stand-in driver with dlopen and makes 60 calls of 20 ms each into
+/// `cuStreamSynchronize`, half spinning and half asleep; gpustall times each call as the
+/// process does.
+#[test]
+fn the_cuda_drivers_synchronising_calls_are_timed_by_uprobes() {
+    tests::require_privileged_env();
+    let _cpu = tests::cpu_lock();
+    let dir = tests::TempDir::new("gpu-uprobes");
+    let libcuda = tests::cuda_stub(&dir);
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_gpustall-workload"));
+    for stub in ["spin:20", "sleep:20"] {
+        let comm = tests::procs::unique_comm();
+        let args = ["cudasync", libcuda.to_str().expect("utf-8"), "30"];
+        let env = [("GPUSTALL_CUDA_STUB", stub)];
+        let mut w = tests::procs::Workload::start_env(&comm, bin, &args, None, None, &env);
+        let tracer = tests::procs::Tracer::start(w.pid(), &["--quiet", "--no-gpu"]);
+        w.go();
+        let (code, lines) = w.wait(std::time::Duration::from_secs(60));
+        assert_eq!(code, Some(0), "{lines:?}");
+        let t = tracer.wait(std::time::Duration::from_secs(30));
+        assert_eq!(t.code, Some(0), "{}", t.stderr);
+        let truth = lines.iter().find(|l| l["role"] == "trainer").expect("the trainer's line");
+        let p = t.process(truth["pid"].as_u64().expect("pid") as u32);
+        assert_eq!(p["role"], "trainer", "{p:#}");
+        let g = &p["gpu_wait"];
+        eprintln!("{stub}: gpu_wait {g}; the workload's {truth}");
+        assert!(g.is_object(), "not measured: {}", p["gpu_wait_unmeasured"]);
+        assert_eq!(g["calls"], 30, "{g:#}");
+        let (measured, own) = (f(&g["wait_ns"]), f(&truth["sync_ns"]));
+        assert!((measured - own).abs() <= 0.05 * own, "{measured} ns against {own} ns");
+        // Spinning is on a CPU, sleeping is not (where the kernel's task layout is known).
+        if let Some(on_cpu) = g["on_cpu_ns"].as_f64() {
+            let share = on_cpu / measured;
+            if stub.starts_with("spin") {
+                assert!(share > 0.5, "{stub}: {share:.2} of it on a CPU");
+            } else {
+                assert!(share < 0.2, "{stub}: {share:.2} of it on a CPU");
+            }
+        }
+    }
+}
+
 /// A job that maps no CUDA driver: its trainer's GPU waits are said to be unmeasured, and why.
 #[test]
 fn a_cpu_only_trainers_gpu_waits_are_said_to_be_unmeasured() {

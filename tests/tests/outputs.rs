@@ -56,6 +56,36 @@ fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
+/// Without a terminal (a batch job's error file), the status line comes at most once a
+/// `--status-every` and at once for news: a quiet 12 s job gets its first line only, and with
+/// a 4 s pace about one each 4 s, never the line a second it once got.
+#[test]
+fn without_a_terminal_status_lines_come_at_their_pace_not_every_second() {
+    tests::require_privileged_env();
+    let count = |pace: Option<&str>| {
+        let mut cmd = Command::new(tests::gpustall_bin());
+        cmd.args(["trace", "--no-gpu", "--py-stacks", "off"]);
+        if let Some(p) = pace {
+            cmd.args(["--status-every", p]);
+        }
+        let o = cmd
+            .args(["--", "sleep", "12"])
+            .env_remove("SUDO_UID")
+            .stdin(Stdio::null())
+            .output()
+            .expect("gpustall trace -- sleep 12");
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        let err = stderr(&o);
+        let n = err.lines().filter(|l| l.contains("procs alive")).count();
+        eprintln!("--status-every {pace:?}: {n} status lines");
+        (n, err)
+    };
+    let (n, err) = count(None);
+    assert!((1..=3).contains(&n), "{n} status lines at the default pace:\n{err}");
+    let (n, err) = count(Some("4s"));
+    assert!((3..=5).contains(&n), "{n} status lines at one each 4 s over 12 s:\n{err}");
+}
+
 #[test]
 fn a_bad_output_path_is_one_line_before_the_job_starts() {
     tests::require_privileged_env();

@@ -68,6 +68,12 @@ pub struct TraceArgs {
     /// No status line (the report is still printed).
     #[arg(long, short = 'q')]
     quiet: bool,
+    /// Without a terminal (a batch job's error file, a pod's log), a status line at most this
+    /// often, and at once whenever a GPU stall begins or ends, a process of the job is killed,
+    /// its memory passes 90 % of its cgroup's limit or a wait for data goes on with no batch; on
+    /// a terminal the status row is redrawn every second.
+    #[arg(long, value_name = "D", default_value = "60s", value_parser = crate::cmd::units::parse_duration)]
+    status_every: Duration,
     /// How often a periodic summary goes into the recording.
     #[arg(long, value_name = "D", default_value = "10s", value_parser = crate::cmd::units::parse_duration)]
     summary_every: Duration,
@@ -101,6 +107,7 @@ impl TraceArgs {
             record: self.record,
             summary_json: self.summary_json.or_else(|| self.json.then(|| PathBuf::from("-"))),
             quiet: self.quiet,
+            status_every: self.status_every,
             summary_every: self.summary_every,
             gpu: self.gpu.options(Duration::from_millis(500), Duration::from_secs(3)),
             trust_user_kernel_log: self.kernel_log.trust_user_kernel_log,
@@ -124,6 +131,8 @@ pub struct TraceOptions {
     pub record: Option<PathBuf>,
     pub summary_json: Option<PathBuf>,
     pub quiet: bool,
+    /// `--status-every`: the status line's pace without a terminal.
+    pub status_every: Duration,
     pub summary_every: Duration,
     /// `None`: --no-gpu.
     pub gpu: Option<GpuOptions>,
@@ -239,6 +248,7 @@ struct BeatState {
     quiet: bool,
     summary_every: Duration,
     bar: status_line::StatusBar,
+    pacer: status_line::Pacer,
     prev: status_line::Totals,
     prev_at: Instant,
     last_summary: Instant,
@@ -304,6 +314,7 @@ fn setup(opts: &TraceOptions) -> anyhow::Result<(Trace, Probes, Rings, Option<Gp
         quiet: opts.quiet,
         summary_every: opts.summary_every,
         bar: status_line::StatusBar::new(std::io::stderr().is_terminal()),
+        pacer: status_line::Pacer::new(opts.status_every),
         prev: status_line::Totals::default(),
         prev_at: Instant::now(),
         last_summary: Instant::now(),
@@ -450,7 +461,8 @@ impl Beat for Trace {
         session.settle_exited(maps, now);
         let cur = status_line::totals(&session.model);
         let alive = session.model.tree.alive_pids().len();
-        if !b.quiet {
+        let notable = status_line::Notable::of(&session.model);
+        if !b.quiet && b.pacer.due(b.bar.is_tty(), Instant::now(), notable) {
             let lost = session.model.host.lost.iter().sum::<u64>() + session.undecodable;
             let elapsed_s = (now - b.start) as f64 / 1e9;
             let procs = session.model.tree.iter().count();

@@ -62,6 +62,57 @@ pub fn waiting_part(m: &Model) -> String {
     }
 }
 
+/// What makes a status line worth printing at once when no one watches it scroll: a GPU
+/// stall in progress, a process of the job killed, its memory cgroup at 90 % of its limit or
+/// more, a wait for data with no batch coming. A change in any is news.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Notable {
+    pub stalled: bool,
+    pub killed: usize,
+    pub near_limit: bool,
+    pub waiting: bool,
+}
+
+impl Notable {
+    pub fn of(m: &Model) -> Self {
+        let near_limit = m.ctx.cgroup_last.as_ref().is_some_and(|c| {
+            c.limit_bytes.is_some_and(|l| l > 0 && c.usage_bytes.saturating_mul(10) >= l * 9)
+        });
+        Notable {
+            stalled: m.gpu.stalled_since.is_some(),
+            killed: m.tree.iter().filter(|n| n.oom_killed || n.killed_by.is_some()).count(),
+            near_limit,
+            waiting: !waiting_part(m).is_empty(),
+        }
+    }
+}
+
+/// When a status line is printed: every beat on a terminal (it redraws one row); elsewhere (a
+/// batch job's error file, a pod's log) the first, then at most one per `every`, and at once
+/// whenever [`Notable`] changes: a 10-hour job's file gets a line a minute, not 36,000.
+pub struct Pacer {
+    every: std::time::Duration,
+    last: Option<(std::time::Instant, Notable)>,
+}
+
+impl Pacer {
+    pub fn new(every: std::time::Duration) -> Self {
+        Pacer { every, last: None }
+    }
+
+    /// Whether to print now (`tty`: a terminal shows it), and if so it counts as printed.
+    pub fn due(&mut self, tty: bool, now: std::time::Instant, notable: Notable) -> bool {
+        let due = tty
+            || self.last.is_none_or(|(at, seen)| {
+                seen != notable || now.saturating_duration_since(at) >= self.every
+            });
+        if due {
+            self.last = Some((now, notable));
+        }
+        due
+    }
+}
+
 /// The GPU part of the status line.
 pub fn live_part(state: &GpuState, now_ns: u64) -> String {
     if state.latest.is_empty() {
@@ -96,6 +147,11 @@ pub struct StatusBar {
 impl StatusBar {
     pub fn new(tty: bool) -> Self {
         StatusBar { tty, region_rows: 0, drawn: false }
+    }
+
+    /// It draws on a terminal (not a file or a pipe).
+    pub fn is_tty(&self) -> bool {
+        self.tty
     }
 
     /// Draws `line`; a closed stderr is ignored (the trace goes on).
@@ -169,6 +225,28 @@ fn release(rows: u16) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn without_a_terminal_a_line_a_minute_and_one_at_once_for_news() {
+        use std::time::{Duration, Instant};
+        let mut p = Pacer::new(Duration::from_secs(60));
+        let t0 = Instant::now();
+        let quiet = Notable::default();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        assert!(p.due(false, at(0), quiet), "the first line");
+        assert!(!(1..60).any(|s| p.due(false, at(s), quiet)), "none for a minute");
+        assert!(p.due(false, at(60), quiet));
+        let stalled = Notable { stalled: true, ..quiet };
+        assert!(p.due(false, at(61), stalled), "a stall begins: at once");
+        assert!(!p.due(false, at(62), stalled));
+        assert!(p.due(false, at(63), quiet), "and ends: at once");
+        let killed = Notable { killed: 1, ..quiet };
+        assert!(p.due(false, at(64), killed), "a kill: at once");
+        assert!(
+            p.due(true, at(65), killed) && p.due(true, at(66), killed),
+            "a terminal: each beat"
+        );
+    }
 
     #[test]
     fn rates_are_per_second_deltas() {

@@ -503,6 +503,44 @@ fn pingpong(ms: u64, settle_ms: u64) -> i32 {
     i32::from(!ok)
 }
 
+/// A trainer that waits for its GPU: a DataLoader-like worker (so that it is a trainer), then
+/// the CUDA driver at `lib` (the project's stand-in) loaded with dlopen, and `calls` calls of
+/// its `cuStreamSynchronize`, each timed here (what GPUSTALL_CUDA_STUB makes them wait).
+fn cuda_sync(lib: &str, calls: usize) -> i32 {
+    wait_for_go();
+    let worker = fork_child(|| {
+        set_name("pt_data_worker");
+        say("worker", "");
+        sleep_ms(60_000);
+        0
+    });
+    let Ok(path) = std::ffi::CString::new(lib) else { return 1 };
+    // SAFETY: a library path; the stand-in runs no constructors of note.
+    let handle = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW) };
+    // SAFETY: a symbol name, looked up in the library just opened.
+    let sym = unsafe { libc::dlsym(handle, c"cuStreamSynchronize".as_ptr()) };
+    if handle.is_null() || sym.is_null() {
+        return 1;
+    }
+    // SAFETY: the stand-in exports it as `extern "C" fn(*mut c_void) -> i32`.
+    let sync: extern "C" fn(*mut libc::c_void) -> i32 = unsafe { std::mem::transmute(sym) };
+    // The tracer finds the driver in this process's maps at a beat (once a second) and probes it.
+    sleep_ms(2500);
+    let mut sync_ns = 0u64;
+    for _ in 0..calls {
+        let start = std::time::Instant::now();
+        if sync(std::ptr::null_mut()) != 0 {
+            return 1;
+        }
+        sync_ns += start.elapsed().as_nanos() as u64;
+    }
+    // SAFETY: our own child.
+    unsafe { libc::kill(worker, libc::SIGKILL) };
+    let _ = wait_any();
+    say("trainer", &format!(",\"calls\":{calls},\"sync_ns\":{sync_ns}"));
+    0
+}
+
 fn main() {
     // A name unique to the test that started this workload, so that a test selecting processes
     // by name (watch --match comm:) only ever sees its own, whatever runs beside it.
@@ -539,6 +577,10 @@ fn main() {
             let n = |i: usize| args[i].parse().unwrap_or(0);
             reuse(&args[1], n(2), n(3))
         }
+        Some("cudasync") if args.len() > 2 => {
+            // cudasync LIBCUDA CALLS
+            cuda_sync(&args[1], args[2].parse().unwrap_or(0))
+        }
         Some("hog") => {
             // hog MIB[,MIB..] STEP_MIB HOLD_MS [huge] [pace=MS]
             let mib: Vec<usize> = args
@@ -552,7 +594,7 @@ fn main() {
             hog(&mib, step, hold, extra.iter().any(|a| a == "huge"), pace.unwrap_or(0))
         }
         _ => {
-            eprintln!("usage: gpustall-workload tree | spawn CMD [ARGS..] | hog MIB[,MIB..] STEP_MIB HOLD_MS [huge] [pace=MS] | burst N DIR [HOLD_MS] | reuse DIR FIRST SECOND | pingpong MS SETTLE_MS | ioctlwait PAUSE_MS WAITS");
+            eprintln!("usage: gpustall-workload tree | spawn CMD [ARGS..] | hog MIB[,MIB..] STEP_MIB HOLD_MS [huge] [pace=MS] | burst N DIR [HOLD_MS] | reuse DIR FIRST SECOND | pingpong MS SETTLE_MS | ioctlwait PAUSE_MS WAITS | cudasync LIBCUDA CALLS");
             2
         }
     };

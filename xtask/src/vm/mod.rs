@@ -27,7 +27,8 @@ pub const MATRIX: &[&str] = &["5.10", "5.10:v1", "6.1", "6.1:v1", "6.12", "7.2",
 
 /// The tests that prove the kernel-dependent paths, for CI (`--tests ci`): every probe family
 /// (process tree and exits, reclaim and swap-out, block I/O and its latency, OOM kill and the
-/// signal), the cgroup (v1 or v2) figures, and the verdict built on them.
+/// signal), the cgroup (v1 or v2) figures, the verdict built on them, and the uprobes on the
+/// CUDA driver.
 pub const CI_TESTS: &[&str] = &[
     "process_tree",
     "block_io",
@@ -35,6 +36,7 @@ pub const CI_TESTS: &[&str] = &[
     "oom_kill",
     "verdict::the_bundled_dataloader_workload_is_the_host_memory_chain",
     "verdict::cold_direct_reads_with_plenty_of_memory_are_disk_bound",
+    "gpu_wait::the_cuda_drivers_synchronising_calls_are_timed_by_uprobes",
 ];
 
 /// Tests run where the memory cgroup is v1 (`SERIES:v1`): those that read the cgroup.
@@ -47,6 +49,9 @@ const CGROUP_TESTS: &[&str] = &["memory_pressure", "oom_kill", "verdict", "cgrou
 /// `GPUSTALL_TEST_TORCH_PYTHON` exported, which reaches the guest).
 const XTASK_TEST_ONLY: &[&str] = &[
     "datawait::the_torch_dataloaders_data_wait_is_its_data_time",
+    "gpu_wait::a_trainer_spinning_in_cu_stream_synchronize_is_gpu_bound",
+    "gpu_wait::a_data_starved_trainer_keeps_its_data_wait_verdict_with_its_gpu_waits_measured",
+    "gpu_wait::a_cpu_only_trainers_gpu_waits_are_said_to_be_unmeasured",
     "identity::a_torchrun_jobs_ranks_are_named_with_their_rank_and_run",
     "deb::the_debian_package_installs_traces_and_removes_cleanly",
     "html::the_html_report_renders_in_a_real_browser",
