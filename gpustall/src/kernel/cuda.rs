@@ -180,23 +180,25 @@ fn attach(ebpf: &mut Ebpf, path: &Path) -> Result<Vec<String>, String> {
     let mut found = Vec::new();
     let mut last_error = None;
     for &call in SYNC_CALLS {
-        let entry =
-            uprobe(ebpf, programs::CUDA_SYNC_ENTER)?.attach(call, path, UProbeScope::AllProcesses);
-        match entry {
-            Ok(_) => {}
+        // The return probe first: a uretprobe takes hold of a call's return at the call's entry,
+        // so every call the entry probe then sees also returns through it. (The other way round
+        // a call entered between the two would stay open, and its thread's later calls nest in
+        // it uncounted.) Calls in progress at the attach are not seen at all.
+        let exit =
+            uprobe(ebpf, programs::CUDA_SYNC_EXIT)?.attach(call, path, UProbeScope::AllProcesses);
+        let exit = match exit {
+            Ok(link) => link,
             Err(e) => {
                 log::debug!("{call} in {}: {e}", path.display());
                 last_error = Some(e.to_string());
                 continue;
             }
-        }
-        // The return probe before the entry's first hit would leave calls open: attached at
-        // once after it, and a call entered in between is timed from a later call's end at
-        // worst (`GpuCall` is per thread, replaced by the next entry).
+        };
         if let Err(e) =
-            uprobe(ebpf, programs::CUDA_SYNC_EXIT)?.attach(call, path, UProbeScope::AllProcesses)
+            uprobe(ebpf, programs::CUDA_SYNC_ENTER)?.attach(call, path, UProbeScope::AllProcesses)
         {
-            return Err(format!("the return probe on {call}: {e}"));
+            let _ = uprobe(ebpf, programs::CUDA_SYNC_EXIT)?.detach(exit);
+            return Err(format!("the entry probe on {call}: {e}"));
         }
         found.push(call.to_string());
     }
