@@ -58,7 +58,7 @@ def load(shape):
     return s, job
 
 def trainer(s):
-    return next((p for p in s.get("processes", []) if p.get("role") == "trainer"), {})
+    return next((p for p in (s.get("processes") or []) if p.get("role") == "trainer"), {})
 
 def check(ok, text):
     print(("PASS " if ok else "FAIL ") + text)
@@ -68,14 +68,14 @@ for shape in ["starved", "gpu"]:
     if not s:
         continue
     t = trainer(s)
-    gpus = s.get("gpu", [])
+    gpus = s.get("gpu") or []
     samples = sum(g.get("samples", 0) for g in gpus)
     check(samples > 0 and any(g.get("util_gpu_max_pct") is not None for g in gpus),
           f"{shape}: NVML samples with utilisation: {samples} samples, " +
           ", ".join(f"GPU {g.get('index')} {g.get('name')} util avg {g.get('util_gpu_avg_pct')} max {g.get('util_gpu_max_pct')}" for g in gpus))
-    check(any(t.get("pid") in g.get("job_pids", []) for g in gpus),
+    check(any(t.get("pid") in (g.get("job_pids") or []) for g in gpus),
           f"{shape}: the trainer (pid {t.get('pid')}) among the GPU's processes: {[g.get('job_pids') for g in gpus]}")
-    stalls = s.get("stalls", [])
+    stalls = s.get("stalls") or []
     if shape == "starved":
         check(len(stalls) > 0, f"starved: GPU stall episodes: {len(stalls)}")
     else:
@@ -93,7 +93,7 @@ for shape in ["starved", "gpu"]:
         check(gw > dw and g.get("calls", 0) > 0, f"gpu: GPU wait {gw/1e9:.2f} s > data wait {dw/1e9:.2f} s ({g.get('calls', 0)} calls)")
     if job and g:
         print(f"INFO {shape}: GPU wait {g.get('wait_ns', 0)/1e9:.2f} s against the job's loss.item() {job.get('item_s', 0):.2f} s")
-    v = s.get("verdict", {})
+    v = s.get("verdict") or {}
     print(f"INFO {shape}: verdict {v.get('cause')}: {v.get('text')}")
     err = open(os.path.join(out, f"{shape}-stderr.txt"), errors="replace").read()
     xid = [l for l in err.splitlines() if re.search(r"xid|Xid|event set", l)]

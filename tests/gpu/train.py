@@ -32,11 +32,14 @@ class Samples(Dataset):
 def main():
     shape, seconds = sys.argv[1], float(sys.argv[2])
     dev = torch.device("cuda")
+    # starved: 32 samples of 100 ms each per batch, 2 workers: a batch every 1.6 s, a step of
+    # milliseconds. gpu: 256-row batches through 40 matmuls of 8192 x 8192 (about 1.4 TFLOP a
+    # step, tens of ms on an H100), a batch the workers make in a millisecond or two.
     if shape == "starved":
-        dim, sleep_s, workers, width = 1024, 0.1, 2, 1024
+        dim, sleep_s, workers, width, batch = 1024, 0.1, 2, 1024, 32
     else:
-        dim, sleep_s, workers, width = 1024, 0.0, 2, 8192
-    loader = DataLoader(Samples(sleep_s, dim), batch_size=32, num_workers=workers)
+        dim, sleep_s, workers, width, batch = 1024, 0.0, 2, 8192, 256
+    loader = DataLoader(Samples(sleep_s, dim), batch_size=batch, num_workers=workers)
     w_in = torch.randn(dim, width, device=dev)
     w = torch.randn(width, width, device=dev) / width**0.5
     torch.cuda.synchronize()
