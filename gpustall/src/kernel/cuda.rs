@@ -6,7 +6,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::fs::MetadataExt as _;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use aya::{
     maps::{HashMap, IterableMap as _, MapData},
@@ -114,21 +114,30 @@ impl CudaProbes {
                 },
                 None => vm_pages(pid).unwrap_or(0),
             };
-            let Some(library) = mapped_driver(pid) else {
+            let Some((range, library)) = mapped_driver(pid) else {
                 self.looked.insert(pid, Some(size));
                 continue;
             };
             self.looked.insert(pid, None);
-            out.push(self.probe(ebpf, pid, &library, now_ns));
+            out.push(self.probe(ebpf, pid, &range, &library, now_ns));
         }
         out
     }
 
-    fn probe(&mut self, ebpf: &mut Ebpf, pid: u32, library: &str, now_ns: u64) -> CudaProbesRec {
+    fn probe(
+        &mut self,
+        ebpf: &mut Ebpf,
+        pid: u32,
+        range: &str,
+        library: &str,
+        now_ns: u64,
+    ) -> CudaProbesRec {
         let mut rec =
             CudaProbesRec { t_ns: now_ns, pid, library: library.into(), ..Default::default() };
-        // The file the process really maps, wherever its root is.
-        let path = through_root(pid, library);
+        // The very file the process maps (its mapping's own link, in a container too), never
+        // what its path names now: a job could put a FIFO or a link there, which reading the
+        // library's symbols would block on or follow.
+        let path = Path::new("/proc").join(pid.to_string()).join("map_files").join(range);
         let key = match std::fs::metadata(&path) {
             Ok(m) => (m.dev(), m.ino()),
             Err(e) => {
@@ -217,17 +226,18 @@ fn vm_pages(pid: u32) -> Option<u64> {
     statm.split_whitespace().next()?.parse().ok()
 }
 
-/// The CUDA driver `pid` maps (`libcuda.so`, `libcuda.so.1`, `libcuda.so.550.54.15`), its
-/// path as the process sees it.
-fn mapped_driver(pid: u32) -> Option<String> {
+/// The CUDA driver `pid` maps (`libcuda.so`, `libcuda.so.1`, `libcuda.so.550.54.15`): one of
+/// its mappings' address range and its path as the process sees it.
+fn mapped_driver(pid: u32) -> Option<(String, String)> {
     let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
-    driver_in(&maps).map(str::to_string)
+    driver_in(&maps).map(|(range, path)| (range.to_string(), path.to_string()))
 }
 
-/// The first mapped file whose name is `libcuda.so` or a versioned `libcuda.so.N`.
-pub fn driver_in(maps: &str) -> Option<&str> {
+/// The first mapped file whose name is `libcuda.so` or a versioned `libcuda.so.N`, with its
+/// mapping's address range (`/proc/PID/map_files/` names each mapping so).
+pub fn driver_in(maps: &str) -> Option<(&str, &str)> {
     // A file's path is the rest of its line from its first '/' (it may hold spaces).
-    maps.lines().filter_map(|l| l.find('/').map(|i| &l[i..])).find(|p| {
+    maps.lines().filter_map(|l| Some((l.split(' ').next()?, &l[l.find('/')?..]))).find(|(_, p)| {
         let name = p.rsplit('/').next().unwrap_or(p);
         name == "libcuda.so" || name.strip_prefix("libcuda.so.").is_some_and(|v| !v.is_empty())
     })
@@ -243,11 +253,6 @@ pub fn waiters(tree: &crate::model::proctree::ProcessTree) -> Vec<u32> {
         .collect()
 }
 
-/// The path a library mapped in `pid` has from here (through its root).
-pub fn through_root(pid: u32, library: &str) -> PathBuf {
-    Path::new("/proc").join(pid.to_string()).join("root").join(library.trim_start_matches('/'))
-}
-
 #[cfg(test)]
 mod tests {
     use super::driver_in;
@@ -259,11 +264,14 @@ mod tests {
 7f10-7f20 r-xp 00000000 08:01 12 /usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15
 7f20-7f30 r-xp 00000000 08:01 13 /usr/lib/x86_64-linux-gnu/libcuda.so.1
 ";
-        assert_eq!(driver_in(maps), Some("/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15"));
+        assert_eq!(
+            driver_in(maps),
+            Some(("7f10-7f20", "/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15"))
+        );
         assert_eq!(driver_in("7f00-7f10 r-xp 00000000 08:01 11 /x/libcuda.so.\n"), None);
         assert_eq!(driver_in("7f00-7f10 r-xp 00000000 08:01 11 [heap]\n"), None);
         assert_eq!(
-            driver_in("7f00-7f10 r-xp 00000000 08:01 11 /x/libcuda.so\n"),
+            driver_in("7f00-7f10 r-xp 00000000 08:01 11 /x/libcuda.so\n").map(|d| d.1),
             Some("/x/libcuda.so")
         );
     }

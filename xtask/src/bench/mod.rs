@@ -30,18 +30,9 @@ use serde_json::Value;
 
 use crate::util::{cargo, is_root, run_cmd, target_dir, workspace_root};
 
-/// The cases `--only` takes, in the order of a whole run.
-const CASES: [&str; 9] = [
-    "swap-heavy",
-    "watch",
-    "fork-burst",
-    "incident",
-    "peer",
-    "outside",
-    "ctxswitch",
-    "py-stacks",
-    "cuda-uprobes",
-];
+/// The cases `--only` takes, in the order of a whole run: the document's sections but its
+/// header.
+const CASES: &[&str] = doc::SECTIONS.split_at(1).1;
 
 /// The key of a case's figures in overhead.json.
 fn json_key(case: &str) -> &'static str {
