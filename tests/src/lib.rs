@@ -126,6 +126,25 @@ impl Drop for TempDir {
     }
 }
 
+/// Runs a command to its end; panics with the command line and what it printed if it fails.
+pub fn run_ok(cmd: &mut std::process::Command) -> std::process::Output {
+    let shown = format!("{cmd:?}");
+    let o = cmd.output().unwrap_or_else(|e| panic!("{shown}: {e}"));
+    assert!(
+        o.status.success(),
+        "{shown} failed ({}):\n{}\n{}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    o
+}
+
+/// What a command that must succeed printed on stdout.
+pub fn stdout_ok(cmd: &mut std::process::Command) -> String {
+    String::from_utf8_lossy(&run_ok(cmd).stdout).into_owned()
+}
+
 /// A number unique within this process, for names.
 pub fn unique() -> u64 {
     use std::sync::atomic::{AtomicU64, Ordering};

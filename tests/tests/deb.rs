@@ -8,8 +8,9 @@
 
 use std::{
     path::{Path, PathBuf},
-    process::{Command, Output},
+    process::Command,
 };
+use tests::{run_ok, stdout_ok};
 
 const PACKAGE: &str = "gpustall";
 const UNIT: &str = "/usr/lib/systemd/system/gpustall-watch.service";
@@ -26,27 +27,10 @@ const FILES: &[&str] = &[
     "/usr/share/gpustall/grafana/gpustall-dashboard.json",
 ];
 
-fn run(cmd: &mut Command) -> Output {
-    let shown = format!("{cmd:?}");
-    let o = cmd.output().unwrap_or_else(|e| panic!("{shown}: {e}"));
-    assert!(
-        o.status.success(),
-        "{shown} failed ({}):\n{}\n{}",
-        o.status,
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    o
-}
-
-fn stdout(cmd: &mut Command) -> String {
-    String::from_utf8_lossy(&run(cmd).stdout).into_owned()
-}
-
 fn the_deb() -> PathBuf {
     const VAR: &str = "GPUSTALL_TEST_DEB";
     let deb = std::env::var_os(VAR).map(PathBuf::from).unwrap_or_else(|| {
-        panic!("{VAR} is not set: run this test through `cargo xtask test`, which builds the package (cargo xtask deb)")
+        panic!("{VAR} is not set: run this test through `cargo xtask test`, which builds the package (cargo xtask dist)")
     });
     assert!(deb.is_file(), "{VAR}={} does not exist: run `cargo xtask test`", deb.display());
     deb
@@ -70,10 +54,12 @@ impl Installed {
         );
         let guard = Self;
         // apt rather than dpkg -i: what a user runs, and it would pull missing dependencies.
-        run(Command::new("apt-get")
-            .args(["-o", "DPkg::Lock::Timeout=300", "install", "-y", "--no-install-recommends"])
-            .arg(deb)
-            .env("DEBIAN_FRONTEND", "noninteractive"));
+        run_ok(
+            Command::new("apt-get")
+                .args(["-o", "DPkg::Lock::Timeout=300", "install", "-y", "--no-install-recommends"])
+                .arg(deb)
+                .env("DEBIAN_FRONTEND", "noninteractive"),
+        );
         guard
     }
 }
@@ -92,12 +78,14 @@ impl Drop for Installed {
 fn trace_from_the_package(version: &str) {
     let dir = tests::TempDir::new("deb");
     let summary_path = dir.path("summary.json");
-    let o = run(Command::new("/usr/bin/gpustall")
-        .args(["trace", "--duration", "10", "--no-gpu", "--summary-json"])
-        .arg(&summary_path)
-        .args(["--", "sleep", "1"])
-        .env_remove("SUDO_UID")
-        .env_remove("SUDO_GID"));
+    let o = run_ok(
+        Command::new("/usr/bin/gpustall")
+            .args(["trace", "--duration", "10", "--no-gpu", "--summary-json"])
+            .arg(&summary_path)
+            .args(["--", "sleep", "1"])
+            .env_remove("SUDO_UID")
+            .env_remove("SUDO_GID"),
+    );
     let report = String::from_utf8_lossy(&o.stdout);
     let tool = format!("gpustall {version}");
     assert!(report.contains(&tool), "the report names {tool}:\n{report}");
@@ -112,13 +100,13 @@ fn trace_from_the_package(version: &str) {
 /// The man page found by man and rendered; the unit's `ExecStart=gpustall` resolved by systemd
 /// to an executable (verify fails on a command it cannot find); the bash completion loads.
 fn man_unit_and_completions() {
-    let page = stdout(Command::new("man").args(["-w", "gpustall"]));
+    let page = stdout_ok(Command::new("man").args(["-w", "gpustall"]));
     assert_eq!(page.trim(), "/usr/share/man/man1/gpustall.1.gz");
-    let rendered = stdout(Command::new("man").arg("gpustall").env("MANPAGER", "cat"));
+    let rendered = stdout_ok(Command::new("man").arg("gpustall").env("MANPAGER", "cat"));
     assert!(rendered.contains("trace") && rendered.contains("watch"), "{rendered}");
-    run(Command::new("systemd-analyze").args(["verify", UNIT]));
+    run_ok(Command::new("systemd-analyze").args(["verify", UNIT]));
     let complete =
-        stdout(Command::new("bash").args([
+        stdout_ok(Command::new("bash").args([
             "-c",
             ". /usr/share/bash-completion/completions/gpustall && complete -p gpustall",
         ]));
@@ -144,11 +132,11 @@ fn the_debian_package_installs_traces_and_removes_cleanly() {
     let deb = the_deb();
     let _apt = tests::apt_lock();
     let package = Installed::new(&deb);
-    let listed = stdout(Command::new("dpkg").args(["-L", PACKAGE]));
+    let listed = stdout_ok(Command::new("dpkg").args(["-L", PACKAGE]));
     for f in FILES {
         assert!(listed.lines().any(|l| l == *f), "the package has no {f}:\n{listed}");
     }
-    let version = stdout(Command::new("dpkg-query").args(["-W", "-f=${Version}", PACKAGE]));
+    let version = stdout_ok(Command::new("dpkg-query").args(["-W", "-f=${Version}", PACKAGE]));
     // 0.1.0-1: the crate's version and the package's revision.
     let version = version.split('-').next().unwrap_or_default().to_string();
     trace_from_the_package(&version);

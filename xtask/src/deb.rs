@@ -1,5 +1,7 @@
-//! `cargo xtask deb`: the Debian package (`target/debian/gpustall_<version>-1_<arch>.deb`), made
-//! by cargo-deb from the release build and `[package.metadata.deb]` in gpustall/Cargo.toml: the
+//! The Debian package (`target/debian/gpustall_<version>-1_<arch>.deb`, copied into target/dist/),
+//! made by cargo-deb from the dist binary (xtask/src/dist.rs: glibc 2.17, so the one package
+//! installs on Debian 9 onwards and Ubuntu 18.04 onwards) and `[package.metadata.deb]` in
+//! gpustall/Cargo.toml: the
 //! binary, the systemd unit, the alert rules and the dashboard, and a man page and shell
 //! completions generated from the binary itself, so they always match its CLI.
 
@@ -12,7 +14,7 @@ use anyhow::Context as _;
 
 use crate::{
     setup::tools_dir,
-    util::{cargo, output, run_cmd, target_dir, workspace_root},
+    util::{output, run_cmd, target_dir, workspace_root},
 };
 
 /// Pinned like the other tools: the package's layout is cargo-deb's (maintainer scripts, man
@@ -40,7 +42,7 @@ fn ensure_cargo_deb() -> anyhow::Result<PathBuf> {
 }
 
 /// Runs the built gpustall and writes what it prints to `out`.
-fn generate(bin: &Path, args: &[&str], out: &Path) -> anyhow::Result<()> {
+pub fn generate(bin: &Path, args: &[&str], out: &Path) -> anyhow::Result<()> {
     let text = output(Command::new(bin).args(args).stderr(Stdio::inherit()))
         .with_context(|| format!("{} {} failed", bin.display(), args.join(" ")))?;
     std::fs::write(out, text).with_context(|| format!("writing {}", out.display()))
@@ -57,19 +59,20 @@ fn generate_assets(bin: &Path, dir: &Path) -> anyhow::Result<()> {
     generate(bin, &["completions", "fish"], &dir.join("gpustall.fish"))
 }
 
-/// Builds the package and returns its path.
-pub fn build() -> anyhow::Result<PathBuf> {
-    crate::setup::run_setup(true)?;
+/// Packages the binary that dist built for `triple` (cargo-deb maps the assets' target/release/
+/// to target/TRIPLE/release/) and returns the package's path.
+pub fn package(triple: &str) -> anyhow::Result<PathBuf> {
     let cargo_deb = ensure_cargo_deb()?;
-    run_cmd(cargo().args(["build", "--release", "--locked", "-p", "gpustall"]))?;
-    let release = target_dir().join("release");
+    let release = target_dir().join(triple).join("release");
     generate_assets(&release.join("gpustall"), &release.join("deb"))?;
     let out = target_dir().join("debian");
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
     let out = out.canonicalize()?;
     let printed = output(
         Command::new(cargo_deb)
-            .args(["--package", "gpustall", "--no-build", "--locked", "--quiet", "--output"])
+            .args(["--package", "gpustall", "--no-build", "--no-strip", "--locked", "--quiet"])
+            .args(["--target", triple])
+            .arg("--output")
             .arg(&out)
             .current_dir(workspace_root())
             .stderr(Stdio::inherit()),
@@ -79,12 +82,4 @@ pub fn build() -> anyhow::Result<PathBuf> {
     let deb = printed.lines().last().map(PathBuf::from).context("cargo-deb printed no path")?;
     anyhow::ensure!(deb.is_file(), "cargo-deb said it wrote {}, which is not there", deb.display());
     Ok(deb)
-}
-
-pub fn run() -> anyhow::Result<()> {
-    let deb = build()?;
-    let size = std::fs::metadata(&deb).map(|m| m.len()).unwrap_or(0);
-    println!("{} ({:.1} MiB)", deb.display(), size as f64 / (1u64 << 20) as f64);
-    eprintln!("install it with: sudo apt install {}", deb.display());
-    Ok(())
 }

@@ -1,4 +1,4 @@
-//! Developer commands: `cargo xtask setup | install | deb | test | lint | demo | bench |
+//! Developer commands: `cargo xtask setup | install | dist | test | lint | demo | bench |
 //! screenshot | vm-test`.
 //!
 //! `setup` installs what building and running gpustall needs on a fresh machine (the pinned
@@ -10,8 +10,10 @@ mod deb;
 mod demo;
 #[cfg(test)]
 mod deploy_files;
+mod dist;
 mod install;
 mod lint;
+mod old_root;
 mod screenshot;
 mod setup;
 mod test;
@@ -34,9 +36,10 @@ enum Cmd {
     Setup,
     /// Set up, then `cargo install --locked --path gpustall` (~/.cargo/bin/gpustall).
     Install(install::Args),
-    /// Set up, build the release binary and the Debian package (target/debian/*.deb) with
-    /// cargo-deb (built once into the tools directory).
-    Deb,
+    /// Set up, then build what a release ships into target/dist/ from one binary that runs on
+    /// glibc 2.17 and later: the wheel, a tarball (binary, man page, completions, deploy files),
+    /// the .deb and SHA256SUMS (maturin, zig and cargo-deb are installed into the tools directory).
+    Dist,
     /// Set up, build (the Debian package too), and run every test (unit and privileged
     /// end-to-end; needs root).
     Test {
@@ -72,7 +75,7 @@ fn main() {
     let r = match cli.command {
         Cmd::Setup => setup::run(),
         Cmd::Install(args) => install::run(&args),
-        Cmd::Deb => deb::run(),
+        Cmd::Dist => dist::run(),
         Cmd::Test { args } => test::run(&args),
         Cmd::Demo => demo::run(),
         Cmd::Bench { only } => bench::run(only.as_deref()),

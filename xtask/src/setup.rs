@@ -139,9 +139,11 @@ const DEMO_TOOLS: &[Tool] = &[
 
 /// The tests' besides the demo's: what the workloads call, the stacked-device tests' disk tools
 /// (dm-linear and md RAID1 over loop devices; vm-test's guests run the host's), and man (the
-/// Debian package's test reads its man page).
+/// Debian package's test reads its man page), debootstrap (the dist binary's test runs it in a
+/// Debian 11 root).
 const TEST_TOOLS: &[Tool] = &[
     ("man", "man-db"),
+    ("debootstrap", "debootstrap"),
     ("setpriv", "util-linux"),
     ("losetup", "mount"),
     ("dd", "coreutils"),
