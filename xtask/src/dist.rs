@@ -94,8 +94,12 @@ fn build_wheel(bin: &Path, out: &Path) -> anyhow::Result<PathBuf> {
             .current_dir(workspace_root());
         c
     };
-    // First the binary, then its man page and completions for the wheel's data, then the wheel
-    // with them (the second build finds everything fresh).
+    // First the binary (with an empty data directory: maturin wants the one pyproject.toml
+    // names), then its man page and completions for the wheel's data, then the wheel with them
+    // (the second build finds everything fresh).
+    let share = wheel_share();
+    let _ = std::fs::remove_dir_all(&share);
+    std::fs::create_dir_all(&share).with_context(|| format!("creating {}", share.display()))?;
     let scratch = target_dir().join("dist-scratch");
     run_cmd(maturin().arg("--out").arg(&scratch))?;
     let _ = std::fs::remove_dir_all(&scratch);
@@ -113,11 +117,14 @@ fn build_wheel(bin: &Path, out: &Path) -> anyhow::Result<PathBuf> {
     Ok(wheel)
 }
 
-/// `<prefix>/share/...` of the environment the wheel is installed into. The path is the one
-/// gpustall/pyproject.toml names (under the workspace's own target/, whatever CARGO_TARGET_DIR).
+/// What the wheel installs as `<prefix>/share/...` of its environment: under the data directory
+/// gpustall/pyproject.toml names (the workspace's own target/, whatever CARGO_TARGET_DIR).
+fn wheel_share() -> PathBuf {
+    workspace_root().join("target/wheel-data/data/share")
+}
+
 fn write_wheel_data(gpustall: &Path) -> anyhow::Result<()> {
-    let share = workspace_root().join("target/wheel-data/data/share");
-    let _ = std::fs::remove_dir_all(&share);
+    let share = wheel_share();
     let put = |rel: &str, args: &[&str]| -> anyhow::Result<()> {
         let path = share.join(rel);
         std::fs::create_dir_all(path.parent().expect("a file under share/"))?;
@@ -158,7 +165,7 @@ fn build_archive(out: &Path, gpustall: &Path) -> anyhow::Result<(PathBuf, PathBu
     for (from, to) in ARCHIVE_FILES {
         copy(&workspace_root().join(from), to)?;
     }
-    let share = workspace_root().join("target/wheel-data/data/share");
+    let share = wheel_share();
     copy(&share.join("man/man1/gpustall.1"), "man/gpustall.1")?;
     copy(&share.join("bash-completion/completions/gpustall"), "completions/gpustall.bash")?;
     copy(&share.join("zsh/site-functions/_gpustall"), "completions/_gpustall")?;
