@@ -14,8 +14,10 @@ themselves `pt_data_worker` as PyTorch's do.
       model's forward, backward and SGD step, repeated). Needs torch: run it with the torch
       venv's python.
   datawait.py torch-cpu [--workers 1] [--seconds 8] [--item-cpu-ms 50] [--fetch-ms 10]
-                        [--step-ms 40] [--slow-worker K --slow-cpu-ms M] [--wait-go]
-      A real torch DataLoader (fork workers, persistent_workers=True, batch_size=1) whose input
+                        [--step-ms 40] [--slow-worker K --slow-cpu-ms M] [--worker-start fork]
+                        [--wait-go]
+      A real torch DataLoader (workers started by --worker-start: fork, spawn or forkserver;
+      persistent_workers=True, batch_size=1; run alone or as a torchrun rank) whose input
       pipeline is CPU-bound with no memory pressure: each __getitem__ fetches its sample (sleeps
       --fetch-ms, a read from storage) and transforms it with torch ops until its worker has
       used --item-cpu-ms of CPU time; each step waits --step-ms for "the GPU" (a sleep: the
@@ -142,35 +144,42 @@ def torch_job(a):
     return 0
 
 
+class AugmentedSamples:
+    """Decode and augment: CPU work in torch, on the worker's one thread. A map-style dataset
+    at module level (no torch base class needed), so that spawned workers can unpickle it."""
+
+    def __init__(self, a):
+        self.epoch_steps, self.fetch_ms = a.epoch_steps, a.fetch_ms
+        self.item_cpu_ms, self.slow_worker, self.slow_cpu_ms = a.item_cpu_ms, a.slow_worker, a.slow_cpu_ms
+
+    def __len__(self):
+        return self.epoch_steps or 1 << 20
+
+    def __getitem__(self, i):
+        import torch
+        time.sleep(self.fetch_ms / 1000)  # the sample's read from storage
+        g = torch.Generator().manual_seed(i)
+        x = torch.rand((64, 64), generator=g)
+        w = torch.rand((64, 64), generator=g) / 64
+        cost = self.item_cpu_ms
+        info = torch.utils.data.get_worker_info()
+        if info is not None and info.id == self.slow_worker:
+            cost = self.slow_cpu_ms  # a straggler: this worker's samples cost more
+        end = time.process_time() + cost / 1000
+        while time.process_time() < end:
+            x = torch.tanh(x @ w + x)
+        return x.mean(dim=0)
+
+
 def torch_cpu_job(a):
     import torch
-    from torch.utils.data import DataLoader, Dataset
-
-    class Augmented(Dataset):
-        """Decode and augment: CPU work in torch, on the worker's one thread."""
-
-        def __len__(self):
-            return a.epoch_steps or 1 << 20
-
-        def __getitem__(self, i):
-            time.sleep(a.fetch_ms / 1000)  # the sample's read from storage
-            g = torch.Generator().manual_seed(i)
-            x = torch.rand((64, 64), generator=g)
-            w = torch.rand((64, 64), generator=g) / 64
-            cost = a.item_cpu_ms
-            info = torch.utils.data.get_worker_info()
-            if info is not None and info.id == a.slow_worker:
-                cost = a.slow_cpu_ms  # a straggler: this worker's samples cost more
-            end = time.process_time() + cost / 1000
-            while time.process_time() < end:
-                x = torch.tanh(x @ w + x)
-            return x.mean(dim=0)
+    from torch.utils.data import DataLoader
 
     torch.set_num_threads(1)
     # --epoch-steps: epochs of that many steps with workers started anew each epoch.
     persistent = not a.epoch_steps
-    loader = DataLoader(Augmented(), batch_size=1, num_workers=a.workers,
-                        persistent_workers=persistent, multiprocessing_context="fork")
+    loader = DataLoader(AugmentedSamples(a), batch_size=1, num_workers=a.workers,
+                        persistent_workers=persistent, multiprocessing_context=a.worker_start)
     if a.wait_go:
         sys.stdin.readline()
     time.sleep(TRACER_BEAT_S)
@@ -400,6 +409,8 @@ def main():
     p.add_argument("--item-cpu-ms", type=float, default=50)
     p.add_argument("--fetch-ms", type=float, default=10)
     p.add_argument("--slow-worker", type=int, default=-1)
+    p.add_argument("--worker-start", choices=["fork", "spawn", "forkserver"], default="fork",
+                   help="torch-cpu: the workers' start method (multiprocessing_context)")
     p.add_argument("--epoch-steps", type=int, default=0)
     p.add_argument("--slow-cpu-ms", type=float, default=0)
     p.add_argument("--batch-ms", default=None)

@@ -105,12 +105,23 @@ fn traced_torch(workers: u32, cg: &CpuCgroup) -> (TraceResult, Value) {
 
 /// Runs `datawait.py torch-cpu ARGS --seconds 8` as [`traced_torch`] does.
 fn traced_torch_job(args: &[&str], cg: &CpuCgroup) -> (TraceResult, Value) {
-    let python = tests::torch_python();
+    traced_torch_via(&tests::torch_python(), &["-u"], args, cg)
+}
+
+/// `PROGRAM LEAD... datawait.py torch-cpu --seconds 8 ARGS` (python, or torchrun), traced from
+/// that program in `cg`: the trace and the trainer's line.
+fn traced_torch_via(
+    program: &std::path::Path,
+    lead: &[&str],
+    args: &[&str],
+    cg: &CpuCgroup,
+) -> (TraceResult, Value) {
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("py/datawait.py");
-    let mut argv = vec!["-u", script.to_str().expect("utf-8"), "torch-cpu", "--seconds", "8"];
+    let mut argv = lead.to_vec();
+    argv.extend([script.to_str().expect("utf-8"), "torch-cpu", "--seconds", "8"]);
     argv.extend_from_slice(args);
     argv.push("--wait-go");
-    let mut w = Workload::start(&python, &argv, None);
+    let mut w = Workload::start(program, &argv, None);
     cg.add(w.pid());
     let tracer = Tracer::start(w.pid(), &["--quiet", "--no-gpu"]);
     w.go();
@@ -292,6 +303,60 @@ fn a_torch_job_with_a_cpu_left_idle_is_advised_the_worker_that_fills_it() {
     );
     assert!(after["steps"].as_u64() > before["steps"].as_u64(), "the second worker buys steps");
     assert!(a < b * 0.85, "and cuts the trainer's data_time: {b} -> {a}");
+}
+
+/// The idle-CPU job again, as a launcher runs it: `torchrun --standalone --nproc_per_node=1`,
+/// its DataLoader's worker spawned (`multiprocessing_context="spawn"`). Traced from torchrun,
+/// as `gpustall trace -- torchrun ...` does: torchrun is the target, its rank the trainer that
+/// waits, and torchrun's own helpers (ldconfig from ctypes.util.find_library) are no ranks.
+#[test]
+fn a_torchrun_rank_with_a_spawned_worker_and_a_cpu_left_idle_gets_the_same_answer() {
+    tests::require_privileged_env();
+    let _cpu = tests::cpu_lock();
+    let cg = CpuCgroup::favoured("pipe-torchrun");
+    let torchrun = tests::torch_python().with_file_name("torchrun");
+    let lead = ["--standalone", "--nproc_per_node=1"];
+    let args = ["--workers", "1", "--worker-start", "spawn", "--seconds", "12"];
+    let args =
+        [&args[..], &["--item-cpu-ms", "150", "--fetch-ms", "10", "--step-ms", "40"]].concat();
+    let mut attempt = 0;
+    let (t, rank_line, v) = loop {
+        attempt += 1;
+        let (t, line) = traced_torch_via(&torchrun, &lead, &args, &cg);
+        let v = verdict(&t, "torchrun, one spawned heavy worker");
+        if v["advice_num_workers"].is_u64() || attempt == 3 {
+            break (t, line, v);
+        }
+        eprintln!("no count (attempt {attempt}): {}", v["advice"][0]);
+    };
+    let rank = rank_line["pid"].as_u64().expect("the rank's pid");
+    let worker = rank_line["worker_pids"][0].as_u64().expect("its worker's pid");
+    assert_eq!(v["cause"], "cpu_bound_pipeline", "{v:#}");
+    assert_eq!(v["culprit_pids"], json!([worker]), "{v:#}");
+    assert_eq!(v["advice_num_workers"], 2, "{}", v["advice"][0]);
+    // Roles: torchrun the target, its rank a rank, the spawned worker the rank's.
+    let launcher = t.processes().iter().find(|p| p["role"] == "trainer").expect("the target")
+        ["pid"]
+        .as_u64()
+        .expect("pid");
+    assert_eq!(t.process(rank as u32)["role"], "rank");
+    assert_eq!(t.process(rank as u32)["ppid"], launcher);
+    assert_eq!(t.process(worker as u32)["role"], "dataloader_worker");
+    assert_eq!(t.process(worker as u32)["dataloader_of"], rank);
+    let ranks: Vec<&Value> = t.processes().iter().filter(|p| p["role"] == "rank").collect();
+    assert_eq!(ranks.len(), 1, "one rank, torchrun's helpers are none: {ranks:?}");
+    // The launcher's own sliver of waiting is not the job's wait for data, nor is the GPU its.
+    let evidence = v["evidence"].to_string();
+    assert!(!evidence.contains(&format!("(pid {launcher}) waited for data")), "{evidence}");
+    assert!(evidence.contains(&format!("(pid {rank}) waited for data")), "{evidence}");
+    assert!(!t.stdout.contains(&format!("GPU waits: trainer {launcher}")), "{}", t.stdout);
+    eprintln!(
+        "torchrun + spawn: {} steps, data_time {:.1} % of the loop; gpustall: {}; {}",
+        rank_line["steps"],
+        100.0 * rank_line["data_share"].as_f64().unwrap_or(0.0),
+        v["cause"],
+        v["advice"][0]
+    );
 }
 
 /// A real torch DataLoader of 4 workers whose worker 2's samples cost 300 ms of CPU, the

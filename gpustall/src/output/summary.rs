@@ -545,10 +545,18 @@ fn process_summary(
         py_stacks: m.py_stacks.procs.get(&n.pid).map(|s| s.summary()),
         gpu_wait: f.and_then(|f| f.gpu_wait.clone()),
         gpu_wait_unmeasured: f
-            .filter(|f| (f.is_trainer || f.is_rank) && f.gpu_wait.is_none())
+            .filter(|f| {
+                (f.is_rank || (f.is_trainer && !has_ranks(m, n.pid))) && f.gpu_wait.is_none()
+            })
             .map(|_| gpu_wait_unmeasured(m, n.pid)),
         time_split: f.and_then(crate::diagnose::verdict::time_split),
     }
+}
+
+/// The trainer is a launcher (torchrun, the script of torch.multiprocessing.spawn): its ranks
+/// drive the GPUs, and its own unmeasured waits are no news.
+fn has_ranks(m: &Model, pid: u32) -> bool {
+    m.tree.iter().any(|c| c.ppid == pid && m.tree.role(c.pid) == crate::model::proctree::Role::Rank)
 }
 
 /// Why a trainer's or rank's GPU waits were not measured.

@@ -218,6 +218,11 @@ pub fn links(f: &Facts, chain: &mut Chain) {
         if wait == 0 || (share < 0.01 && in_driver(&o).data_ns > 0) {
             continue; // its waits that others ended were a driver's (said below)
         }
+        if share < 0.01 && wait * 100 < total {
+            // A launcher's sliver beside its ranks' waits (torchrun traced as `-- torchrun`
+            // waits on its ranks' pipes now and then): not the job's wait for data.
+            continue;
+        }
         let count = o.data_wait_count.unwrap_or(0).saturating_sub(in_driver(&o).data_count);
         // With pin_memory=True the main thread waits on the pin-memory thread, which waits
         // on the workers: the main thread's waits are charged through it to the workers, and

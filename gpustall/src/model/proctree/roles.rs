@@ -87,6 +87,12 @@ fn is_spawn_cmd(n: &ProcNode) -> bool {
     cmdline_has(n, &["multiprocessing.spawn", "spawn_main"])
 }
 
+/// A Python interpreter's name (`python`, `python3`, `python3.11`, a path to one).
+fn is_python(program: &str) -> bool {
+    let base = program.rsplit('/').next().unwrap_or(program);
+    base.strip_prefix("python").is_some_and(|v| v.chars().all(|c| c.is_ascii_digit() || c == '.'))
+}
+
 /// multiprocessing's own helper (the resource tracker): no part of the job's roles.
 fn is_mp_helper(n: &ProcNode) -> bool {
     cmdline_has(n, &["multiprocessing.resource_tracker", "multiprocessing.semaphore_tracker"])
@@ -147,6 +153,24 @@ impl ProcessTree {
         is_launcher_cmd(n) && start_of(n, self.parent_of(n)) != Start::Fork
     }
 
+    /// A program the launcher ran for itself, not a rank: ldconfig (torchrun's
+    /// ctypes.util.find_library), a shell, a probe. torchrun runs each rank as
+    /// `sys.executable -u script` (or forks it), so a rank is a Python interpreter, unless
+    /// `--no-python` says the ranks are programs of their own; a process with a pool of its own
+    /// is a rank whatever it runs.
+    fn is_launchers_helper(&self, n: &ProcNode, launcher: &ProcNode) -> bool {
+        // The file it exec'd (a short-lived helper is gone before its command line is read,
+        // and still shows its parent's), else its command line's first word.
+        let program = n
+            .exec_filename
+            .as_deref()
+            .or_else(|| n.cmdline.as_deref().and_then(|c| c.split_whitespace().next()));
+        start_of(n, Some(launcher)) == Start::Exec
+            && program.is_some_and(|p| !is_python(p))
+            && !cmdline_has(launcher, &["--no-python", "--no_python"])
+            && !self.starts_pool(n)
+    }
+
     /// `n` started a pool of its own: children named as workers, spawned children, or a
     /// forkserver. Only a rank (or the trainer) does.
     fn starts_pool(&self, n: &ProcNode) -> bool {
@@ -184,7 +208,7 @@ impl ProcessTree {
             return Role::Other;
         };
         if self.is_launcher(parent) {
-            return Role::Rank;
+            return if self.is_launchers_helper(n, parent) { Role::Other } else { Role::Rank };
         }
         // A forkserver's children are its owner's, as spawned children are their parent's.
         let (owner, by_forkserver) = if self.is_forkserver(parent) {

@@ -29,10 +29,11 @@ fn fork(t: &mut ProcessTree, parent: u32, child: u32) {
     }
 }
 
-/// A fork and exec of `cmdline`.
+/// A fork and exec of `cmdline` (its first word the file exec'd).
 fn exec(t: &mut ProcessTree, parent: u32, child: u32, cmdline: &str) {
     fork(t, parent, child);
-    t.on_exec(child, "python3", "/usr/bin/python3");
+    let file = cmdline.split(' ').next().expect("a program");
+    t.on_exec(child, file.rsplit('/').next().expect("a name"), file);
     t.set_cmdline(child, cmdline.into());
 }
 
@@ -78,6 +79,14 @@ fn torchrun_ranks_exec_or_fork_and_their_forked_workers() {
     exec(&mut t, 100, 200, TRAIN);
     exec(&mut t, 100, 201, TRAIN);
     exec(&mut t, 100, 202, "python3 -c from multiprocessing.resource_tracker import main;main(5)");
+    // torchrun's own helpers: ctypes.util.find_library runs ldconfig, a shell runs a probe.
+    exec(&mut t, 100, 203, "/sbin/ldconfig -p");
+    exec(&mut t, 100, 204, "/bin/sh -c uname -p 2> /dev/null");
+    assert_eq!(roles(&t, &[203, 204]), [Role::Other, Role::Other]);
+    // One gone before its command line was read still shows torchrun's (its fork's).
+    fork(&mut t, 100, 205);
+    t.on_exec(205, "ldconfig", "/sbin/ldconfig");
+    assert_eq!(t.role(205), Role::Other);
     for (rank, w) in [(200, 300), (200, 301), (201, 310)] {
         fork(&mut t, rank, w);
         name_worker(&mut t, w);
@@ -99,6 +108,26 @@ fn torchrun_ranks_exec_or_fork_and_their_forked_workers() {
     assert_eq!(roles(&t, &[200, 300]), [Role::Rank, Role::Other]);
     name_worker(&mut t, 300);
     assert_eq!((t.role(300), t.dataloader_of(300)), (Role::DataloaderWorker, Some(200)));
+    // `torchrun --no-python ./train`: the ranks are programs of their own.
+    let mut t = job("/usr/bin/python3 /usr/local/bin/torchrun --no-python ./train");
+    exec(&mut t, 100, 200, "./train --epochs 3");
+    assert_eq!(t.role(200), Role::Rank);
+    // A rank that is no Python program but has a DataLoader-like pool is a rank all the same.
+    let mut t = job("/usr/bin/python3 /usr/local/bin/torchrun train.py");
+    exec(&mut t, 100, 200, "/opt/conda/bin/train-launcher train.py");
+    fork(&mut t, 200, 300);
+    name_worker(&mut t, 300);
+    assert_eq!(t.role(200), Role::Rank);
+}
+
+#[test]
+fn python_interpreters_are_told_from_other_programs() {
+    for p in ["python", "python3", "python3.11", "/usr/bin/python3.12", "/venv/bin/python"] {
+        assert!(is_python(p), "{p}");
+    }
+    for p in ["/sbin/ldconfig", "pythonista", "sh", "/usr/bin/python3-config", "ipython"] {
+        assert!(!is_python(p), "{p}");
+    }
 }
 
 #[test]
