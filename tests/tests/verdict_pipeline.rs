@@ -403,6 +403,36 @@ fn a_torch_job_with_one_slow_worker_names_it_a_straggler() {
     );
 }
 
+/// The straggler again, under torchrun with its workers started by a forkserver: each worker
+/// imports torch before its first batch, seconds that the first batches' waits carry (5 s on
+/// 2 CPUs, more than the straggler's steady lead). The start-up is no straggling: the slow
+/// worker is still named.
+#[test]
+fn a_torchrun_rank_whose_forkserver_workers_start_slowly_still_names_its_straggler() {
+    tests::require_privileged_env();
+    let _cpu = tests::cpu_lock();
+    let cg = CpuCgroup::favoured("pipe-straggler-fs");
+    let torchrun = tests::torch_python().with_file_name("torchrun");
+    let args = [
+        ["--workers", "4", "--worker-start", "forkserver", "--seconds", "14"],
+        ["--item-cpu-ms", "10", "--slow-worker", "2", "--slow-cpu-ms", "300"],
+    ]
+    .concat();
+    let args = [&args[..], &["--fetch-ms", "10", "--step-ms", "40"]].concat();
+    let (t, rank_line) =
+        traced_torch_via(&torchrun, &["--standalone", "--nproc_per_node=1"], &args, &cg);
+    let v = verdict(&t, "torchrun, forkserver workers, one slow");
+    let pids = rank_line["worker_pids"].clone();
+    assert_eq!(v["cause"], "straggler_worker", "{v:#}");
+    assert_eq!(v["culprit_pids"], json!([pids[2]]), "worker 2 (pids {pids}): {v:#}");
+    let rank = rank_line["pid"].as_u64().expect("pid") as u32;
+    assert_eq!(t.process(rank)["role"], "rank");
+    let forkserver: Vec<&Value> =
+        t.processes().iter().filter(|p| p["role"] == "forkserver").collect();
+    assert_eq!(forkserver.len(), 1, "{forkserver:?}");
+    eprintln!("{}", v["text"]);
+}
+
 /// A real torch DataLoader of 2 workers with persistent_workers=False: new worker processes
 /// every epoch of 15 steps. The CPU figures speak of the 2 workers alive at a time, as the
 /// memory advice does, not of every process that ever ran.

@@ -568,21 +568,47 @@ const STRAGGLER_OF_WAIT: f64 = 0.5;
 
 /// The worker that kept the trainer waiting far longer than its siblings did, with the wait
 /// it ended and what the others ended together.
-fn straggler<'a>(s: &Starved<'a>) -> Option<(&'a ProcFacts, u64, u64)> {
-    let kept = |p: &ProcFacts| p.offcpu.as_ref().map_or(0, |o| o.kept_waiting_ns);
+/// The others' share also returned apart: their first batches' (start-up) wait.
+fn straggler<'a>(s: &Starved<'a>) -> Option<(&'a ProcFacts, u64, u64, u64)> {
     if s.workers.len() < 2 {
         return None;
     }
-    let slow = *s.workers.iter().max_by_key(|p| (kept(p), std::cmp::Reverse(p.pid)))?;
-    let all: u64 = s.workers.iter().map(|p| kept(p)).sum();
-    let others = all - kept(slow);
+    let steady = |p: &ProcFacts| steady_kept_ns(p);
+    let slow = *s.workers.iter().max_by_key(|p| (steady(p), std::cmp::Reverse(p.pid)))?;
+    let all: u64 = s.workers.iter().map(|p| steady(p)).sum();
+    let others = all - steady(slow);
     let others_mean = others as f64 / (s.workers.len() - 1) as f64;
-    let waited = s.share * s.main.lifetime_ns as f64;
-    let holds = kept(slow) as f64 >= STRAGGLER_SHARE * all as f64
-        && kept(slow) as f64 >= STRAGGLER_OVER_OTHERS * others_mean
-        && kept(slow) as f64 >= STRAGGLER_OF_WAIT * waited
+    let start_up: u64 = s.workers.iter().map(|p| kept_ns(p) - steady(p)).sum();
+    let waited = (s.share * s.main.lifetime_ns as f64 - start_up as f64).max(0.0);
+    let mine = steady(slow) as f64;
+    let holds = mine >= STRAGGLER_SHARE * all as f64
+        && mine >= STRAGGLER_OVER_OTHERS * others_mean
+        && mine >= STRAGGLER_OF_WAIT * waited
         && all > 0;
-    holds.then_some((slow, kept(slow), others))
+    let others_ended = s.workers.iter().filter(|p| p.pid != slow.pid).map(|p| kept_ns(p)).sum();
+    holds.then_some((slow, kept_ns(slow), others_ended, others_ended - others))
+}
+
+/// "(3.75 s of it their first batches: the workers' start-up)", where that is most of it.
+fn start_up_clause(start_up: u64, of: u64) -> String {
+    if of == 0 || start_up * 2 < of {
+        return String::new();
+    }
+    format!(" ({:.2} s of it their first batches: the workers' start-up)", secs(start_up))
+}
+
+fn kept_ns(p: &ProcFacts) -> u64 {
+    p.offcpu.as_ref().map_or(0, |o| o.kept_waiting_ns)
+}
+
+/// What a worker kept the trainer waiting, less its longest wait: a worker's first batch
+/// carries its start-up (importing torch and unpickling the dataset under spawn or
+/// forkserver: seconds), which says nothing of how it keeps up after. One wait per worker is
+/// a sliver of a straggler's many.
+fn steady_kept_ns(p: &ProcFacts) -> u64 {
+    let o = p.offcpu.as_ref();
+    let max = o.and_then(|o| o.kept_waiting_max_ns).unwrap_or(0);
+    kept_ns(p).saturating_sub(max)
 }
 
 /// One worker held the pipeline back: the trainer's waits ended mostly when that worker's
@@ -592,7 +618,7 @@ fn straggler<'a>(s: &Starved<'a>) -> Option<(&'a ProcFacts, u64, u64)> {
 pub fn straggler_worker(c: &Ctx) -> Option<Verdict> {
     let f = c.f;
     let s = starved(f)?;
-    let (slow, kept, others) = straggler(&s)?;
+    let (slow, kept, others, others_start_up) = straggler(&s)?;
     let mut chain = c.chain();
     for p in &s.workers {
         split_link(f, p, &mut chain);
@@ -623,13 +649,14 @@ pub fn straggler_worker(c: &Ctx) -> Option<Verdict> {
         )
     };
     let text = format!(
-        "One DataLoader worker holds the input pipeline back: {} waited for data {:.0} % of its time, and {} ended {:.2} s of those waits against {:.2} s for the other {} together; {what}. Batches come back in order, so the others' sit ready while the trainer waits for its{}.",
+        "One DataLoader worker holds the input pipeline back: {} waited for data {:.0} % of its time, and {} ended {:.2} s of those waits against {:.2} s for the other {} together{}; {what}. Batches come back in order, so the others' sit ready while the trainer waits for its{}.",
         name(s.main),
         100.0 * s.share,
         name(slow),
         secs(kept),
         secs(others),
         workers_n(rest.len() as u64),
+        start_up_clause(others_start_up, others),
         gpu_clause(f)
     );
     let advice = vec![

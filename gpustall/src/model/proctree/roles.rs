@@ -14,6 +14,10 @@
 //!   multiprocessing.forkserver import main; ...'`; its children are forks of it, so they carry
 //!   its command line: a child of the forkserver is its owner's worker, never a forkserver.
 //!
+//! - launchers (torchrun, torch.distributed.run/launch): their children are ranks, except the
+//!   programs a launcher runs for itself (ldconfig through ctypes.util.find_library, a shell):
+//!   a rank runs the Python interpreter (unless `--no-python`) or has a pool of its own.
+//!
 //! PyTorch renames every process that imports torch `pt_main_thread` (trainer, ranks and
 //! spawned workers alike), so that name tells nothing apart. The environment would
 //! (/proc/PID/environ: torchrun sets LOCAL_RANK), but forked and spawned workers inherit it,
