@@ -734,23 +734,36 @@ fn wchan_clause(wchan: &str) -> String {
     }
 }
 
+/// A process blocked on I/O this share of its time is said to have waited on I/O; a
+/// disk-bound verdict needs half.
+const SOME_IO_SHARE: f64 = 0.1;
+/// Processes shorter than this (ldconfig, a shell) are blocked on I/O for most of their few
+/// milliseconds: not the job waiting on I/O.
+const SOME_IO_MIN_LIFE_NS: u64 = 1_000_000_000;
+
 /// Nothing measured explains a stall.
 pub fn none_detected(c: &Ctx) -> Verdict {
     // Only what was measured absent is said absent: a process that sat blocked on I/O for a
-    // while, short of a disk-bound verdict, is not "no disk wait".
+    // while, short of a disk-bound verdict, is not "no disk wait"; it is named.
     let io_share = |p: &ProcFacts| {
         p.io_wait_ns.max(p.offcpu.as_ref().map_or(0, |o| o.offcpu_io_ns)) as f64
             / p.lifetime_ns.max(1) as f64
     };
-    let some_io = c.f.procs.iter().any(|p| io_share(p) >= 0.1);
+    let most_io =
+        c.f.procs
+            .iter()
+            .filter(|p| p.lifetime_ns >= SOME_IO_MIN_LIFE_NS)
+            .map(|p| (p, io_share(p)))
+            .filter(|(_, share)| *share >= SOME_IO_SHARE)
+            .max_by(|a, b| a.1.total_cmp(&b.1));
     let text = format!(
         "No memory pressure, OOM kill, hung process{} or GPU throttling in the traced tree{}{}.",
-        if some_io { "" } else { ", disk wait" },
-        if some_io {
-            "; processes waited on I/O, short of half their time (a disk-bound pipeline)"
-        } else {
-            ""
-        },
+        if most_io.is_some() { "" } else { ", disk wait" },
+        most_io.map_or(String::new(), |(p, share)| format!(
+            "; {} was blocked on I/O {:.0} % of its time, short of the half that makes a disk-bound pipeline",
+            name(p),
+            100.0 * share
+        )),
         gpu_clause(c.f)
     );
     c.verdict(Cause::NoneDetected, text, Vec::new(), c.chain(), Vec::new())

@@ -670,3 +670,25 @@ fn a_trainer_slow_to_receive_its_batches_is_advised_smaller_ones_not_more_worker
     f.procs[0].receiving = Some(Receiving { ns: 200_000_000, ..receiving });
     assert!(!decide(&f).advice.join("\n").contains("receiving its batches"));
 }
+
+#[test]
+fn nothing_found_names_a_process_that_waited_on_io_but_not_a_short_helper() {
+    let mut f = base();
+    // ldconfig, blocked on I/O for most of its 5 ms: no news.
+    let helper = ProcFacts {
+        pid: 12,
+        comm: "ldconfig".into(),
+        lifetime_ns: 5_000_000,
+        io_wait_ns: 4_000_000,
+        ..Default::default()
+    };
+    f.procs = vec![ProcFacts { lifetime_ns: 60 * S, ..trainer(10) }, helper];
+    let v = decide(&f);
+    assert_eq!(v.cause.as_str(), "none_detected");
+    assert!(v.text.contains("hung process, disk wait or GPU"), "{}", v.text);
+    // The trainer blocked on I/O 20 % of its minute: said, with its name, and no "no disk wait".
+    f.procs[0].io_wait_ns = 12 * S;
+    let v = decide(&f);
+    assert!(!v.text.contains("disk wait"), "{}", v.text);
+    assert!(v.text.contains("(pid 10) was blocked on I/O 20 % of its time"), "{}", v.text);
+}
