@@ -3,8 +3,9 @@
 //! resolves to the packaged binary, the completions load, the rules and dashboard are the
 //! repository's; then it is purged (by a guard, on failure too) and nothing of it is left.
 //!
-//! The package is built by `cargo xtask test` (`cargo xtask deb`: a release build and
-//! cargo-deb, minutes) and passed as `$GPUSTALL_TEST_DEB`: a cargo test cannot build it.
+//! The package is built by `cargo xtask test` (`cargo xtask dist`: the glibc 2.17 release
+//! binary and cargo-deb, minutes) and passed as `$GPUSTALL_TEST_DEB`: a cargo test cannot build
+//! it.
 
 use std::{
     path::{Path, PathBuf},
