@@ -89,16 +89,38 @@ pub fn has_swap() -> bool {
     std::fs::read_to_string("/proc/swaps").map(|s| s.lines().count() > 1).unwrap_or(false)
 }
 
+/// Where test swap files go, and the start of their names (then `PID-N`).
+const SWAP_PREFIX: &str = "/var/tmp/gpustall-test-swap-";
+
+/// The pid that made a test swap file, from its name.
+fn swap_owner(path: &str) -> Option<u32> {
+    path.strip_prefix(SWAP_PREFIX)?.split('-').next()?.parse().ok()
+}
+
+/// Swaps off and removes test swap files whose test process is gone: a test killed outright
+/// (SIGKILL, a timeout) never ran its guard, and its swap would be "the machine's swap" to
+/// every later test.
+pub fn sweep_stale_swap_files() {
+    let swaps = std::fs::read_to_string("/proc/swaps").unwrap_or_default();
+    for path in swaps.lines().skip(1).filter_map(|l| l.split_whitespace().next()) {
+        let Some(pid) = swap_owner(path) else { continue };
+        if std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            continue;
+        }
+        eprintln!("removing {path}, a test swap file whose test (pid {pid}) is gone");
+        let _ = std::process::Command::new("swapoff").arg(path).status();
+        let _ = std::fs::remove_file(path);
+    }
+}
+
 impl SwapFile {
     pub fn ensure(mib: u64) -> Self {
+        sweep_stale_swap_files();
         if has_swap() {
             return Self(None);
         }
-        let path = PathBuf::from(format!(
-            "/var/tmp/gpustall-test-swap-{}-{}",
-            std::process::id(),
-            crate::unique()
-        ));
+        let path =
+            PathBuf::from(format!("{SWAP_PREFIX}{}-{}", std::process::id(), crate::unique()));
         let run = |cmd: &str, args: &[&str]| {
             let ok = std::process::Command::new(cmd)
                 .args(args)
@@ -168,5 +190,12 @@ mod tests {
             super::oom_kills_among(&log, &[1]).is_empty(),
             "another process's kill is not ours"
         );
+    }
+
+    #[test]
+    fn a_test_swap_files_owner_is_read_from_its_name() {
+        assert_eq!(super::swap_owner("/var/tmp/gpustall-test-swap-24099-0"), Some(24099));
+        assert_eq!(super::swap_owner("/swapfile"), None);
+        assert_eq!(super::swap_owner("/var/tmp/gpustall-test-swap-x-0"), None);
     }
 }

@@ -17,6 +17,8 @@ pub fn run(extra: &[String]) -> anyhow::Result<()> {
     if !is_root() {
         anyhow::bail!("the end-to-end tests load eBPF programs and make cgroups and swap: run as root (sudo -E cargo xtask test)");
     }
+    // A swap file of an earlier run killed outright would be "the machine's swap" to this one.
+    tests::kernel::sweep_stale_swap_files();
     crate::setup::run_setup(true)?;
     crate::setup::ensure_test_tools()?;
     crate::util::build_test_programs()?;
