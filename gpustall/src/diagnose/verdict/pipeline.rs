@@ -573,7 +573,7 @@ fn straggler<'a>(s: &Starved<'a>) -> Option<(&'a ProcFacts, u64, u64, u64)> {
     if s.workers.len() < 2 {
         return None;
     }
-    let steady = |p: &ProcFacts| steady_kept_ns(p);
+    let steady = steady_kept_ns;
     let slow = *s.workers.iter().max_by_key(|p| (steady(p), std::cmp::Reverse(p.pid)))?;
     let all: u64 = s.workers.iter().map(|p| steady(p)).sum();
     let others = all - steady(slow);
