@@ -70,8 +70,9 @@ pub struct TraceArgs {
     quiet: bool,
     /// Without a terminal (a batch job's error file, a pod's log), a status line at most this
     /// often, and at once whenever a GPU stall begins or ends, a process of the job is killed,
-    /// its memory passes 90 % of its cgroup's limit or a wait for data goes on with no batch; on
-    /// a terminal the status row is redrawn every second.
+    /// its memory passes 90 % of its cgroup's limit or is forecast to reach it within 10
+    /// minutes, or a wait for data goes on with no batch; on a terminal the status row is
+    /// redrawn every second.
     #[arg(long, value_name = "D", default_value = "60s", value_parser = crate::cmd::units::parse_duration)]
     status_every: Duration,
     /// How often a periodic summary goes into the recording.
@@ -475,7 +476,8 @@ impl Beat for Trace {
                 b.prev_at.elapsed().as_secs_f64(),
                 lost,
             ) + &status_line::live_part(&session.model.gpu, now)
-                + &status_line::waiting_part(&session.model);
+                + &status_line::waiting_part(&session.model)
+                + &status_line::limit_part(&session.model);
             b.bar.show(&l);
         }
         b.prev = cur;

@@ -78,6 +78,7 @@ fn outputs(recording: &str, name: &str) -> Vec<(&'static str, String)> {
         ("summary json", serde_json::to_string_pretty(&summary).expect("json")),
         ("perfetto", crate::output::perfetto::render(&timeline).to_string()),
         ("status line", crate::output::status_line::waiting_part(&r.model)),
+        ("limit forecast", crate::output::status_line::limit_part(&r.model)),
     ];
 
     let (lane, err) = crate::pipeline::merge::load(&file, true).expect("merge load");

@@ -49,6 +49,10 @@ pub struct CgroupMem {
     /// v2 memory.pressure of the job's cgroup; `None` on v1 or without PSI (psi=0).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pressure: Option<Psi>,
+    /// The file cache charged to it (memory.stat active_file + inactive_file; v1's total_
+    /// ones): what reclaim drops before the OOM killer acts. `None` in older recordings.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file_bytes: Option<u64>,
 }
 
 /// v2 memory.events: how often the cgroup (or one below it) ran into each boundary.
@@ -372,6 +376,10 @@ pub struct HostContext {
     pub cpu: crate::model::cpu::CpuTrack,
     /// The job's block I/O limits as last read.
     pub io_limits: Vec<IoLimit>,
+    /// When the job's memory cgroup reaches its limit at the growth measured.
+    pub limit_clock: crate::model::limit_clock::LimitClock,
+    /// `gpustall watch`: the same, per job, by root pid.
+    pub job_clocks: BTreeMap<u32, crate::model::limit_clock::LimitClock>,
 }
 
 impl HostContext {
@@ -415,6 +423,7 @@ impl HostContext {
             }
             self.cgroup_peak_usage =
                 self.cgroup_peak_usage.max(m.peak_bytes.unwrap_or(0)).max(m.usage_bytes);
+            self.limit_clock.add(s.t_ns, m);
             self.cgroup_last = Some(m.clone());
         }
         if let Some(h) = &s.host {
@@ -428,11 +437,15 @@ impl HostContext {
             self.host_psi.add(p);
         }
         for j in &s.jobs {
+            if let Some(c) = &j.cgroup {
+                self.job_clocks.entry(j.root).or_default().add(s.t_ns, c);
+            }
             self.jobs_last.insert(j.root, j.clone());
         }
         // A job that is no longer read has ended.
         if !s.jobs.is_empty() || !self.jobs_last.is_empty() {
             self.jobs_last.retain(|root, _| s.jobs.iter().any(|j| j.root == *root));
+            self.job_clocks.retain(|root, _| s.jobs.iter().any(|j| j.root == *root));
         }
         if !s.vmstat.is_empty() {
             self.vm_last = s.vmstat.clone();
@@ -585,6 +598,7 @@ mod tests {
             swap_limit_set_by: None,
             events: Some(MemEvents { max: kills * 10, oom_kill: kills, ..Default::default() }),
             pressure: Some(Psi { some_total_us: kills * 1000, ..Default::default() }),
+            file_bytes: None,
         };
         let mut c = HostContext::default();
         // Three kills from an earlier run of the job, then one during the trace.

@@ -12,6 +12,7 @@ pub mod host;
 pub mod identity;
 pub mod incident;
 pub mod kernlog;
+pub mod limit_clock;
 pub mod longwait;
 pub mod offcpu;
 pub mod origin;

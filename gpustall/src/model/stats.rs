@@ -61,6 +61,8 @@ pub struct ProcStats {
     pub first_majflt: Option<u64>,
     /// Start of the first reclaim stall.
     pub first_reclaim_ns: Option<u64>,
+    /// Its memory's growth over the last half minute to a minute (resident plus swapped).
+    pub growth: crate::model::limit_clock::Growth,
     /// The process exited and its kernel counters were read after it: these are final, and
     /// its map entries are gone (a late I/O completion may re-create one: it is not news).
     pub final_counters: bool,
@@ -113,6 +115,7 @@ impl ProcStats {
             self.peak_rss_ns = t_ns;
         }
         let held = m.rss_kb + m.swap_kb;
+        self.growth.add(t_ns, held);
         self.first_mem_kb.get_or_insert(held);
         if held > self.peak_mem_kb {
             self.peak_mem_kb = held;

@@ -62,14 +62,49 @@ pub fn waiting_part(m: &Model) -> String {
     }
 }
 
+/// The job's memory cgroup heading for its limit: " | OOM kill in ~41 s: memory limit (3000
+/// MiB) in ~41 s at +432 MiB/min, growing: worker 2 (pid 7) +200 MiB/min, ...". The processes
+/// named are the three that grew fastest over the last half minute or more.
+pub fn limit_part(m: &Model) -> String {
+    let Some(f) = m.ctx.limit_clock.forecast() else { return String::new() };
+    let mut growing: Vec<(f64, u32)> = m
+        .tree
+        .alive_pids()
+        .into_iter()
+        .filter_map(|pid| Some((m.procs.get(&pid)?.growth.rate_kb_s()?, pid)))
+        .filter(|(kb_s, _)| *kb_s * 1024.0 >= f.rate_bytes_s * 0.05)
+        .collect();
+    growing.sort_by(|a, b| b.0.total_cmp(&a.0));
+    let who: Vec<String> = growing
+        .iter()
+        .take(3)
+        .map(|&(kb_s, pid)| format!("{} +{:.0} MiB/min", who(m, pid), kb_s * 60.0 / 1024.0))
+        .collect();
+    let who = if who.is_empty() { String::new() } else { format!(", growing: {}", who.join(", ")) };
+    format!(" | {}{who}", f.describe())
+}
+
+/// "worker 2 (pid 7)", or the process's (escaped) name and pid.
+fn who(m: &Model, pid: u32) -> String {
+    match m.tree.worker_index(pid) {
+        Some(i) => format!("worker {i} (pid {pid})"),
+        None => {
+            let comm = m.tree.get(pid).map_or("?", |n| n.comm.as_str());
+            format!("{} (pid {pid})", crate::model::untrusted::name(comm))
+        }
+    }
+}
+
 /// What makes a status line worth printing at once when no one watches it scroll: a GPU
 /// stall in progress, a process of the job killed, its memory cgroup at 90 % of its limit or
-/// more, a wait for data with no batch coming. A change in any is news.
+/// more or forecast to reach it within 10 minutes, a wait for data with no batch coming. A
+/// change in any is news.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Notable {
     pub stalled: bool,
     pub killed: usize,
     pub near_limit: bool,
+    pub limit_soon: bool,
     pub waiting: bool,
 }
 
@@ -82,6 +117,11 @@ impl Notable {
             stalled: m.gpu.stalled_since.is_some(),
             killed: m.tree.iter().filter(|n| n.oom_killed || n.killed_by.is_some()).count(),
             near_limit,
+            limit_soon: m
+                .ctx
+                .limit_clock
+                .forecast()
+                .is_some_and(|f| f.seconds < crate::model::limit_clock::SOON_S),
             waiting: !waiting_part(m).is_empty(),
         }
     }

@@ -142,6 +142,11 @@ pub struct ContextSummary {
     /// window means turned back into time), and how.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data_time_logged: Option<crate::model::steps::LoggedDataTime>,
+    /// The first forecast that put the job's memory cgroup under 10 minutes from its limit
+    /// (`model::limit_clock`): when it was said and when it put the limit, on the clock of
+    /// `oom_kills[].t_ns`. Absent when no forecast came that close.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit_warning: Option<crate::model::limit_clock::Warning>,
 }
 
 #[derive(Serialize, Debug, Clone)]
@@ -381,6 +386,7 @@ fn context_summary(m: &Model) -> ContextSummary {
     let data_times: Vec<f64> = m.steps.iter().filter_map(|(_, s)| s.data_time_s).collect();
     ContextSummary {
         cgroup: c.cgroup_last.clone(),
+        limit_warning: c.limit_clock.first_warning,
         cgroup_peak_usage_bytes: c.cgroup_peak_usage,
         cgroup_memory_events: c.cgroup_events(),
         cgroup_pressure: c.cgroup_psi.delta(),

@@ -425,6 +425,28 @@ fn gpu_waits(o: &mut String, s: &Summary) {
     }
 }
 
+/// "memory limit forecast at +41.0 s, said at +12.0 s (29 s ahead, at 432 MiB/min); the
+/// OOM kill came at +43.1 s": the warning the live status line and watch's alert gave.
+fn limit_warning(o: &mut String, s: &Summary) {
+    let Some(w) = &s.context.limit_warning else { return };
+    let start = s.t_ns.saturating_sub((s.duration_s * 1e9) as u64);
+    let at = |t: u64| t.saturating_sub(start) as f64 / 1e9;
+    let kill = s
+        .oom_kills
+        .iter()
+        .map(|k| k.t_ns)
+        .find(|&t| t >= w.said_at_ns)
+        .map_or(String::new(), |t| format!("; the OOM kill came at +{:.1} s", at(t)));
+    let _ = writeln!(
+        o,
+        "memory limit forecast at +{:.1} s, said at +{:.1} s ({:.0} s ahead, at {:.0} MiB/min){kill}",
+        at(w.limit_at_ns),
+        at(w.said_at_ns),
+        w.limit_at_ns.saturating_sub(w.said_at_ns) as f64 / 1e9,
+        w.rate_bytes_s * 60.0 / 1048576.0
+    );
+}
+
 /// OOM kills, host reclaim, block latency, events and losses.
 fn footer(o: &mut String, s: &Summary) {
     if let Some(l) = &s.context.data_time_logged {
@@ -438,6 +460,7 @@ fn footer(o: &mut String, s: &Summary) {
         );
     }
     gpu_waits(o, s);
+    limit_warning(o, s);
     for k in &s.oom_kills {
         let _ = writeln!(
             o,

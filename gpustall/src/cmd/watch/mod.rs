@@ -345,7 +345,8 @@ impl Daemon {
         self.metrics.beat();
         for (root, ctx) in &m.ctx.jobs_last {
             if let (Some(job), Some(cg)) = (self.jobs.get(root), &ctx.cgroup) {
-                self.metrics.set_job_cgroup(&job.name, cg);
+                let forecast = m.ctx.job_clocks.get(root).and_then(|c| c.forecast());
+                self.metrics.set_job_cgroup(&job.name, cg, forecast);
             }
         }
         self.export_identities();

@@ -241,6 +241,7 @@ fn read_v1(dir: &Path, path: &str) -> Option<CgroupMem> {
         swap_limit_set_by: None,
         events: None,
         pressure: None,
+        file_bytes: file_cache(dir, "total_"),
     })
 }
 
@@ -263,7 +264,16 @@ fn read_v2(dir: &Path, path: &str) -> Option<CgroupMem> {
         swap_limit_set_by: None,
         events: None,
         pressure: None,
+        file_bytes: file_cache(dir, ""),
     })
+}
+
+/// The file cache charged to the cgroup, from memory.stat: `{prefix}active_file +
+/// {prefix}inactive_file` (v1's hierarchical totals carry "total_"; v2's are hierarchical).
+fn file_cache(dir: &Path, prefix: &str) -> Option<u64> {
+    let stat = read_text(&dir.join("memory.stat"))?;
+    let get = |k: &str| keyed_value(&stat, &format!("{prefix}{k}"));
+    Some(get("active_file")? + get("inactive_file")?)
 }
 
 /// A PSI file; `None` when absent (no CONFIG_PSI, v1) or disabled (psi=0: reading fails with

@@ -81,6 +81,11 @@ fn read_v1_memsw_and_oom_control() {
     r.write("m/memory.memsw.usage_in_bytes", "1500\n");
     r.write("m/memory.oom_control", "oom_kill_disable 0\nunder_oom 0\noom_kill 3\n");
     r.write("m/memory.failcnt", "17\n");
+    // The leaf's own counts, then the hierarchical totals that count.
+    r.write(
+        "m/memory.stat",
+        "active_file 1\ninactive_file 2\ntotal_rss 300\ntotal_inactive_file 200\ntotal_active_file 100\n",
+    );
     let m = read_cgroup_mem(&leaf(&r, "m", "/job", 1)).expect("test setup");
     let want = CgroupMem {
         path: "/job".into(),
@@ -96,6 +101,7 @@ fn read_v1_memsw_and_oom_control() {
         swap_limit_set_by: None,
         events: None,
         pressure: None,
+        file_bytes: Some(300),
     };
     assert_eq!(m, want);
     r.write("m/memory.limit_in_bytes", "2147483648\n");
@@ -124,6 +130,7 @@ fn read_v2_max_and_events() {
         swap_limit_set_by: None,
         events: crate::sources::cgroup::limits::parse_events(EVENTS),
         pressure: None,
+        file_bytes: None,
     };
     assert_eq!(m, want);
     r.write("m/memory.max", "536870912\n");

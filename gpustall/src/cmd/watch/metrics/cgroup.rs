@@ -15,6 +15,7 @@ use prometheus_client::{
 };
 
 use crate::model::host::{CgroupMem, MemEvents, Psi};
+use crate::model::limit_clock::Forecast;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct JobLabel {
@@ -38,6 +39,7 @@ type LastReading = (Option<MemEvents>, Option<Psi>);
 pub struct CgroupFamilies {
     limit_bytes: Family<JobLabel, Gauge<u64, AtomicU64>>,
     usage_bytes: Family<JobLabel, Gauge<u64, AtomicU64>>,
+    limit_eta_seconds: Family<JobLabel, Gauge<f64, AtomicU64>>,
     events: Family<JobEvent, Counter>,
     pressure_seconds: Family<JobEvent, SecondsCounter>,
     /// Each job's last reading, to turn the files' totals into increments.
@@ -73,6 +75,12 @@ impl CgroupFamilies {
             Unit::Bytes,
             self.usage_bytes.clone(),
         );
+        r.register_with_unit(
+            "job_memory_limit_eta",
+            "When the job's memory cgroup reaches its limit at the growth of its last 30 s (charge less file cache, a least-squares slope); absent while it does not grow steadily",
+            Unit::Seconds,
+            self.limit_eta_seconds.clone(),
+        );
         r.register(
             "job_memory_events",
             "cgroup v2 memory.events of the cgroup that sets the job's limit, counted from when the agent first read it",
@@ -86,9 +94,17 @@ impl CgroupFamilies {
         );
     }
 
-    /// Takes one reading of `job`'s cgroup.
-    pub fn update(&self, job: &str, c: &CgroupMem) {
+    /// Takes one reading of `job`'s cgroup, and the forecast of its limit made from them.
+    pub fn update(&self, job: &str, c: &CgroupMem, forecast: Option<Forecast>) {
         let label = JobLabel { training_job: job.to_string() };
+        match forecast {
+            Some(f) => {
+                self.limit_eta_seconds.get_or_create(&label).set(f.seconds);
+            }
+            None => {
+                self.limit_eta_seconds.remove(&label);
+            }
+        }
         match c.limit_bytes {
             Some(l) => {
                 self.limit_bytes.get_or_create(&label).set(l);
@@ -126,6 +142,7 @@ impl CgroupFamilies {
         let label = JobLabel { training_job: job.to_string() };
         self.limit_bytes.remove(&label);
         self.usage_bytes.remove(&label);
+        self.limit_eta_seconds.remove(&label);
         for event in ["low", "high", "max", "oom", "oom_kill", "oom_group_kill", "some", "full"] {
             let l = JobEvent { training_job: job.to_string(), event: event.into() };
             self.events.remove(&l);
@@ -156,6 +173,7 @@ pub(super) mod tests {
             swap_limit_set_by: None,
             events: Some(MemEvents { max, ..Default::default() }),
             pressure: Some(Psi { some_total_us: some_us, ..Default::default() }),
+            file_bytes: None,
         }
     }
 
@@ -165,8 +183,15 @@ pub(super) mod tests {
         let mut r = Registry::with_prefix("gpustall");
         f.register(&mut r);
         // 100 limit hits and 9 s of pressure before the agent looked: not this job's news.
-        f.update("a-1", &cg(100, 9_000_000));
-        f.update("a-1", &cg(130, 11_500_000));
+        f.update("a-1", &cg(100, 9_000_000), None);
+        let forecast = Forecast {
+            seconds: 41.5,
+            rate_bytes_s: 1e6,
+            level_bytes: 1 << 29,
+            limit_bytes: 1 << 30,
+            at_ns: 0,
+        };
+        f.update("a-1", &cg(130, 11_500_000), Some(forecast));
         let mut out = String::new();
         encode(&mut out, &r).expect("encode");
         assert!(
@@ -183,6 +208,15 @@ pub(super) mod tests {
             out.contains(r#"gpustall_job_memory_limit_bytes{training_job="a-1"} 1073741824"#),
             "{out}"
         );
+        assert!(
+            out.contains(r#"gpustall_job_memory_limit_eta_seconds{training_job="a-1"} 41.5"#),
+            "{out}"
+        );
+        // No longer growing: the series goes, as a gauge with nothing to say.
+        f.update("a-1", &cg(130, 11_500_000), None);
+        let mut out = String::new();
+        encode(&mut out, &r).expect("encode");
+        assert!(!out.contains("limit_eta_seconds{"), "{out}");
         f.forget("a-1");
         let mut out = String::new();
         encode(&mut out, &r).expect("encode");

@@ -628,8 +628,13 @@ impl Metrics {
     }
 
     /// One reading of a job's own memory cgroup (`cgroup::CgroupFamilies`).
-    pub fn set_job_cgroup(&self, job: &str, c: &crate::model::host::CgroupMem) {
-        self.cgroups.update(job, c);
+    pub fn set_job_cgroup(
+        &self,
+        job: &str,
+        c: &crate::model::host::CgroupMem,
+        forecast: Option<crate::model::limit_clock::Forecast>,
+    ) {
+        self.cgroups.update(job, c, forecast);
     }
 
     /// The daemon's loop completed a beat.

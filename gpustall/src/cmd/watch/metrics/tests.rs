@@ -224,7 +224,14 @@ fn every_series() -> String {
     m.otlp_enabled("logs");
     // A cgroup v2 job: its limit, events and PSI.
     let cg = super::cgroup::tests::cg(0, 5);
-    m.set_job_cgroup("train-7", &cg);
+    let forecast = crate::model::limit_clock::Forecast {
+        seconds: 300.0,
+        rate_bytes_s: 1e6,
+        level_bytes: 1 << 29,
+        limit_bytes: 1 << 30,
+        at_ns: 0,
+    };
+    m.set_job_cgroup("train-7", &cg, Some(forecast));
     m.set_job_identity("train-7", &crate::model::identity::Identity::default());
     m.encode()
 }
