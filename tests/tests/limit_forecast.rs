@@ -1,6 +1,6 @@
 //! The time to the OOM kill, forecast while there is time to act: a DataLoader-style worker
 //! that grows at a steady rate in a memory cgroup is forecast to reach the limit from the
-//! growth gpustall measures (the cgroup's charge less file cache, over the last 30 s), the
+//! growth gpustall measures (the cgroup's charge less file cache, over the last 15 s), the
 //! forecast is said on the status line (a batch job's error file: no terminal) at least 30 s
 //! before the kernel's OOM killer acts, and it puts the kill within 25 % of the time that was
 //! really left.

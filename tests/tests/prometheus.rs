@@ -21,6 +21,7 @@ use tests::{
 
 const ALERT: &str = "GpustallOomKillInTrainingJob";
 const NEAR_LIMIT: &str = "GpustallJobMemoryNearLimit";
+const LIMIT_SOON: &str = "GpustallJobMemoryLimitSoon";
 
 fn deploy(file: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/prometheus").join(file)
@@ -56,7 +57,7 @@ fn promtool(args: &[&str], file: &Path) -> String {
 fn the_alerting_rules_pass_promtool_and_their_unit_tests() {
     tests::require_privileged_env();
     let out = promtool(&["check", "rules"], &deploy("gpustall-alerts.yml"));
-    assert!(out.contains("SUCCESS: 11 rules found"), "{out}");
+    assert!(out.contains("SUCCESS: 12 rules found"), "{out}");
     // Each alert fires on series shaped like the agent's, and stays quiet below its threshold.
     let out = promtool(&["test", "rules"], &deploy("gpustall-alerts.test.yml"));
     assert!(out.contains("SUCCESS"), "{out}");
@@ -240,26 +241,37 @@ fn a_real_prometheus_fires_the_oom_alert_for_a_watched_job() {
     assert!(query(&base, &format!("{series} > 0")).is_empty(), "no kill yet");
     job.go();
     let released = Instant::now();
-    // The warning before the kill: the job holds 85 % of its limit while it still runs.
-    let near = loop {
-        if let Some(a) = firing(&base, NEAR_LIMIT, &name) {
-            break Some(a);
-        }
-        if job.child.try_wait().expect("try_wait").is_some() {
-            break None;
+    // The warnings before the kill, while the job still runs: its limit forecast under 10
+    // minutes away, and the job holding 85 % of it.
+    let mut warned: [Option<(Value, Duration)>; 2] = [None, None];
+    while warned.iter().any(Option::is_none) && job.child.try_wait().expect("try_wait").is_none() {
+        for (alert, w) in [LIMIT_SOON, NEAR_LIMIT].iter().zip(warned.iter_mut()) {
+            if w.is_none() {
+                *w = firing(&base, alert, &name).map(|a| (a, released.elapsed()));
+            }
         }
         std::thread::sleep(Duration::from_millis(200));
-    };
-    let warned_after = released.elapsed();
+    }
     let (code, out) = job.wait(Duration::from_secs(120));
-    let killed_at = Instant::now();
-    let near = near.unwrap_or_else(|| panic!("{NEAR_LIMIT} did not fire before the OOM kill"));
-    eprintln!(
-        "{NEAR_LIMIT} firing {:.1} s after the job started, {:.1} s before it ended: {}",
-        warned_after.as_secs_f64(),
-        (killed_at - released - warned_after).as_secs_f64(),
-        near["annotations"]["summary"]
+    let ended = released.elapsed();
+    for (alert, w) in [LIMIT_SOON, NEAR_LIMIT].iter().zip(&warned) {
+        let (a, after) =
+            w.as_ref().unwrap_or_else(|| panic!("{alert} did not fire before the OOM kill"));
+        eprintln!(
+            "{alert} firing {:.1} s after the job started, {:.1} s before it ended: {}",
+            after.as_secs_f64(),
+            (ended - *after).as_secs_f64(),
+            a["annotations"]["summary"]
+        );
+    }
+    let soon = &warned[0].as_ref().expect("fired").0;
+    assert!(
+        soon["annotations"]["description"]
+            .as_str()
+            .is_some_and(|d| d.contains("Growing fastest: the dataloader_worker processes")),
+        "the growing role named: {soon:#}"
     );
+    let killed_at = Instant::now();
     assert_eq!(code, Some(1), "a worker was OOM-killed");
     let pids: Vec<u32> = out.iter().filter_map(|l| l["pid"].as_u64()).map(|p| p as u32).collect();
     assert_eq!(

@@ -1,11 +1,14 @@
 //! Time to the memory limit: when the job's memory cgroup will reach its limit at the rate its
-//! memory grew over the last half minute, so an operator hears "OOM kill in about 40 s, worker
+//! memory grew over the last 15 s, so an operator hears "OOM kill in about 40 s, worker
 //! 3 growing" while there is still time to act, not only in the bundle afterwards.
 //!
 //! The level tracked is what reclaim cannot give back: the cgroup's charge less its file cache
 //! (active and inactive file pages, which reclaim drops before the OOM killer acts). Usage
 //! alone stops rising near the limit as cache is dropped, and would hide the growth that kills.
-//! The rate is a least-squares slope over the window, so one noisy reading does not swing it.
+//! The rate is a least-squares slope over the window, so one noisy reading does not swing it,
+//! and the window is short enough to follow the latest rate: workers that filled their caches
+//! at start-up and one that keeps growing after make two rates, and the kill comes at the
+//! second.
 
 use std::collections::VecDeque;
 
@@ -14,7 +17,9 @@ use serde::Serialize;
 use crate::model::host::CgroupMem;
 
 /// The span of readings the growth rate is fitted over.
-pub const WINDOW_NS: u64 = 30_000_000_000;
+pub const WINDOW_NS: u64 = 15_000_000_000;
+/// The span a process's own growth is measured over (30-60 s): which worker grows.
+const GROWTH_NS: u64 = 30_000_000_000;
 /// Fewer seconds of readings than this say nothing about a trend.
 const MIN_SPAN_NS: u64 = 8_000_000_000;
 const MIN_READINGS: usize = 5;
@@ -154,7 +159,7 @@ fn slope(readings: &VecDeque<(u64, u64)>) -> Option<(f64, f64)> {
 }
 
 /// A process's memory growth over the last half minute to a minute: two anchors, the older
-/// one moved up when the newer is a window old, so the rate is always over 30-60 s of
+/// one moved up when the newer is [`GROWTH_NS`] old, so the rate is always over 30-60 s of
 /// readings, in constant memory.
 #[derive(Default, Clone, Copy, Debug)]
 pub struct Growth {
@@ -168,7 +173,7 @@ impl Growth {
         let now = (t_ns, held_kb);
         match self.newer {
             None => (self.older, self.newer) = (Some(now), Some(now)),
-            Some((t, _)) if t + WINDOW_NS <= t_ns => {
+            Some((t, _)) if t + GROWTH_NS <= t_ns => {
                 (self.older, self.newer) = (self.newer, Some(now))
             }
             Some(_) => {}

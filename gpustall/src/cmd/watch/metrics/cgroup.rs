@@ -77,7 +77,7 @@ impl CgroupFamilies {
         );
         r.register_with_unit(
             "job_memory_limit_eta",
-            "When the job's memory cgroup reaches its limit at the growth of its last 30 s (charge less file cache, a least-squares slope); absent while it does not grow steadily",
+            "When the job's memory cgroup reaches its limit at the growth of its last 15 s (charge less file cache, a least-squares slope); absent while it does not grow steadily",
             Unit::Seconds,
             self.limit_eta_seconds.clone(),
         );
