@@ -64,6 +64,15 @@ fn trainer_wait_s(s: &Value) -> f64 {
     trainer["data_wait_ns"].as_u64().unwrap_or(0) as f64 / 1e9
 }
 
+/// The trainer's CPU time receiving batches, from its Python stacks, in seconds (0 unmeasured).
+fn receiving_s(s: &Value) -> f64 {
+    let trainer = s["processes"]
+        .as_array()
+        .and_then(|p| p.iter().find(|p| p["role"] == "trainer"))
+        .expect("the trainer");
+    trainer["receiving_batches"]["ns"].as_u64().unwrap_or(0) as f64 / 1e9
+}
+
 /// The log's data_time, read as mmengine wrote it, beside the trainer's wait for data that
 /// gpustall measured: within 15 % (the figure users compare). Returns (log, measured) seconds.
 fn parity(s: &Value) -> (f64, f64) {
@@ -191,8 +200,9 @@ fn an_mmengine_runner_whose_workers_outgrow_its_cgroup_is_an_oom_with_a_worker_c
     let logged = s["context"]["data_time_logged"]["total_s"].as_f64().expect("the log's");
     let waited = trainer_wait_s(&s);
     eprintln!(
-        "wait for data {waited:.2} s; in next() {in_next:.2} s ({fetch:?}); log {logged:.2} s ({:+.0} %)",
-        100.0 * (waited - logged) / logged
+        "wait for data {waited:.2} s; in next() {in_next:.2} s ({fetch:?}); log {logged:.2} s ({:+.0} %); receiving {}",
+        100.0 * (waited - logged) / logged,
+        receiving_s(&s)
     );
     // What the kernel saw the trainer blocked on its workers is within next(), and most of it.
     assert!(waited <= in_next * 1.05, "wait {waited} s, in next() {in_next} s");

@@ -14,6 +14,26 @@ use serde_json::Value;
 fn a_deadlocked_torch_worker_is_named_and_stop_job_ends_the_whole_job() {
     tests::require_privileged_env();
     let python = tests::torch_python();
+    deadlocked_job(&[python.to_str().expect("utf-8"), "-u"], 16);
+}
+
+/// The same job as a launcher runs it: `gpustall trace -- torchrun --standalone
+/// --nproc_per_node=1 datawait.py torch-deadlock`. torchrun is the target and its rank waits;
+/// the verdict, the lines and the stop are the same, torchrun's elastic agent and its rank
+/// stopped with the stuck worker.
+#[test]
+fn a_deadlocked_worker_of_a_torchrun_rank_is_named_and_stop_job_ends_the_whole_job() {
+    tests::require_privileged_env();
+    let torchrun = tests::torch_python().with_file_name("torchrun");
+    // torchrun imports torch before its rank does: 6 s more before the rank's wait begins.
+    let lead = [torchrun.to_str().expect("utf-8"), "--standalone", "--nproc_per_node=1"];
+    deadlocked_job(&lead, 22);
+}
+
+/// `gpustall trace --duration SECONDS --stop-job -- LEAD... datawait.py torch-deadlock
+/// --workers 4 --slow-worker 2`: worker 2 named, with the line it is stuck at and the line
+/// the trainer waits at, and every process of the job stopped.
+fn deadlocked_job(lead: &[&str], seconds: u32) {
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("py/datawait.py");
     let dir = tests::TempDir::new("stuck-worker");
     let summary = dir.path("summary.json");
@@ -21,11 +41,12 @@ fn a_deadlocked_torch_worker_is_named_and_stop_job_ends_the_whole_job() {
     // it 13 s, the 3 s of a hang and 10 s to name the worker.
     let started = Instant::now();
     let child = Command::new(tests::gpustall_bin())
-        .args(["trace", "--quiet", "--no-gpu", "--duration", "16", "--stop-job", "--summary-json"])
+        .args(["trace", "--quiet", "--no-gpu", "--duration", &seconds.to_string(), "--stop-job"])
+        .arg("--summary-json")
         .arg(&summary)
         .arg("--")
-        .arg(&python)
-        .args(["-u", script.to_str().expect("utf-8"), "torch-deadlock", "--workers", "4"])
+        .args(lead)
+        .args([script.to_str().expect("utf-8"), "torch-deadlock", "--workers", "4"])
         .args(["--slow-worker", "2"])
         .env_remove("SUDO_UID")
         .stdout(Stdio::piped())
