@@ -220,8 +220,43 @@ fn a_lightning_trainer_with_a_cpu_bound_worker_is_advised_the_worker_that_fills_
     tests::require_privileged_env();
     let _cpu = tests::cpu_lock();
     let dir = tests::TempDir::new("lightning-cpu");
+    let (s, done) = traced_framework_job(&dir, "lightning_job.py", &[]);
+    assert_eq!(done["steps"], 150, "Lightning ran to max_steps");
+    a_cpu_left_idle_is_advised_the_second_worker(&s);
+}
+
+/// Hugging Face's Trainer (transformers 5, its own training loop over accelerate's DataLoader
+/// wrapper) on a tiny model (tests/py/hf_trainer_job.py), the same one worker at 60 ms of CPU
+/// a sample: the same verdict and advice, and the trainer's wait for data set beside the time
+/// the job itself timed inside the DataLoader's next() (the Trainer's log has no data_time).
+#[test]
+fn a_hugging_face_trainer_with_a_cpu_bound_worker_is_advised_the_worker_that_fills_the_idle_cpu() {
+    tests::require_privileged_env();
+    let _cpu = tests::cpu_lock();
+    let dir = tests::TempDir::new("hf-trainer-cpu");
+    let out = dir.path("out");
+    let (s, done) = traced_framework_job(
+        &dir,
+        "hf_trainer_job.py",
+        &["--output-dir", out.to_str().expect("utf-8")],
+    );
+    assert_eq!(done["steps"], 150, "the Trainer ran to max_steps");
+    a_cpu_left_idle_is_advised_the_second_worker(&s);
+    let in_next = done["in_next_s"].as_f64().expect("in_next_s");
+    let waited = trainer_wait_s(&s);
+    eprintln!(
+        "the trainer's wait for data {waited:.2} s; in next() {in_next:.2} s ({:+.0} %)",
+        100.0 * (waited - in_next) / in_next
+    );
+    assert!(waited <= in_next * 1.05, "wait {waited} s, in next() {in_next} s");
+    assert!(waited >= in_next * 0.75, "wait {waited} s, in next() {in_next} s");
+}
+
+/// `gpustall trace -- python -u tests/py/SCRIPT cpu --workers 1 --item-cpu-ms 60 --steps 150
+/// ARGS`: the summary and the job's last line.
+fn traced_framework_job(dir: &tests::TempDir, script: &str, args: &[&str]) -> (Value, Value) {
     let python = tests::torch_python();
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("py/lightning_job.py");
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("py").join(script);
     let summary = dir.path("summary.json");
     let o = Command::new(tests::gpustall_bin())
         .args(["trace", "--quiet", "--no-gpu", "--summary-json"])
@@ -231,17 +266,24 @@ fn a_lightning_trainer_with_a_cpu_bound_worker_is_advised_the_worker_that_fills_
         .arg("-u")
         .arg(&script)
         .args(["cpu", "--workers", "1", "--item-cpu-ms", "60", "--steps", "150"])
+        .args(args)
         .env_remove("SUDO_UID")
         .output()
-        .expect("gpustall trace -- lightning job");
+        .expect("gpustall trace -- a framework's job");
     let out = String::from_utf8_lossy(&o.stdout);
     assert_eq!(o.status.code(), Some(0), "{out}\n{}", String::from_utf8_lossy(&o.stderr));
     let lines: Vec<Value> = out.lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
     let done = lines.iter().find(|l| l["role"] == "trainer").expect("the job's last line");
-    assert_eq!(done["steps"], 150, "Lightning ran to max_steps: {out}");
     let hot = lines.iter().find(|l| l["role"] == "lines").expect("the job's lines");
-    let s: Value =
+    let mut s: Value =
         serde_json::from_str(&std::fs::read_to_string(&summary).expect("summary")).expect("JSON");
+    s["test_hot_lines"] = hot.clone();
+    (s, done.clone())
+}
+
+/// The one worker of a CPU-bound pipeline on 2 CPUs: the cause, the worker as its culprit, the
+/// count that fills the idle CPU, and the function it burns its CPU in named with its lines.
+fn a_cpu_left_idle_is_advised_the_second_worker(s: &Value) {
     let v = &s["verdict"];
     eprintln!("verdict: {v:#}");
     assert_eq!(v["cause"], "cpu_bound_pipeline", "{v:#}");
@@ -252,6 +294,7 @@ fn a_lightning_trainer_with_a_cpu_bound_worker_is_advised_the_worker_that_fills_
     assert_eq!(v["culprit_pids"][0], worker["pid"], "{v:#}");
     assert_eq!(v["advice_num_workers"], 2, "{v:#}");
     let text = v["text"].as_str().unwrap_or_default();
+    let hot = &s["test_hot_lines"];
     let (first, last) = (hot["hot"][0].as_u64().unwrap_or(0), hot["hot"][1].as_u64().unwrap_or(0));
     let file = format!("{}:", hot["file"].as_str().expect("the decode's file"));
     let named = text

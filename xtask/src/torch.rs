@@ -34,11 +34,17 @@ const TORCH_IMPORTS: &[&str] =
     &["filelock", "typing-extensions", "sympy", "networkx", "jinja2", "fsspec", "numpy"];
 
 /// Training frameworks on top, for the tests' real-framework jobs: mmengine's Runner
-/// (tests/py/mmengine_job.py), the framework of the incident that started this project, and
-/// PyTorch Lightning's Trainer (tests/py/lightning_job.py). Their own dependencies come with
-/// them (opencv-python, matplotlib, rich, yapf; torchmetrics, lightning-utilities); torch stays
-/// as above.
-const FRAMEWORKS: &[&str] = &["mmengine==0.10.7", "pytorch-lightning==2.6.6"];
+/// (tests/py/mmengine_job.py), the framework of the incident that started this project,
+/// PyTorch Lightning's Trainer (tests/py/lightning_job.py) and Hugging Face's Trainer
+/// (tests/py/hf_trainer_job.py; accelerate is what its Trainer needs for torch). Their own
+/// dependencies come with them (opencv-python, matplotlib, rich, yapf; torchmetrics,
+/// lightning-utilities; huggingface-hub, tokenizers, safetensors); torch stays as above.
+const FRAMEWORKS: &[&str] = &[
+    "mmengine==0.10.7",
+    "pytorch-lightning==2.6.6",
+    "transformers==5.25.0",
+    "accelerate==1.16.0",
+];
 
 /// The environment variable through which the tests find the venv's python.
 pub const PYTHON_ENV: &str = "GPUSTALL_TEST_TORCH_PYTHON";
@@ -63,7 +69,7 @@ pub fn ensure_venv() -> anyhow::Result<PathBuf> {
             .with_context(|| format!("removing the half-made {}", venv.display()))?;
     }
     eprintln!(
-        "xtask: installing torch 2.15.0 (CPU use), mmengine 0.10.7 and PyTorch Lightning 2.6.6 into {} for the real-framework tests: ~2.6 GB, a few minutes, once",
+        "xtask: installing torch 2.15.0 (CPU use), mmengine 0.10.7, PyTorch Lightning 2.6.6 and transformers 5.25.0 into {} for the real-framework tests: ~2.7 GB, a few minutes, once",
         venv.display()
     );
     let made = make_venv(&venv, &python);
@@ -88,7 +94,7 @@ fn make_venv(venv: &std::path::Path, python: &std::path::Path) -> anyhow::Result
     run_cmd(pip().args(TORCH_IMPORTS))?;
     run_cmd(pip().args(FRAMEWORKS))?;
     // The import is what the test needs; an install that cannot import is not complete.
-    let check = "import torch, torch.utils.data, mmengine.runner, pytorch_lightning; print(torch.__version__)";
+    let check = "import torch, torch.utils.data, mmengine.runner, pytorch_lightning, transformers, accelerate; print(torch.__version__)";
     let version = output(Command::new(python).args(["-c", check]))
         .context("torch does not import in the new venv")?;
     anyhow::ensure!(version.starts_with("2.15.0"), "the venv has torch {}", version.trim());
