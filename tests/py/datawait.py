@@ -25,7 +25,8 @@ themselves `pt_data_worker` as PyTorch's do.
       loop's wall time) and data_share (data_ns / elapsed_ns). --slow-worker K
       --slow-cpu-ms M: worker K's samples cost M ms instead (batch i is worker i mod N's).
       --epoch-steps S: epochs of S steps, the workers started anew each epoch
-      (persistent_workers=False).
+      (persistent_workers=False). --grow-mib G: each worker keeps every sample it made, G MiB
+      each (real pages), until the memory cgroup OOM-kills one and the DataLoader raises.
       Needs torch.
   datawait.py torch-deadlock [--workers 4] [--slow-worker 2] [--steps 20] [--fetch-ms 10]
                              [--step-ms 40] [--wait-go]
@@ -151,6 +152,7 @@ class AugmentedSamples:
     def __init__(self, a):
         self.epoch_steps, self.fetch_ms = a.epoch_steps, a.fetch_ms
         self.item_cpu_ms, self.slow_worker, self.slow_cpu_ms = a.item_cpu_ms, a.slow_worker, a.slow_cpu_ms
+        self.grow_mib, self.cache = a.grow_mib, []
 
     def __len__(self):
         return self.epoch_steps or 1 << 20
@@ -168,6 +170,12 @@ class AugmentedSamples:
         end = time.process_time() + cost / 1000
         while time.process_time() < end:
             x = torch.tanh(x @ w + x)
+        if self.grow_mib:
+            # Every sample kept in this worker's own cache (real pages): it grows until the
+            # memory cgroup OOM-kills a worker.
+            kept = torch.empty(int(self.grow_mib * (1 << 20)) // 4, dtype=torch.float32)
+            kept.fill_(float(i))
+            self.cache.append(kept)
         return x.mean(dim=0)
 
 
@@ -413,6 +421,8 @@ def main():
                    help="torch-cpu: the workers' start method (multiprocessing_context)")
     p.add_argument("--epoch-steps", type=int, default=0)
     p.add_argument("--slow-cpu-ms", type=float, default=0)
+    p.add_argument("--grow-mib", type=float, default=0,
+                   help="torch-cpu: each worker keeps every sample, this many MiB each")
     p.add_argument("--batch-ms", default=None)
     p.add_argument("--cpu", action="store_true")
     p.add_argument("--gpu-step", action="store_true",

@@ -97,3 +97,85 @@ fn oom_victim_in_a_memory_cgroup_is_recorded() {
         assert_eq!(other["oom_killed"], false, "{other}");
     }
 }
+
+/// The incident's shape as a launcher runs it: `torchrun --standalone --nproc_per_node=1`, its
+/// rank's DataLoader workers started by spawn (each imports torch itself), each keeping every
+/// sample it makes (tests/py/datawait.py torch-cpu --grow-mib), in a 3000 MiB memory cgroup
+/// the job joins as it starts (`echo $$ > cgroup.procs; exec torchrun`). The cgroup OOM-kills
+/// a worker, the rank's DataLoader raises and torchrun fails. Traced from the shell, as
+/// `gpustall trace -- sh -c ...` does: the kill, the cgroup and its limit are the job's, the
+/// workers are the rank's, and the advice is a worker count under the 3 that ran out.
+#[test]
+fn a_torchrun_ranks_spawned_workers_that_outgrow_its_cgroup_are_an_oom_with_a_worker_count() {
+    tests::require_privileged_env();
+    let _memory = tests::pressure_lock();
+    let cg = MemCgroup::new("torchrun-oom", 3000, false);
+    let dir = tests::TempDir::new("torchrun-oom");
+    let torchrun = tests::torch_python().with_file_name("torchrun");
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("py/datawait.py");
+    let summary = dir.path("summary.json");
+    let cmd = format!(
+        "echo $$ > {}/cgroup.procs && exec {} --standalone --nproc_per_node=1 {} torch-cpu \
+         --workers 3 --worker-start spawn --grow-mib 4 --item-cpu-ms 20 --seconds 300",
+        cg.path.display(),
+        torchrun.display(),
+        script.display()
+    );
+    let o = std::process::Command::new(tests::gpustall_bin())
+        .args(["trace", "--quiet", "--no-gpu", "--summary-json"])
+        .arg(&summary)
+        .args(["--", "sh", "-c", &cmd])
+        .env_remove("SUDO_UID")
+        .output()
+        .expect("gpustall trace -- torchrun");
+    let err = String::from_utf8_lossy(&o.stderr);
+    // torchrun fails when its rank does (1); the OOM killer may pick the rank itself (137 is
+    // the rank's, torchrun still exits 1).
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(cg.oom_kills() >= 1, "the cgroup's own count");
+    let s: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&summary).expect("summary")).expect("JSON");
+    let v = &s["verdict"];
+    eprintln!("verdict: {v:#}");
+    assert_eq!(v["cause"], "host_memory_oom", "{v:#}");
+    let victim = s["oom_kills"][0]["victim_pid"].as_u64().expect("the kill");
+    let process = |pid: u64| {
+        s["processes"]
+            .as_array()
+            .and_then(|ps| ps.iter().find(|p| p["pid"] == pid))
+            .cloned()
+            .unwrap_or_default()
+    };
+    let killed = process(victim);
+    assert_eq!(killed["role"], "dataloader_worker", "the victim: {killed:#}");
+    let workers: Vec<&serde_json::Value> = s["processes"]
+        .as_array()
+        .expect("processes")
+        .iter()
+        .filter(|p| p["role"] == "dataloader_worker")
+        .collect();
+    assert_eq!(workers.len(), 3, "the rank's 3 spawned workers, and no other");
+    let rank = process(workers[0]["ppid"].as_u64().expect("ppid"));
+    assert_eq!(rank["role"], "rank", "the workers' parent: {rank:#}");
+    let culprits = v["culprit_pids"].as_array().expect("culprits");
+    assert!(culprits.iter().any(|p| *p == victim), "the victim is named: {v:#}");
+    let cgroup = &s["context"]["cgroup"];
+    assert_eq!(cgroup["path"].as_str(), Some(cg.cgroup_path().as_str()), "{cgroup:#}");
+    assert_eq!(cgroup["limit_bytes"].as_u64(), Some(3000 << 20), "{cgroup:#}");
+    let n = v["advice_num_workers"].as_u64().unwrap_or_else(|| panic!("a count: {v:#}"));
+    assert!((1..3).contains(&n), "fewer than the 3 that ran out: {v:#}");
+    let advice = v["advice"][0].as_str().unwrap_or_default();
+    assert!(advice.contains("launcher + 1 rank "), "torchrun and its rank: {advice}");
+    // The kill was forecast while the workers grew.
+    let kill_ns = s["oom_kills"][0]["t_ns"].as_u64().expect("t_ns");
+    let w = &s["context"]["limit_warning"];
+    let said =
+        w["said_at_ns"].as_u64().unwrap_or_else(|| panic!("no forecast: {:#}", s["context"]));
+    let put = w["limit_at_ns"].as_u64().expect("limit_at_ns");
+    eprintln!(
+        "limit forecast {:.1} s before the kill, for {:.1} s later",
+        kill_ns.saturating_sub(said) as f64 / 1e9,
+        put.saturating_sub(said) as f64 / 1e9
+    );
+    assert!(said < kill_ns, "{w}");
+}

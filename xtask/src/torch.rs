@@ -39,12 +39,8 @@ const TORCH_IMPORTS: &[&str] =
 /// (tests/py/hf_trainer_job.py; accelerate is what its Trainer needs for torch). Their own
 /// dependencies come with them (opencv-python, matplotlib, rich, yapf; torchmetrics,
 /// lightning-utilities; huggingface-hub, tokenizers, safetensors); torch stays as above.
-const FRAMEWORKS: &[&str] = &[
-    "mmengine==0.10.7",
-    "pytorch-lightning==2.6.6",
-    "transformers==5.25.0",
-    "accelerate==1.16.0",
-];
+const FRAMEWORKS: &[&str] =
+    &["mmengine==0.10.7", "pytorch-lightning==2.6.6", "transformers==5.25.0", "accelerate==1.16.0"];
 
 /// The environment variable through which the tests find the venv's python.
 pub const PYTHON_ENV: &str = "GPUSTALL_TEST_TORCH_PYTHON";

@@ -193,13 +193,17 @@ fn epochs(l: &Loader) -> String {
     }
 }
 
-/// "trainer", "2 ranks", or "launcher + 2 ranks" (tracing torchrun makes it the trainer).
+/// "trainer", "2 ranks", or "launcher + 1 rank" (tracing torchrun makes it the trainer).
 fn mains_name(mains: &[&ProcFacts]) -> String {
-    let ranks = mains.iter().filter(|p| p.is_rank).count();
-    match (ranks, mains.iter().any(|p| p.is_trainer)) {
-        (0, _) => "trainer".to_string(),
-        (n, false) => format!("{n} ranks"),
-        (n, true) => format!("launcher + {n} ranks"),
+    let ranks = match mains.iter().filter(|p| p.is_rank).count() {
+        0 => return "trainer".to_string(),
+        1 => "1 rank".to_string(),
+        n => format!("{n} ranks"),
+    };
+    if mains.iter().any(|p| p.is_trainer) {
+        format!("launcher + {ranks}")
+    } else {
+        ranks
     }
 }
 
