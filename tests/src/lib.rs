@@ -218,3 +218,12 @@ pub fn report_kernel_degradations(gpustall_stderr: &str) {
         }
     }
 }
+
+/// The summary's process `pid` (`null` when it is not there).
+pub fn summary_process(summary: &serde_json::Value, pid: u64) -> serde_json::Value {
+    summary["processes"]
+        .as_array()
+        .and_then(|ps| ps.iter().find(|p| p["pid"] == pid))
+        .cloned()
+        .unwrap_or_default()
+}

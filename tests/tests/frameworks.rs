@@ -174,13 +174,8 @@ fn an_mmengine_runner_whose_workers_outgrow_its_cgroup_is_an_oom_with_a_worker_c
     eprintln!("verdict: {v:#}");
     assert_eq!(v["cause"], "host_memory_oom", "{v:#}");
     let victim = s["oom_kills"][0]["victim_pid"].as_u64().expect("the kill");
-    let role = |pid: u64| {
-        s["processes"]
-            .as_array()
-            .and_then(|ps| ps.iter().find(|p| p["pid"] == pid))
-            .map(|p| p["role"].as_str().unwrap_or_default().to_string())
-            .unwrap_or_default()
-    };
+    let role =
+        |pid: u64| tests::summary_process(&s, pid)["role"].as_str().unwrap_or_default().to_string();
     if role(victim).starts_with("dataloader_worker") {
         assert!(log.contains("is killed by signal: Killed"), "the DataLoader raised: {log}");
     } else {

@@ -139,13 +139,7 @@ fn a_torchrun_ranks_spawned_workers_that_outgrow_its_cgroup_are_an_oom_with_a_wo
     eprintln!("verdict: {v:#}");
     assert_eq!(v["cause"], "host_memory_oom", "{v:#}");
     let victim = s["oom_kills"][0]["victim_pid"].as_u64().expect("the kill");
-    let process = |pid: u64| {
-        s["processes"]
-            .as_array()
-            .and_then(|ps| ps.iter().find(|p| p["pid"] == pid))
-            .cloned()
-            .unwrap_or_default()
-    };
+    let process = |pid: u64| tests::summary_process(&s, pid);
     let killed = process(victim);
     assert_eq!(killed["role"], "dataloader_worker", "the victim: {killed:#}");
     let workers: Vec<&serde_json::Value> = s["processes"]
