@@ -8,6 +8,7 @@ mod kernel_log;
 pub mod launch;
 pub mod merge;
 pub mod report;
+mod seed;
 pub mod signals;
 mod stacks;
 pub mod trace;

@@ -10,14 +10,13 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::Context as _;
-
 use crate::pipeline::session::{Moment, Session};
 use crate::{
     cmd::{
         event_loop::{self, Beat, GpuTicks, Rings, Stop},
         gpu::{GpuArgs, GpuOptions, GpuWatch},
         launch::{Held, Launched, Relay},
+        seed,
         signals::Received,
     },
     kernel::{
@@ -27,9 +26,7 @@ use crate::{
     model::{overhead::Overhead, samples::Sample, Model},
     output::status_line,
     recording::{header::Header, record::Line, writer::Recorder},
-    sources::{
-        agent, clock::monotonic_ns, context::ContextReader, host, procfs, trainlog::LogSource,
-    },
+    sources::{agent, clock::monotonic_ns, context::ContextReader, trainlog::LogSource},
 };
 
 /// `gpustall trace`'s flags: a process to follow (`--pid`) or a command to start (`-- CMD`),
@@ -289,7 +286,7 @@ fn setup(opts: &TraceOptions) -> anyhow::Result<(Trace, Probes, Rings, Option<Gp
         r.write(Line::Header(&header));
         r.flush();
     }
-    seed(&mut session, &mut probes.maps, opts.pid, start)?;
+    seed::seed(&mut session, &mut probes.maps, opts.pid, start)?;
     session.follow_kernel_log(opts.trust_user_kernel_log);
     session.sample_stacks(opts.py_stacks);
     // The trainer's waits count from the start, not from the first beat: a job's first batch
@@ -350,60 +347,6 @@ fn check_outputs(opts: &TraceOptions) -> anyhow::Result<()> {
     for (flag, path) in outputs {
         // The recording is written as it goes; the others whole, at the end.
         crate::recording::files::check_writable(flag, path, flag != "--record")?;
-    }
-    Ok(())
-}
-
-/// The target and its descendants into the kernel's tracked set and the model. Seeded after
-/// attaching, and scanned again until a scan finds nobody new: a process forked by a parent
-/// between that parent's scan and its insert was not tracked by the kernel (its parent was not
-/// yet), and may itself have forked before being found. A tree forking faster than /proc can
-/// be read would never settle: at most [`SEED_PASSES`] scans.
-fn seed(
-    session: &mut Session,
-    maps: &mut KernelMaps,
-    target: u32,
-    t_ns: u64,
-) -> anyhow::Result<()> {
-    for _pass in 0..SEED_PASSES {
-        let before = session.model.tree.iter().count();
-        seed_pass(session, maps, target, t_ns)?;
-        if session.model.tree.iter().count() == before {
-            break;
-        }
-    }
-    if !session.model.tree.contains(target) {
-        anyhow::bail!("no such process: {target} (it exited before tracing started)");
-    }
-    Ok(())
-}
-
-const SEED_PASSES: usize = 16;
-
-fn seed_pass(
-    session: &mut Session,
-    maps: &mut KernelMaps,
-    target: u32,
-    t_ns: u64,
-) -> anyhow::Result<()> {
-    let all = procfs::all_processes();
-    for p in procfs::descendants_of(target, &all) {
-        // Tracing pid 1 covers gpustall too: it must not trace its own reads and writes.
-        if session.model.tree.contains(p.pid) || p.pid == std::process::id() {
-            continue;
-        }
-        maps.track(p.pid).context("adding a process to the kernel's tracked map")?;
-        session.observe(Sample::Seed {
-            t_ns,
-            pid: p.pid,
-            ppid: p.ppid,
-            comm: p.comm.clone(),
-            is_target: p.pid == target,
-        });
-        if let Some(c) = host::cmdline(p.pid) {
-            session.observe(Sample::Cmdline { t_ns, pid: p.pid, cmdline: c.join(" ") });
-        }
-        session.note_identity(p.pid, t_ns);
     }
     Ok(())
 }
