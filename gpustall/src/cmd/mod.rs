@@ -4,6 +4,7 @@
 pub mod event_loop;
 pub mod export;
 pub mod gpu;
+mod job_target;
 mod kernel_log;
 pub mod launch;
 pub mod merge;

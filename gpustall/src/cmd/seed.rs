@@ -1,5 +1,5 @@
 //! The target and its descendants into the kernel's tracked set and the model: at the start of
-//! `trace`.
+//! `trace`, and for each task of a Slurm job found later.
 
 use anyhow::Context as _;
 

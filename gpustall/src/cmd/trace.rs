@@ -15,6 +15,7 @@ use crate::{
     cmd::{
         event_loop::{self, Beat, GpuTicks, Rings, Stop},
         gpu::{GpuArgs, GpuOptions, GpuWatch},
+        job_target::JobTarget,
         launch::{Held, Launched, Relay},
         seed,
         signals::Received,
@@ -29,10 +30,10 @@ use crate::{
     sources::{agent, clock::monotonic_ns, context::ContextReader, trainlog::LogSource},
 };
 
-/// `gpustall trace`'s flags: a process to follow (`--pid`) or a command to start (`-- CMD`),
-/// one of the two.
+/// `gpustall trace`'s flags: a process to follow (`--pid`), a command to start (`-- CMD`) or a
+/// Slurm job to wait for (`--slurm-job`), one of the three.
 #[derive(clap::Args)]
-#[group(id = "target", required = true, multiple = false, args = ["pid", "command"])]
+#[group(id = "target", required = true, multiple = false, args = ["pid", "command", "slurm_job"])]
 pub struct TraceArgs {
     /// The process to trace (the trainer); its existing descendants are traced too.
     #[arg(long, short = 'p', value_name = "PID")]
@@ -42,6 +43,16 @@ pub struct TraceArgs {
     /// with gpustall's environment, signals passed on; gpustall exits with its status.
     #[arg(last = true, value_name = "CMD", conflicts_with = "pid")]
     command: Vec<String>,
+    /// Trace Slurm job ID on this node, started by the node's Prolog before the job runs: wait
+    /// for its first task in slurmd's cgroups, trace it, its descendants and the tasks of later
+    /// steps as they appear, until none is left (deploy/slurm/README.md).
+    #[arg(long, value_name = "ID")]
+    slurm_job: Option<u64>,
+    /// Also append the verdict's first lines to the job's standard error when it is a regular
+    /// file of the job's user: `slurm-<id>.out` (or the `--error` file) with --slurm-job, the
+    /// target's with --pid.
+    #[arg(long, conflicts_with = "command")]
+    report_to_job: bool,
     /// Stop after this long (30 is seconds, as for timeout(1); or 90s, 10m, 1h30m); default: until
     /// the job exits or Ctrl-C.
     #[arg(long, short = 'd', value_name = "D", value_parser = crate::cmd::units::parse_positive_duration)]
@@ -100,6 +111,8 @@ impl TraceArgs {
         TraceOptions {
             pid: self.pid.unwrap_or(0),
             launch: self.command,
+            slurm_job: self.slurm_job,
+            report_to_job: self.report_to_job,
             duration: self.duration,
             stop_job: self.stop_job,
             record: self.record,
@@ -123,6 +136,10 @@ pub struct TraceOptions {
     pub pid: u32,
     /// `-- CMD`: start it under the tracer (its pid becomes `pid`).
     pub launch: Vec<String>,
+    /// `--slurm-job`: wait for the job's first task (its pid becomes `pid`).
+    pub slurm_job: Option<u64>,
+    /// `--report-to-job`.
+    pub report_to_job: bool,
     pub duration: Option<Duration>,
     /// `--stop-job`: the end of `duration` stops the launched job too.
     pub stop_job: bool,
@@ -155,7 +172,7 @@ pub async fn run(mut opts: TraceOptions) -> anyhow::Result<()> {
         opts.pid = l.pid();
         launched = Some(l);
     }
-    let (mut t, mut probes, mut rings, gpu) = match setup(&opts) {
+    let (mut t, mut probes, mut rings, gpu) = match setup(&mut opts) {
         Ok(s) => s,
         Err(e) => {
             if let Some(job) = launched {
@@ -236,6 +253,8 @@ struct Trace {
     launched: Option<Launched>,
     /// `-- CMD`: the signals received, passed on unless the job got them itself.
     relay: Relay,
+    /// `--slurm-job`'s later tasks; `--report-to-job`'s file.
+    job: JobTarget,
 }
 
 /// State of the once-a-second work.
@@ -254,13 +273,20 @@ struct BeatState {
 }
 
 /// Checks, loads and attaches, opens the outputs, seeds the tree from /proc.
-fn setup(opts: &TraceOptions) -> anyhow::Result<(Trace, Probes, Rings, Option<GpuWatch>)> {
+fn setup(opts: &mut TraceOptions) -> anyhow::Result<(Trace, Probes, Rings, Option<GpuWatch>)> {
     preflight::raise_open_files()?;
-    preflight::check_pid(opts.pid)?;
+    if opts.slurm_job.is_none() {
+        preflight::check_pid(opts.pid)?;
+    }
     preflight::check_privileges()?;
     preflight::protect_self_from_oom_killer();
     preflight::raise_memlock();
     let mut probes = loader::load_and_warn()?;
+    // Attached first: the job's first task is tracked as soon as it is found.
+    let mut job = JobTarget::new(opts.slurm_job, opts.report_to_job);
+    if let Some(pid) = job.wait_for_first_task()? {
+        opts.pid = pid;
+    }
     let log =
         opts.log.as_deref().map(|p| LogSource::new(p, opts.log_regex.as_deref())).transpose()?;
 
@@ -287,6 +313,7 @@ fn setup(opts: &TraceOptions) -> anyhow::Result<(Trace, Probes, Rings, Option<Gp
         r.flush();
     }
     seed::seed(&mut session, &mut probes.maps, opts.pid, start)?;
+    job.hold_stderr_of(opts.pid);
     session.follow_kernel_log(opts.trust_user_kernel_log);
     session.sample_stacks(opts.py_stacks);
     // The trainer's waits count from the start, not from the first beat: a job's first batch
@@ -326,6 +353,7 @@ fn setup(opts: &TraceOptions) -> anyhow::Result<(Trace, Probes, Rings, Option<Gp
         startup_cpu_s,
         launched: None,
         relay: Relay::default(),
+        job,
     };
     Ok((t, probes, rings, gpu))
 }
@@ -401,6 +429,12 @@ impl Beat for Trace {
     /// Counters, /proc, context and log; the status line; the periodic summary.
     fn beat(&mut self, maps: &mut KernelMaps, now: u64) -> Option<Stop> {
         let (session, b) = (&mut self.session, &mut self.beat);
+        for pid in self.job.new_tasks(&session.model.tree) {
+            if let Err(e) = seed::seed(session, maps, pid, now) {
+                log::warn!("a task of the Slurm job, pid {pid}: {e:#}");
+            }
+            self.job.hold_stderr_of(pid);
+        }
         session.tick(maps, &mut b.ctx, b.log.as_mut(), now);
         session.settle_exited(maps, now);
         let cur = status_line::totals(&session.model);
@@ -483,6 +517,9 @@ fn finish(opts: &TraceOptions, mut t: Trace, probes: &Probes) -> anyhow::Result<
         }
     }
     let report = crate::output::text::render(&summary);
+    let bundle = [&opts.summary_json, &opts.record, &opts.html, &opts.perfetto];
+    let bundle: Vec<&Path> = bundle.into_iter().flatten().map(PathBuf::as_path).collect();
+    t.job.write_verdict(&report, &bundle);
     if let Err(e) =
         crate::output::text::print_beside(&report, summary.verdict.cause.severity(), json_on_stdout)
     {

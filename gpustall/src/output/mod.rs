@@ -3,6 +3,7 @@
 
 pub mod html;
 pub mod job;
+pub mod job_stderr;
 pub mod perfetto;
 pub mod status_line;
 pub mod summary;

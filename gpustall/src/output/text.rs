@@ -60,7 +60,7 @@ pub fn coloured(text: &str, severity: Severity, colour: bool) -> String {
 }
 
 /// How the verdict's heading starts.
-const HEADING: &str = "== gpustall: ";
+pub const HEADING: &str = "== gpustall: ";
 
 /// The report: verdict, evidence and advice; the table of processes; OOM kills and host lines.
 pub fn render(s: &Summary) -> String {

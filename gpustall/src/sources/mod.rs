@@ -13,4 +13,5 @@ pub mod kmsg;
 pub mod nvml;
 pub mod procfs;
 pub mod pystacks;
+pub mod slurm;
 pub mod trainlog;
