@@ -169,6 +169,12 @@ pub fn cpu_lock() -> PressureLock {
     PressureLock { _held: machine_lock("gpustall-tests-cpu.lock") }
 }
 
+/// As [`pressure_lock`], for the tests that run a Slurm cluster: munged is the machine's (one
+/// socket), started by the first test that finds none and stopped by it.
+pub fn slurm_lock() -> PressureLock {
+    PressureLock { _held: machine_lock("gpustall-tests-slurm.lock") }
+}
+
 /// An exclusive flock on `name` in /run/lock (or /tmp), held until the file is dropped.
 fn machine_lock(name: &str) -> std::fs::File {
     use std::os::fd::AsRawFd;

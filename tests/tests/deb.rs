@@ -114,13 +114,15 @@ fn man_unit_and_completions() {
     assert!(complete.contains("gpustall"), "{complete}");
 }
 
-/// The shipped rules, dashboard and unit are the repository's.
+/// The shipped rules, dashboard, unit and Slurm scripts are the repository's.
 fn same_as_the_repository() {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy");
     for (shipped, source) in [
         ("/usr/share/gpustall/prometheus/gpustall-alerts.yml", "prometheus/gpustall-alerts.yml"),
         ("/usr/share/gpustall/grafana/gpustall-dashboard.json", "grafana/gpustall-dashboard.json"),
         (UNIT, "gpustall-watch.service"),
+        ("/usr/share/gpustall/slurm/gpustall-prolog.sh", "slurm/gpustall-prolog.sh"),
+        ("/usr/share/gpustall/slurm/gpustall-epilog.sh", "slurm/gpustall-epilog.sh"),
     ] {
         let (a, b) = (std::fs::read(shipped), std::fs::read(repo.join(source)));
         assert!(a.is_ok() && a.ok() == b.ok(), "{shipped} differs from deploy/{source}");

@@ -2,7 +2,9 @@
 //! test on this machine with a configuration of their own (a unique node and cluster name,
 //! ports of their own, state in a temporary directory), a job run with `srun`, its processes in
 //! the cgroups slurmd makes (cgroup v1 here: memory:/slurm_NODE/uid_0/job_N/step_0/task_0),
-//! traced by pid: the summary and the report name the Slurm job and step.
+//! traced by pid: the summary and the report name the Slurm job and step. And the operator's
+//! way, deploy/slurm: the node's Prolog traces every job, and a batch job OOM-killed in its
+//! Slurm cgroup finds the verdict in its own `slurm-<id>.out`.
 
 use std::{
     path::{Path, PathBuf},
@@ -16,6 +18,12 @@ struct Cluster {
     children: Vec<Child>,
     node: String,
     munged: Option<u32>,
+    /// slurm.conf's path.
+    conf: String,
+    /// Where the Prolog's tracers write their pid (`job-N/gpustall.pid`): stopped too.
+    bundles: Option<PathBuf>,
+    /// Released last, after the cleanup.
+    _one_at_a_time: tests::PressureLock,
 }
 
 impl Drop for Cluster {
@@ -30,6 +38,17 @@ impl Drop for Cluster {
             // SAFETY: kill(2) of the process group this test's child leads.
             unsafe { libc::kill(-(c.id() as i32), libc::SIGKILL) };
             let _ = c.wait();
+        }
+        // A tracer the Epilog did not wait for (the test failed first).
+        let pidfiles =
+            self.bundles.iter().flat_map(std::fs::read_dir).flatten().filter_map(Result::ok);
+        for pid in
+            pidfiles.filter_map(|e| std::fs::read_to_string(e.path().join("gpustall.pid")).ok())
+        {
+            if let Ok(pid) = pid.trim().parse::<i32>() {
+                // SAFETY: kill(2) of the tracer this test's Prolog started.
+                unsafe { libc::kill(pid, libc::SIGTERM) };
+            }
         }
         if let Some(pid) = self.munged {
             // SAFETY: kill(2) of the munged this test started.
@@ -112,7 +131,8 @@ fn munge() -> Option<u32> {
     std::fs::read_to_string("/run/munge/munged.pid").ok()?.trim().parse().ok()
 }
 
-fn config(dir: &tests::TempDir, node: &str) -> PathBuf {
+/// slurm.conf and cgroup.conf in `dir`, with `extra` lines in slurm.conf.
+fn config(dir: &tests::TempDir, node: &str, extra: &str) -> PathBuf {
     let d = dir.0.display();
     let conf = dir.path("slurm.conf");
     std::fs::write(
@@ -122,16 +142,20 @@ fn config(dir: &tests::TempDir, node: &str) -> PathBuf {
              SlurmUser=root\nSlurmdUser=root\nAuthType=auth/munge\nStateSaveLocation={d}/state\n\
              SlurmdSpoolDir={d}/spool\nSlurmctldPidFile={d}/slurmctld.pid\nSlurmdPidFile={d}/slurmd.pid\n\
              ProctrackType=proctrack/cgroup\nTaskPlugin=task/cgroup\nReturnToService=2\n\
-             SchedulerType=sched/builtin\nSelectType=select/cons_tres\n\
-             NodeName={node} NodeHostname=localhost NodeAddr=127.0.0.1 CPUs=1 State=UNKNOWN\n\
-             PartitionName=gs Nodes=ALL Default=YES MaxTime=INFINITE State=UP\n",
+             SchedulerType=sched/builtin\nSelectType=select/cons_tres\n{extra}\
+             NodeName={node} NodeHostname=localhost NodeAddr=127.0.0.1 CPUs=1 RealMemory=512 \
+             State=UNKNOWN\nPartitionName=gs Nodes=ALL Default=YES MaxTime=INFINITE State=UP\n",
             free_port(),
             free_port()
         ),
     )
     .expect("slurm.conf");
-    std::fs::write(dir.path("cgroup.conf"), "CgroupPlugin=autodetect\nConstrainRAMSpace=yes\n")
-        .expect("cgroup.conf");
+    // No swap for the job either (a test elsewhere may have added some): its limit is RAM's.
+    std::fs::write(
+        dir.path("cgroup.conf"),
+        "CgroupPlugin=autodetect\nConstrainRAMSpace=yes\nConstrainSwapSpace=yes\n",
+    )
+    .expect("cgroup.conf");
     for sub in ["state", "spool"] {
         std::fs::create_dir_all(dir.path(sub)).expect("state dirs");
     }
@@ -160,37 +184,63 @@ fn poll<T>(timeout: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T
     }
 }
 
+impl Cluster {
+    /// munged, slurmctld and slurmd on a node of their own, configured in `dir` (with `extra`
+    /// lines in slurm.conf); returns once the node is idle.
+    fn start(dir: &tests::TempDir, extra: &str) -> Cluster {
+        tests::require_privileged_env();
+        for (bin, package) in [
+            ("/usr/sbin/munged", "munge"),
+            ("/usr/sbin/slurmctld", "slurmctld"),
+            ("/usr/sbin/slurmd", "slurmd"),
+            ("/usr/bin/srun", "slurm-client"),
+        ] {
+            tests::apt::ensure(package, || Path::new(bin).exists());
+        }
+        let lock = tests::slurm_lock();
+        let node = format!("gs{}x{}", std::process::id(), tests::unique());
+        let conf = config(dir, &node, extra).to_str().expect("utf-8").to_string();
+        let mut cluster = Cluster {
+            children: Vec::new(),
+            node,
+            munged: munge(),
+            conf,
+            bundles: None,
+            _one_at_a_time: lock,
+        };
+        let c = cluster.conf.clone();
+        let slurmd = ["-D", "-N", &cluster.node, "-f", &c];
+        cluster.children.push(daemon("slurmctld", &["-D", "-f", &c], dir.path("slurmctld.log")));
+        cluster.children.push(daemon("slurmd", &slurmd, dir.path("slurmd.log")));
+        poll(Duration::from_secs(60), "the node idle in sinfo", || {
+            let o = cluster.command("sinfo").args(["-h", "-o", "%t"]).output().ok()?;
+            String::from_utf8_lossy(&o.stdout).contains("idle").then_some(())
+        });
+        cluster
+    }
+
+    /// A Slurm client command for this cluster.
+    fn command(&self, bin: &str) -> Command {
+        let mut c = Command::new(bin);
+        c.env("SLURM_CONF", &self.conf);
+        c
+    }
+}
+
+/// The daemons' logs, for a failure's message.
+fn logs(dir: &tests::TempDir) -> String {
+    ["slurmctld.log", "slurmd.log"]
+        .map(|f| std::fs::read_to_string(dir.path(f)).unwrap_or_default())
+        .join("\n")
+}
+
 #[test]
 fn a_job_run_by_a_real_slurmd_is_named_by_its_slurm_job_and_step() {
-    tests::require_privileged_env();
-    for (bin, package) in [
-        ("/usr/sbin/munged", "munge"),
-        ("/usr/sbin/slurmctld", "slurmctld"),
-        ("/usr/sbin/slurmd", "slurmd"),
-        ("/usr/bin/srun", "slurm-client"),
-    ] {
-        tests::apt::ensure(package, || Path::new(bin).exists());
-    }
     let dir = tests::TempDir::new("slurm");
-    let node = format!("gs{}x{}", std::process::id(), tests::unique());
-    let conf = config(&dir, &node);
-    let c = conf.to_str().expect("utf-8");
-    let mut cluster = Cluster { children: Vec::new(), node: node.clone(), munged: munge() };
-    cluster.children.push(daemon("slurmctld", &["-D", "-f", c], dir.path("slurmctld.log")));
-    cluster.children.push(daemon("slurmd", &["-D", "-N", &node, "-f", c], dir.path("slurmd.log")));
-    let logs = || {
-        ["slurmctld.log", "slurmd.log"]
-            .map(|f| std::fs::read_to_string(dir.path(f)).unwrap_or_default())
-            .join("\n")
-    };
-    poll(Duration::from_secs(60), "the node idle in sinfo", || {
-        let o =
-            Command::new("sinfo").args(["-h", "-o", "%t"]).env("SLURM_CONF", c).output().ok()?;
-        String::from_utf8_lossy(&o.stdout).contains("idle").then_some(())
-    });
-    let srun = std::os::unix::process::CommandExt::process_group(&mut Command::new("srun"), 0)
+    let mut cluster = Cluster::start(&dir, "");
+    let node = cluster.node.clone();
+    let srun = std::os::unix::process::CommandExt::process_group(&mut cluster.command("srun"), 0)
         .args(["-N1", "-J", "gpustall-test", "sleep", "60"])
-        .env("SLURM_CONF", c)
         .stdout(Stdio::null())
         .stderr(Stdio::from(std::fs::File::create(dir.path("srun.log")).expect("log")))
         .spawn()
@@ -207,7 +257,7 @@ fn a_job_run_by_a_real_slurmd_is_named_by_its_slurm_job_and_step() {
         .split("/job_")
         .nth(1)
         .map(|r| r.chars().take_while(char::is_ascii_digit).collect())
-        .unwrap_or_else(|| panic!("no job_ in the task's cgroups:\n{cgroups}\n{}", logs()));
+        .unwrap_or_else(|| panic!("no job_ in the task's cgroups:\n{cgroups}\n{}", logs(&dir)));
     let summary = dir.path("summary.json");
     let o = Command::new(tests::gpustall_bin())
         .args(["trace", "--quiet", "--no-gpu", "--duration", "2", "--pid", &task.to_string()])
@@ -229,4 +279,77 @@ fn a_job_run_by_a_real_slurmd_is_named_by_its_slurm_job_and_step() {
     assert!(report.contains(&format!("Job: Slurm job {job} step 0, user root")), "{report}");
     drop(cluster);
     assert!(node_cgroups(&node).is_empty(), "the node's cgroups are removed");
+}
+
+/// A shell script in `dir` that runs the shipped deploy/slurm `script` with gpustall's settings
+/// for this test (slurmd gives a Prolog no environment of its own).
+fn wrapper(dir: &tests::TempDir, script: &str, bundles: &Path) -> PathBuf {
+    let shipped = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/slurm").join(script);
+    let path = dir.path(script);
+    std::fs::write(
+        &path,
+        format!(
+            "#!/bin/sh\nexport GPUSTALL_BIN='{}' GPUSTALL_SLURM_DIR='{}' GPUSTALL_SLURM_ARGS=--no-gpu\n\
+             exec '{}'\n",
+            tests::gpustall_bin().display(),
+            bundles.display(),
+            shipped.display()
+        ),
+    )
+    .expect("wrapper");
+    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod");
+    path
+}
+
+#[test]
+fn a_batch_job_oom_killed_in_its_slurm_cgroup_finds_the_verdict_in_its_own_output() {
+    let dir = tests::TempDir::new("slurm-prolog");
+    let bundles = dir.path("bundles");
+    let extra = format!(
+        "SelectTypeParameters=CR_Core_Memory\nProlog={}\nEpilog={}\n",
+        wrapper(&dir, "gpustall-prolog.sh", &bundles).display(),
+        wrapper(&dir, "gpustall-epilog.sh", &bundles).display()
+    );
+    let started = Instant::now();
+    let mut cluster = Cluster::start(&dir, &extra);
+    cluster.bundles = Some(bundles.clone());
+    // A memory hog over its 64 MiB: `tail` keeps every byte of a line that never ends. The
+    // second's sleep is a job's start-up.
+    let o = cluster
+        .command("sbatch")
+        .args(["--parsable", "-J", "gs-oom", "--mem=64M", "--wrap", "sleep 1; tail /dev/zero"])
+        .current_dir(&dir.0)
+        .output()
+        .expect("sbatch");
+    assert!(o.status.success(), "sbatch: {}", String::from_utf8_lossy(&o.stderr));
+    let out = String::from_utf8_lossy(&o.stdout);
+    let job = out.trim().split(';').next().unwrap_or_default().to_string();
+    assert!(job.parse::<u64>().is_ok(), "sbatch --parsable printed {out:?}");
+    // Gone from squeue once the Epilog has waited for the tracer: the verdict is in by then.
+    poll(Duration::from_secs(90), "the job to leave squeue", || {
+        let o = cluster.command("squeue").args(["-h", "-j", &job]).output().ok()?;
+        (o.status.success() && String::from_utf8_lossy(&o.stdout).trim().is_empty()).then_some(())
+    });
+    let took = started.elapsed();
+    let output = std::fs::read_to_string(dir.path(&format!("slurm-{job}.out"))).unwrap_or_default();
+    let bundle = bundles.join(format!("job-{job}"));
+    let log = std::fs::read_to_string(bundle.join("gpustall.log")).unwrap_or_default();
+    eprintln!("slurm-{job}.out after {took:.1?}:\n{output}\ngpustall.log:\n{log}");
+    let summary = std::fs::read_to_string(bundle.join("summary.json"))
+        .unwrap_or_else(|e| panic!("{}: {e}\n{log}\n{}", bundle.display(), logs(&dir)));
+    let s: serde_json::Value = serde_json::from_str(&summary).expect("json");
+    assert_eq!(s["job"]["slurm_job"], job.as_str(), "{}", s["job"]);
+    let kills = s["oom_kills"].as_array().expect("oom_kills");
+    assert_eq!(kills.len(), 1, "{kills:?}");
+    let victim = kills[0]["victim_pid"].as_u64().expect("victim_pid");
+    assert_eq!(s["verdict"]["cause"], "host_memory_oom", "{}", s["verdict"]);
+    // The verdict's first lines, at the end of the job's own output.
+    let verdict = output.split("\n== gpustall: ").nth(1).unwrap_or_else(|| panic!("{output}"));
+    assert!(verdict.contains("(host_memory_oom) ==\n"), "{verdict}");
+    assert!(verdict.contains(&format!("Job: Slurm job {job} step batch, user root")), "{verdict}");
+    assert!(verdict.contains(&format!("pid {victim}")), "the victim is named: {verdict}");
+    assert!(verdict.contains(&bundle.join("summary.json").display().to_string()), "{verdict}");
+    assert!(bundle.join("recording.jsonl").is_file(), "the recording is in the bundle");
+    assert!(took < Duration::from_secs(100), "{took:?}");
 }

@@ -41,3 +41,23 @@ fn the_unit_runs_gpustall_from_systemds_search_path() {
     let unit = read("deploy/gpustall-watch.service");
     assert!(value_after(&unit, "ExecStart=").starts_with("gpustall watch "));
 }
+
+#[test]
+fn the_slurm_scripts_parse_and_are_installed_where_their_readme_says() {
+    let readme = read("deploy/slurm/README.md");
+    let package = read("gpustall/Cargo.toml");
+    for name in ["gpustall-prolog.sh", "gpustall-epilog.sh"] {
+        let rel = format!("deploy/slurm/{name}");
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(&rel);
+        let mode = std::os::unix::fs::PermissionsExt::mode(
+            &std::fs::metadata(&path).expect("script").permissions(),
+        );
+        assert_eq!(mode & 0o755, 0o755, "{rel}: slurmd runs it as is");
+        let sh = std::process::Command::new("sh").arg("-n").arg(&path).status();
+        assert!(sh.is_ok_and(|s| s.success()), "sh -n {rel}");
+        assert!(
+            package.contains(&format!("[\"../{rel}\", \"usr/share/gpustall/slurm/\", \"755\"]"))
+        );
+        assert!(readme.contains(&format!("/usr/share/gpustall/slurm/{name}")), "{rel}");
+    }
+}

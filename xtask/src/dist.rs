@@ -147,6 +147,9 @@ const ARCHIVE_FILES: &[(&str, &str)] = &[
     ("deploy/prometheus/gpustall-alerts.yml", "deploy/prometheus/gpustall-alerts.yml"),
     ("deploy/prometheus/gpustall-alerts.test.yml", "deploy/prometheus/gpustall-alerts.test.yml"),
     ("deploy/grafana/gpustall-dashboard.json", "deploy/grafana/gpustall-dashboard.json"),
+    ("deploy/slurm/README.md", "deploy/slurm/README.md"),
+    ("deploy/slurm/gpustall-prolog.sh", "deploy/slurm/gpustall-prolog.sh"),
+    ("deploy/slurm/gpustall-epilog.sh", "deploy/slurm/gpustall-epilog.sh"),
 ];
 
 /// The archive's directory (`gpustall-VERSION-x86_64-linux-gnu/`), then the tarball of it.
