@@ -8,8 +8,9 @@
 //! that holds a file it may only read (`exec 2</etc/shadow`) would let root write into it.
 //! Hence: the task must hold it open for writing (its fdinfo flags), it must be a regular file
 //! (no device, FIFO or terminal is opened behind the user's back: `O_NONBLOCK`, and checked
-//! again on the open file) owned by the task's real user, and the open file must be the one
-//! looked at (device and inode). Everything written is shown by
+//! again on the open file) owned by the task's real user, it is opened with that user's
+//! filesystem ids (setfsuid: the user's rights, which a root-squashed NFS home also accepts),
+//! and the open file must be the one looked at (device and inode). Everything written is shown by
 //! [`crate::model::untrusted::lines`]: a process name cannot add a line or a terminal escape.
 
 use std::{
@@ -60,19 +61,20 @@ impl JobStderr {
         }
         let status =
             std::fs::read_to_string(format!("/proc/{pid}/status")).map_err(proc("its status"))?;
-        let user = real_uid(&status).ok_or(Refused::Proc {
-            what: "its uid",
-            pid,
-            source: std::io::ErrorKind::InvalidData.into(),
-        })?;
+        let (Some(user), Some(group)) = (real_id(&status, "Uid:"), real_id(&status, "Gid:")) else {
+            let source = std::io::ErrorKind::InvalidData.into();
+            return Err(Refused::Proc { what: "its uid and gid", pid, source });
+        };
         let link = format!("/proc/{pid}/fd/2");
         let before = std::fs::metadata(&link).map_err(proc("its fd 2"))?;
         check(pid, &before, user)?;
-        let file = std::fs::OpenOptions::new()
-            .append(true)
-            .custom_flags(libc::O_NOCTTY | libc::O_NONBLOCK)
-            .open(&link)
-            .map_err(proc("its fd 2"))?;
+        let open = || {
+            std::fs::OpenOptions::new()
+                .append(true)
+                .custom_flags(libc::O_NOCTTY | libc::O_NONBLOCK)
+                .open(&link)
+        };
+        let file = as_user(user, group, open).map_err(proc("its fd 2"))?;
         let after = file.metadata().map_err(proc("its fd 2"))?;
         check(pid, &after, user)?;
         if (after.dev(), after.ino()) != (before.dev(), before.ino()) {
@@ -109,10 +111,26 @@ fn writable(fdinfo: &str) -> bool {
     flags.is_some_and(|f| matches!(f & libc::O_ACCMODE, libc::O_WRONLY | libc::O_RDWR))
 }
 
-/// The real uid in /proc/PID/status (`Uid:` real, effective, saved, fs).
-fn real_uid(status: &str) -> Option<u32> {
-    let uids = status.lines().find_map(|l| l.strip_prefix("Uid:"))?;
-    uids.split_whitespace().next()?.parse().ok()
+/// The real id on /proc/PID/status's `key` line (`Uid:` or `Gid:`: real, effective, saved, fs).
+fn real_id(status: &str, key: &str) -> Option<u32> {
+    let ids = status.lines().find_map(|l| l.strip_prefix(key))?;
+    ids.split_whitespace().next()?.parse().ok()
+}
+
+/// `f` with this thread's filesystem uid and gid those of the task's user: the file is opened
+/// with the user's rights, not root's (capabilities such as CAP_DAC_OVERRIDE do not apply to a
+/// non-zero fsuid), and a root-squashed NFS directory lets the user's own file be opened.
+fn as_user<T>(uid: u32, gid: u32, f: impl FnOnce() -> T) -> T {
+    // SAFETY: setfsgid(2) and setfsuid(2) change only the calling thread's filesystem ids, and
+    // nothing else runs on this thread before they are restored.
+    let (old_gid, old_uid) = unsafe { (libc::setfsgid(gid), libc::setfsuid(uid)) };
+    let r = f();
+    // SAFETY: as above; restores the ids the calls returned.
+    unsafe {
+        libc::setfsuid(old_uid as u32);
+        libc::setfsgid(old_gid as u32);
+    }
+    r
 }
 
 /// What goes into the job's output: the report's verdict (from its heading to the first blank
@@ -159,7 +177,27 @@ mod tests {
         assert!(writable("flags:\t02\n"));
         assert!(!writable("pos:\t0\nflags:\t0100000\n"), "O_RDONLY");
         assert!(!writable("pos:\t0\n"));
-        assert_eq!(real_uid("Name:\tx\nUid:\t1000\t0\t0\t0\nGid:\t5\n"), Some(1000));
+        let status = "Name:\tx\nUid:\t1000\t0\t0\t0\nGid:\t5\t5\t5\t5\n";
+        assert_eq!((real_id(status, "Uid:"), real_id(status, "Gid:")), (Some(1000), Some(5)));
+    }
+
+    #[test]
+    fn opened_with_the_users_rights_and_roots_back_after() {
+        let path = std::env::temp_dir().join(format!("gpustall-asuser-{}", std::process::id()));
+        std::fs::write(&path, "").expect("write");
+        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+            .expect("chmod");
+        let open = || std::fs::OpenOptions::new().append(true).open(&path);
+        // SAFETY: geteuid(2) and getegid(2) have no preconditions.
+        let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+        assert!(as_user(uid, gid, open).is_ok(), "the owner's own file");
+        if uid == 0 {
+            // Root's 0600 file: root (CAP_DAC_OVERRIDE) may, nobody may not.
+            let denied = as_user(65534, 65534, open).map_err(|e| e.kind());
+            assert_eq!(denied.err(), Some(std::io::ErrorKind::PermissionDenied));
+            assert!(open().is_ok(), "root's rights are back");
+        }
+        let _ = std::fs::remove_file(&path);
     }
 
     /// A child whose standard error is `stderr`, and what [`JobStderr::open`] makes of it.
