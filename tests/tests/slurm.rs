@@ -314,12 +314,19 @@ fn a_batch_job_oom_killed_in_its_slurm_cgroup_finds_the_verdict_in_its_own_outpu
     let started = Instant::now();
     let mut cluster = Cluster::start(&dir, &extra);
     cluster.bundles = Some(bundles.clone());
+    // A user's job, not root's (nobody's), in a directory it may write: its output file is
+    // the user's, written by a tracer that runs as root.
+    let work = dir.path("work");
+    std::fs::create_dir(&work).expect("work dir");
+    std::fs::set_permissions(&work, std::os::unix::fs::PermissionsExt::from_mode(0o777))
+        .expect("chmod");
     // A memory hog over its 64 MiB: `tail` keeps every byte of a line that never ends. The
     // second's sleep is a job's start-up.
     let o = cluster
         .command("sbatch")
-        .args(["--parsable", "-J", "gs-oom", "--mem=64M", "--wrap", "sleep 1; tail /dev/zero"])
-        .current_dir(&dir.0)
+        .args(["--parsable", "-J", "gs-oom", "--uid=65534", "--gid=65534", "--mem=64M"])
+        .args(["--wrap", "sleep 1; tail /dev/zero"])
+        .current_dir(&work)
         .output()
         .expect("sbatch");
     assert!(o.status.success(), "sbatch: {}", String::from_utf8_lossy(&o.stderr));
@@ -332,7 +339,8 @@ fn a_batch_job_oom_killed_in_its_slurm_cgroup_finds_the_verdict_in_its_own_outpu
         (o.status.success() && String::from_utf8_lossy(&o.stdout).trim().is_empty()).then_some(())
     });
     let took = started.elapsed();
-    let output = std::fs::read_to_string(dir.path(&format!("slurm-{job}.out"))).unwrap_or_default();
+    let out_file = work.join(format!("slurm-{job}.out"));
+    let output = std::fs::read_to_string(&out_file).unwrap_or_default();
     let bundle = bundles.join(format!("job-{job}"));
     let log = std::fs::read_to_string(bundle.join("gpustall.log")).unwrap_or_default();
     eprintln!("slurm-{job}.out after {took:.1?}:\n{output}\ngpustall.log:\n{log}");
@@ -347,7 +355,10 @@ fn a_batch_job_oom_killed_in_its_slurm_cgroup_finds_the_verdict_in_its_own_outpu
     // The verdict's first lines, at the end of the job's own output.
     let verdict = output.split("\n== gpustall: ").nth(1).unwrap_or_else(|| panic!("{output}"));
     assert!(verdict.contains("(host_memory_oom) ==\n"), "{verdict}");
-    assert!(verdict.contains(&format!("Job: Slurm job {job} step batch, user root")), "{verdict}");
+    let owner = std::os::unix::fs::MetadataExt::uid(&std::fs::metadata(&out_file).expect("out"));
+    assert_eq!(owner, 65534, "slurm-{job}.out is the user's");
+    let user = format!("Job: Slurm job {job} step batch, user nobody");
+    assert!(verdict.contains(&user), "{verdict}");
     assert!(verdict.contains(&format!("pid {victim}")), "the victim is named: {verdict}");
     assert!(verdict.contains(&bundle.join("summary.json").display().to_string()), "{verdict}");
     assert!(bundle.join("recording.jsonl").is_file(), "the recording is in the bundle");
