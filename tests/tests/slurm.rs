@@ -320,12 +320,13 @@ fn a_batch_job_oom_killed_in_its_slurm_cgroup_finds_the_verdict_in_its_own_outpu
     std::fs::create_dir(&work).expect("work dir");
     std::fs::set_permissions(&work, std::os::unix::fs::PermissionsExt::from_mode(0o777))
         .expect("chmod");
-    // A memory hog over its 64 MiB: `tail` keeps every byte of a line that never ends. The
-    // second's sleep is a job's start-up.
+    // A step of its own first (`srun sleep 2`: a task slurmd starts under another slurmstepd,
+    // no descendant of the batch script, found in the job's cgroups), then a memory hog over
+    // its 64 MiB: `tail` keeps every byte of a line that never ends.
     let o = cluster
         .command("sbatch")
         .args(["--parsable", "-J", "gs-oom", "--uid=65534", "--gid=65534", "--mem=64M"])
-        .args(["--wrap", "sleep 1; tail /dev/zero"])
+        .args(["--wrap", "srun sleep 2; tail /dev/zero"])
         .current_dir(&work)
         .output()
         .expect("sbatch");
@@ -352,6 +353,16 @@ fn a_batch_job_oom_killed_in_its_slurm_cgroup_finds_the_verdict_in_its_own_outpu
     assert_eq!(kills.len(), 1, "{kills:?}");
     let victim = kills[0]["victim_pid"].as_u64().expect("victim_pid");
     assert_eq!(s["verdict"]["cause"], "host_memory_oom", "{}", s["verdict"]);
+    let procs = s["processes"].as_array().expect("processes");
+    let step_task = procs.iter().find(|p| p["comm"] == "sleep");
+    let step_task = step_task.unwrap_or_else(|| panic!("step 0's task is traced: {procs:?}"));
+    // Its parent is step 0's slurmstepd, not traced: the task was found in the cgroups.
+    assert!(!procs.iter().any(|p| p["pid"] == step_task["ppid"]), "{step_task}");
+    assert_eq!(step_task["identity"]["slurm_step"], "0", "{step_task}");
+    eprintln!(
+        "step 0's task, found in the job's cgroups: pid {} (parent {})",
+        step_task["pid"], step_task["ppid"]
+    );
     // The verdict's first lines, at the end of the job's own output.
     let verdict = output.split("\n== gpustall: ").nth(1).unwrap_or_else(|| panic!("{output}"));
     assert!(verdict.contains("(host_memory_oom) ==\n"), "{verdict}");
