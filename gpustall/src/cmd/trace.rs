@@ -517,8 +517,10 @@ fn finish(opts: &TraceOptions, mut t: Trace, probes: &Probes) -> anyhow::Result<
         }
     }
     let report = crate::output::text::render(&summary);
+    // Where the rest is, for the job's output (a summary on stdout is in gpustall's log).
     let bundle = [&opts.summary_json, &opts.record, &opts.html, &opts.perfetto];
-    let bundle: Vec<&Path> = bundle.into_iter().flatten().map(PathBuf::as_path).collect();
+    let bundle = bundle.into_iter().flatten().map(PathBuf::as_path);
+    let bundle: Vec<&Path> = bundle.filter(|p| !crate::recording::files::is_stdout(p)).collect();
     t.job.write_verdict(&report, &bundle);
     if let Err(e) =
         crate::output::text::print_beside(&report, summary.verdict.cause.severity(), json_on_stdout)
