@@ -2,9 +2,10 @@
 //! (`trace-v1.jsonl`, an OOM kill of a DataLoader worker) with every process name, command
 //! line, exec'd file, path, identity and kernel-log text replaced by arbitrary bytes, replayed
 //! and written out as each output gpustall has: the text report and a bundle's report.txt, the
-//! HTML page, the summary JSON, the Perfetto trace, merge's text and page, the status line, a
-//! Prometheus info series and an OTLP log record. None may hold a control character (a text
-//! output's own newlines aside), and a name may not add a line.
+//! HTML page, the summary JSON, the Perfetto trace, merge's text and page, the status line, the
+//! lines `trace --report-to-job` appends to the job's output, a Prometheus info series and an
+//! OTLP log record. None may hold a control character (a text output's own newlines aside),
+//! and a name may not add a line.
 
 use crate::model::untrusted::is_clean_text;
 
@@ -71,6 +72,9 @@ fn outputs(recording: &str, name: &str) -> Vec<(&'static str, String)> {
     let summary = crate::pipeline::conclude::summary(&r.model, r.end_ns, true);
     let timeline = crate::output::timeline::from_file(&file, usize::MAX).expect("timeline");
     let report = crate::output::text::render(&summary);
+    // `trace --report-to-job`: what goes to the end of the job's own output, as written.
+    let rest = std::path::PathBuf::from(format!("/var/lib/gpustall/slurm/{name}"));
+    let to_job = crate::output::job_stderr::verdict_lines(&report, &[&rest]);
     let mut out = vec![
         ("report.txt", crate::model::untrusted::lines(&report).into_owned()),
         ("text report", report),
@@ -80,6 +84,8 @@ fn outputs(recording: &str, name: &str) -> Vec<(&'static str, String)> {
         ("status line", crate::output::status_line::waiting_part(&r.model)),
         ("limit forecast", crate::output::status_line::limit_part(&r.model)),
     ];
+
+    out.push(("job's output", crate::model::untrusted::lines(&to_job).into_owned()));
 
     let (lane, err) = crate::pipeline::merge::load(&file, true).expect("merge load");
     assert!(err.is_none(), "{err:?}");

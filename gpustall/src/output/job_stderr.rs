@@ -143,8 +143,10 @@ pub fn verdict_lines(report: &str, rest: &[&Path]) -> String {
         out.push('\n');
     }
     if !rest.is_empty() {
-        let host = crate::sources::host::hostname();
-        let paths: Vec<String> = rest.iter().map(|p| p.display().to_string()).collect();
+        // One line whatever the paths hold (a job's name in a file name, say).
+        let one_line = |s: String| crate::model::untrusted::one_line(&s).into_owned();
+        let host = one_line(crate::sources::host::hostname());
+        let paths: Vec<String> = rest.iter().map(|p| one_line(p.display().to_string())).collect();
         out.push_str(&format!("gpustall: the whole report on {host}: {}\n", paths.join(", ")));
     }
     out
