@@ -1,17 +1,21 @@
 //! `gpustall report FILE --html OUT`: one self-contained page (no scripts, no network): the
 //! verdict, evidence and advice, then a timeline drawn as inline SVG (GPU utilisation, the
-//! trainer's and ranks' wait for data and the workers that kept them waiting, memory held per
+//! long waits for data over their time, a lane per waiting thread (`waits`), the trainer's and
+//! ranks' wait for data per second and the workers that kept them waiting, memory held per
 //! process, reclaim stalls, swap and disk rates, data_time) with the OOM kill marked, and who
 //! kept the trainer waiting (each worker's share).
 
 use std::fmt::Write as _;
+
+mod waits;
 
 use crate::output::summary::Summary;
 use crate::output::timeline::Timeline;
 use crate::output::timeline::Track;
 
 const W: f64 = 1000.0;
-const H: f64 = 160.0;
+/// A line chart's plot height, in the SVG's units.
+const PLOT_H: f64 = 120.0;
 const LEFT: f64 = 70.0;
 const COLORS: [&str; 8] =
     ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#7f7f7f"];
@@ -45,53 +49,83 @@ struct Frame {
     spans: Vec<(u64, u64)>,
 }
 
-/// A chart's vertical layout: legend rows on top, the plot, the time labels below.
+/// A chart's vertical layout: the plot, the time labels below.
 struct Layout {
     top: f64,
     bottom: f64,
     height: f64,
 }
 
+impl Layout {
+    /// A plot `plot_height` high under a small margin, with room for the time labels.
+    fn of(plot_height: f64) -> Self {
+        let top = 8.0;
+        Layout { top, bottom: top + plot_height, height: top + plot_height + 20.0 }
+    }
+}
+
+/// A chart's title, its legend (HTML: entries wrap to the page's width instead of running
+/// into each other) and the opening of its SVG.
+fn chart_head(s: &mut String, title: &str, legend: &[(&str, &str)], l: &Layout) {
+    let _ = write!(s, r#"<h3>{}</h3><div class="legend">"#, esc(title));
+    for (label, color) in legend {
+        let _ = write!(s, r#"<span><i style="background:{color}"></i>{}</span>"#, esc(label));
+    }
+    let _ = write!(
+        s,
+        r##"</div><svg class="chart" viewBox="0 0 {W} {}" width="100%" role="img" aria-label="{}">"##,
+        l.height,
+        esc(title)
+    );
+}
+
+/// The colour of the `i`th series (or worker) of a chart.
+fn color(i: usize) -> &'static str {
+    COLORS[i % COLORS.len()]
+}
+
 /// A line chart of several series, with vertical markers (OOM kills) and shaded spans (stalls).
 fn chart(title: &str, unit: &str, series: &[(String, &[(u64, f64)])], f: &Frame) -> String {
     let max =
         series.iter().flat_map(|(_, p)| p.iter().map(|v| v.1)).fold(0.0f64, f64::max).max(1e-9);
-    // Legend: four entries to a row above the plot.
-    let top = 8.0 + 13.0 * series.len().div_ceil(4).max(1) as f64;
-    let height = H + top - 20.0;
-    let l = Layout { top, bottom: height - 20.0, height };
+    let l = Layout::of(PLOT_H);
+    let legend: Vec<(&str, &str)> =
+        series.iter().enumerate().map(|(i, (label, _))| (label.as_str(), color(i))).collect();
     let mut s = String::new();
-    let _ = write!(
-        s,
-        r##"<h3>{}</h3><svg viewBox="0 0 {W} {height}" width="100%" role="img" aria-label="{}">"##,
-        esc(title),
-        esc(title)
-    );
-    plot_area(&mut s, f, &l, max, unit);
+    chart_head(&mut s, title, &legend, &l);
+    plot_area(&mut s, f, &l);
+    y_labels(&mut s, &l, max, unit);
     time_ticks(&mut s, &f.axis, &l);
     lines(&mut s, series, &f.axis, &l, max);
-    for (t, label) in &f.marks {
-        let x = f.axis.x(*t);
-        let _ = write!(
-            s,
-            r##"<line x1="{x:.1}" x2="{x:.1}" y1="{}" y2="{}" stroke="#d62728" stroke-width="2"/><text x="{:.1}" y="{:.1}" font-size="11" fill="#d62728">{}</text>"##,
-            l.top,
-            l.bottom,
-            x + 3.0,
-            l.top + 12.0,
-            esc(label)
-        );
-    }
+    marks(&mut s, f, &l);
     s.push_str("</svg>");
     s
 }
 
-/// The plot's background, the stall spans and the y labels.
-fn plot_area(s: &mut String, f: &Frame, l: &Layout, max: f64, unit: &str) {
+/// The OOM kills as vertical lines, each labelled on the side that keeps the label inside the
+/// plot: to the right of a mark in the plot's left half, to the left of one in its right half.
+fn marks(s: &mut String, f: &Frame, l: &Layout) {
+    let middle = (LEFT + W - 10.0) / 2.0;
+    for (t, label) in &f.marks {
+        let x = f.axis.x(*t);
+        let (tx, anchor) = if x > middle { (x - 3.0, "end") } else { (x + 3.0, "start") };
+        let _ = write!(
+            s,
+            r##"<line x1="{x:.1}" x2="{x:.1}" y1="{}" y2="{}" stroke="#d62728" stroke-width="2"/><text class="mark" x="{tx:.1}" y="{:.1}" font-size="11" fill="#d62728" text-anchor="{anchor}">{}</text>"##,
+            l.top,
+            l.bottom,
+            l.top + 12.0,
+            esc(label)
+        );
+    }
+}
+
+/// The plot's background and the stall spans.
+fn plot_area(s: &mut String, f: &Frame, l: &Layout) {
     let (top, bottom) = (l.top, l.bottom);
     let _ = write!(
         s,
-        r##"<rect x="{LEFT}" y="{top}" width="{}" height="{}" fill="#fafafa" stroke="#ccc"/>"##,
+        r##"<rect class="plot" x="{LEFT}" y="{top}" width="{}" height="{}" fill="#fafafa" stroke="#ccc"/>"##,
         W - LEFT - 10.0,
         bottom - top
     );
@@ -104,6 +138,11 @@ fn plot_area(s: &mut String, f: &Frame, l: &Layout, max: f64, unit: &str) {
             bottom - top
         );
     }
+}
+
+/// The y labels: the top of the scale, its unit, and 0.
+fn y_labels(s: &mut String, l: &Layout, max: f64, unit: &str) {
+    let (top, bottom) = (l.top, l.bottom);
     let _ = write!(
         s,
         r##"<text x="{}" y="{:.1}" font-size="11" text-anchor="end">{}</text><text x="{}" y="{:.1}" font-size="11" text-anchor="end">{}</text><text x="{}" y="{}" font-size="11" text-anchor="end">0</text>"##,
@@ -144,11 +183,11 @@ fn time_ticks(s: &mut String, axis: &Axis, l: &Layout) {
     }
 }
 
-/// One polyline (or a dot) per series, and its legend entry.
+/// One polyline (or a dot) per series.
 fn lines(s: &mut String, series: &[(String, &[(u64, f64)])], axis: &Axis, l: &Layout, max: f64) {
     let y = |v: f64| l.bottom - (v / max) * (l.bottom - l.top);
     for (i, (label, points)) in series.iter().enumerate() {
-        let color = COLORS[i % COLORS.len()];
+        let color = color(i);
         let d = steps(points, |t| axis.x(t), y);
         if d.len() == 1 {
             let _ = write!(
@@ -164,13 +203,6 @@ fn lines(s: &mut String, series: &[(String, &[(u64, f64)])], axis: &Axis, l: &La
                 esc(label)
             );
         }
-        let _ = write!(
-            s,
-            r##"<text x="{:.1}" y="{:.1}" font-size="11" fill="{color}">{}</text>"##,
-            LEFT + 230.0 * (i % 4) as f64,
-            12.0 + 13.0 * (i / 4) as f64,
-            esc(label)
-        );
     }
 }
 
@@ -232,7 +264,9 @@ pub fn page(title: &str, body: &str) -> String {
         r##"<!doctype html><html><head><meta charset="utf-8"><title>gpustall: {}</title><style>
 body{{font-family:system-ui,sans-serif;margin:1.5em 2em;color:#222}} h1{{font-size:1.4em}} .cause{{color:#b00}}
 h1.failure{{color:#b00}} h1.slowdown{{color:#a60}} h1.clear{{color:#070}} h1 .cause{{color:inherit;font-weight:normal}}
-li{{margin:.2em 0}} table{{border-collapse:collapse;font-size:12px}} td,th{{border:1px solid #ddd;padding:2px 6px;text-align:right}} th{{background:#f3f3f3}}
+li{{margin:.2em 0}} table{{border-collapse:collapse;font-size:12px;display:block;max-width:100%;overflow-x:auto}}
+.flame{{display:block;width:100%;border:0}} p,li,td{{overflow-wrap:anywhere}} h3{{margin:1.2em 0 .2em}}
+.legend{{display:flex;flex-wrap:wrap;gap:2px 16px;font-size:12px;margin-left:7%}} .legend i{{display:inline-block;width:10px;height:10px;margin-right:4px}} td,th{{border:1px solid #ddd;padding:2px 6px;text-align:right}} th{{background:#f3f3f3}}
 </style></head><body>"##,
         esc(title)
     );
@@ -292,7 +326,7 @@ fn flame_graphs(o: &mut String, summary: &Summary) {
             }
         }
         if let Some(svg) = flame_graph(title, &lines) {
-            let _ = write!(o, "<h2>{}</h2>{svg}", esc(title));
+            let _ = write!(o, "<h2>{}</h2>{}", esc(title), framed(title, &svg));
         }
     }
 }
@@ -311,6 +345,24 @@ fn flame_graph(title: &str, lines: &std::collections::BTreeMap<&str, u64>) -> Op
     let svg = String::from_utf8(svg).ok()?;
     // Inline in the page: the element without its XML prolog and doctype.
     svg.find("<svg").map(|at| svg[at..].to_string())
+}
+
+/// A flame graph's SVG in a frame of its own: its script takes the page's first SVG for its
+/// own and refits it, and its style sets every SVG text's font (a page's first chart shrank to
+/// 300 px, all charts' text turned 12 px monospace). `srcdoc` keeps the page one file; the
+/// frame runs the flame graph's script (zoom, search) and nothing of the page's.
+fn framed(title: &str, svg: &str) -> String {
+    let height = svg.split("height=\"").nth(1).and_then(|h| h.split('"').next()?.parse().ok());
+    // As wide as the frame: its script, made for an SVG file of its own, drops the width.
+    let doc = format!(
+        r#"<!doctype html><html><head><style>body{{margin:0}} svg{{width:100%}}</style></head><body>{svg}</body></html>"#
+    );
+    format!(
+        r#"<iframe class="flame" sandbox="allow-scripts" title="{}" style="height:{}px" srcdoc="{}"></iframe>"#,
+        esc(title),
+        height.unwrap_or(600u32),
+        doc.replace('&', "&amp;").replace('"', "&quot;")
+    )
 }
 
 /// A labelled series of (t_ns, value) points.
@@ -392,11 +444,12 @@ fn timeline_charts(o: &mut String, t: &Timeline, summary: &Summary) {
     let charts: [(&str, &str, Vec<Series>); 8] = [
         ("GPU utilisation", "%", gpu),
         (
-            "Waiting for data: the trainer and ranks (ms per second, counted when a wait ended)",
+            "Waiting for data: the trainer and ranks (ms per second, each wait counted whole in \
+             the second it ended; the long ones are drawn over their time above)",
             "ms/s",
             waits,
         ),
-        ("Who ended those waits: per worker (ms per second)", "ms/s", kept),
+        ("Who ended those waits: per worker (ms per second, when each wait ended)", "ms/s", kept),
         ("Memory held per process (resident + swapped out)", "MiB", mem),
         ("Reclaim stalls (ms stalled per second)", "ms/s", stalls),
         ("Swap-out by the job", "pages/s", host("job_swapout_pages_s", "swap-out pages/s")),
@@ -406,7 +459,11 @@ fn timeline_charts(o: &mut String, t: &Timeline, summary: &Summary) {
     // A chart with nothing but zeros says nothing a line of text cannot: it is left out, and
     // named below the others.
     let mut flat = Vec::new();
-    for (title, unit, series) in charts {
+    for (i, (title, unit, series)) in charts.into_iter().enumerate() {
+        // The long waits over their time, right above the per-second charts of the same waits.
+        if i == 1 {
+            waits::chart(o, &t.slices, &f, &|p| who(&p));
+        }
         if series.iter().any(|(_, p)| p.iter().any(|(_, v)| *v != 0.0)) {
             o.push_str(&chart(title, unit, &series, &f));
         } else {
@@ -566,6 +623,29 @@ mod tests {
         assert!(svg.contains("decode (ds.py:9)"), "the frame is named");
         assert!(!svg.contains("<script>alert"), "escaped");
         assert!(super::flame_graph("none", &Default::default()).is_none());
+        // In a frame of its own: the page's markup around it is whole, its quotes escaped.
+        let frame = super::framed("workers", &svg);
+        let srcdoc = frame.split(r#"srcdoc=""#).nth(1).expect("srcdoc");
+        assert_eq!(srcdoc.find('"'), Some(srcdoc.len() - r#""></iframe>"#.len()), "{frame}");
+        assert!(!frame.contains("&lt;script&gt;alert"), "escaped twice: {frame}");
+        assert!(frame.contains("&amp;lt;script&amp;gt;alert"), "{frame}");
+    }
+
+    /// An OOM kill near the chart's right edge is labelled to the left of its line, one near
+    /// its left edge to the right: the label stays inside the plot.
+    #[test]
+    fn a_marks_label_is_on_the_side_with_room() {
+        let axis = super::Axis { t0: 0, t1: 100 };
+        let marks = vec![(2, "OOM kill 7".into()), (98, "OOM kill 8".into())];
+        let f = super::Frame { axis, marks, spans: vec![] };
+        let mut s = String::new();
+        super::marks(&mut s, &f, &super::Layout::of(super::PLOT_H));
+        let anchor = |label: &str| {
+            let at = s.find(label).expect(label);
+            s[..at].rsplit("text-anchor=\"").next().and_then(|a| a.split('"').next())
+        };
+        assert_eq!(anchor("OOM kill 7"), Some("start"), "{s}");
+        assert_eq!(anchor("OOM kill 8"), Some("end"), "{s}");
     }
 
     #[test]

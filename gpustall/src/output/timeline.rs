@@ -96,6 +96,9 @@ impl Timeline {
     }
 }
 
+/// The name of a long wait's slice on the waiting thread (its args name the `waker_pid`).
+pub const DATA_WAIT_SLICE: &str = "waiting for data";
+
 /// Length of the slice drawn for a wakeup (an instant has no extent for an arrow to leave).
 const WAKE_BLIP_NS: u64 = 1_000;
 
@@ -282,7 +285,7 @@ impl Timeline {
         self.slices.push(Slice {
             pid: wakee,
             tid: wakee_tid,
-            name: "waiting for data".into(),
+            name: DATA_WAIT_SLICE.into(),
             start_ns,
             dur_ns,
             args,
