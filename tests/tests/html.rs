@@ -1,8 +1,17 @@
 //! `gpustall report --html`, looked at in a real headless browser (Debian's Chromium, installed
 //! if missing): the page renders (the screenshot is not blank), and the rendered document has
 //! the verdict's heading, where and when it was recorded, the charts and the process table.
+//! Where the browser laid things out is measured at 1280 px wide by a script added to a copy
+//! of the page (tests/js/measure.js; the page itself has none): legend entries do not overlap,
+//! marker labels stay inside their chart, the page does not scroll sideways, and a real torch
+//! job's long waits are bars over the time they lasted, a lane per waiting thread.
 
-use std::{path::Path, process::Command};
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use serde_json::Value;
 
 fn chromium() -> &'static Path {
     let bin = Path::new("/usr/bin/chromium");
@@ -21,7 +30,6 @@ fn headless(page: &Path, profile: &Path, what: &[String]) -> std::process::Outpu
             "--disable-background-networking",
             "--disable-component-update",
             "--disable-sync",
-            "--hide-scrollbars",
             "--window-size=1280,1800",
         ])
         .arg(format!("--user-data-dir={}", profile.display()))
@@ -46,6 +54,78 @@ fn ink(png_file: &Path) -> f64 {
     inked as f64 / total as f64
 }
 
+/// `gpustall report REC --html` into `dir`: the page's path.
+fn report(rec: &Path, dir: &tests::TempDir) -> PathBuf {
+    let page = dir.path("report.html");
+    let o = Command::new(tests::gpustall_bin())
+        .arg("report")
+        .arg(rec)
+        .arg("--html")
+        .arg(&page)
+        .output()
+        .expect("gpustall report");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    std::fs::canonicalize(&page).expect("the page")
+}
+
+/// Where the browser laid out the page's legends, markers and long waits (tests/js/measure.js,
+/// run on a copy of the page).
+fn measure(page: &Path, dir: &tests::TempDir) -> Value {
+    let html = std::fs::read_to_string(page).expect("the page");
+    let script = include_str!("../js/measure.js");
+    let copy = dir.path("measured.html");
+    let at = html.rfind("</body>").expect("</body>");
+    std::fs::write(&copy, format!("{}<script>{script}</script>{}", &html[..at], &html[at..]))
+        .expect("the copy");
+    // Virtual time runs the page's timers (the measuring one last) before the DOM is dumped.
+    let what = ["--virtual-time-budget=5000".to_string(), "--dump-dom".to_string()];
+    let dom = headless(&copy, &dir.path("profile"), &what);
+    let dom = String::from_utf8_lossy(&dom.stdout);
+    let at = dom.rfind(r#"<pre id="measure">"#);
+    let json = at.and_then(|at| dom[at..].split(['>', '<']).nth(2));
+    let json = json.unwrap_or_else(|| panic!("no measurements in the page:\n{dom}"));
+    let json = json.replace("&lt;", "<").replace("&gt;", ">").replace("&nbsp;", "\u{a0}");
+    serde_json::from_str(&json.replace("&amp;", "&"))
+        .unwrap_or_else(|e| panic!("{e}: the measurements {json:?} in\n{dom}"))
+}
+
+/// Two boxes that share more than a pixel of area.
+fn overlap(a: &Value, b: &Value) -> bool {
+    let f = |v: &Value, k: &str| v[k].as_f64().expect(k);
+    let w = f(a, "right").min(f(b, "right")) - f(a, "left").max(f(b, "left"));
+    let h = f(a, "bottom").min(f(b, "bottom")) - f(a, "top").max(f(b, "top"));
+    w > 1.0 && h > 1.0
+}
+
+/// No sideways scroll (with the window's scroll bar shown), every chart as wide as the others and in the page's font (a flame
+/// graph's script and style once resized the first chart and restyled every chart's text), no
+/// two entries of a legend overlapping, every marker label inside its chart's plot.
+fn assert_laid_out(m: &Value) {
+    let (scroll, client) = (m["scroll_width"].as_f64(), m["client_width"].as_f64());
+    eprintln!("page width {scroll:?} in a {client:?} px window");
+    assert!(scroll <= client, "the page scrolls sideways: {m}");
+    let width = |c: &Value| c["right"].as_f64().expect("right") - c["left"].as_f64().expect("left");
+    let charts = m["charts"].as_array().expect("charts");
+    for c in charts.iter().chain(m["flame_graphs"].as_array().expect("flame graphs")) {
+        eprintln!("chart {:.0} px wide: {}", width(c), c["title"]);
+        assert!((width(c) - width(&charts[0])).abs() < 1.0 && width(c) > 1000.0, "{c}");
+        assert!(!c["font"].as_str().expect("font").contains("monospace"), "{c}");
+    }
+    for legend in m["legends"].as_array().expect("legends") {
+        let entries = legend.as_array().expect("entries");
+        for (i, a) in entries.iter().enumerate() {
+            for b in &entries[i + 1..] {
+                assert!(!overlap(a, b), "legend entries overlap: {a} {b}");
+            }
+        }
+    }
+    for mark in m["marks"].as_array().expect("marks") {
+        let (p, f) = (&mark["plot"], |v: &Value, k: &str| v[k].as_f64().expect(k));
+        eprintln!("marker {} at {:.1}..{:.1} px", mark["text"], f(mark, "left"), f(mark, "right"));
+        assert!(f(mark, "left") >= f(p, "left") && f(mark, "right") <= f(p, "right"), "{mark}");
+    }
+}
+
 /// The committed recording of a DataLoader worker OOM-killed in a memory cgroup, as a page a
 /// browser draws.
 #[test]
@@ -54,18 +134,10 @@ fn the_html_report_renders_in_a_real_browser() {
     let dir = tests::TempDir::new("html");
     let rec = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../gpustall/src/recording/testdata/merge-node-a.jsonl");
-    let page = dir.path("report.html");
-    let o = Command::new(tests::gpustall_bin())
-        .arg("report")
-        .arg(&rec)
-        .arg("--html")
-        .arg(&page)
-        .output()
-        .expect("gpustall report");
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let page = std::fs::canonicalize(&page).expect("the page");
+    let page = report(&rec, &dir);
     let png = dir.path("report.png");
-    let shot = headless(&page, &dir.path("profile"), &[format!("--screenshot={}", png.display())]);
+    let what = ["--hide-scrollbars".to_string(), format!("--screenshot={}", png.display())];
+    let shot = headless(&page, &dir.path("profile"), &what);
     assert!(png.exists(), "no screenshot: {}", String::from_utf8_lossy(&shot.stderr));
     let ink = ink(&png);
     eprintln!("screenshot 1280 x 1800: {:.1} % of the pixels drawn", 100.0 * ink);
@@ -82,4 +154,108 @@ fn the_html_report_renders_in_a_real_browser() {
     ] {
         assert!(dom.contains(want), "{want:?} in the rendered page:\n{dom}");
     }
+    let m = measure(&page, &dir);
+    assert!(!m["marks"].as_array().expect("marks").is_empty(), "the OOM kill is marked: {m}");
+    assert_laid_out(&m);
+}
+
+/// A long wait as the recording has it (a `data_wait` event).
+struct LongWait {
+    waker: u32,
+    wakee: (u32, u32),
+    start_ns: u64,
+    duration_ns: u64,
+}
+
+fn long_waits(record: &[Value]) -> Vec<LongWait> {
+    let n = tests::procs::field_u64;
+    let mut waits: Vec<LongWait> = record
+        .iter()
+        .filter(|r| r["kind"] == "data_wait")
+        .map(|r| LongWait {
+            waker: n(r, "pid") as u32,
+            wakee: (n(r, "wakee_pid") as u32, n(r, "wakee_tid") as u32),
+            start_ns: n(r, "start_ns"),
+            duration_ns: n(r, "duration_ns"),
+        })
+        .collect();
+    waits.sort_by_key(|w| (w.wakee, w.start_ns));
+    waits
+}
+
+/// Seconds -> px on the chart, from its first and last tick labels.
+fn time_scale(ticks: &[Value]) -> (f64, f64) {
+    let f = |v: &Value, k: &str| v[k].as_f64().expect(k);
+    let (first, last) = (ticks.first().expect("ticks"), ticks.last().expect("ticks"));
+    let px_per_s = (f(last, "x") - f(first, "x")) / (f(last, "s") - f(first, "s"));
+    (f(first, "x") - f(first, "s") * px_per_s, px_per_s)
+}
+
+/// A real torch DataLoader (tests/py/datawait.py torch: 2 fork workers, two items of 6.5 s)
+/// traced into a recording, then its page: each long wait the recording holds is a bar over
+/// the time it lasted (its left edge and width on the chart's time scale, within 2 px), in a
+/// lane of its own waiting thread, filled with the colour of the legend entry of the worker
+/// that ended it.
+#[test]
+fn the_long_waits_are_drawn_over_the_time_they_lasted() {
+    let python = tests::torch_python();
+    tests::require_privileged_env();
+    // The trainer waits for its workers only while nothing else takes the CPUs.
+    let _cpu = tests::cpu_lock();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("py/datawait.py");
+    let argv = ["-u", script.to_str().expect("utf-8"), "torch", "--workers", "2", "--wait-go"];
+    let (t, _) = tests::procs::trace_trainer_job(&python, &argv);
+    let start_ns = t.record[0]["start_ns"].as_u64().expect("the header's start");
+    let waits = long_waits(&t.record);
+    assert!(waits.iter().any(|w| w.duration_ns > 5_000_000_000), "a wait of 6.5 s recorded");
+    let dir = tests::TempDir::new("html-waits");
+    let m = measure(&report(&t.record_path(), &dir), &dir);
+    assert_laid_out(&m);
+    let chart = &m["waits"];
+    let (x0, px_per_s) = time_scale(chart["ticks"].as_array().expect("ticks"));
+    let lanes = chart["lanes"].as_array().expect("the waits lane");
+    let mut threads: Vec<(u32, u32)> = waits.iter().map(|w| w.wakee).collect();
+    threads.dedup();
+    eprintln!("{} long waits of {} threads; {px_per_s:.2} px/s", waits.len(), threads.len());
+    assert_eq!(lanes.len(), threads.len(), "a lane per waiting thread: {chart}");
+    let f = |v: &Value, k: &str| v[k].as_f64().expect(k);
+    let mut drawn = 0;
+    for (lane, thread) in lanes.iter().zip(&threads) {
+        assert_eq!(
+            (lane["pid"].as_u64(), lane["tid"].as_u64()),
+            (Some(thread.0.into()), Some(thread.1.into()))
+        );
+        let spans = lane["spans"].as_array().expect("spans");
+        let of_thread: Vec<&LongWait> = waits.iter().filter(|w| w.wakee == *thread).collect();
+        assert_eq!(spans.len(), of_thread.len(), "a bar per long wait: {lane}");
+        for (span, w) in spans.iter().zip(of_thread) {
+            let s = (w.start_ns - start_ns) as f64 / 1e9;
+            let (left, width) = (x0 + s * px_per_s, w.duration_ns as f64 / 1e9 * px_per_s);
+            let (l, r) = (f(span, "left"), f(span, "right"));
+            if w.duration_ns > 1_000_000_000 {
+                eprintln!(
+                    "{:.2} s wait at {s:.2} s: drawn {l:.1}..{r:.1} px, expected {left:.1}..{:.1}",
+                    w.duration_ns as f64 / 1e9,
+                    left + width
+                );
+            }
+            assert!((l - left).abs() <= 2.0, "starts at {left:.1} px: {span}");
+            // At least a pixel wide, however short.
+            assert!((r - l - width.max(1.0)).abs() <= 2.0, "{width:.1} px wide: {span}");
+            assert_eq!(span["waker"].as_u64(), Some(w.waker.into()), "{span}");
+            let key = format!("(pid {})", w.waker);
+            let legend = chart["legend"].as_array().expect("legend");
+            let entry =
+                legend.iter().find(|e| e["text"].as_str().is_some_and(|t| t.contains(&key)));
+            let entry = entry.unwrap_or_else(|| panic!("{key} in the legend: {legend:?}"));
+            assert_eq!(span["fill"], entry["color"], "the colour of the worker that ended it");
+            drawn += 1;
+        }
+    }
+    // Lanes one under the other, not on top of each other.
+    for pair in lanes.windows(2) {
+        let (a, b) = (&pair[0]["spans"][0], &pair[1]["spans"][0]);
+        assert!(f(a, "bottom") <= f(b, "top"), "{a} {b}");
+    }
+    eprintln!("{drawn} bars checked");
 }
