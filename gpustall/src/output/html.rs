@@ -102,22 +102,49 @@ fn chart(title: &str, unit: &str, series: &[(String, &[(u64, f64)])], f: &Frame)
     s
 }
 
+/// The width an OOM kill's label takes (`OOM kill` and a pid of up to 7 digits at 11 units),
+/// and the height of a row of them.
+const MARK_LABEL_W: f64 = 110.0;
+const MARK_ROW_H: f64 = 13.0;
+
 /// The OOM kills as vertical lines, each labelled on the side that keeps the label inside the
-/// plot: to the right of a mark in the plot's left half, to the left of one in its right half.
+/// plot (to the right of a mark in the plot's left half, to the left of one in its right half),
+/// labels that would cover each other (kills within a second of each other) in rows below.
 fn marks(s: &mut String, f: &Frame, l: &Layout) {
     let middle = (LEFT + W - 10.0) / 2.0;
-    for (t, label) in &f.marks {
-        let x = f.axis.x(*t);
+    let xs: Vec<f64> = f.marks.iter().map(|(t, _)| f.axis.x(*t)).collect();
+    let spans: Vec<(f64, f64)> = xs
+        .iter()
+        .map(
+            |&x| if x > middle { (x - 3.0 - MARK_LABEL_W, x) } else { (x, x + 3.0 + MARK_LABEL_W) },
+        )
+        .collect();
+    let rows = label_rows(&spans, ((l.bottom - l.top - 2.0) / MARK_ROW_H).max(1.0) as usize);
+    for (((_, label), x), row) in f.marks.iter().zip(xs).zip(rows) {
         let (tx, anchor) = if x > middle { (x - 3.0, "end") } else { (x + 3.0, "start") };
         let _ = write!(
             s,
             r##"<line x1="{x:.1}" x2="{x:.1}" y1="{}" y2="{}" stroke="#d62728" stroke-width="2"/><text class="mark" x="{tx:.1}" y="{:.1}" font-size="11" fill="#d62728" text-anchor="{anchor}">{}</text>"##,
             l.top,
             l.bottom,
-            l.top + 12.0,
+            l.top + 12.0 + MARK_ROW_H * row as f64,
             esc(label)
         );
     }
+}
+
+/// A row for each label's (left, right) extent: the first of `rows` where it covers no label
+/// already there, or (none free) the rows in turn.
+fn label_rows(spans: &[(f64, f64)], rows: usize) -> Vec<usize> {
+    let mut placed: Vec<Vec<(f64, f64)>> = vec![Vec::new(); rows.max(1)];
+    let mut out = Vec::with_capacity(spans.len());
+    for (i, &(a, b)) in spans.iter().enumerate() {
+        let free = placed.iter().position(|row| row.iter().all(|&(c, d)| b <= c || d <= a));
+        let row = free.unwrap_or(i % placed.len());
+        placed[row].push((a, b));
+        out.push(row);
+    }
+    out
 }
 
 /// The plot's background and the stall spans.
@@ -646,6 +673,16 @@ mod tests {
         };
         assert_eq!(anchor("OOM kill 7"), Some("start"), "{s}");
         assert_eq!(anchor("OOM kill 8"), Some("end"), "{s}");
+    }
+
+    /// Two kills a moment apart: the second label goes a row below; one far off shares the
+    /// first row; with no row free they take the rows in turn.
+    #[test]
+    fn labels_that_would_cover_each_other_take_rows_below() {
+        let spans = [(100.0, 210.0), (105.0, 215.0), (400.0, 510.0), (90.0, 200.0)];
+        assert_eq!(super::label_rows(&spans, 8), [0, 1, 0, 2]);
+        assert_eq!(super::label_rows(&spans, 2), [0, 1, 0, 1]);
+        assert_eq!(super::label_rows(&spans, 0), [0, 0, 0, 0], "at least one row");
     }
 
     #[test]

@@ -77,7 +77,9 @@ pub fn chart(o: &mut String, slices: &[Slice], f: &Frame, who: &dyn Fn(u32) -> S
     let names: Vec<String> = wakers.iter().map(|p| who(*p)).collect();
     let legend: Vec<(&str, &str)> =
         names.iter().enumerate().map(|(i, n)| (n.as_str(), color(i))).collect();
-    let l = Layout::of(LANE_H * lanes.len() as f64);
+    // A band above the lanes for the OOM kills' labels (up to 3 rows), clear of the bars.
+    let band = super::MARK_ROW_H * f.marks.len().min(3) as f64;
+    let l = Layout::of(band + LANE_H * lanes.len() as f64);
     chart_head(o, TITLE, &legend, &l);
     plot_area(o, f, &l);
     time_ticks(o, &f.axis, &l);
@@ -86,7 +88,7 @@ pub fn chart(o: &mut String, slices: &[Slice], f: &Frame, who: &dyn Fn(u32) -> S
             true => who(lane.pid),
             false => format!("{}, thread {}", who(lane.pid), lane.tid),
         };
-        let top = l.top + LANE_H * i as f64;
+        let top = l.top + band + LANE_H * i as f64;
         let _ = write!(
             o,
             r##"<g class="lane" data-pid="{}" data-tid="{}"><text x="{:.1}" y="{:.1}" font-size="10" fill="#444">{}</text>"##,
