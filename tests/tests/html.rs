@@ -97,9 +97,10 @@ fn overlap(a: &Value, b: &Value) -> bool {
     w > 1.0 && h > 1.0
 }
 
-/// No sideways scroll (with the window's scroll bar shown), every chart as wide as the others and in the page's font (a flame
-/// graph's script and style once resized the first chart and restyled every chart's text), no
-/// two entries of a legend overlapping, every marker label inside its chart's plot.
+/// No sideways scroll (with the window's scroll bar shown); every chart as wide as the others
+/// and in the page's font (a flame graph's script and style once resized the first chart and
+/// restyled every chart's text); no two entries of a legend overlapping; every marker label
+/// inside its chart's plot and clear of the others there.
 fn assert_laid_out(m: &Value) {
     let (scroll, client) = (m["scroll_width"].as_f64(), m["client_width"].as_f64());
     eprintln!("page width {scroll:?} in a {client:?} px window");
@@ -119,7 +120,13 @@ fn assert_laid_out(m: &Value) {
             }
         }
     }
-    for mark in m["marks"].as_array().expect("marks") {
+    let marks = m["marks"].as_array().expect("marks");
+    for (i, a) in marks.iter().enumerate() {
+        for b in marks[i + 1..].iter().filter(|b| b["plot"] == a["plot"]) {
+            assert!(!overlap(a, b), "marker labels cover each other: {a} {b}");
+        }
+    }
+    for mark in marks {
         let (p, f) = (&mark["plot"], |v: &Value, k: &str| v[k].as_f64().expect(k));
         eprintln!("marker {} at {:.1}..{:.1} px", mark["text"], f(mark, "left"), f(mark, "right"));
         assert!(f(mark, "left") >= f(p, "left") && f(mark, "right") <= f(p, "right"), "{mark}");
@@ -191,11 +198,64 @@ fn time_scale(ticks: &[Value]) -> (f64, f64) {
     (f(first, "x") - f(first, "s") * px_per_s, px_per_s)
 }
 
-/// A real torch DataLoader (tests/py/datawait.py torch: 2 fork workers, two items of 6.5 s)
-/// traced into a recording, then its page: each long wait the recording holds is a bar over
-/// the time it lasted (its left edge and width on the chart's time scale, within 2 px), in a
-/// lane of its own waiting thread, filled with the colour of the legend entry of the worker
+/// A long wait's bar: its left edge and width on the chart's time scale (within 2 px, and at
+/// least a pixel wide however short), filled with the colour of the legend entry of the worker
 /// that ended it.
+fn assert_bar(span: &Value, w: &LongWait, start_ns: u64, scale: (f64, f64), legend: &[Value]) {
+    let f = |v: &Value, k: &str| v[k].as_f64().expect(k);
+    let (x0, px_per_s) = scale;
+    let s = (w.start_ns - start_ns) as f64 / 1e9;
+    let (left, width) = (x0 + s * px_per_s, w.duration_ns as f64 / 1e9 * px_per_s);
+    let (l, r) = (f(span, "left"), f(span, "right"));
+    if w.duration_ns > 1_000_000_000 {
+        let secs = w.duration_ns as f64 / 1e9;
+        let end = left + width;
+        eprintln!(
+            "{secs:.2} s wait at {s:.2} s: drawn {l:.1}..{r:.1} px, expected {left:.1}..{end:.1}"
+        );
+    }
+    assert!((l - left).abs() <= 2.0, "starts at {left:.1} px: {span}");
+    assert!((r - l - width.max(1.0)).abs() <= 2.0, "{width:.1} px wide: {span}");
+    assert_eq!(span["waker"].as_u64(), Some(w.waker.into()), "{span}");
+    let key = format!("(pid {})", w.waker);
+    let entry = legend.iter().find(|e| e["text"].as_str().is_some_and(|t| t.contains(&key)));
+    let entry = entry.unwrap_or_else(|| panic!("{key} in the legend: {legend:?}"));
+    assert_eq!(span["fill"], entry["color"], "the colour of the worker that ended it");
+}
+
+/// Each long wait of the recording is a bar over the time it lasted ([`assert_bar`]), in a
+/// lane of its own waiting thread, the lanes one under the other.
+fn assert_waits_drawn(m: &Value, record: &[Value]) {
+    let start_ns = record[0]["start_ns"].as_u64().expect("the header's start");
+    let waits = long_waits(record);
+    let chart = &m["waits"];
+    let scale = time_scale(chart["ticks"].as_array().expect("ticks"));
+    let legend = chart["legend"].as_array().expect("legend");
+    let lanes = chart["lanes"].as_array().expect("the waits lane");
+    let mut threads: Vec<(u32, u32)> = waits.iter().map(|w| w.wakee).collect();
+    threads.dedup();
+    eprintln!("{} long waits of {} threads; {:.2} px/s", waits.len(), threads.len(), scale.1);
+    assert_eq!(lanes.len(), threads.len(), "a lane per waiting thread: {chart}");
+    for (lane, thread) in lanes.iter().zip(&threads) {
+        let (pid, tid) = (lane["pid"].as_u64(), lane["tid"].as_u64());
+        assert_eq!((pid, tid), (Some(thread.0.into()), Some(thread.1.into())), "{lane}");
+        let spans = lane["spans"].as_array().expect("spans");
+        let of_thread: Vec<&LongWait> = waits.iter().filter(|w| w.wakee == *thread).collect();
+        assert_eq!(spans.len(), of_thread.len(), "a bar per long wait: {lane}");
+        for (span, w) in spans.iter().zip(of_thread) {
+            assert_bar(span, w, start_ns, scale, legend);
+        }
+    }
+    let f = |v: &Value, k: &str| v[k].as_f64().expect(k);
+    for pair in lanes.windows(2) {
+        let (a, b) = (&pair[0]["spans"][0], &pair[1]["spans"][0]);
+        assert!(f(a, "bottom") <= f(b, "top"), "lanes overlap: {a} {b}");
+    }
+    eprintln!("{} bars checked", waits.len());
+}
+
+/// A real torch DataLoader (tests/py/datawait.py torch: 2 fork workers, two items of 6.5 s)
+/// traced into a recording, then its page: its long waits drawn over their time.
 #[test]
 fn the_long_waits_are_drawn_over_the_time_they_lasted() {
     let python = tests::torch_python();
@@ -205,57 +265,53 @@ fn the_long_waits_are_drawn_over_the_time_they_lasted() {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("py/datawait.py");
     let argv = ["-u", script.to_str().expect("utf-8"), "torch", "--workers", "2", "--wait-go"];
     let (t, _) = tests::procs::trace_trainer_job(&python, &argv);
-    let start_ns = t.record[0]["start_ns"].as_u64().expect("the header's start");
     let waits = long_waits(&t.record);
     assert!(waits.iter().any(|w| w.duration_ns > 5_000_000_000), "a wait of 6.5 s recorded");
     let dir = tests::TempDir::new("html-waits");
     let m = measure(&report(&t.record_path(), &dir), &dir);
     assert_laid_out(&m);
-    let chart = &m["waits"];
-    let (x0, px_per_s) = time_scale(chart["ticks"].as_array().expect("ticks"));
-    let lanes = chart["lanes"].as_array().expect("the waits lane");
-    let mut threads: Vec<(u32, u32)> = waits.iter().map(|w| w.wakee).collect();
-    threads.dedup();
-    eprintln!("{} long waits of {} threads; {px_per_s:.2} px/s", waits.len(), threads.len());
-    assert_eq!(lanes.len(), threads.len(), "a lane per waiting thread: {chart}");
-    let f = |v: &Value, k: &str| v[k].as_f64().expect(k);
-    let mut drawn = 0;
-    for (lane, thread) in lanes.iter().zip(&threads) {
-        assert_eq!(
-            (lane["pid"].as_u64(), lane["tid"].as_u64()),
-            (Some(thread.0.into()), Some(thread.1.into()))
-        );
-        let spans = lane["spans"].as_array().expect("spans");
-        let of_thread: Vec<&LongWait> = waits.iter().filter(|w| w.wakee == *thread).collect();
-        assert_eq!(spans.len(), of_thread.len(), "a bar per long wait: {lane}");
-        for (span, w) in spans.iter().zip(of_thread) {
-            let s = (w.start_ns - start_ns) as f64 / 1e9;
-            let (left, width) = (x0 + s * px_per_s, w.duration_ns as f64 / 1e9 * px_per_s);
-            let (l, r) = (f(span, "left"), f(span, "right"));
-            if w.duration_ns > 1_000_000_000 {
-                eprintln!(
-                    "{:.2} s wait at {s:.2} s: drawn {l:.1}..{r:.1} px, expected {left:.1}..{:.1}",
-                    w.duration_ns as f64 / 1e9,
-                    left + width
-                );
-            }
-            assert!((l - left).abs() <= 2.0, "starts at {left:.1} px: {span}");
-            // At least a pixel wide, however short.
-            assert!((r - l - width.max(1.0)).abs() <= 2.0, "{width:.1} px wide: {span}");
-            assert_eq!(span["waker"].as_u64(), Some(w.waker.into()), "{span}");
-            let key = format!("(pid {})", w.waker);
-            let legend = chart["legend"].as_array().expect("legend");
-            let entry =
-                legend.iter().find(|e| e["text"].as_str().is_some_and(|t| t.contains(&key)));
-            let entry = entry.unwrap_or_else(|| panic!("{key} in the legend: {legend:?}"));
-            assert_eq!(span["fill"], entry["color"], "the colour of the worker that ended it");
-            drawn += 1;
-        }
-    }
-    // Lanes one under the other, not on top of each other.
-    for pair in lanes.windows(2) {
-        let (a, b) = (&pair[0]["spans"][0], &pair[1]["spans"][0]);
-        assert!(f(a, "bottom") <= f(b, "top"), "{a} {b}");
-    }
-    eprintln!("{drawn} bars checked");
+    assert_waits_drawn(&m, &t.record);
+}
+
+/// The incident that started gpustall, on a real torch job (tests/py/mmengine_job.py oom:
+/// mmengine's Runner, 8 DataLoader workers caching every sample in a 3000 MiB memory cgroup
+/// until one of the job is OOM-killed, late in the run), recorded, then its page: the OOM
+/// kill's label inside each chart, the 8 workers' legends wrapped, the long waits drawn over
+/// their time.
+#[test]
+fn a_real_torch_oom_fits_the_window() {
+    let python = tests::torch_python();
+    tests::require_privileged_env();
+    let _memory = tests::pressure_lock();
+    let _cpu = tests::cpu_lock();
+    let dir = tests::TempDir::new("html-oom");
+    let cg = tests::cgroup::MemCgroup::new("html-oom", 3000, false);
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("py/mmengine_job.py");
+    let job = format!(
+        "echo $$ > {}/cgroup.procs && exec {} -u {} oom --workers 8 --grow-mib 8 --iters 100000 \
+         --interval 2 --work-dir {} > {} 2>&1",
+        cg.path.display(),
+        python.display(),
+        script.display(),
+        dir.path("work").display(),
+        dir.path("train.log").display()
+    );
+    let rec = dir.path("record.jsonl");
+    let o = Command::new(tests::gpustall_bin())
+        .args(["trace", "--quiet", "--no-gpu", "--record"])
+        .arg(&rec)
+        .args(["--", "sh", "-c", &job])
+        .output()
+        .expect("gpustall trace -- mmengine job");
+    // The DataLoader raises when a worker is killed (1); the trainer may be the victim (137).
+    let log = std::fs::read_to_string(dir.path("train.log")).unwrap_or_default();
+    assert!(matches!(o.status.code(), Some(1 | 137)), "{:?}: {log}", o.status);
+    assert!(cg.oom_kills() >= 1, "the cgroup's own count");
+    let m = measure(&report(&rec, &dir), &dir);
+    assert!(!m["marks"].as_array().expect("marks").is_empty(), "the OOM kill is marked: {m}");
+    assert_laid_out(&m);
+    let text = std::fs::read_to_string(&rec).expect("the recording");
+    let record: Vec<Value> =
+        text.lines().map(|l| serde_json::from_str(l).expect("a JSON line")).collect();
+    assert_waits_drawn(&m, &record);
 }
