@@ -2,11 +2,14 @@
 //! verdict, evidence and advice, then a timeline drawn as inline SVG (GPU utilisation, the
 //! long waits for data over their time, a lane per waiting thread (`waits`), the trainer's and
 //! ranks' wait for data per second and the workers that kept them waiting, memory held per
-//! process, reclaim stalls, swap and disk rates, data_time) with the OOM kill marked, and who
-//! kept the trainer waiting (each worker's share).
+//! process, reclaim stalls, swap and disk rates, data_time) with the OOM kill marked, who kept
+//! the trainer waiting (each worker's share) and the processes (`tables`), and flame graphs of
+//! the Python stacks (`flame`: the only scripts, inferno's, each in a frame of its own).
 
 use std::fmt::Write as _;
 
+mod flame;
+mod tables;
 mod waits;
 
 use crate::output::summary::Summary;
@@ -324,9 +327,9 @@ pub fn body(summary: &Summary, t: &Timeline) -> String {
     }
     o.push_str("<h2>Timeline</h2>");
     timeline_charts(&mut o, t, summary);
-    kept_waiting_table(&mut o, summary);
-    flame_graphs(&mut o, summary);
-    process_table(&mut o, summary);
+    tables::kept_waiting(&mut o, summary);
+    flame::graphs(&mut o, summary);
+    tables::processes(&mut o, summary);
     let _ = write!(
         o,
         "<p><small>gpustall {}; lost events: {}; GPU: {}</small></p>",
@@ -335,61 +338,6 @@ pub fn body(summary: &Summary, t: &Timeline) -> String {
         esc(&summary.gpu_status)
     );
     o
-}
-
-/// One flame graph per role of the job's Python processes' on-CPU stacks (the summary's
-/// folded lines), drawn by inferno as inline SVG: the page stays one file.
-fn flame_graphs(o: &mut String, summary: &Summary) {
-    use crate::model::proctree::Role;
-    let roles: [(&str, &[Role]); 2] = [
-        ("The trainer's and ranks' Python stacks on CPU", &[Role::Trainer, Role::Rank]),
-        ("The DataLoader workers' Python stacks on CPU", &[Role::DataloaderWorker]),
-    ];
-    for (title, roles) in roles {
-        let mut lines: std::collections::BTreeMap<&str, u64> = Default::default();
-        for p in summary.processes.iter().filter(|p| roles.contains(&p.role)) {
-            for (stack, n) in p.py_stacks.iter().flat_map(|s| &s.folded) {
-                *lines.entry(stack.as_str()).or_default() += n;
-            }
-        }
-        if let Some(svg) = flame_graph(title, &lines) {
-            let _ = write!(o, "<h2>{}</h2>{}", esc(title), framed(title, &svg));
-        }
-    }
-}
-
-/// The SVG element inferno draws for folded `lines`, or `None` without any.
-fn flame_graph(title: &str, lines: &std::collections::BTreeMap<&str, u64>) -> Option<String> {
-    if lines.is_empty() {
-        return None;
-    }
-    let folded: Vec<String> = lines.iter().map(|(s, n)| format!("{s} {n}")).collect();
-    let mut opts = inferno::flamegraph::Options::default();
-    opts.title = title.to_string();
-    opts.count_name = "samples".to_string();
-    let mut svg = Vec::new();
-    inferno::flamegraph::from_lines(&mut opts, folded.iter().map(String::as_str), &mut svg).ok()?;
-    let svg = String::from_utf8(svg).ok()?;
-    // Inline in the page: the element without its XML prolog and doctype.
-    svg.find("<svg").map(|at| svg[at..].to_string())
-}
-
-/// A flame graph's SVG in a frame of its own: its script takes the page's first SVG for its
-/// own and refits it, and its style sets every SVG text's font (a page's first chart shrank to
-/// 300 px, all charts' text turned 12 px monospace). `srcdoc` keeps the page one file; the
-/// frame runs the flame graph's script (zoom, search) and nothing of the page's.
-fn framed(title: &str, svg: &str) -> String {
-    let height = svg.split("height=\"").nth(1).and_then(|h| h.split('"').next()?.parse().ok());
-    // As wide as the frame: its script, made for an SVG file of its own, drops the width.
-    let doc = format!(
-        r#"<!doctype html><html><head><style>body{{margin:0}} svg{{width:100%}}</style></head><body>{svg}</body></html>"#
-    );
-    format!(
-        r#"<iframe class="flame" sandbox="allow-scripts" title="{}" style="height:{}px" srcdoc="{}"></iframe>"#,
-        esc(title),
-        height.unwrap_or(600u32),
-        doc.replace('&', "&amp;").replace('"', "&quot;")
-    )
 }
 
 /// A labelled series of (t_ns, value) points.
@@ -506,122 +454,6 @@ fn timeline_charts(o: &mut String, t: &Timeline, summary: &Summary) {
     }
 }
 
-/// Who kept the trainer waiting: each trainer's or rank's wait for data (total, share of the
-/// trace), then each process that ended those waits with its share of them (a bar), count, p99
-/// and longest wait. Nothing without off-CPU accounting or when no one waited for data.
-fn kept_waiting_table(o: &mut String, summary: &Summary) {
-    let of = |p: &crate::output::summary::ProcessSummary| p.offcpu.clone().unwrap_or_default();
-    let waiters: Vec<_> =
-        summary.processes.iter().filter(|p| of(p).data_wait_ns.is_some_and(|n| n > 0)).collect();
-    let total: u64 = waiters.iter().filter_map(|p| of(p).data_wait_ns).sum();
-    if total == 0 {
-        return;
-    }
-    let ms = |ns: u64| ns as f64 / 1e6;
-    let role = |p: &crate::output::summary::ProcessSummary| {
-        let r = serde_json::to_value(p.role).ok().and_then(|v| v.as_str().map(String::from));
-        let r = r.unwrap_or_default();
-        p.worker_index.map_or(r.clone(), |i| format!("{r} {i}"))
-    };
-    o.push_str("<h2>Who kept the trainer waiting</h2><table><tr><th>pid</th><th>comm</th><th>role</th><th>waited for data ms</th><th>waits</th><th>% of the trace</th><th>blocked in (syscall: ms, of it ended by the job)</th></tr>");
-    for p in &waiters {
-        let w = of(p);
-        let _ = write!(
-            o,
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{:.1}</td><td>{}</td><td>{:.1}</td><td>{}</td></tr>",
-            p.pid,
-            esc(&p.comm),
-            esc(&role(p)),
-            ms(w.data_wait_ns.unwrap_or(0)),
-            w.data_wait_count.unwrap_or(0),
-            100.0 * ms(w.data_wait_ns.unwrap_or(0)) / 1e3 / summary.duration_s.max(1e-9),
-            by_syscall(&w)
-        );
-    }
-    o.push_str("</table><p></p><table><tr><th>pid</th><th>comm</th><th>role</th><th>kept it waiting ms</th><th>share of the wait</th><th></th><th>waits</th><th>p99 ms</th><th>longest ms</th><th>in reclaim during waits &ge; 10 ms</th></tr>");
-    let mut keepers: Vec<_> =
-        summary.processes.iter().filter(|p| of(p).kept_waiting_ns > 0).collect();
-    keepers.sort_by_key(|p| std::cmp::Reverse(of(p).kept_waiting_ns));
-    for p in keepers {
-        let k = of(p);
-        let share = 100.0 * k.kept_waiting_ns as f64 / total as f64;
-        let _ = write!(
-            o,
-            r##"<tr><td>{}</td><td>{}</td><td>{}</td><td>{:.1}</td><td>{share:.1} %</td><td style="text-align:left"><svg width="120" height="10"><rect width="{:.1}" height="10" fill="#d62728"/></svg></td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>"##,
-            p.pid,
-            esc(&p.comm),
-            esc(&role(p)),
-            ms(k.kept_waiting_ns),
-            1.2 * share.min(100.0),
-            k.kept_waiting_count,
-            k.kept_waiting_p99_ns.map_or("".into(), |n| format!("{:.1}", ms(n))),
-            k.kept_waiting_max_ns.map_or("".into(), |n| format!("{:.1}", ms(n))),
-            // Of the long waits it ended, the time it was itself stalled in reclaim.
-            k.long_waits.map_or("".into(), |l| format!(
-                "{:.1} of {:.1} ms",
-                ms(l.in_reclaim_ns),
-                ms(l.ns)
-            ))
-        );
-    }
-    o.push_str("</table>");
-}
-
-/// A waiter's waits by syscall class, e.g. `read 1096.9 (1096.9), sleep 1200.1 (0.0)`: an
-/// ioctl is a device driver's wait (the GPU), not a batch.
-fn by_syscall(w: &crate::model::offcpu::OffCpuSummary) -> String {
-    let Some(m) = &w.wait_by_syscall else { return "not read".into() };
-    let parts: Vec<String> = m
-        .iter()
-        .map(|(c, cw)| {
-            let name = serde_json::to_value(c).ok().and_then(|v| v.as_str().map(String::from));
-            let (total, data) = (cw.ns as f64 / 1e6, cw.data_ns as f64 / 1e6);
-            format!("{} {total:.1} ({data:.1})", name.unwrap_or_default())
-        })
-        .collect();
-    esc(&parts.join(", "))
-}
-
-fn process_table(o: &mut String, summary: &Summary) {
-    o.push_str("<h2>Processes</h2><table><tr><th>pid</th><th>ppid</th><th>comm</th><th>role</th><th>peak held MiB</th><th>reclaim ms</th><th>swap-out pages</th><th>read MiB</th><th>write MiB</th><th>exit</th></tr>");
-    let (quiet, rows) = crate::output::text::quiet_helpers(summary);
-    for p in rows {
-        let exit = match (p.alive, p.exit_signal, p.exit_code) {
-            (true, _, _) => "alive".to_string(),
-            (_, Some(s), _) => format!("signal {s}{}", if p.oom_killed { " (OOM)" } else { "" }),
-            (_, _, Some(c)) => c.to_string(),
-            _ => "?".into(),
-        };
-        let role = serde_json::to_value(p.role)
-            .ok()
-            .and_then(|v| v.as_str().map(String::from))
-            .unwrap_or_default();
-        let _ = write!(
-            o,
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.0}</td><td>{:.1}</td><td>{}</td><td>{:.1}</td><td>{:.1}</td><td>{}</td></tr>",
-            p.pid,
-            p.ppid,
-            esc(&p.comm),
-            esc(&role),
-            p.peak_mem_kb.max(p.peak_rss_kb) as f64 / 1024.0,
-            (p.direct_reclaim_ns + p.memcg_reclaim_ns) as f64 / 1e6,
-            p.swapout_pages,
-            p.block_read_bytes as f64 / 1048576.0,
-            p.block_write_bytes as f64 / 1048576.0,
-            exit
-        );
-    }
-    o.push_str("</table>");
-    if !quiet.is_empty() {
-        let _ = write!(
-            o,
-            "<p><small>And {} short helper processes that exited cleanly and did nothing of note: {}.</small></p>",
-            quiet.len(),
-            esc(&crate::output::text::by_name(&quiet))
-        );
-    }
-}
-
 #[cfg(test)]
 mod tests {
     #[test]
@@ -635,27 +467,6 @@ mod tests {
     fn a_series_is_drawn_in_steps_that_end_at_each_sample() {
         let d = super::steps(&[(0, 0.0), (1, 5.0), (4, 0.0)], |t| t as f64 * 10.0, |v| v);
         assert_eq!(d, ["0.0,0.0", "0.0,5.0", "10.0,5.0", "10.0,0.0", "40.0,0.0"]);
-    }
-
-    #[test]
-    fn a_flame_graph_is_an_inline_svg_whose_frames_cannot_inject_markup() {
-        let lines = [
-            ("main (train.py:3);decode (ds.py:9)", 7),
-            ("main (train.py:3);<script>alert(1)</script> (x.py:1)", 2),
-        ]
-        .into_iter()
-        .collect();
-        let svg = super::flame_graph("workers", &lines).expect("drawn");
-        assert!(svg.starts_with("<svg"), "{}", &svg[..80]);
-        assert!(svg.contains("decode (ds.py:9)"), "the frame is named");
-        assert!(!svg.contains("<script>alert"), "escaped");
-        assert!(super::flame_graph("none", &Default::default()).is_none());
-        // In a frame of its own: the page's markup around it is whole, its quotes escaped.
-        let frame = super::framed("workers", &svg);
-        let srcdoc = frame.split(r#"srcdoc=""#).nth(1).expect("srcdoc");
-        assert_eq!(srcdoc.find('"'), Some(srcdoc.len() - r#""></iframe>"#.len()), "{frame}");
-        assert!(!frame.contains("&lt;script&gt;alert"), "escaped twice: {frame}");
-        assert!(frame.contains("&amp;lt;script&amp;gt;alert"), "{frame}");
     }
 
     /// An OOM kill near the chart's right edge is labelled to the left of its line, one near
