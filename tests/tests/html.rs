@@ -114,6 +114,10 @@ fn assert_laid_out(m: &Value) {
     }
     for legend in m["legends"].as_array().expect("legends") {
         let entries = legend.as_array().expect("entries");
+        let mut rows: Vec<i64> =
+            entries.iter().map(|e| e["top"].as_f64().unwrap_or(0.0) as i64).collect();
+        rows.dedup();
+        eprintln!("legend: {} entries in {} rows", entries.len(), rows.len());
         for (i, a) in entries.iter().enumerate() {
             for b in &entries[i + 1..] {
                 assert!(!overlap(a, b), "legend entries overlap: {a} {b}");
@@ -200,8 +204,14 @@ fn time_scale(ticks: &[Value]) -> (f64, f64) {
 
 /// A long wait's bar: its left edge and width on the chart's time scale (within 2 px, and at
 /// least a pixel wide however short), filled with the colour of the legend entry of the worker
-/// that ended it.
-fn assert_bar(span: &Value, w: &LongWait, start_ns: u64, scale: (f64, f64), legend: &[Value]) {
+/// that ended it. Returns how far off it is drawn, in px.
+fn assert_bar(
+    span: &Value,
+    w: &LongWait,
+    start_ns: u64,
+    scale: (f64, f64),
+    legend: &[Value],
+) -> f64 {
     let f = |v: &Value, k: &str| v[k].as_f64().expect(k);
     let (x0, px_per_s) = scale;
     let s = (w.start_ns - start_ns) as f64 / 1e9;
@@ -221,6 +231,7 @@ fn assert_bar(span: &Value, w: &LongWait, start_ns: u64, scale: (f64, f64), lege
     let entry = legend.iter().find(|e| e["text"].as_str().is_some_and(|t| t.contains(&key)));
     let entry = entry.unwrap_or_else(|| panic!("{key} in the legend: {legend:?}"));
     assert_eq!(span["fill"], entry["color"], "the colour of the worker that ended it");
+    (l - left).abs().max((r - l - width.max(1.0)).abs())
 }
 
 /// Each long wait of the recording is a bar over the time it lasted ([`assert_bar`]), in a
@@ -236,6 +247,7 @@ fn assert_waits_drawn(m: &Value, record: &[Value]) {
     threads.dedup();
     eprintln!("{} long waits of {} threads; {:.2} px/s", waits.len(), threads.len(), scale.1);
     assert_eq!(lanes.len(), threads.len(), "a lane per waiting thread: {chart}");
+    let mut off = 0.0f64;
     for (lane, thread) in lanes.iter().zip(&threads) {
         let (pid, tid) = (lane["pid"].as_u64(), lane["tid"].as_u64());
         assert_eq!((pid, tid), (Some(thread.0.into()), Some(thread.1.into())), "{lane}");
@@ -243,7 +255,7 @@ fn assert_waits_drawn(m: &Value, record: &[Value]) {
         let of_thread: Vec<&LongWait> = waits.iter().filter(|w| w.wakee == *thread).collect();
         assert_eq!(spans.len(), of_thread.len(), "a bar per long wait: {lane}");
         for (span, w) in spans.iter().zip(of_thread) {
-            assert_bar(span, w, start_ns, scale, legend);
+            off = off.max(assert_bar(span, w, start_ns, scale, legend));
         }
     }
     let f = |v: &Value, k: &str| v[k].as_f64().expect(k);
@@ -251,7 +263,7 @@ fn assert_waits_drawn(m: &Value, record: &[Value]) {
         let (a, b) = (&pair[0]["spans"][0], &pair[1]["spans"][0]);
         assert!(f(a, "bottom") <= f(b, "top"), "lanes overlap: {a} {b}");
     }
-    eprintln!("{} bars checked", waits.len());
+    eprintln!("{} bars checked, at most {off:.2} px off their time", waits.len());
 }
 
 /// A real torch DataLoader (tests/py/datawait.py torch: 2 fork workers, two items of 6.5 s)
