@@ -114,7 +114,7 @@ what came before it) or is not a recording."
     Merge(cmd::merge::MergeArgs),
     /// Trace a process and all its descendants, then report.
     #[command(
-        override_usage = "gpustall trace [OPTIONS] --pid <PID>\n       gpustall trace [OPTIONS] -- <CMD> [ARGS]...",
+        override_usage = "gpustall trace [OPTIONS] --pid <PID>\n       gpustall trace [OPTIONS] -- <CMD> [ARGS]...\n       gpustall trace [OPTIONS] --slurm-job <ID>",
         long_about = "Trace PID and every process it forks (and those processes' children) until \
 DURATION passes, Ctrl-C or SIGTERM arrives, or every traced process has exited. A status line is \
 printed each second; at the end a report (verdict, evidence, a table per process) is printed and \

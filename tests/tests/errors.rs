@@ -115,7 +115,7 @@ fn a_kernel_thread_is_refused() {
     assert!(err.contains("pid 2 is a kernel thread"), "{err}");
 }
 
-/// `trace` takes a process or a command, one of the two, and its usage says so.
+/// `trace` takes a process, a command or a Slurm job, one of them, and its usage says so.
 #[test]
 fn trace_takes_a_pid_or_a_command() {
     let run = |args: &[&str]| {
@@ -128,7 +128,9 @@ fn trace_takes_a_pid_or_a_command() {
     let (code, err) = run(&["trace"]);
     assert_eq!(code, Some(2), "{err}");
     assert!(
-        err.contains("<--pid <PID>|CMD>") && err.contains("gpustall trace [OPTIONS] -- <CMD>"),
+        err.contains("<--pid <PID>|CMD|--slurm-job <ID>>")
+            && err.contains("gpustall trace [OPTIONS] -- <CMD>")
+            && err.contains("gpustall trace [OPTIONS] --slurm-job <ID>"),
         "{err}"
     );
     let (code, err) = run(&["trace", "--pid", "1", "--", "true"]);
