@@ -13,6 +13,9 @@ use serde_json::Value;
 #[test]
 fn a_deadlocked_torch_worker_is_named_and_stop_job_ends_the_whole_job() {
     tests::require_privileged_env();
+    // Two torch jobs at once on 2 CPUs (this and the torchrun one) leave the stuck worker's
+    // stack unsampled in the trace's time: one at a time.
+    let _cpu = tests::cpu_lock();
     let python = tests::torch_python();
     deadlocked_job(&[python.to_str().expect("utf-8"), "-u"], 16);
 }
@@ -24,6 +27,7 @@ fn a_deadlocked_torch_worker_is_named_and_stop_job_ends_the_whole_job() {
 #[test]
 fn a_deadlocked_worker_of_a_torchrun_rank_is_named_and_stop_job_ends_the_whole_job() {
     tests::require_privileged_env();
+    let _cpu = tests::cpu_lock();
     let torchrun = tests::torch_python().with_file_name("torchrun");
     // torchrun imports torch before its rank does: 6 s more before the rank's wait begins.
     let lead = [torchrun.to_str().expect("utf-8"), "--standalone", "--nproc_per_node=1"];
