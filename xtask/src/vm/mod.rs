@@ -281,6 +281,9 @@ fn run_vm(
     let mut run = report::parse(spec, &kernel.release, &console.lines, &selection_ids(&selection));
     run.wall = console.wall;
     run.log = work.join("console.log");
+    for line in report::failure_report(&console.lines, 80) {
+        eprintln!("  ! {line}");
+    }
     if !console.finished {
         run.mark_unfinished(Outcome::Timeout);
     }

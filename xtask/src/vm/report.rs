@@ -9,6 +9,9 @@ pub enum Outcome {
     /// Passed, on a kernel where gpustall used its documented next-best source.
     Degraded,
     Fail,
+    /// Failed, then passed when its binary ran once more in the same guest: shown, with the
+    /// first failure's output under the run, but not a failure of the matrix.
+    Flaky,
     /// The VM was stopped before the test reported.
     Timeout,
 }
@@ -19,6 +22,7 @@ impl Outcome {
             Outcome::Pass => "pass",
             Outcome::Degraded => "degraded",
             Outcome::Fail => "FAIL",
+            Outcome::Flaky => "flaky",
             Outcome::Timeout => "TIMEOUT",
         }
     }
@@ -65,6 +69,27 @@ fn libtest_result(line: &str) -> Option<(&str, bool)> {
     }
 }
 
+/// What libtest printed about its failed tests (each one's output and panic message, between
+/// the first `failures:` line and the list of names that follows), at most `max` lines: shown
+/// under the run, since CI's log may be all there is of a guest that is gone.
+pub fn failure_report(lines: &[String], max: usize) -> Vec<&str> {
+    let mut out = Vec::new();
+    let mut inside = false;
+    for line in lines {
+        if line.trim_end() == "failures:" {
+            inside = !inside;
+            continue;
+        }
+        if line.starts_with("@@END ") {
+            inside = false;
+        }
+        if inside && !line.trim().is_empty() && out.len() < max {
+            out.push(line.as_str());
+        }
+    }
+    out
+}
+
 /// The outcomes of `selected` (binary, test) from a console.
 pub fn parse(spec: &str, release: &str, lines: &[String], selected: &[(String, String)]) -> Run {
     let mut outcomes: BTreeMap<String, Outcome> =
@@ -73,6 +98,7 @@ pub fn parse(spec: &str, release: &str, lines: &[String], selected: &[(String, S
     let mut bin_secs = BTreeMap::new();
     let mut bin = String::new();
     let mut seen: Vec<String> = Vec::new();
+    let mut failed_first: Vec<String> = Vec::new();
     for line in lines {
         if let Some(b) = line.strip_prefix("@@BEGIN ") {
             bin = b.split_whitespace().next().unwrap_or_default().to_string();
@@ -82,7 +108,7 @@ pub fn parse(spec: &str, release: &str, lines: &[String], selected: &[(String, S
             let _ = f.next();
             let rc = f.next().and_then(|r| r.strip_prefix("rc=")).and_then(|r| r.parse().ok());
             let secs = f.next().and_then(|s| s.strip_prefix("secs=")).and_then(|s| s.parse().ok());
-            bin_secs.insert(bin.clone(), secs.unwrap_or(0.0));
+            *bin_secs.entry(bin.clone()).or_insert(0.0) += secs.unwrap_or(0.0);
             // A binary that exits 0 passed every selected test; otherwise a test without an
             // `ok` line failed (libtest's FAILED lines can be torn by other output).
             for (id, o) in outcomes.iter_mut().filter(|(id, _)| id.starts_with(&format!("{bin}::")))
@@ -90,6 +116,15 @@ pub fn parse(spec: &str, release: &str, lines: &[String], selected: &[(String, S
                 if *o == Outcome::Timeout {
                     let ok = rc == Some(0) || seen.contains(id);
                     *o = if ok { Outcome::Pass } else { Outcome::Fail };
+                }
+            }
+        } else if let Some(r) = line.strip_prefix("@@RETRY ") {
+            // The binary runs once more: its failed tests are open again.
+            let b = r.split_whitespace().next().unwrap_or_default();
+            for (id, o) in outcomes.iter_mut().filter(|(id, _)| id.starts_with(&format!("{b}::"))) {
+                if *o == Outcome::Fail {
+                    failed_first.push(id.clone());
+                    *o = Outcome::Timeout;
                 }
             }
         } else if let Some(d) = line.strip_prefix("@@DEGRADED ") {
@@ -108,6 +143,13 @@ pub fn parse(spec: &str, release: &str, lines: &[String], selected: &[(String, S
                 seen.push(id);
             } else if let Some(o) = outcomes.get_mut(&id) {
                 *o = Outcome::Fail;
+            }
+        }
+    }
+    for id in &failed_first {
+        if let Some(o) = outcomes.get_mut(id) {
+            if *o == Outcome::Pass {
+                *o = Outcome::Flaky;
             }
         }
     }
@@ -181,6 +223,11 @@ pub fn table(runs: &[Run], total: Duration) -> Table {
         for d in all {
             notes.push_str(&format!("\n    degraded: {d}"));
         }
+        for (id, _) in r.outcomes.iter().filter(|(_, o)| **o == Outcome::Flaky) {
+            notes.push_str(&format!(
+                "\n    flaky: {id} failed, then passed when run again (the failure: in the console log, and printed under its run)"
+            ));
+        }
         if r.retried_after_hang {
             notes.push_str(
                 "\n    retried: the first boot's guest hung or panicked (its console: vm/runs/<kernel>-console-hung.log)",
@@ -226,5 +273,68 @@ mod tests {
         let t = table(&[run], Duration::from_secs(60));
         assert_eq!(t.failures, 2);
         assert!(t.markdown.contains("| `block_io::a` | degraded |"), "{}", t.markdown);
+    }
+
+    #[test]
+    fn a_failed_tests_output_and_panic_are_picked_out() {
+        let lines: Vec<String> = [
+            "@@BEGIN memory_pressure uptime=5.0",
+            "test r ... FAILED",
+            "successes:",
+            "failures:",
+            "",
+            "---- r stdout ----",
+            "pswpout delta 10 pages",
+            "thread 'r' panicked at tests/tests/memory_pressure.rs:66:5:",
+            "not within 10%",
+            "failures:",
+            "    r",
+            "@@END memory_pressure rc=101 secs=60.0",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        assert_eq!(
+            failure_report(&lines, 50),
+            [
+                "---- r stdout ----",
+                "pswpout delta 10 pages",
+                "thread 'r' panicked at tests/tests/memory_pressure.rs:66:5:",
+                "not within 10%"
+            ]
+        );
+        assert_eq!(failure_report(&lines, 2).len(), 2);
+    }
+
+    #[test]
+    fn a_test_that_fails_then_passes_on_its_binarys_second_run_is_flaky_not_failed() {
+        let lines: Vec<String> = [
+            "@@BEGIN memory_pressure uptime=5.0",
+            "test r ... FAILED",
+            "@@END memory_pressure rc=101 secs=60.0",
+            "@@RETRY memory_pressure rc=101",
+            "@@BEGIN memory_pressure uptime=65.0",
+            "test r ... ok",
+            "@@END memory_pressure rc=0 secs=58.0",
+            "@@BEGIN oom_kill uptime=124.0",
+            "test c ... FAILED",
+            "@@END oom_kill rc=101 secs=3.0",
+            "@@RETRY oom_kill rc=101",
+            "@@BEGIN oom_kill uptime=128.0",
+            "test c ... FAILED",
+            "@@END oom_kill rc=101 secs=3.0",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let sel = [("memory_pressure", "r"), ("oom_kill", "c")]
+            .map(|(b, t)| (b.to_string(), t.to_string()));
+        let run = parse("6.1", "6.1.0-57-amd64", &lines, &sel);
+        assert_eq!(run.outcomes["memory_pressure::r"], Outcome::Flaky);
+        assert_eq!(run.outcomes["oom_kill::c"], Outcome::Fail);
+        assert_eq!(run.bin_secs["memory_pressure"], 118.0);
+        let t = table(&[run], Duration::from_secs(200));
+        assert_eq!(t.failures, 1);
+        assert!(t.text.contains("flaky: memory_pressure::r failed"), "{}", t.text);
     }
 }
