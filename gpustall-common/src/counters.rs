@@ -30,6 +30,16 @@ const _: () = assert!(core::mem::size_of::<ProcCounters>() == 80);
 
 #[cfg(feature = "user")]
 impl ProcCounters {
+    /// Reclaim episodes of either kind (direct: the host's memory; memcg: its cgroup's limit).
+    pub fn reclaim_count(&self) -> u64 {
+        self.direct_reclaim_count + self.memcg_reclaim_count
+    }
+
+    /// Time stalled in reclaim of either kind.
+    pub fn reclaim_ns(&self) -> u64 {
+        self.direct_reclaim_ns + self.memcg_reclaim_ns
+    }
+
     /// These totals counted from `base` (an earlier read) instead of from the start.
     pub fn since(&self, base: &Self) -> Self {
         Self {

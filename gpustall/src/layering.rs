@@ -119,3 +119,38 @@ fn every_stage_folder_is_in_the_table() {
     stages.sort();
     assert_eq!(folders, stages, "a new folder needs its place in the order");
 }
+
+/// Figures and names with one place each (issue "one figure, one place"): code that derives
+/// them again by hand, as (what it says, why).
+const DERIVED_ONCE: &[(&str, &str)] = &[
+    ("direct_reclaim_count +", "reclaim episodes: ProcCounters/ProcessSummary::reclaim_count"),
+    ("direct_reclaim_ns +", "reclaim stalls: ProcCounters/ProcessSummary::reclaim_ns"),
+    ("== \"trainer\"", "a role compared as a string: compare the Role"),
+    ("== \"rank\"", "a role compared as a string: compare the Role"),
+];
+
+#[test]
+fn each_figure_and_name_is_derived_in_its_one_place() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let mut found = Vec::new();
+    for f in files.iter().filter(|f| !f.ends_with("layering.rs")) {
+        for (n, code) in code_lines(f) {
+            // The one place itself: the methods' bodies.
+            if code.trim_start().starts_with("self.direct_reclaim") {
+                continue;
+            }
+            for (bad, why) in DERIVED_ONCE.iter().filter(|(b, _)| code.contains(b)) {
+                found.push(format!("{}:{n}: {bad} ({why})", f.display()));
+            }
+            if code.contains("to_value(") && code.contains("role") {
+                found.push(format!(
+                    "{}:{n}: a role named through serde (Role::as_str)",
+                    f.display()
+                ));
+            }
+        }
+    }
+    assert!(found.is_empty(), "derived again by hand:\n{}", found.join("\n"));
+}

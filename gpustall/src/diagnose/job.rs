@@ -80,11 +80,8 @@ impl Source {
     }
 }
 
-fn role_name(m: &Model, pid: u32) -> String {
-    serde_json::to_value(m.tree.role(pid))
-        .ok()
-        .and_then(|v| v.as_str().map(String::from))
-        .unwrap_or_else(|| "process".into())
+fn role_name(m: &Model, pid: u32) -> &'static str {
+    m.tree.role(pid).as_str()
 }
 
 fn comm_of(m: &Model, pid: u32) -> String {
@@ -163,7 +160,7 @@ pub fn rank_of(m: &Model, pid: u32) -> Option<String> {
     let mut root = m.tree.get(pid)?;
     // A bounded walk that a reused pid cannot send into another process's tree.
     for cur in m.tree.ancestors(pid) {
-        if matches!(role_name(m, cur.pid).as_str(), "rank" | "trainer") {
+        if m.tree.role(cur.pid).is_main() {
             if let Some(r) = m.identities.get(&cur.pid).and_then(|i| i.rank) {
                 return Some(format!("rank {r} (pid {}, {})", cur.pid, cur.comm));
             }

@@ -53,7 +53,7 @@ impl Model {
         let clean_exit = n.exit_signal().is_none() && n.exit_status().is_none_or(|c| c == 0);
         let calm = self.procs.get(&pid).is_none_or(|p| {
             let c = &p.counters;
-            c.direct_reclaim_count + c.memcg_reclaim_count == 0 && c.swapout_anon_pages == 0
+            c.reclaim_count() == 0 && c.swapout_anon_pages == 0
         });
         clean_exit
             && calm

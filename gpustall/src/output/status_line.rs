@@ -21,8 +21,8 @@ pub fn totals(m: &Model) -> Totals {
     for p in m.procs.values() {
         t.read_bytes += p.io_bytes(IoOp::Read, None);
         t.write_bytes += p.io_bytes(IoOp::Write, None);
-        t.reclaim_count += p.counters.direct_reclaim_count + p.counters.memcg_reclaim_count;
-        t.reclaim_ns += p.counters.direct_reclaim_ns + p.counters.memcg_reclaim_ns;
+        t.reclaim_count += p.counters.reclaim_count();
+        t.reclaim_ns += p.counters.reclaim_ns();
         t.swapout_pages += p.counters.swapout_anon_pages;
     }
     t

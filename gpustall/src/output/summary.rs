@@ -317,6 +317,18 @@ pub struct ProcessSummary {
     pub time_split: Option<crate::diagnose::verdict::TimeSplit>,
 }
 
+impl ProcessSummary {
+    /// Reclaim episodes of either kind (direct and memcg), as `ProcCounters::reclaim_count`.
+    pub fn reclaim_count(&self) -> u64 {
+        self.direct_reclaim_count + self.memcg_reclaim_count
+    }
+
+    /// Time stalled in reclaim of either kind, as `ProcCounters::reclaim_ns`.
+    pub fn reclaim_ns(&self) -> u64 {
+        self.direct_reclaim_ns + self.memcg_reclaim_ns
+    }
+}
+
 /// A thread with a role in its process.
 #[derive(Serialize, Debug, Clone, PartialEq, Eq)]
 pub struct ThreadRoleSummary {

@@ -205,10 +205,7 @@ pub fn stacks(s: &Summary, seen: &crate::model::pystacks::PyStacks) -> String {
 }
 
 fn role_name(p: &crate::output::summary::ProcessSummary) -> String {
-    let role = serde_json::to_value(p.role)
-        .ok()
-        .and_then(|v| v.as_str().map(String::from))
-        .unwrap_or_default();
+    let role = p.role.as_str();
     // A pin-memory thread is a thread of the trainer or rank, not a process of its own.
     let pin = if p.thread_roles.is_empty() { "" } else { "+pin" };
     match p.worker_index {
@@ -254,8 +251,8 @@ fn process_table(o: &mut String, s: &Summary) {
             mib(p.block_read_bytes),
             mib(p.block_write_bytes),
             mib(p.reclaim_io_bytes),
-            p.direct_reclaim_count + p.memcg_reclaim_count,
-            (p.direct_reclaim_ns + p.memcg_reclaim_ns) as f64 / 1e6,
+            p.reclaim_count(),
+            (p.reclaim_ns()) as f64 / 1e6,
             p.swapout_pages,
             p.peak_mem_kb.max(p.peak_rss_kb) as f64 / 1024.0,
             exit
@@ -277,12 +274,12 @@ fn process_table(o: &mut String, s: &Summary) {
         );
     }
     for f in &s.folded {
-        let role = serde_json::to_value(f.role).ok().and_then(|v| v.as_str().map(String::from));
+        let role = f.role.as_str();
         let _ = writeln!(
             o,
             "folded: {} exited {} processes, {:.1} MiB read, {:.1} MiB written",
             f.totals.processes,
-            role.unwrap_or_default(),
+            role,
             mib(f.totals.block_read_bytes),
             mib(f.totals.block_write_bytes)
         );
@@ -305,7 +302,7 @@ pub fn quiet_helpers(s: &Summary) -> (Vec<Row<'_>>, Vec<Row<'_>>) {
             && !p.alive
             && p.exit_code == Some(0)
             && p.exit_signal.is_none()
-            && p.direct_reclaim_count + p.memcg_reclaim_count + p.swapout_pages == 0
+            && p.reclaim_count() + p.swapout_pages == 0
             && p.block_read_bytes + p.block_write_bytes < 1 << 20
             && !s.verdict.culprit_pids.contains(&p.pid)
     })
@@ -334,7 +331,7 @@ fn table_rows<'a>(s: &Summary, candidates: &[Row<'a>]) -> (Vec<Row<'a>>, usize) 
             || p.oom_killed
             || p.exit_signal.is_some()
             || p.alive
-            || p.direct_reclaim_count + p.memcg_reclaim_count + p.swapout_pages > 0;
+            || p.reclaim_count() + p.swapout_pages > 0;
         (!remarkable, std::cmp::Reverse(p.block_read_bytes + p.block_write_bytes))
     };
     let mut order: Vec<usize> = (0..candidates.len()).collect();

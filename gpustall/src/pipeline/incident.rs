@@ -22,9 +22,7 @@ pub struct Storms {
 impl Storms {
     /// Called once a second.
     pub fn tick(&mut self, m: &Model, now: u64) -> Option<Incident> {
-        let stalled = |p: &crate::model::stats::ProcStats| {
-            p.counters.direct_reclaim_ns + p.counters.memcg_reclaim_ns
-        };
+        let stalled = |p: &crate::model::stats::ProcStats| p.counters.reclaim_ns();
         let total: u64 = m.procs.values().map(stalled).sum();
         let rate = total.saturating_sub(self.last_reclaim_ns) as f64 / 1e9;
         self.last_reclaim_ns = total;

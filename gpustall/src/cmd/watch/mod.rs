@@ -28,7 +28,7 @@ use crate::{
         preflight,
     },
     model::incident::{Incident, IncidentKind},
-    model::{samples::Sample, stats::IoSlot, Model},
+    model::{proctree::Role, samples::Sample, stats::IoSlot, Model},
     pipeline::session::{Moment, Session},
     recording::{
         flight::{FlightRecorder, FlightSink},
@@ -158,8 +158,8 @@ impl Totals {
         Self {
             data_wait_ns,
             gpu_wait_ns,
-            stall_ns: c.direct_reclaim_ns + c.memcg_reclaim_ns,
-            stalls: c.direct_reclaim_count + c.memcg_reclaim_count,
+            stall_ns: c.reclaim_ns(),
+            stalls: c.reclaim_count(),
             swapout: c.swapout_anon_pages,
             read: p.io_bytes(gpustall_common::counters::IoOp::Read, None),
             write: p.io_bytes(gpustall_common::counters::IoOp::Write, None),
@@ -207,10 +207,12 @@ impl Daemon {
     }
 
     fn labels(&self, pid: u32) -> Option<JobRole> {
-        let job = self.job_of(pid)?.name.clone();
-        let role =
-            serde_json::to_value(self.session.model.tree.role(pid)).ok()?.as_str()?.to_string();
-        Some(JobRole { training_job: job, role })
+        let (training_job, role) = self.job_and_role(pid)?;
+        Some(JobRole::new(training_job, role))
+    }
+
+    fn job_and_role(&self, pid: u32) -> Option<(String, Role)> {
+        Some((self.job_of(pid)?.name.clone(), self.session.model.tree.role(pid)))
     }
 
     /// New jobs: roots matched by the rules or by the GPU, with their existing descendants.
@@ -274,15 +276,14 @@ impl Daemon {
 
     fn update_metrics(&mut self) {
         let m = &self.session.model;
-        let mut deltas: BTreeMap<(String, String), ProcDelta> = BTreeMap::new();
-        let mut memory: BTreeMap<(String, String), (u64, u64)> = BTreeMap::new();
+        let mut deltas: BTreeMap<(String, Role), ProcDelta> = BTreeMap::new();
+        let mut memory: BTreeMap<(String, Role), (u64, u64)> = BTreeMap::new();
         // The longest wait for data in progress per (job, role).
-        let mut open_waits: BTreeMap<(String, String), u64> = BTreeMap::new();
+        let mut open_waits: BTreeMap<(String, Role), u64> = BTreeMap::new();
         let mut seen = HashMap::new();
         for n in m.tree.iter() {
-            let Some(l) = self.labels(n.pid) else { continue };
+            let Some(key) = self.job_and_role(n.pid) else { continue };
             let Some(p) = m.procs.get(&n.pid) else { continue };
-            let key = (l.training_job, l.role);
             let now = Totals::of(p, m.offcpu.data_wait(n.pid).ns, m.gpu_waits.returned_ns(n.pid));
             let id = (n.pid, n.started_ns);
             let prev = self.last_totals.get(&id).copied().unwrap_or_default();
@@ -310,20 +311,16 @@ impl Daemon {
         self.last_totals = seen;
         for ((job, role), d) in deltas {
             if d != ProcDelta::default() {
-                self.metrics.add(&JobRole { training_job: job, role }, d);
+                self.metrics.add(&JobRole::new(job, role), d);
             }
         }
         for ((job, role), ns) in open_waits {
-            if ns > 0 || role == "trainer" || role == "rank" {
-                self.metrics.set_open_data_wait(&JobRole { training_job: job, role }, ns);
+            if ns > 0 || role.is_main() {
+                self.metrics.set_open_data_wait(&JobRole::new(job, role), ns);
             }
         }
         for ((job, role), (res, swap)) in &memory {
-            self.metrics.set_memory(
-                &JobRole { training_job: job.clone(), role: role.clone() },
-                *res,
-                *swap,
-            );
+            self.metrics.set_memory(&JobRole::new(job.clone(), *role), *res, *swap);
         }
         for g in &m.gpu.latest {
             if let Some(u) = g.util_gpu_pct {

@@ -49,6 +49,24 @@ pub enum Role {
     Other,
 }
 
+impl Role {
+    /// Its name in every output (JSON, text, labels): the same as its serde name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Trainer => "trainer",
+            Role::Rank => "rank",
+            Role::DataloaderWorker => "dataloader_worker",
+            Role::Forkserver => "forkserver",
+            Role::Other => "other",
+        }
+    }
+
+    /// The process a trainer's or rank's waits are accounted for: one that consumes batches.
+    pub fn is_main(self) -> bool {
+        matches!(self, Role::Trainer | Role::Rank)
+    }
+}
+
 /// What a thread is to its process, for the threads PyTorch names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
 #[serde(rename_all = "snake_case")]

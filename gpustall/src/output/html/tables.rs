@@ -18,9 +18,8 @@ pub fn kept_waiting(o: &mut String, summary: &Summary) {
     }
     let ms = |ns: u64| ns as f64 / 1e6;
     let role = |p: &crate::output::summary::ProcessSummary| {
-        let r = serde_json::to_value(p.role).ok().and_then(|v| v.as_str().map(String::from));
-        let r = r.unwrap_or_default();
-        p.worker_index.map_or(r.clone(), |i| format!("{r} {i}"))
+        let r = p.role.as_str();
+        p.worker_index.map_or(r.to_string(), |i| format!("{r} {i}"))
     };
     o.push_str("<h2>Who kept the trainer waiting</h2><table><tr><th>pid</th><th>comm</th><th>role</th><th>waited for data ms</th><th>waits</th><th>% of the trace</th><th>blocked in (syscall: ms, of it ended by the job)</th></tr>");
     for p in &waiters {
@@ -91,19 +90,16 @@ pub fn processes(o: &mut String, summary: &Summary) {
             (_, _, Some(c)) => c.to_string(),
             _ => "?".into(),
         };
-        let role = serde_json::to_value(p.role)
-            .ok()
-            .and_then(|v| v.as_str().map(String::from))
-            .unwrap_or_default();
+        let role = p.role.as_str();
         let _ = write!(
             o,
             "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.0}</td><td>{:.1}</td><td>{}</td><td>{:.1}</td><td>{:.1}</td><td>{}</td></tr>",
             p.pid,
             p.ppid,
             esc(&p.comm),
-            esc(&role),
+            esc(role),
             p.peak_mem_kb.max(p.peak_rss_kb) as f64 / 1024.0,
-            (p.direct_reclaim_ns + p.memcg_reclaim_ns) as f64 / 1e6,
+            (p.reclaim_ns()) as f64 / 1e6,
             p.swapout_pages,
             p.block_read_bytes as f64 / 1048576.0,
             p.block_write_bytes as f64 / 1048576.0,

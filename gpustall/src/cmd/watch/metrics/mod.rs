@@ -48,6 +48,12 @@ pub struct JobRole {
     pub role: String,
 }
 
+impl JobRole {
+    pub fn new(training_job: String, role: crate::model::proctree::Role) -> Self {
+        Self { training_job, role: role.as_str().to_string() }
+    }
+}
+
 /// Labels of a job's info series (value 1): which job it is in its cluster, to join its other
 /// series on (`* on (training_job) group_left(namespace, pod) gpustall_job_info`). One series
 /// per job; a label is empty where nothing said.

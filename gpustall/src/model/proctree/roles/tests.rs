@@ -244,3 +244,11 @@ fn the_walk_up_the_tree_is_bounded_and_survives_pid_reuse() {
     assert_eq!(t.role(last), Role::Other);
     assert_eq!((t.role(1000), t.role(1001)), (Role::Rank, Role::DataloaderWorker));
 }
+
+#[test]
+fn a_roles_name_is_its_serde_name() {
+    for r in [Role::Trainer, Role::Rank, Role::DataloaderWorker, Role::Forkserver, Role::Other] {
+        assert_eq!(serde_json::to_value(r).unwrap(), r.as_str(), "{r:?}");
+    }
+    assert!(Role::Trainer.is_main() && Role::Rank.is_main() && !Role::DataloaderWorker.is_main());
+}
