@@ -7,7 +7,7 @@ use crate::model::Model;
 
 /// Totals over the traced tree at one moment.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct Totals {
+pub struct TreeTotals {
     pub read_bytes: u64,
     pub write_bytes: u64,
     pub reclaim_count: u64,
@@ -16,8 +16,8 @@ pub struct Totals {
     pub events: u64,
 }
 
-pub fn totals(m: &Model) -> Totals {
-    let mut t = Totals { events: m.events, ..Default::default() };
+pub fn totals(m: &Model) -> TreeTotals {
+    let mut t = TreeTotals { events: m.events, ..Default::default() };
     for p in m.procs.values() {
         t.read_bytes += p.io_bytes(IoOp::Read, None);
         t.write_bytes += p.io_bytes(IoOp::Write, None);
@@ -32,8 +32,8 @@ pub fn line(
     elapsed_s: f64,
     alive: usize,
     seen: usize,
-    prev: Totals,
-    cur: Totals,
+    prev: TreeTotals,
+    cur: TreeTotals,
     dt_s: f64,
     lost: u64,
 ) -> String {
@@ -290,8 +290,8 @@ mod tests {
 
     #[test]
     fn rates_are_per_second_deltas() {
-        let prev = Totals { write_bytes: 0, swapout_pages: 100, ..Default::default() };
-        let cur = Totals {
+        let prev = TreeTotals { write_bytes: 0, swapout_pages: 100, ..Default::default() };
+        let cur = TreeTotals {
             write_bytes: 2 * 1048576,
             swapout_pages: 300,
             events: 7,

@@ -104,7 +104,7 @@ const WAKE_BLIP_NS: u64 = 1_000;
 
 /// Job-wide cumulative counters, to turn into per-second rates.
 #[derive(Default)]
-struct Totals {
+struct JobTotals {
     /// (pid, dev, op, in reclaim) -> bytes.
     io: BTreeMap<(u32, u32, u32, bool), u64>,
     swapout: BTreeMap<u32, u64>,
@@ -131,7 +131,7 @@ pub fn build(records: impl IntoIterator<Item = Record>) -> Timeline {
 #[derive(Default)]
 pub struct Builder {
     pub t: Timeline,
-    totals: Totals,
+    totals: JobTotals,
 }
 
 impl Builder {
@@ -308,7 +308,7 @@ impl Timeline {
     }
 
     /// A sample: names (seeds) and counter series.
-    fn sample(&mut self, s: &Sample, totals: &mut Totals) {
+    fn sample(&mut self, s: &Sample, totals: &mut JobTotals) {
         let ts = s.t_ns();
         match s {
             Sample::Seed { pid, comm, .. } => {
@@ -364,7 +364,7 @@ pub fn gpu_pid(index: u32) -> u32 {
     0x4000_0000 + index
 }
 
-impl Totals {
+impl JobTotals {
     fn add(&mut self, c: &CountersSample, t: &mut Timeline) {
         let ts = c.t_ns;
         for r in &c.io {

@@ -139,7 +139,7 @@ struct Job {
 
 /// A process's cumulative figures, to turn into metric increments.
 #[derive(Clone, Copy, Default, PartialEq)]
-struct Totals {
+struct ProcTotals {
     stall_ns: u64,
     stalls: u64,
     swapout: u64,
@@ -152,7 +152,7 @@ struct Totals {
     gpu_wait_ns: u64,
 }
 
-impl Totals {
+impl ProcTotals {
     fn of(p: &crate::model::stats::ProcStats, data_wait_ns: u64, gpu_wait_ns: u64) -> Self {
         let c = &p.counters;
         Self {
@@ -178,7 +178,7 @@ struct Daemon {
     /// Each process's figures at the last metrics update, keyed by pid and start (a reused pid
     /// is another process). Increments are taken per process, so a process leaving the model
     /// (pruned, folded) never makes a counter step back, and one counted once is never again.
-    last_totals: HashMap<(u32, u64), Totals>,
+    last_totals: HashMap<(u32, u64), ProcTotals>,
     storms: crate::pipeline::incident::Storms,
     pending: Option<(Incident, Instant)>,
     /// Incidents folded into the pending bundle and not said one by one (8,000 SIGKILLs of
@@ -284,7 +284,8 @@ impl Daemon {
         for n in m.tree.iter() {
             let Some(key) = self.job_and_role(n.pid) else { continue };
             let Some(p) = m.procs.get(&n.pid) else { continue };
-            let now = Totals::of(p, m.offcpu.data_wait(n.pid).ns, m.gpu_waits.returned_ns(n.pid));
+            let now =
+                ProcTotals::of(p, m.offcpu.data_wait(n.pid).ns, m.gpu_waits.returned_ns(n.pid));
             let id = (n.pid, n.started_ns);
             let prev = self.last_totals.get(&id).copied().unwrap_or_default();
             seen.insert(id, now);

@@ -79,7 +79,7 @@ impl TimeSplit {
 /// `p`'s CPU time that was its own work: its CPU time over its life, less what its threads
 /// spent on a CPU inside the driver's synchronising calls (spinning for the GPU).
 pub fn own_cpu_ns(p: &ProcFacts) -> u64 {
-    let cpu = super::pipeline::Split::of(p).cpu_ns;
+    let cpu = super::input::Split::of(p).cpu_ns;
     let spun = p.gpu_wait.as_ref().and_then(|g| g.on_cpu_ns).unwrap_or(0);
     cpu.saturating_sub(spun)
 }

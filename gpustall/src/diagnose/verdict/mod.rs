@@ -18,7 +18,7 @@
 //!   (no CPU, no I/O), none of them stopped or in D state;
 //! - `cpu_quota_throttled`, `busy_host`, `network_bound`, `cpu_bound_pipeline`, `trainer_bound`:
 //!   the trainer starved for data (or the GPU for the trainer) for a reason other than memory
-//!   (`pipeline.rs`);
+//!   (`input.rs`);
 //! - `gpu_bound`: the trainer waited for the GPU (inside the CUDA driver's synchronising calls)
 //!   most of its time and for data little: the input pipeline keeps up (`gpuwait.rs`);
 //! - `none_detected`: nothing measured explains a stall.
@@ -27,8 +27,8 @@ mod advice;
 mod datawait;
 mod evidence;
 mod gpuwait;
+mod input;
 mod kernlog;
-mod pipeline;
 mod rules;
 mod stacks;
 
@@ -191,13 +191,13 @@ const RULES: &[(Cause, Rule)] = &[
     (Cause::GpuThrottling, rules::gpu_throttling),
     (Cause::IoThrottled, rules::io_throttled),
     (Cause::DiskIoBound, rules::disk_io_bound),
-    (Cause::StragglerWorker, pipeline::straggler_worker),
-    (Cause::CpuQuotaThrottled, pipeline::cpu_quota_throttled),
-    (Cause::BusyHost, pipeline::busy_host),
-    (Cause::NetworkBound, pipeline::network_bound),
-    (Cause::CpuBoundPipeline, pipeline::cpu_bound_pipeline),
+    (Cause::StragglerWorker, input::straggler_worker),
+    (Cause::CpuQuotaThrottled, input::cpu_quota_throttled),
+    (Cause::BusyHost, input::busy_host),
+    (Cause::NetworkBound, input::network_bound),
+    (Cause::CpuBoundPipeline, input::cpu_bound_pipeline),
     (Cause::GpuBound, gpuwait::gpu_bound),
-    (Cause::TrainerBound, pipeline::trainer_bound),
+    (Cause::TrainerBound, input::trainer_bound),
     (Cause::Deadlock, rules::deadlock),
 ];
 

@@ -118,7 +118,7 @@ struct XidLabel {
 /// Labels of the incident counter: what happened, and to which job (empty when to none: a
 /// GPU stall no process is named for).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct IncidentKind {
+struct IncidentLabels {
     kind: String,
     training_job: String,
 }
@@ -213,7 +213,7 @@ impl JobFamilies {
 
 /// The last cumulative totals passed in, to turn them into counter increments.
 #[derive(Default)]
-struct Totals {
+struct LastTotals {
     lost_events: std::collections::HashMap<String, u64>,
     agent_cpu_seconds: f64,
     flight_recorder_dropped: u64,
@@ -235,7 +235,7 @@ pub struct Metrics {
     lost_events: Family<LostReason, Counter>,
     watched_jobs: ByteGauge,
     watched_processes: ByteGauge,
-    incidents: Family<IncidentKind, Counter>,
+    incidents: Family<IncidentLabels, Counter>,
     agent_cpu_seconds: SecondsCounter,
     agent_resident_bytes: ByteGauge,
     agent_bpf_map_bytes: ByteGauge,
@@ -243,7 +243,7 @@ pub struct Metrics {
     flight_recorder_bytes: ByteGauge,
     flight_recorder_dropped: Counter,
     otlp_failures: Family<SignalLabel, Counter>,
-    totals: Mutex<Totals>,
+    totals: Mutex<LastTotals>,
     cgroups: cgroup::CgroupFamilies,
     job_info: Family<JobInfo, Gauge>,
     /// Each job's info labels now, to remove the old series when they change.
@@ -372,7 +372,7 @@ impl Metrics {
             flight_recorder_bytes: ByteGauge::default(),
             flight_recorder_dropped: Counter::default(),
             otlp_failures: Family::default(),
-            totals: Mutex::new(Totals::default()),
+            totals: Mutex::new(LastTotals::default()),
             cgroups: cgroup::CgroupFamilies::default(),
             job_info: Family::default(),
             job_info_now: Mutex::new(std::collections::HashMap::new()),
@@ -599,7 +599,7 @@ impl Metrics {
     }
 
     pub fn incident(&self, kind: &str, job: &str) {
-        let labels = IncidentKind { kind: kind.to_string(), training_job: job.to_string() };
+        let labels = IncidentLabels { kind: kind.to_string(), training_job: job.to_string() };
         self.incidents.get_or_create(&labels).inc();
     }
 
@@ -668,7 +668,7 @@ impl Metrics {
     pub fn forget_job(&self, job: &str) {
         self.cgroups.forget(job);
         for kind in crate::model::incident::IncidentKind::ALL {
-            let labels = IncidentKind { kind: kind.as_str().into(), training_job: job.into() };
+            let labels = IncidentLabels { kind: kind.as_str().into(), training_job: job.into() };
             self.incidents.remove(&labels);
         }
         if let Some(info) = lock(&self.job_info_now).remove(job) {
