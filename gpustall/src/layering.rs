@@ -154,3 +154,35 @@ fn each_figure_and_name_is_derived_in_its_one_place() {
     }
     assert!(found.is_empty(), "derived again by hand:\n{}", found.join("\n"));
 }
+
+/// Every module of a stage (a file or folder directly in it) is named in its row of
+/// docs/ARCHITECTURE.md's table: the map a newcomer reads first has no gaps.
+#[test]
+fn every_module_is_on_the_architecture_map() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let doc = std::fs::read_to_string(root.join("../docs/ARCHITECTURE.md")).expect("the map");
+    let mut missing = Vec::new();
+    for stage in STAGES {
+        let row_start = format!("| `{stage}/` |");
+        let row = doc.lines().find(|l| l.starts_with(&row_start)).unwrap_or_default();
+        let named: Vec<&str> = row.split('`').skip(1).step_by(2).collect();
+        for e in std::fs::read_dir(root.join("src").join(stage)).expect("stage").flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let module = name.strip_suffix(".rs").unwrap_or(&name).to_string();
+            if matches!(module.as_str(), "mod" | "tests" | "testdata") || module.ends_with("_tests")
+            {
+                continue;
+            }
+            let on_map = named.iter().any(|n| {
+                let n = n.trim_end_matches('/').trim_end_matches(".rs");
+                n == module
+                    || n.starts_with(&format!("{module}/"))
+                    || n.starts_with(&format!("{module}::"))
+            });
+            if !on_map {
+                missing.push(format!("{stage}/{module}"));
+            }
+        }
+    }
+    assert!(missing.is_empty(), "not on docs/ARCHITECTURE.md's map: {missing:?}");
+}
