@@ -239,32 +239,11 @@ pub fn links(f: &Facts, chain: &mut Chain) {
             ),
             _ => String::new(),
         };
-        chain.push(
-            p.started_ns.max(f.start_ns),
-            format!(
-                "{}: {} waited for data {:.2} s ({:.0} % of its time, {count} waits ended by other processes of the job{pin}{}{unended}{})",
-                at(f, p.started_ns.max(f.start_ns)),
-                name(p),
-                wait as f64 / 1e9,
-                share * 100.0,
-                data_classes(&o),
-                still_waiting(f, p)
-            ),
-        );
+        chain.at(f, p.started_ns.max(f.start_ns), format!("{} waited for data {:.2} s ({:.0} % of its time, {count} waits ended by other processes of the job{pin}{}{unended}{})", name(p), wait as f64 / 1e9, share * 100.0, data_classes(&o), still_waiting(f, p)));
         super::stacks::wait_link(f, p, chain);
     }
     for (p, d, share) in driver_waiters(f) {
-        chain.push(
-            p.started_ns.max(f.start_ns),
-            format!(
-                "{}: {} waited in a device driver (ioctl) {:.2} s ({:.0} % of its time, {} waits, never a wait for data, even when a process of the job ended it): the GPU (a blocking synchronize) or another device, not the input pipeline",
-                at(f, p.started_ns.max(f.start_ns)),
-                name(p),
-                d.ns as f64 / 1e9,
-                share * 100.0,
-                d.count
-            ),
-        );
+        chain.at(f, p.started_ns.max(f.start_ns), format!("{} waited in a device driver (ioctl) {:.2} s ({:.0} % of its time, {} waits, never a wait for data, even when a process of the job ended it): the GPU (a blocking synchronize) or another device, not the input pipeline", name(p), d.ns as f64 / 1e9, share * 100.0, d.count));
     }
     if !mostly_data(f) {
         return; // the waits others ended were mostly a driver's: no one kept it waiting for data
@@ -281,11 +260,11 @@ pub fn links(f: &Facts, chain: &mut Chain) {
             .kept_waiting_p99_ns
             .map(|v| format!(", p99 {:.1} ms", v as f64 / 1e6))
             .unwrap_or_default();
-        chain.push(
+        chain.at(
+            f,
             k.started_ns.max(f.start_ns),
             format!(
-                "{}: {} kept the trainer waiting {:.2} s ({} waits{p99}){}{}",
-                at(f, k.started_ns.max(f.start_ns)),
+                "{} kept the trainer waiting {:.2} s ({} waits{p99}){}{}",
                 name(k),
                 kept as f64 / 1e9,
                 o.kept_waiting_count,

@@ -40,6 +40,11 @@ impl Chain {
     pub fn push(&mut self, t: u64, s: String) {
         self.0.push((t, s));
     }
+
+    /// A link at `t`, said with its time in the trace: "+12.3s: {text}".
+    pub fn at(&mut self, f: &Facts, t: u64, text: impl std::fmt::Display) {
+        self.0.push((t, format!("{}: {text}", at(f, t))));
+    }
     pub fn done(mut self) -> Vec<String> {
         self.0.sort_by_key(|(t, _)| *t);
         self.0.into_iter().map(|(_, s)| s).collect()
@@ -110,15 +115,7 @@ fn psi_link(scope: &str, p: &crate::model::host::PsiDelta) -> String {
 fn growth_link(f: &Facts, p: &ProcFacts, chain: &mut Chain) {
     if p.first_mem_ns == p.peak_mem_ns && p.oom_killed {
         // Never sampled before its kill: its only figure is the OOM killer's.
-        chain.push(
-            p.peak_mem_ns,
-            format!(
-                "{}: {} held {} when it was killed (the OOM killer's figure; it grew faster than the 1 s samples)",
-                at(f, p.peak_mem_ns),
-                name(p),
-                mib_kb(p.peak_mem_kb)
-            ),
-        );
+        chain.at(f, p.peak_mem_ns, format!("{} held {} when it was killed (the OOM killer's figure; it grew faster than the 1 s samples)", name(p), mib_kb(p.peak_mem_kb)));
         return;
     }
     chain.push(
@@ -167,20 +164,10 @@ pub fn memory_chain(f: &Facts, chain: &mut Chain) {
     if let Some(first) = stalled.iter().filter_map(|p| p.first_reclaim_ns).min() {
         let total_ns: u64 = stalled.iter().map(|p| p.reclaim_ns).sum();
         let count: u64 = stalled.iter().map(|p| p.reclaim_count).sum();
-        chain.push(
-            first,
-            format!(
-                "{}: reclaim began; {} stalled a combined {:.2} s in {} reclaim episodes ({:.0}% of their time over the trace)",
-                at(f, first),
-                match stalled.len() {
+        chain.at(f, first, format!("reclaim began; {} stalled a combined {:.2} s in {} reclaim episodes ({:.0}% of their time over the trace)", match stalled.len() {
                     1 => "1 traced process".to_string(),
                     n => format!("{n} traced processes"),
-                },
-                total_ns as f64 / 1e9,
-                count,
-                100.0 * total_ns as f64 / (f.end_ns.saturating_sub(f.start_ns).max(1) as f64 * stalled.len() as f64)
-            ),
-        );
+                }, total_ns as f64 / 1e9, count, 100.0 * total_ns as f64 / (f.end_ns.saturating_sub(f.start_ns).max(1) as f64 * stalled.len() as f64)));
     }
     let swap: u64 = f.procs.iter().map(|p| p.swapout_pages).sum();
     let rio: u64 = f.procs.iter().map(|p| p.reclaim_io_bytes).sum();
@@ -226,11 +213,11 @@ pub fn stall_links(f: &Facts, chain: &mut Chain) {
         } else {
             format!(", throttled: {}", s.throttle_reasons.join(", "))
         };
-        chain.push(
+        chain.at(
+            f,
             s.start_ns,
             format!(
-                "{}: GPU {} idle (<= threshold) for {:.1} s{}{}",
-                at(f, s.start_ns),
+                "GPU {} idle (<= threshold) for {:.1} s{}{}",
                 s.gpu_index,
                 s.duration_ns as f64 / 1e9,
                 if s.pids.is_empty() {
@@ -243,11 +230,11 @@ pub fn stall_links(f: &Facts, chain: &mut Chain) {
         );
     }
     if let (Some(tr), Some(t)) = (&f.data_time, f.data_time_rise_ns) {
-        chain.push(
+        chain.at(
+            f,
             t,
             format!(
-                "{}: data_time {} (x{:.1} at the end, max {:.3} s over {} steps)",
-                at(f, t),
+                "data_time {} (x{:.1} at the end, max {:.3} s over {} steps)",
                 crate::model::steps::rise_words(tr),
                 tr.ratio,
                 tr.max_s,

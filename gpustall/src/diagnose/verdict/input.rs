@@ -18,7 +18,7 @@
 
 use super::{
     datawait::{waiters, DATA_WAIT_SHARE},
-    evidence::{at, gpu_clause, mib_kb, name, workers_n, Chain},
+    evidence::{gpu_clause, mib_kb, name, workers_n, Chain},
     rules::Ctx,
     Cause, Verdict,
 };
@@ -147,26 +147,15 @@ fn secs(ns: u64) -> f64 {
 fn split_link(f: &Facts, p: &ProcFacts, chain: &mut Chain) {
     let s = Split::of(p);
     let t = p.started_ns.max(f.start_ns);
-    chain.push(
+    chain.at(
+        f,
         t,
-        format!(
-            "{}: {} was on CPU {:.2} s of its {:.2} s ({:.0} %), waited for a CPU {:.2} s ({:.0} %), blocked on events {:.2} s and on I/O {:.2} s{}",
-            at(f, t),
-            name(p),
-            secs(s.cpu_ns),
-            secs(s.life_ns),
-            100.0 * s.share(s.cpu_ns),
-            secs(s.runq_ns),
-            100.0 * s.share(s.runq_ns),
-            secs(s.wait_ns),
-            secs(s.io_ns),
-            // A worker's queue feeder thread sits blocked all its life beside the main thread.
+        format!("{} was on CPU {:.2} s of its {:.2} s ({:.0} %), waited for a CPU {:.2} s ({:.0} %), blocked on events {:.2} s and on I/O {:.2} s{}", name(p), secs(s.cpu_ns), secs(s.life_ns), 100.0 * s.share(s.cpu_ns), secs(s.runq_ns), 100.0 * s.share(s.runq_ns), secs(s.wait_ns), secs(s.io_ns), // A worker's queue feeder thread sits blocked all its life beside the main thread.
             if s.cpu_ns + s.runq_ns + s.wait_ns + s.io_ns > s.life_ns + s.life_ns / 20 {
                 " (off-CPU times summed over its threads)"
             } else {
                 ""
-            }
-        ),
+            }),
     );
 }
 

@@ -70,10 +70,7 @@ pub fn links(f: &Facts, cited: &[u64], chain: &mut Chain) {
         );
     }
     for x in &f.gpu_xids {
-        chain.push(
-            x.t_ns,
-            format!("{}: NVML: GPU {} ({}) raised Xid {}", at(f, x.t_ns), x.index, x.uuid, x.xid),
-        );
+        chain.at(f, x.t_ns, format!("NVML: GPU {} ({}) raised Xid {}", x.index, x.uuid, x.xid));
     }
     if f.kernel_log_missed > 0 {
         chain.push(

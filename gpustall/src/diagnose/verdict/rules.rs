@@ -136,10 +136,7 @@ pub fn bus_error(c: &Ctx) -> Option<Verdict> {
     };
     let mut chain = c.chain();
     for p in &hit {
-        chain.push(
-            p.exit_ns.unwrap_or(f.end_ns),
-            format!("{}: {} died of SIGBUS", at(f, p.exit_ns.unwrap_or(f.end_ns)), name(p)),
-        );
+        chain.at(f, p.exit_ns.unwrap_or(f.end_ns), format!("{} died of SIGBUS", name(p)));
     }
     if let Some(fs) = shm {
         chain.push(
@@ -282,15 +279,10 @@ pub fn process_killed(c: &Ctx) -> Option<Verdict> {
     }
     for p in &killed {
         if let (Some(k), Some(t)) = (&p.killed_by, p.killed_ns) {
-            chain.push(
+            chain.at(
+                f,
                 t,
-                format!(
-                    "{}: {} was killed by SIGKILL from pid {} ({})",
-                    at(f, t),
-                    name(p),
-                    k.pid,
-                    k.comm
-                ),
+                format!("{} was killed by SIGKILL from pid {} ({})", name(p), k.pid, k.comm),
             );
         }
     }
@@ -418,10 +410,7 @@ pub fn process_hung(c: &Ctx) -> Option<Verdict> {
             let what = if s.state == 'D' { "in uninterruptible sleep (D)" } else { "stopped (T)" };
             let w = if s.wchan.is_empty() { String::new() } else { format!(" in {}", s.wchan) };
             let secs = f.end_ns.saturating_sub(s.since_ns) as f64 / 1e9;
-            chain.push(
-                s.since_ns,
-                format!("{}: {} {what}{w} for {secs:.1} s", at(f, s.since_ns), name(p)),
-            );
+            chain.at(f, s.since_ns, format!("{} {what}{w} for {secs:.1} s", name(p)));
         }
     }
     super::stacks::blocked_links(f, &hung, &mut chain);
@@ -628,10 +617,7 @@ pub fn deadlock(c: &Ctx) -> Option<Verdict> {
     for p in &alive {
         if let Some(s) = p.idle_since_ns {
             let secs = f.end_ns.saturating_sub(s) as f64 / 1e9;
-            chain.push(
-                s,
-                format!("{}: {} used no CPU and did no I/O for {secs:.1} s", at(f, s), name(p)),
-            );
+            chain.at(f, s, format!("{} used no CPU and did no I/O for {secs:.1} s", name(p)));
         }
     }
     super::stacks::blocked_links(f, &alive, &mut chain);
@@ -679,11 +665,11 @@ pub fn stuck_worker(c: &Ctx) -> Option<Verdict> {
     let f = c.f;
     let (main, open, stuck) = stuck_workers(f)?;
     let mut chain = c.chain();
-    chain.push(
+    chain.at(
+        f,
         open.since_ns,
         format!(
-            "{}: {} began waiting for data and was still waiting at the end, {:.1} s later",
-            at(f, open.since_ns),
+            "{} began waiting for data and was still waiting at the end, {:.1} s later",
             name(main),
             open.ns as f64 / 1e9
         ),
@@ -691,14 +677,10 @@ pub fn stuck_worker(c: &Ctx) -> Option<Verdict> {
     let asleep = |p: &ProcFacts| p.asleep.clone().expect("stuck workers are asleep");
     for p in &stuck {
         let a = asleep(p);
-        chain.push(
+        chain.at(
+            f,
             a.since_ns,
-            format!(
-                "{}: {} was last scheduled{}",
-                at(f, a.since_ns),
-                name(p),
-                wchan_clause(&a.wchan)
-            ),
+            format!("{} was last scheduled{}", name(p), wchan_clause(&a.wchan)),
         );
     }
     super::stacks::blocked_links(f, &stuck, &mut chain);

@@ -69,7 +69,7 @@ pub fn blocked_links(f: &Facts, stuck: &[&ProcFacts], chain: &mut Chain) {
     for p in stuck {
         if let Some(b) = blocked_at(f, p) {
             let t = f.py_stacks.get(p.pid).map_or(f.end_ns, |s| s.latest_ns);
-            chain.push(t, format!("{}: {}'s Python stack: {b}", at(f, t), name(p)));
+            chain.at(f, t, format!("{}'s Python stack: {b}", name(p)));
         }
     }
 }
@@ -133,11 +133,11 @@ pub fn unreadable_link(f: &Facts, chain: &mut Chain) {
     }
     for (why, pids) in by_why {
         let shown: Vec<String> = pids.iter().take(5).map(|p| p.to_string()).collect();
-        chain.push(
+        chain.at(
+            f,
             f.end_ns,
             format!(
-                "{}: Python stacks were not read for pid {}{} ({why})",
-                at(f, f.end_ns),
+                "Python stacks were not read for pid {}{} ({why})",
                 shown.join(", "),
                 if pids.len() > 5 {
                     format!(" and {} more", pids.len() - 5)
