@@ -123,6 +123,47 @@ fn accounted(summary: &Value) -> (u64, u64) {
     (of("dataloader_worker", "kept_waiting_ns"), of("trainer", "data_wait_ns"))
 }
 
+/// The programs' figures of one case's runs into its `row`; (sched_switch runs per second,
+/// its ns per run, sched_waking's ns per run, the worker's accounted share) for the table.
+fn program_figures(case: Case, runs: &[Run], row: &mut Value) -> (f64, f64, f64, String) {
+    let summaries: Vec<&Value> = runs.iter().filter_map(|r| r.summary.as_ref()).collect();
+    let (mut switch_ns, mut waking_ns, mut switches) = (0.0, 0.0, 0.0);
+    let mut acc = String::new();
+    if !summaries.is_empty() {
+        for name in PROGRAMS {
+            let per: Vec<(u64, f64)> = summaries.iter().map(|s| program(s, name)).collect();
+            let ns = median(per.iter().map(|p| p.1).collect());
+            let dur: Vec<f64> =
+                summaries.iter().map(|s| s["duration_s"].as_f64().unwrap_or(1.0)).collect();
+            let per_s =
+                median(per.iter().zip(&dur).map(|(p, d)| p.0 as f64 / d.max(1e-3)).collect());
+            row[name] = json!({
+                "runs": per.iter().map(|p| p.0).collect::<Vec<_>>(),
+                "ns_per_run": per.iter().map(|p| p.1).collect::<Vec<_>>(),
+                "median_ns_per_run": ns,
+                "median_runs_per_s": per_s,
+            });
+            if name == "sched_switch" {
+                (switch_ns, switches) = (ns, per_s);
+            } else {
+                waking_ns = ns;
+            }
+        }
+        if case == Case::Inside {
+            let (kept, waited): (Vec<u64>, Vec<u64>) =
+                summaries.iter().map(|s| accounted(s)).unzip();
+            let trips: Vec<u64> = runs.iter().map(|r| r.round_trips).collect();
+            let run_ns: f64 = RUN_MS.parse::<f64>().unwrap_or(1.0) * 1e6;
+            acc = format!("{:.2}", kept[0] as f64 / run_ns);
+            row["accounted_per_ns"] = json!(kept[0] as f64 / run_ns);
+            row["worker_kept_waiting_ns"] = json!(kept);
+            row["trainer_data_wait_ns"] = json!(waited);
+            row["round_trips"] = json!(trips);
+        }
+    }
+    (switches, switch_ns, waking_ns, acc)
+}
+
 pub fn run() -> anyhow::Result<Value> {
     let _stats = BpfStats::enable();
     let cases = [Case::Untraced, Case::Outside, Case::Inside];
@@ -151,41 +192,7 @@ pub fn run() -> anyhow::Result<Value> {
             "median_round_trips_per_s": r,
             "ratio_to_untraced": r / base,
         });
-        let summaries: Vec<&Value> = runs[i].iter().filter_map(|r| r.summary.as_ref()).collect();
-        let (mut switch_ns, mut waking_ns, mut switches) = (0.0, 0.0, 0.0);
-        let mut acc = String::new();
-        if !summaries.is_empty() {
-            for name in PROGRAMS {
-                let per: Vec<(u64, f64)> = summaries.iter().map(|s| program(s, name)).collect();
-                let ns = median(per.iter().map(|p| p.1).collect());
-                let dur: Vec<f64> =
-                    summaries.iter().map(|s| s["duration_s"].as_f64().unwrap_or(1.0)).collect();
-                let per_s =
-                    median(per.iter().zip(&dur).map(|(p, d)| p.0 as f64 / d.max(1e-3)).collect());
-                row[name] = json!({
-                    "runs": per.iter().map(|p| p.0).collect::<Vec<_>>(),
-                    "ns_per_run": per.iter().map(|p| p.1).collect::<Vec<_>>(),
-                    "median_ns_per_run": ns,
-                    "median_runs_per_s": per_s,
-                });
-                if name == "sched_switch" {
-                    (switch_ns, switches) = (ns, per_s);
-                } else {
-                    waking_ns = ns;
-                }
-            }
-            if case == Case::Inside {
-                let (kept, waited): (Vec<u64>, Vec<u64>) =
-                    summaries.iter().map(|s| accounted(s)).unzip();
-                let trips: Vec<u64> = runs[i].iter().map(|r| r.round_trips).collect();
-                let run_ns: f64 = RUN_MS.parse::<f64>().unwrap_or(1.0) * 1e6;
-                acc = format!("{:.2}", kept[0] as f64 / run_ns);
-                row["accounted_per_ns"] = json!(kept[0] as f64 / run_ns);
-                row["worker_kept_waiting_ns"] = json!(kept);
-                row["trainer_data_wait_ns"] = json!(waited);
-                row["round_trips"] = json!(trips);
-            }
-        }
+        let (switches, switch_ns, waking_ns, acc) = program_figures(case, &runs[i], &mut row);
         println!(
             "{:<24} {:>13.0} {:>9.3} {:>12.0} {:>12.0} {:>12.0} {:>12}",
             case.label(),

@@ -458,7 +458,12 @@ pub fn peer(v: &Value) -> String {
             wall(&format!("both (mean of {rounds})"), "wall_both_s"),
         ],
     );
-    let fl = &v["floor"];
+    let (floor, at_floor) = peer_floor(&v["floor"]);
+    format!("{programs}\n{totals}\n{walls}\nThe floor, in the same runs:\n\n{floor}\n{at_floor}")
+}
+
+/// The floor of each tracepoint's programs, in the peer runs, and gpustall's runs at it.
+fn peer_floor(fl: &Value) -> (String, String) {
     let frows: Vec<Vec<String>> = fl["programs"]
         .as_array()
         .into_iter()
@@ -502,7 +507,7 @@ pub fn peer(v: &Value) -> String {
             ],
         ],
     );
-    format!("{programs}\n{totals}\n{walls}\nThe floor, in the same runs:\n\n{floor}\n{at_floor}")
+    (floor, at_floor)
 }
 
 pub fn outside(v: &Value) -> String {
