@@ -328,19 +328,22 @@ pub fn wait_switch_out(
     done
 }
 
-/// A block of the wait in progress ended at `now` (its syscall `class`): by `waker` of
-/// another process of the job (0: by none: a timeout, a sibling thread, an interrupt), or
-/// through `relay_tid` (a thread of the waiter's own process passing on `waker`'s batch).
+/// Who ended a block of a data waiter's wait: `waker`, a process of the job (0: none: a
+/// timeout, a sibling thread, an interrupt), its thread, the waiter's own thread that relayed
+/// the batch (`relay_tid`, 0: none), and another feeder still busy on its next batch then
+/// (`busy_feeder`, 0: none).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Wake {
+    pub waker: u32,
+    pub waker_tid: u32,
+    pub relay_tid: u32,
+    pub busy_feeder: u32,
+}
+
+/// A block of the wait in progress ended at `now` (its syscall `class`), as `by` says.
 #[inline(always)]
-pub fn wait_woken(
-    w: &mut LogicalWait,
-    now: u64,
-    class: u8,
-    waker: u32,
-    waker_tid: u32,
-    relay_tid: u32,
-    busy_feeder: u32,
-) {
+pub fn wait_woken(w: &mut LogicalWait, now: u64, class: u8, by: Wake) {
+    let Wake { waker, waker_tid, relay_tid, busy_feeder } = by;
     if w.start_ns == 0 || w.flags & WAIT_DONE != 0 {
         return;
     }
@@ -690,18 +693,33 @@ mod tests {
         let mut w = LogicalWait::default();
         let _ = wait_switch_out(&mut w, None, T0, state::WAIT, READ);
         // Worker 6's batch ended the wait while worker 5 was busy on its next one.
-        wait_woken(&mut w, T0 + 90 * MS, READ, 6, 60, 0, 5);
+        wait_woken(
+            &mut w,
+            T0 + 90 * MS,
+            READ,
+            Wake { waker: 6, waker_tid: 60, busy_feeder: 5, ..Wake::default() },
+        );
         let f = wait_finish(&mut w).unwrap();
         assert_eq!((f.waker, f.co_waker), (6, 5));
         // A batch of 7 put aside in the last quarter shares it instead.
         let _ = wait_switch_out(&mut w, None, T0, state::WAIT, READ);
-        wait_woken(&mut w, T0 + 80 * MS, READ, 7, 70, 0, 0);
+        wait_woken(&mut w, T0 + 80 * MS, READ, Wake { waker: 7, waker_tid: 70, ..Wake::default() });
         let _ = wait_switch_out(&mut w, Some(T0 + 80 * MS), T0 + 80 * MS, state::WAIT, READ);
-        wait_woken(&mut w, T0 + 90 * MS, READ, 6, 60, 0, 5);
+        wait_woken(
+            &mut w,
+            T0 + 90 * MS,
+            READ,
+            Wake { waker: 6, waker_tid: 60, busy_feeder: 5, ..Wake::default() },
+        );
         assert_eq!(wait_finish(&mut w).map(|f| f.co_waker), Some(7));
         // The waker itself, or no busy feeder: nobody shares.
         let _ = wait_switch_out(&mut w, None, T0, state::WAIT, READ);
-        wait_woken(&mut w, T0 + 90 * MS, READ, 6, 60, 0, 6);
+        wait_woken(
+            &mut w,
+            T0 + 90 * MS,
+            READ,
+            Wake { waker: 6, waker_tid: 60, busy_feeder: 6, ..Wake::default() },
+        );
         assert_eq!(wait_finish(&mut w).map(|f| f.co_waker), Some(0));
         assert!(busy_feeder(state::ON_CPU) && busy_feeder(state::RUNQ) && busy_feeder(state::IO));
         assert!(!busy_feeder(state::WAIT), "waiting for an index: idle");
@@ -753,7 +771,12 @@ mod tests {
         let mut on_since = None;
         for &(out_at, class, woken_at, waker, relay, _) in blocks {
             out.extend(wait_switch_out(w, on_since, T0 + out_at, state::WAIT, class));
-            wait_woken(w, T0 + woken_at, class, waker, waker + 1, relay, 0);
+            wait_woken(
+                w,
+                T0 + woken_at,
+                class,
+                Wake { waker, waker_tid: waker + 1, relay_tid: relay, ..Wake::default() },
+            );
             on_since = Some(T0 + woken_at);
         }
         out
@@ -855,7 +878,7 @@ mod tests {
         wait_tail(&mut w, 3 * MS);
         let _ =
             wait_switch_out(&mut w, Some(T0 + 23 * MS), T0 + 23 * MS + 100_000, state::WAIT, READ);
-        wait_woken(&mut w, T0 + 90 * MS, READ, 9, 90, 0, 0);
+        wait_woken(&mut w, T0 + 90 * MS, READ, Wake { waker: 9, waker_tid: 90, ..Wake::default() });
         assert_eq!(wait_finish(&mut w).map(|f| (f.ns(), f.waker)), Some((90 * MS, 9)));
     }
 
@@ -975,7 +998,7 @@ mod tests {
         )
         .is_none());
         assert_eq!(w.slices, 2, "one wait, two blocks");
-        wait_woken(&mut w, T0 + 40 * MS, READ, 7, 70, 0, 0);
+        wait_woken(&mut w, T0 + 40 * MS, READ, Wake { waker: 7, waker_tid: 70, ..Wake::default() });
         let f = wait_finish(&mut w).expect("a wait");
         assert_eq!((f.ns(), f.waker_tid), (40 * MS, 70));
     }

@@ -23,8 +23,8 @@ use gpustall_common::{
         busy_feeder, classify, consumer_wait, on_switch_in, on_waking, relay_charge, report_state,
         state, wait_finish, wait_reclaimed, wait_switch_out, wait_tail, wait_woken, wake_bucket,
         wrapping_us, Feeders, FinishedWait, LogicalWait, OffCpuCounters, OffCpuThread,
-        SchedOffsets, StackLayout, WakeCounters, WakeKey, WakeOutcome, ACCOUNT, ACCOUNT_WAITS,
-        FEEDER_SLOTS, LONG_WAIT_NS, OFFCPU_PROCESSES, WAKE_BUCKETS,
+        SchedOffsets, StackLayout, Wake, WakeCounters, WakeKey, WakeOutcome, ACCOUNT,
+        ACCOUNT_WAITS, FEEDER_SLOTS, LONG_WAIT_NS, OFFCPU_PROCESSES, WAKE_BUCKETS,
     },
     syscall::{x86_64_class, SyscallWaits, WaitClass, WAIT_CLASSES},
     task::UNKNOWN as TASK_UNKNOWN,
@@ -405,7 +405,8 @@ fn on_waking_of(wakee: u32, interrupted: impl FnOnce() -> bool) -> u32 {
     add_syscall_wait(t.tgid, t.wait_class, ns);
     let busy = if job != 0 && wakee == t.tgid { busy_feeder_of(t.tgid, job, now) } else { 0 };
     let mut w = t.wait;
-    wait_woken(&mut w, now, t.wait_class, job, job_tid, relay, busy);
+    let by = Wake { waker: job, waker_tid: job_tid, relay_tid: relay, busy_feeder: busy };
+    wait_woken(&mut w, now, t.wait_class, by);
     // SAFETY: as above; only this thread's own switch-out and wakeups write its wait, and a
     // thread is woken once per block.
     unsafe { (*p).wait = w };
