@@ -252,7 +252,7 @@ fn process_table(o: &mut String, s: &Summary) {
             mib(p.block_write_bytes),
             mib(p.reclaim_io_bytes),
             p.reclaim_count(),
-            (p.reclaim_ns()) as f64 / 1e6,
+            p.reclaim_ns() as f64 / 1e6,
             p.swapout_pages,
             p.peak_mem_kb.max(p.peak_rss_kb) as f64 / 1024.0,
             exit

@@ -99,7 +99,7 @@ pub fn processes(o: &mut String, summary: &Summary) {
             esc(&p.comm),
             esc(role),
             p.peak_mem_kb.max(p.peak_rss_kb) as f64 / 1024.0,
-            (p.reclaim_ns()) as f64 / 1e6,
+            p.reclaim_ns() as f64 / 1e6,
             p.swapout_pages,
             p.block_read_bytes as f64 / 1048576.0,
             p.block_write_bytes as f64 / 1048576.0,
