@@ -3,6 +3,8 @@
 //! workers read 4 MiB samples with O_DIRECT from a loop device limited to 8 MiB/s. The throttle
 //! holds their bios and issues them from a kernel thread, so the block layer's requests are no
 //! process's: the verdict names the limit, and each worker is credited with what it read.
+//! The job runs 9 s, so the agent's second reading of the limits (10 s after its first) comes
+//! about when the job exits: it once replaced the limits with the root cgroup's none.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -67,7 +69,7 @@ fn reads_held_by_a_cgroup_io_limit_are_named_with_the_limit_and_credited_to_thei
         "--workers",
         "2",
         "--seconds",
-        "8",
+        "9",
         "--wait-go",
     ];
     let mut w = Workload::start(Path::new("python3"), &args, None);

@@ -199,12 +199,25 @@ impl JobReader {
 
     /// The block I/O limits on the job's cgroup, read at the first sample and then every
     /// [`IO_LIMITS_EVERY_NS`] (they are set by whoever starts the job, and rarely change).
-    fn io_limits(&mut self, now_ns: u64) -> Option<Vec<crate::model::host::IoLimit>> {
+    /// Read through a live process of the job, the stand-in first: an exiting one shows the
+    /// root cgroup, which has no limits, and a gone one none at all. `None` (the last
+    /// reading stands) where no process of the job answered.
+    fn io_limits(
+        &mut self,
+        alive: &[u32],
+        now_ns: u64,
+    ) -> Option<Vec<crate::model::host::IoLimit>> {
         if self.io_read_ns.is_some_and(|t| now_ns.saturating_sub(t) < IO_LIMITS_EVERY_NS) {
             return None;
         }
+        // Checked after the read, so an exit between the two cannot pass for a move.
+        let limits =
+            std::iter::once(self.stand_in).chain(alive.iter().copied()).find_map(|pid| {
+                let limits = cgroup::io::read_io_limits(pid)?;
+                (!crate::sources::procfs::is_ending(pid)).then_some(limits)
+            })?;
         self.io_read_ns = Some(now_ns);
-        Some(cgroup::io::read_io_limits(self.stand_in))
+        Some(limits)
     }
 
     /// The job's memory cgroup now.
@@ -308,7 +321,7 @@ impl ContextReader {
                 })
                 .collect(),
             cpu: self.cpu.as_mut().map(|c| c.read(alive)),
-            io_limits: self.target.as_mut().and_then(|j| j.io_limits(t_ns)),
+            io_limits: self.target.as_mut().and_then(|j| j.io_limits(alive, t_ns)),
         }
     }
 }

@@ -742,9 +742,15 @@ pub fn none_detected(c: &Ctx) -> Verdict {
         "No memory pressure, OOM kill, hung process{} or GPU throttling in the traced tree{}{}.",
         if most_io.is_some() { "" } else { ", disk wait" },
         most_io.map_or(String::new(), |(p, share)| format!(
-            "; {} was blocked on I/O {:.0} % of its time, short of the half that makes a disk-bound pipeline",
+            "; {} was blocked on I/O {:.0} % of its time, {}",
             name(p),
-            100.0 * share
+            100.0 * share,
+            // Half or more with no verdict: the job's block requests were not seen.
+            if share < IO_WAIT_FRACTION {
+                "short of the half that makes a disk-bound pipeline"
+            } else {
+                "yet no block I/O of the job's was counted (a network filesystem's reads, or bios a cgroup I/O limit issued from a kernel thread, are no process's)"
+            }
         )),
         gpu_clause(c.f)
     );

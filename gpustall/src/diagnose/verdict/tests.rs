@@ -691,4 +691,10 @@ fn nothing_found_names_a_process_that_waited_on_io_but_not_a_short_helper() {
     let v = decide(&f);
     assert!(!v.text.contains("disk wait"), "{}", v.text);
     assert!(v.text.contains("(pid 10) was blocked on I/O 20 % of its time"), "{}", v.text);
+    assert!(v.text.contains("short of the half"), "{}", v.text);
+    // 90 % with no block request of its own counted (NFS, a throttle unknown): not "short".
+    f.procs[0].io_wait_ns = 54 * S;
+    let v = decide(&f);
+    assert_eq!(v.cause.as_str(), "none_detected");
+    assert!(v.text.contains("90 % of its time, yet no block I/O of the job's"), "{}", v.text);
 }

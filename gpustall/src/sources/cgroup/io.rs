@@ -11,26 +11,31 @@ use crate::sources::cpu::{controller_mounts, controller_paths};
 use crate::sources::host::read_text;
 
 /// The limits set on `pid`'s block I/O cgroup or any ancestor, nearest first; none where no
-/// limit is set or the controller is absent.
-pub fn read_io_limits(pid: u32) -> Vec<IoLimit> {
-    let Some((dir, path, version, mount_point)) = find_io_cgroup(pid) else { return Vec::new() };
+/// limit is set or the controller is absent. `None` where `pid` is gone (its cgroup unread).
+pub fn read_io_limits(pid: u32) -> Option<Vec<IoLimit>> {
+    let cgroup = read_text(Path::new(&format!("/proc/{pid}/cgroup")))?;
+    let Some((dir, path, version, mount_point)) = find_io_cgroup(&cgroup) else {
+        return Some(Vec::new());
+    };
     let names = mounts::lexical(&path).names;
     let dirs: Vec<PathBuf> =
         std::iter::once(dir.clone()).chain(mounts::ancestors(&dir, &mount_point)).collect();
-    dirs.iter()
+    let limits = dirs
+        .iter()
         .enumerate()
         .flat_map(|(up, d)| {
             let path = format!("/{}", names[..names.len().saturating_sub(up)].join("/"));
             read_level(d, &path, version)
         })
         .map(|l| IoLimit { device: device_name(&l.dev), ..l })
-        .collect()
+        .collect();
+    Some(limits)
 }
 
-fn find_io_cgroup(pid: u32) -> Option<(PathBuf, String, u8, PathBuf)> {
+/// The block I/O cgroup of a process whose /proc/PID/cgroup reads `cgroup`.
+fn find_io_cgroup(cgroup: &str) -> Option<(PathBuf, String, u8, PathBuf)> {
     let mountinfo = read_text(Path::new("/proc/self/mountinfo"))?;
-    let cgroup = read_text(Path::new(&format!("/proc/{pid}/cgroup")))?;
-    let (v1, v2) = controller_paths(&cgroup, "blkio");
+    let (v1, v2) = controller_paths(cgroup, "blkio");
     for (version, seen, ctrl) in [(1u8, v1, "blkio"), (2, v2, "io")] {
         let Some(seen) = seen else { continue };
         for m in controller_mounts(&mountinfo, ctrl).iter().filter(|m| m.version == version) {
@@ -135,5 +140,16 @@ mod tests {
             (v2[0].dev.as_str(), v2[0].rbps, v2[0].wbps, v2[0].wiops),
             ("7:3", Some(8388608), None, Some(200))
         );
+    }
+
+    /// A gone process answers nothing, so a reading taken after the job exited cannot replace
+    /// the limits read while it ran with "none" (the race that made io_throttle flaky).
+    #[test]
+    fn a_gone_process_has_no_reading_and_a_live_one_has_one() {
+        let mut child = std::process::Command::new("true").spawn().expect("true");
+        let pid = child.id();
+        child.wait().expect("reaped");
+        assert_eq!(read_io_limits(pid), None);
+        assert!(read_io_limits(std::process::id()).is_some());
     }
 }
