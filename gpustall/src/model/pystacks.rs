@@ -36,7 +36,8 @@ pub struct StackCount {
     #[serde(default, skip_serializing_if = "is_zero")]
     pub off_cpu: u64,
     /// The time its on-CPU samples stand for: each sample, the time since the process's
-    /// previous one (absent in recordings before it).
+    /// previous one; the main thread's, its time on CPU or in the run queue since then (the
+    /// kernel's schedstat), where the kernel keeps it (absent in recordings before it).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub on_cpu_ns: u64,
 }
@@ -71,6 +72,10 @@ pub struct PyStacksRec {
     pub failed: u64,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub stacks: Vec<StackCount>,
+    /// Its main thread's schedstat could not be read (a kernel without CONFIG_SCHED_INFO):
+    /// its samples stand for the wall time since the one before, blocks included.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub no_schedstat: bool,
 }
 
 /// Everything sampled of one process.
@@ -91,6 +96,8 @@ pub struct ProcStacks {
     pub receiving_ns: u64,
     pub receiving_samples: u64,
     pub main_on_cpu: u64,
+    /// Its main thread's samples stood for wall time, not its time runnable.
+    pub no_schedstat: bool,
     /// The stacks of its last line: what it was doing most recently.
     pub latest: Vec<StackCount>,
     pub latest_ns: u64,
@@ -105,6 +112,7 @@ impl ProcStacks {
             self.unreadable.clone_from(&r.unreadable);
         }
         self.not_python |= r.not_python;
+        self.no_schedstat |= r.no_schedstat;
         self.rounds += r.rounds;
         self.failed += r.failed;
         for s in &r.stacks {
@@ -194,10 +202,15 @@ pub const MIN_SAMPLES: u64 = 10;
 /// `data_time` does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct Receiving {
-    /// The time those samples stand for (each, the time since the one before it).
+    /// The time those samples stand for (each, the main thread's time on CPU or in the run
+    /// queue since the sample before it).
     pub ns: u64,
     pub samples_inside: u64,
     pub samples_on_cpu: u64,
+    /// Weighted by wall time, the kernel keeping no schedstat: it leans high (a sample after a
+    /// block stands for the block too).
+    #[serde(skip_serializing_if = "is_false")]
+    pub wall_time_weighted: bool,
 }
 
 impl Receiving {
@@ -207,6 +220,7 @@ impl Receiving {
             ns: p.receiving_ns,
             samples_inside: inside,
             samples_on_cpu: all,
+            wall_time_weighted: p.no_schedstat,
         })
     }
 }

@@ -145,6 +145,8 @@ struct Proc {
     pending: PyStacksRec,
     /// (thread, stack) -> (on CPU, off CPU, the time the on-CPU samples stand for).
     counts: HashMap<(String, Vec<PyFrame>), (u64, u64, u64)>,
+    /// Its main thread's schedstat at the last sample.
+    last_sched: Option<Sched>,
 }
 
 struct Sampling {
@@ -273,6 +275,15 @@ fn sample(pid: u32, p: &mut Proc, now: Instant) -> Option<Duration> {
             let stands_for = p
                 .last_sample
                 .map_or(Duration::ZERO, |l| now.duration_since(l).min(STANDS_FOR_AT_MOST));
+            // The main thread's, its time runnable since then (the kernel's schedstat): a sample
+            // after a long block stands for the moments it ran, not for the block (its wait).
+            let sched = main_schedstat(pid);
+            p.pending.no_schedstat |= sched.is_none();
+            let main_stands_for = match (p.last_sched, sched) {
+                (Some(a), Some(b)) if p.last_sample.is_some() => b.runnable_since(a),
+                _ => stands_for,
+            };
+            p.last_sched = sched;
             p.last_sample = Some(now);
             p.pending.rounds += 1;
             for tr in traces {
@@ -290,7 +301,7 @@ fn sample(pid: u32, p: &mut Proc, now: Instant) -> Option<Duration> {
                 let main = tr.os_thread_id == Some(u64::from(pid));
                 if tr.active && (!main || main_still_running) {
                     c.0 += 1;
-                    c.2 += stands_for.as_nanos() as u64;
+                    c.2 += if main { main_stands_for } else { stands_for }.as_nanos() as u64;
                 } else {
                     c.1 += 1;
                 }
@@ -383,6 +394,33 @@ fn is_running(stat: &str) -> bool {
     stat.rsplit_once(") ").is_some_and(|(_, rest)| rest.starts_with('R'))
 }
 
+/// A main thread's time on CPU and waiting for one since it started.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Sched {
+    ran_ns: u64,
+    runq_ns: u64,
+}
+
+/// The main thread's [`Sched`] from the kernel's /proc/PID/schedstat (ns on CPU, ns in the
+/// run queue, slices); `None` where the kernel keeps none (CONFIG_SCHED_INFO off) or the
+/// process is gone.
+fn main_schedstat(pid: u32) -> Option<Sched> {
+    parse_schedstat(&std::fs::read_to_string(format!("/proc/{pid}/schedstat")).ok()?)
+}
+
+fn parse_schedstat(text: &str) -> Option<Sched> {
+    let mut f = text.split_whitespace().map(|n| n.parse::<u64>().ok());
+    Some(Sched { ran_ns: f.next()??, runq_ns: f.next()?? })
+}
+
+impl Sched {
+    /// On CPU or waiting for one since `before`.
+    fn runnable_since(self, before: Sched) -> Duration {
+        let ran = self.ran_ns.saturating_sub(before.ran_ns);
+        Duration::from_nanos(ran + self.runq_ns.saturating_sub(before.runq_ns))
+    }
+}
+
 /// This thread's CPU time.
 fn thread_cpu() -> Duration {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
@@ -396,6 +434,15 @@ fn thread_cpu() -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_sample_stands_for_the_main_threads_time_runnable_since_the_one_before() {
+        let before = parse_schedstat("1000 200 5\n").expect("schedstat");
+        let after = parse_schedstat("4000 700 9\n").expect("schedstat");
+        // 3 us on CPU and 0.5 us waiting for one; the block between is no part of it.
+        assert_eq!(after.runnable_since(before), Duration::from_nanos(3_500));
+        assert_eq!(parse_schedstat(""), None);
+    }
 
     #[test]
     fn each_process_is_sampled_within_its_share_of_the_budget() {

@@ -94,10 +94,15 @@ pub fn wait_link(f: &Facts, p: &ProcFacts, chain: &mut Chain) {
     }
     if let Some(r) = receiving {
         s.push_str(&format!(
-            "; receiving batches (runnable inside the DataLoader's next(): unpickling, mapping the workers' shared memory) took {:.2} s ({} of {} samples on CPU or waiting for one)",
+            "; receiving batches (runnable inside the DataLoader's next(): unpickling, mapping the workers' shared memory) took {:.2} s ({} of {} samples on CPU or waiting for one{})",
             r.ns as f64 / 1e9,
             r.samples_inside,
-            r.samples_on_cpu
+            r.samples_on_cpu,
+            if r.wall_time_weighted {
+                ", each for the wall time since the one before: this kernel keeps no schedstat, so it leans high"
+            } else {
+                ""
+            }
         ));
     }
     chain.push(t + 1, s);

@@ -659,7 +659,12 @@ fn a_trainer_slow_to_receive_its_batches_is_advised_smaller_ones_not_more_worker
     use crate::model::offcpu::OffCpuSummary;
     use crate::model::pystacks::Receiving;
     let mut f = Facts { procs: vec![trainer(10)], ..base() };
-    let receiving = Receiving { ns: 3_000_000_000, samples_inside: 30, samples_on_cpu: 100 };
+    let receiving = Receiving {
+        ns: 3_000_000_000,
+        samples_inside: 30,
+        samples_on_cpu: 100,
+        wall_time_weighted: false,
+    };
     f.procs[0].receiving = Some(receiving);
     f.procs[0].offcpu =
         Some(OffCpuSummary { data_wait_ns: Some(2_000_000_000), ..Default::default() });
