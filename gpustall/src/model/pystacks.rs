@@ -196,6 +196,11 @@ impl ProcStacks {
 /// Fewer on-CPU samples than this estimate no time: a share of a handful is noise.
 pub const MIN_SAMPLES: u64 = 10;
 
+/// Fewer samples inside the DataLoader's `__next__` than this estimate no time receiving: one
+/// sample stands for a whole gap between two (on mmengine's OOM job at the auto rate, 1 of 10-15
+/// runnable samples made 0.15-0.19 s, and, weighted by wall time, up to 3.3 s).
+pub const MIN_SAMPLES_INSIDE: u64 = 5;
+
 /// The trainer's time receiving batches: its main thread runnable (on CPU, or waiting for one)
 /// inside the DataLoader's `__next__` (unpickling, fetching the workers' shared-memory file
 /// descriptors, rebuilding tensors), which its blocked wait does not count but its loop's
@@ -216,7 +221,7 @@ pub struct Receiving {
 impl Receiving {
     pub fn estimate(p: &ProcStacks) -> Option<Self> {
         let (inside, all) = p.receiving();
-        (all >= MIN_SAMPLES && inside > 0 && p.receiving_ns > 0).then_some(Self {
+        (all >= MIN_SAMPLES && inside >= MIN_SAMPLES_INSIDE && p.receiving_ns > 0).then_some(Self {
             ns: p.receiving_ns,
             samples_inside: inside,
             samples_on_cpu: all,

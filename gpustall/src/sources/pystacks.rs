@@ -280,7 +280,9 @@ fn sample(pid: u32, p: &mut Proc, now: Instant) -> Option<Duration> {
             let sched = main_schedstat(pid);
             p.pending.no_schedstat |= sched.is_none();
             let main_stands_for = match (p.last_sched, sched) {
-                (Some(a), Some(b)) if p.last_sample.is_some() => b.runnable_since(a),
+                (Some(a), Some(b)) if p.last_sample.is_some() => {
+                    b.runnable_since(a).min(STANDS_FOR_AT_MOST)
+                }
                 _ => stands_for,
             };
             p.last_sched = sched;
