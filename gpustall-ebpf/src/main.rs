@@ -13,8 +13,6 @@
 // `common::at_most`: a clamp the verifier sees on the register the access uses.
 #![feature(asm_experimental_arch)]
 #![allow(internal_features)]
-// No function over 80 lines (clippy.toml), as in the agent.
-#![warn(clippy::too_many_lines)]
 
 mod block;
 mod common;

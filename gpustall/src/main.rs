@@ -4,9 +4,6 @@
 //! that usually starves a GPU: DataLoader workers grow host memory, the kernel reclaims and
 //! swaps, swap I/O saturates the disk, the OOM killer kills a worker.
 
-// Small functions: none over 80 lines (clippy.toml), held by `cargo xtask lint`.
-#![warn(clippy::too_many_lines)]
-
 /// `eprintln!` that cannot panic: with stderr closed (`gpustall trace 2>&1 | head`) a trace
 /// must go on and still write its files.
 /// One line to stderr (the daemon's journal): a name in it with a newline or an escape

@@ -124,6 +124,41 @@ fn a_world_size_no_job_has_is_not_taken_and_merge_stays_small() {
     eprintln!("merge took {:?}", started.elapsed());
 }
 
+/// A directory of recordings of two runs (`run`'s two ranks in `dir`, and another run made
+/// here), merged without naming the files: grouped by run.
+fn a_directory_of_two_runs_merges_by_run(dir: &tests::TempDir, run: &str, merged: &Path) {
+    let other = format!("other-{}", tests::unique());
+    let env = [("RANK", "0"), ("WORLD_SIZE", "1"), ("TORCHELASTIC_RUN_ID", other.as_str())];
+    trace_launch(dir, "other0", &["sh", "-c", "sleep 1"], &env);
+    let merge = |extra: &[&str]| {
+        let o = Command::new(tests::gpustall_bin())
+            .arg("merge")
+            .arg(&dir.0)
+            .args(extra)
+            .output()
+            .expect("gpustall merge");
+        let text =
+            String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr);
+        (o.status.code(), text)
+    };
+    let (code, text) = merge(&[]);
+    assert_eq!(code, Some(0), "{text}");
+    for r in [run, other.as_str()] {
+        assert!(text.contains(&format!("#### run {r} ####")), "a verdict per run: {text}");
+    }
+    let json = merged.to_str().expect("utf-8");
+    let (code, text) = merge(&["--summary-json", json]);
+    assert_eq!(code, Some(1), "{text}");
+    assert!(text.contains("choose one with --run ID"), "{text}");
+    let (code, text) = merge(&["--run", run, "--summary-json", json]);
+    assert_eq!(code, Some(0), "{text}");
+    let m = summary(merged);
+    assert_eq!(m["warnings"], serde_json::json!([]), "both ranks of the run: {}", m["warnings"]);
+    let labels: Vec<&str> =
+        m["nodes"].as_array().expect("nodes").iter().filter_map(|n| n["label"].as_str()).collect();
+    assert!(labels.len() == 2 && labels[0].contains("rank 0"), "{labels:?}");
+}
+
 #[test]
 fn two_ranks_recordings_merge_in_rank_order_named_by_rank() {
     tests::require_privileged_env();
@@ -195,37 +230,7 @@ fn two_ranks_recordings_merge_in_rank_order_named_by_rank() {
     );
     assert_eq!(m["nodes"].as_array().map(Vec::len), Some(3), "both kept: {m}");
 
-    // A directory of recordings of two runs, merged without naming the files: grouped by run.
-    let other = format!("other-{}", tests::unique());
-    let env = [("RANK", "0"), ("WORLD_SIZE", "1"), ("TORCHELASTIC_RUN_ID", other.as_str())];
-    trace_launch(&dir, "other0", &["sh", "-c", "sleep 1"], &env);
-    let merge = |extra: &[&str]| {
-        let o = Command::new(tests::gpustall_bin())
-            .arg("merge")
-            .arg(&dir.0)
-            .args(extra)
-            .output()
-            .expect("gpustall merge");
-        let text =
-            String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr);
-        (o.status.code(), text)
-    };
-    let (code, text) = merge(&[]);
-    assert_eq!(code, Some(0), "{text}");
-    for r in [&run, &other] {
-        assert!(text.contains(&format!("#### run {r} ####")), "a verdict per run: {text}");
-    }
-    let json = merged.to_str().expect("utf-8");
-    let (code, text) = merge(&["--summary-json", json]);
-    assert_eq!(code, Some(1), "{text}");
-    assert!(text.contains("choose one with --run ID"), "{text}");
-    let (code, text) = merge(&["--run", &run, "--summary-json", json]);
-    assert_eq!(code, Some(0), "{text}");
-    let m = summary(&merged);
-    assert_eq!(m["warnings"], serde_json::json!([]), "both ranks of the run: {}", m["warnings"]);
-    let labels: Vec<&str> =
-        m["nodes"].as_array().expect("nodes").iter().filter_map(|n| n["label"].as_str()).collect();
-    assert!(labels.len() == 2 && labels[0].contains("rank 0"), "{labels:?}");
+    a_directory_of_two_runs_merges_by_run(&dir, &run, &merged);
 }
 
 /// Two ranks of one run traced at the same time, each on its own (as two nodes would be): rank

@@ -53,7 +53,20 @@ fn the_slow_worker_kept_the_trainer_waiting_as_long_as_it_blocked() {
     assert!(n(trainer, "offcpu_wait_ns") >= data_wait);
     assert!(slow.get("data_wait_ns").is_none(), "{slow}");
 
-    // Each of those waits blocked in read(2) on a worker's pipe: the syscall class says so.
+    waits_were_in_reads(trainer, data_wait, blocked);
+
+    // The verdict names the worker that kept the trainer waiting, with no training log.
+    let evidence = t.summary["verdict"]["evidence"].to_string();
+    let slow_pid = format!("(pid {}) kept the trainer waiting", slow["pid"]);
+    assert!(evidence.contains(&slow_pid), "{evidence}");
+
+    let waits = each_wait_is_a_record(&t, trainer, slow, BATCHES, kept_slow);
+    perfetto_draws_each_wait(&t, trainer, slow, BATCHES, waits.len());
+    replays_to_the_same_figures(&t, trainer, slow);
+}
+
+/// Each of the trainer's waits blocked in read(2) on a worker's pipe: the syscall class says so.
+fn waits_were_in_reads(trainer: &Value, data_wait: u64, blocked: u64) {
     let by_syscall = &trainer["wait_by_syscall"];
     eprintln!("trainer's waits by syscall: {by_syscall}");
     if tests::kernel::typed_sched_switch() {
@@ -65,14 +78,17 @@ fn the_slow_worker_kept_the_trainer_waiting_as_long_as_it_blocked() {
         tests::degraded(tests::kernel::NO_SYSCALL_CLASS);
         assert_eq!(n(&by_syscall["unknown"], "data_ns"), data_wait, "{by_syscall}");
     }
+}
 
-    // The verdict names the worker that kept the trainer waiting, with no training log.
-    let evidence = t.summary["verdict"]["evidence"].to_string();
-    let slow_pid = format!("(pid {}) kept the trainer waiting", slow["pid"]);
-    assert!(evidence.contains(&slow_pid), "{evidence}");
-
-    // Each wait for a batch (80 ms, over the 10 ms threshold) came as a record of its own,
-    // ended by the slow worker: as many as it ended, summing to exactly what the kernel summed.
+/// Each wait for a batch (over the 10 ms threshold) came as a record of its own, ended by the
+/// slow worker: as many as it ended, summing to exactly what the kernel summed. Returns them.
+fn each_wait_is_a_record(
+    t: &TraceResult,
+    trainer: &Value,
+    slow: &Value,
+    batches: u64,
+    kept_slow: u64,
+) -> Vec<Value> {
     let waits: Vec<Value> = std::fs::read_to_string(t.record_path())
         .expect("the recording")
         .lines()
@@ -80,15 +96,25 @@ fn the_slow_worker_kept_the_trainer_waiting_as_long_as_it_blocked() {
         .filter(|v| v["kind"] == "data_wait")
         .collect();
     let from_slow: Vec<&Value> = waits.iter().filter(|w| w["pid"] == slow["pid"]).collect();
-    assert_eq!(from_slow.len() as u64, BATCHES, "{waits:?}");
+    assert_eq!(from_slow.len() as u64, batches, "{waits:?}");
     let sum: u64 = from_slow.iter().map(|w| n(w, "duration_ns")).sum();
     assert_eq!(sum, kept_slow, "the records' waits against the kernel's sum");
     assert!(from_slow.iter().all(|w| w["wakee_pid"] == trainer["pid"]));
     let long = &slow["long_waits"];
-    assert_eq!((n(long, "count"), n(long, "ns")), (BATCHES, kept_slow), "{slow}");
+    assert_eq!((n(long, "count"), n(long, "ns")), (batches, kept_slow), "{slow}");
     assert_eq!(n(long, "in_reclaim_ns"), 0, "the slow worker slept, it did not reclaim");
 
-    // In Perfetto: a slice per wait on the trainer, an arrow from the worker to each.
+    waits
+}
+
+/// In Perfetto: a slice per wait on the trainer, an arrow from the worker to each.
+fn perfetto_draws_each_wait(
+    t: &TraceResult,
+    trainer: &Value,
+    slow: &Value,
+    batches: u64,
+    waits: usize,
+) {
     let trace_path = t.record_path().with_file_name("trace.json");
     let ok = std::process::Command::new(tests::gpustall_bin())
         .arg("export")
@@ -105,14 +131,16 @@ fn the_slow_worker_kept_the_trainer_waiting_as_long_as_it_blocked() {
     let slices =
         ev.iter().filter(|e| e["name"] == "waiting for data" && e["pid"] == trainer["pid"]);
     let slices: Vec<&Value> = slices.collect();
-    assert_eq!(slices.len() as u64, waits.len() as u64);
+    assert_eq!(slices.len() as u64, waits as u64);
     if tests::kernel::typed_sched_switch() {
         assert!(slices.iter().all(|s| s["args"]["syscall"] == "read"), "{slices:?}");
     }
     let arrows = ev.iter().filter(|e| e["ph"] == "s" && e["pid"] == slow["pid"]).count();
-    assert_eq!(arrows as u64, BATCHES);
+    assert_eq!(arrows as u64, batches);
+}
 
-    // The recording replays to the same figures.
+/// The recording replays to the same figures.
+fn replays_to_the_same_figures(t: &TraceResult, trainer: &Value, slow: &Value) {
     let out = t.record_path().with_file_name("replayed.json");
     let rc = std::process::Command::new(tests::gpustall_bin())
         .args(["report", "--summary-json"])

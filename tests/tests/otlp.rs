@@ -54,6 +54,37 @@ fn log_record<'a>(received: &'a str, needle: &str) -> &'a str {
     &received[start..end]
 }
 
+/// The incident, as the collector got it: a log record with the kill, the job and its rank.
+fn the_incident_reached_the_collector(
+    rotel: &Rotel,
+    bundle: &str,
+    victim: u32,
+    job_name: &str,
+    run: &str,
+) {
+    let got = wait_received(
+        rotel,
+        &["gpustall.incident.kind: Str(sigkill)", &format!("gpustall.bundle.path: Str({bundle})")],
+        Duration::from_secs(20),
+    );
+    let record = log_record(&got, "gpustall.incident.kind: Str(sigkill)");
+    eprintln!("the collector received:\n{record}");
+    let me = std::process::id();
+    for want in [
+        "SeverityText: ERROR".to_string(),
+        format!("killed by SIGKILL from pid {me}"),
+        format!("process.pid: Int({victim})"),
+        format!("gpustall.training_job: Str({job_name})"),
+        format!("gpustall.torch.run_id: Str({run})"),
+        "gpustall.torch.rank: Int(1)".to_string(),
+        "gpustall.torch.world_size: Int(2)".to_string(),
+        "gpustall.verdict.cause: Str(process_killed)".to_string(),
+    ] {
+        assert!(record.contains(&want), "no {want:?} in the log record:\n{record}");
+    }
+    assert!(!record.contains("k8s.pod.name"), "nothing invented:\n{record}");
+}
+
 #[test]
 fn watch_sends_incidents_and_metrics_to_an_otlp_collector() {
     tests::require_privileged_env();
@@ -106,28 +137,7 @@ fn watch_sends_incidents_and_metrics_to_an_otlp_collector() {
     let wrote = w.wait_for("wrote incident bundle", Duration::from_secs(30));
     let bundle = wrote.split("bundle ").nth(1).and_then(|r| r.split(" (").next()).expect("path");
 
-    // The incident, as the collector got it.
-    let got = wait_received(
-        &rotel,
-        &["gpustall.incident.kind: Str(sigkill)", &format!("gpustall.bundle.path: Str({bundle})")],
-        Duration::from_secs(20),
-    );
-    let record = log_record(&got, "gpustall.incident.kind: Str(sigkill)");
-    eprintln!("the collector received:\n{record}");
-    let me = std::process::id();
-    for want in [
-        "SeverityText: ERROR".to_string(),
-        format!("killed by SIGKILL from pid {me}"),
-        format!("process.pid: Int({victim})"),
-        format!("gpustall.training_job: Str({job_name})"),
-        format!("gpustall.torch.run_id: Str({run})"),
-        "gpustall.torch.rank: Int(1)".to_string(),
-        "gpustall.torch.world_size: Int(2)".to_string(),
-        "gpustall.verdict.cause: Str(process_killed)".to_string(),
-    ] {
-        assert!(record.contains(&want), "no {want:?} in the log record:\n{record}");
-    }
-    assert!(!record.contains("k8s.pod.name"), "nothing invented:\n{record}");
+    the_incident_reached_the_collector(&rotel, bundle, victim, &job_name, &run);
 
     // The metrics: the job's identity and its incident count, the values /metrics serves.
     let got = wait_received(

@@ -194,6 +194,45 @@ fn firing(base: &str, name: &str, job: &str) -> Option<Value> {
         .cloned()
 }
 
+/// The warnings before the kill, while the job still runs: its limit forecast under 10
+/// minutes away, and the job holding 85 % of it. Returns the job's end.
+fn warned_before_the_kill(
+    base: &str,
+    name: &str,
+    mut job: Workload,
+    released: Instant,
+) -> (Option<i32>, Vec<Value>) {
+    let mut warned: [Option<(Value, Duration)>; 2] = [None, None];
+    while warned.iter().any(Option::is_none) && job.child.try_wait().expect("try_wait").is_none() {
+        for (alert, w) in [LIMIT_SOON, NEAR_LIMIT].iter().zip(warned.iter_mut()) {
+            if w.is_none() {
+                *w = firing(base, alert, name).map(|a| (a, released.elapsed()));
+            }
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let (code, out) = job.wait(Duration::from_secs(120));
+    let ended = released.elapsed();
+    for (alert, w) in [LIMIT_SOON, NEAR_LIMIT].iter().zip(&warned) {
+        let (a, after) =
+            w.as_ref().unwrap_or_else(|| panic!("{alert} did not fire before the OOM kill"));
+        eprintln!(
+            "{alert} firing {:.1} s after the job started, {:.1} s before it ended: {}",
+            after.as_secs_f64(),
+            (ended - *after).as_secs_f64(),
+            a["annotations"]["summary"]
+        );
+    }
+    let soon = &warned[0].as_ref().expect("fired").0;
+    assert!(
+        soon["annotations"]["description"]
+            .as_str()
+            .is_some_and(|d| d.contains("Growing fastest: the dataloader_worker processes")),
+        "the growing role named: {soon:#}"
+    );
+    (code, out)
+}
+
 #[test]
 fn a_real_prometheus_fires_the_oom_alert_for_a_watched_job() {
     tests::require_privileged_env();
@@ -241,36 +280,7 @@ fn a_real_prometheus_fires_the_oom_alert_for_a_watched_job() {
     assert!(query(&base, &format!("{series} > 0")).is_empty(), "no kill yet");
     job.go();
     let released = Instant::now();
-    // The warnings before the kill, while the job still runs: its limit forecast under 10
-    // minutes away, and the job holding 85 % of it.
-    let mut warned: [Option<(Value, Duration)>; 2] = [None, None];
-    while warned.iter().any(Option::is_none) && job.child.try_wait().expect("try_wait").is_none() {
-        for (alert, w) in [LIMIT_SOON, NEAR_LIMIT].iter().zip(warned.iter_mut()) {
-            if w.is_none() {
-                *w = firing(&base, alert, &name).map(|a| (a, released.elapsed()));
-            }
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    let (code, out) = job.wait(Duration::from_secs(120));
-    let ended = released.elapsed();
-    for (alert, w) in [LIMIT_SOON, NEAR_LIMIT].iter().zip(&warned) {
-        let (a, after) =
-            w.as_ref().unwrap_or_else(|| panic!("{alert} did not fire before the OOM kill"));
-        eprintln!(
-            "{alert} firing {:.1} s after the job started, {:.1} s before it ended: {}",
-            after.as_secs_f64(),
-            (ended - *after).as_secs_f64(),
-            a["annotations"]["summary"]
-        );
-    }
-    let soon = &warned[0].as_ref().expect("fired").0;
-    assert!(
-        soon["annotations"]["description"]
-            .as_str()
-            .is_some_and(|d| d.contains("Growing fastest: the dataloader_worker processes")),
-        "the growing role named: {soon:#}"
-    );
+    let (code, out) = warned_before_the_kill(&base, &name, job, released);
     let killed_at = Instant::now();
     assert_eq!(code, Some(1), "a worker was OOM-killed");
     let pids: Vec<u32> = out.iter().filter_map(|l| l["pid"].as_u64()).map(|p| p as u32).collect();

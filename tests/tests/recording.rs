@@ -47,6 +47,115 @@ fn differences(a: &Value, b: &Value, path: &str, out: &mut Vec<String>) {
     }
 }
 
+/// The recording as a Perfetto trace: tracks per process, slices, counters, the stall.
+fn the_perfetto_trace_draws_each_worker(
+    dir: &tests::TempDir,
+    copy: &std::path::Path,
+    live: &tests::procs::TraceResult,
+) {
+    let trace_out = dir.path("trace.json");
+    let o = Command::new(tests::gpustall_bin())
+        .args(["export", "--perfetto"])
+        .arg(&trace_out)
+        .arg(copy)
+        .output()
+        .expect("export");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let trace: Value = serde_json::from_str(&std::fs::read_to_string(&trace_out).expect("trace"))
+        .expect("trace JSON");
+    let ev = trace["traceEvents"].as_array().expect("traceEvents");
+    let workers: Vec<&Value> =
+        live.processes().iter().filter(|p| p["role"] == "dataloader_worker").collect();
+    assert_eq!(workers.len(), 3);
+    for p in &workers {
+        let w = p["pid"].as_u64().expect("pid");
+        assert!(
+            ev.iter().any(|e| e["ph"] == "M" && e["name"] == "process_name" && e["pid"] == w),
+            "a named track for worker {w}"
+        );
+        assert!(
+            ev.iter().any(|e| e["ph"] == "C" && e["pid"] == w && e["name"] == "rss_mib"),
+            "an RSS counter on worker {w}'s track"
+        );
+        // As many reclaim slices on its track as reclaim stalls the summary counts for it.
+        let slices = ev
+            .iter()
+            .filter(|e| e["ph"] == "X" && e["pid"] == w && e["name"] == "memcg reclaim")
+            .count() as u64;
+        assert_eq!(
+            slices,
+            p["memcg_reclaim_count"].as_u64().expect("count"),
+            "reclaim slices on worker {w}'s track"
+        );
+    }
+    assert!(
+        workers.iter().any(|p| p["memcg_reclaim_count"].as_u64() > Some(0)),
+        "some worker stalled in reclaim"
+    );
+    assert!(
+        ev.iter().any(|e| e["ph"] == "X" && e["name"] == "GPU stall"),
+        "the GPU stall on the GPU track"
+    );
+    assert!(
+        ev.iter().any(|e| e["ph"] == "C" && e["name"] == "util_pct"),
+        "GPU utilisation counter"
+    );
+    assert!(
+        ev.iter().any(|e| e["ph"] == "C" && e["name"] == "job_swapout_pages_s"),
+        "swap-out rate counter"
+    );
+    assert!(
+        ev.iter().all(|e| e["ts"].is_null() || e["ts"].as_f64().is_some_and(|t| t >= 0.0)),
+        "timestamps from the start"
+    );
+}
+
+/// The recording as one self-contained HTML page.
+fn the_html_page_is_one_self_contained_file(
+    dir: &tests::TempDir,
+    copy: &std::path::Path,
+    live: &tests::procs::TraceResult,
+) {
+    let html_out = dir.path("report.html");
+    let o = Command::new(tests::gpustall_bin())
+        .arg("report")
+        .arg(copy)
+        .arg("--html")
+        .arg(&html_out)
+        .output()
+        .expect("report --html");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let html = std::fs::read_to_string(&html_out).expect("html");
+    assert!(
+        html.contains("<svg")
+            && html.contains(live.summary["verdict"]["cause"].as_str().expect("cause"))
+    );
+    assert!(
+        !html.contains("<script") && !html.contains("src=\"http") && !html.contains("href=\"http"),
+        "no network, no scripts"
+    );
+}
+
+/// A corrupt line: the error names it; the report covers what came before.
+fn a_corrupt_line_is_named_and_the_rest_reported(dir: &tests::TempDir, record: &std::path::Path) {
+    let text = std::fs::read_to_string(record).expect("read");
+    let lines: Vec<&str> = text.lines().collect();
+    let cut = lines.len() / 2;
+    let corrupt = dir.path("corrupt.jsonl");
+    std::fs::write(
+        &corrupt,
+        format!("{}\n{{not json\n{}\n", lines[..cut].join("\n"), lines[cut..].join("\n")),
+    )
+    .expect("write");
+    let (rc, stdout, stderr) = report(&corrupt, &dir.path("c.json"));
+    assert_eq!(rc, Some(1));
+    assert!(
+        stderr.contains(&format!("line {}", cut + 1)) && stderr.contains("not JSON"),
+        "{stderr}"
+    );
+    assert!(stdout.contains("== gpustall:"), "the report of what parsed is printed: {stdout}");
+}
+
 #[test]
 fn the_offline_report_reproduces_the_live_summary_field_by_field() {
     tests::require_privileged_env();
@@ -107,100 +216,9 @@ fn the_offline_report_reproduces_the_live_summary_field_by_field() {
     assert!(swap > 0);
     eprintln!("replayed {} lines; verdict {}", live.record.len(), live.summary["verdict"]["cause"]);
 
-    // The same recording as a Perfetto trace: tracks per process, slices, counters, the stall.
-    let trace_out = dir.path("trace.json");
-    let o = Command::new(tests::gpustall_bin())
-        .args(["export", "--perfetto"])
-        .arg(&trace_out)
-        .arg(&copy)
-        .output()
-        .expect("export");
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let trace: Value = serde_json::from_str(&std::fs::read_to_string(&trace_out).expect("trace"))
-        .expect("trace JSON");
-    let ev = trace["traceEvents"].as_array().expect("traceEvents");
-    let workers: Vec<&Value> =
-        live.processes().iter().filter(|p| p["role"] == "dataloader_worker").collect();
-    assert_eq!(workers.len(), 3);
-    for p in &workers {
-        let w = p["pid"].as_u64().expect("pid");
-        assert!(
-            ev.iter().any(|e| e["ph"] == "M" && e["name"] == "process_name" && e["pid"] == w),
-            "a named track for worker {w}"
-        );
-        assert!(
-            ev.iter().any(|e| e["ph"] == "C" && e["pid"] == w && e["name"] == "rss_mib"),
-            "an RSS counter on worker {w}'s track"
-        );
-        // As many reclaim slices on its track as reclaim stalls the summary counts for it.
-        let slices = ev
-            .iter()
-            .filter(|e| e["ph"] == "X" && e["pid"] == w && e["name"] == "memcg reclaim")
-            .count() as u64;
-        assert_eq!(
-            slices,
-            p["memcg_reclaim_count"].as_u64().expect("count"),
-            "reclaim slices on worker {w}'s track"
-        );
-    }
-    assert!(
-        workers.iter().any(|p| p["memcg_reclaim_count"].as_u64() > Some(0)),
-        "some worker stalled in reclaim"
-    );
-    assert!(
-        ev.iter().any(|e| e["ph"] == "X" && e["name"] == "GPU stall"),
-        "the GPU stall on the GPU track"
-    );
-    assert!(
-        ev.iter().any(|e| e["ph"] == "C" && e["name"] == "util_pct"),
-        "GPU utilisation counter"
-    );
-    assert!(
-        ev.iter().any(|e| e["ph"] == "C" && e["name"] == "job_swapout_pages_s"),
-        "swap-out rate counter"
-    );
-    assert!(
-        ev.iter().all(|e| e["ts"].is_null() || e["ts"].as_f64().is_some_and(|t| t >= 0.0)),
-        "timestamps from the start"
-    );
-
-    // And as one self-contained HTML page.
-    let html_out = dir.path("report.html");
-    let o = Command::new(tests::gpustall_bin())
-        .arg("report")
-        .arg(&copy)
-        .arg("--html")
-        .arg(&html_out)
-        .output()
-        .expect("report --html");
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let html = std::fs::read_to_string(&html_out).expect("html");
-    assert!(
-        html.contains("<svg")
-            && html.contains(live.summary["verdict"]["cause"].as_str().expect("cause"))
-    );
-    assert!(
-        !html.contains("<script") && !html.contains("src=\"http") && !html.contains("href=\"http"),
-        "no network, no scripts"
-    );
-
-    // A corrupt line: the error names it; the report covers what came before.
-    let text = std::fs::read_to_string(&record).expect("read");
-    let lines: Vec<&str> = text.lines().collect();
-    let cut = lines.len() / 2;
-    let corrupt = dir.path("corrupt.jsonl");
-    std::fs::write(
-        &corrupt,
-        format!("{}\n{{not json\n{}\n", lines[..cut].join("\n"), lines[cut..].join("\n")),
-    )
-    .expect("write");
-    let (rc, stdout, stderr) = report(&corrupt, &dir.path("c.json"));
-    assert_eq!(rc, Some(1));
-    assert!(
-        stderr.contains(&format!("line {}", cut + 1)) && stderr.contains("not JSON"),
-        "{stderr}"
-    );
-    assert!(stdout.contains("== gpustall:"), "the report of what parsed is printed: {stdout}");
+    the_perfetto_trace_draws_each_worker(&dir, &copy, &live);
+    the_html_page_is_one_self_contained_file(&dir, &copy, &live);
+    a_corrupt_line_is_named_and_the_rest_reported(&dir, &record);
 }
 
 #[test]

@@ -46,6 +46,48 @@ fn settle(name: &str) {
     }
 }
 
+/// The host latency histogram counts the same requests without the per-process split (and
+/// the job's other devices' too): it tells a request never timed from one timed but not kept
+/// under its process.
+fn report_the_host_histogram(t: &TraceResult, dev: &str) {
+    let histogram: u64 = t.summary["block_latency_us"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|r| r["requests"].as_u64())
+        .sum();
+    let elsewhere: u64 = t
+        .processes()
+        .iter()
+        .flat_map(|p| p["io_by_device"].as_array().into_iter().flatten())
+        .filter(|r| r["dev"].as_str() != Some(dev))
+        .filter_map(|r| r["requests"].as_u64())
+        .sum();
+    eprintln!("histogram {histogram} requests, {elsewhere} of them on other devices");
+}
+
+/// The names of the programs attached.
+fn attached(t: &TraceResult) -> Vec<&str> {
+    t.summary["overhead"]["programs"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|p| p["name"].as_str())
+        .collect()
+}
+
+/// Runs of the typed block start and done programs the kernel skipped (a program never nests
+/// on a CPU).
+fn skipped_block_runs(t: &TraceResult) -> u64 {
+    t.summary["overhead"]["programs"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|p| matches!(p["name"].as_str(), Some("block_io_start_btf" | "block_io_done_btf")))
+        .filter_map(|p| p["missed"].as_u64())
+        .sum()
+}
+
 #[test]
 fn every_swap_request_to_a_loop_device_is_timed() {
     tests::require_privileged_env();
@@ -87,34 +129,12 @@ fn every_swap_request_to_a_loop_device_is_timed() {
 
     let rows = rows_on(&t, &dev);
     let timed: u64 = rows.iter().map(|r| r["requests"].as_u64().expect("requests")).sum();
-    // The host latency histogram counts the same requests without the per-process split (and
-    // the job's other devices' too): it tells a request never timed from one timed but not
-    // kept under its process.
-    let histogram: u64 = t.summary["block_latency_us"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|r| r["requests"].as_u64())
-        .sum();
-    let elsewhere: u64 = t
-        .processes()
-        .iter()
-        .flat_map(|p| p["io_by_device"].as_array().into_iter().flatten())
-        .filter(|r| r["dev"].as_str() != Some(dev.as_str()))
-        .filter_map(|r| r["requests"].as_u64())
-        .sum();
-    eprintln!("histogram {histogram} requests, {elsewhere} of them on other devices");
+    report_the_host_histogram(&t, &dev);
     let map_full = t.summary["lost"]["map_full"].as_u64().expect("lost.map_full");
     let host = &t.summary["host"];
     let others = host["kswapd_swapout_pages"].as_u64().unwrap_or(0)
         + host["other_swapout_pages"].as_u64().unwrap_or(0);
-    let programs: Vec<&str> = t.summary["overhead"]["programs"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|p| p["name"].as_str())
-        .collect();
-    let typed = programs.contains(&"block_io_done_btf");
+    let typed = attached(&t).contains(&"block_io_done_btf");
     eprintln!(
         "{name}: the kernel completed {kernel} requests (reads + writes); gpustall timed \
          {timed} of the traced processes' ({} pairing), {map_full} lost as map full; swap-out \
@@ -139,13 +159,7 @@ fn every_swap_request_to_a_loop_device_is_timed() {
     // The kernel never nests a program on a CPU: a completion in an interrupt while the done
     // program handles another request on that CPU (or a start while the start program runs) is
     // skipped, and counted (`recursion_misses`, the summary's `missed` and lost.program_skipped).
-    let skipped: u64 = t.summary["overhead"]["programs"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|p| matches!(p["name"].as_str(), Some("block_io_start_btf" | "block_io_done_btf")))
-        .filter_map(|p| p["missed"].as_u64())
-        .sum();
+    let skipped = skipped_block_runs(&t);
     assert_eq!(t.summary["lost"]["program_skipped"].as_u64().map(|n| n >= skipped), Some(true));
     // The swap area is the highest priority one: anyone else swapping out meanwhile (kswapd, a
     // process outside the tree) writes there too, each page at most one request, read back at

@@ -50,6 +50,29 @@ fn loop_over_file(dir: &tests::TempDir, name: &str, mib: u64) -> LoopDevice {
     LoopDevice::attach(&img).expect("losetup")
 }
 
+/// What the kernel fired for dd: the evidence for how each kernel stacks, and what counting
+/// every block_bio_queue would have given. Written past libtest's capture (to the VM's log).
+fn report_kernel_trace(k: &TraceInstance) {
+    // The task column (remap lines print no comm of their own).
+    let dd: Vec<String> =
+        k.lines().into_iter().filter(|l| l.trim_start().starts_with("dd-")).collect();
+    let mut queued = std::collections::BTreeMap::<String, u64>::new();
+    for (dev, sectors) in dd.iter().filter_map(|l| queued_sectors(l)) {
+        *queued.entry(dev).or_default() += sectors * 512;
+    }
+    let count = |ev: &str| dd.iter().filter(|l| l.contains(ev)).count();
+    report(&format!(
+        "kernel: dd's block_bio_queue bytes per device {queued:?} (all of them: {}), \
+         {} block_bio_remap, {} block_split; the first lines:",
+        queued.values().sum::<u64>(),
+        count("block_bio_remap:"),
+        count("block_split:")
+    ));
+    for l in dd.iter().take(6) {
+        report(&format!("  {}", l.trim()));
+    }
+}
+
 /// A traced `sh` writes `n_mib` MiB to `path` (kernel name `top`, stacked on `lower`) with
 /// O_DIRECT and reads them back; gpustall must count each byte once, on `top`.
 fn dd_through_the_stack(path: &str, top: &str, lower: &[&str], n_mib: u64) {
@@ -75,27 +98,8 @@ fn dd_through_the_stack(path: &str, top: &str, lower: &[&str], n_mib: u64) {
         lower.iter().zip(&lower_before).map(|(l, b)| stat_bytes(l).1 - b.1).collect();
     let t = tracer.wait(Duration::from_secs(30));
 
-    // What the kernel fired for dd: the evidence for how each kernel stacks, and what counting
-    // every block_bio_queue would have given. Written past libtest's capture (to the VM's log).
     if let Some(k) = &kernel_trace {
-        // The task column (remap lines print no comm of their own).
-        let dd: Vec<String> =
-            k.lines().into_iter().filter(|l| l.trim_start().starts_with("dd-")).collect();
-        let mut queued = std::collections::BTreeMap::<String, u64>::new();
-        for (dev, sectors) in dd.iter().filter_map(|l| queued_sectors(l)) {
-            *queued.entry(dev).or_default() += sectors * 512;
-        }
-        let count = |ev: &str| dd.iter().filter(|l| l.contains(ev)).count();
-        report(&format!(
-            "kernel: dd's block_bio_queue bytes per device {queued:?} (all of them: {}), \
-             {} block_bio_remap, {} block_split; the first lines:",
-            queued.values().sum::<u64>(),
-            count("block_bio_remap:"),
-            count("block_split:")
-        ));
-        for l in dd.iter().take(6) {
-            report(&format!("  {}", l.trim()));
-        }
+        report_kernel_trace(k);
     }
     let (top_read, top_written) = (top_after.0 - top_before.0, top_after.1 - top_before.1);
     let (written, read) = (total(&t, "block_write_bytes"), total(&t, "block_read_bytes"));

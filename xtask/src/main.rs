@@ -5,8 +5,6 @@
 //! nightly, bpf-linker, tracefs); the others call it first, so each is one command on a fresh
 //! clone. The commands that run the tests or the demo also install their tools.
 
-#![warn(clippy::too_many_lines)]
-
 mod bench;
 mod deb;
 mod demo;
