@@ -186,3 +186,27 @@ fn every_module_is_on_the_architecture_map() {
     }
     assert!(missing.is_empty(), "not on docs/ARCHITECTURE.md's map: {missing:?}");
 }
+
+/// No file name is used by two stages (nor twice within one): `kernel/offcpu.rs` beside
+/// `model/offcpu.rs` made a reader ask which one a path meant. mod.rs, tests.rs and the like
+/// are not names.
+#[test]
+fn no_file_name_is_used_by_two_stages() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut by_name: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+    for stage in STAGES {
+        let mut files = Vec::new();
+        rust_files(&src.join(stage), &mut files);
+        for f in files {
+            let stem = f.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+            let in_tests = f.components().any(|c| c.as_os_str() == "tests");
+            if matches!(stem.as_str(), "mod" | "tests") || stem.ends_with("_tests") || in_tests {
+                continue;
+            }
+            let at = f.strip_prefix(&src).unwrap_or(&f).display().to_string();
+            by_name.entry(stem).or_default().push(at);
+        }
+    }
+    let twice: Vec<_> = by_name.into_iter().filter(|(_, at)| at.len() > 1).collect();
+    assert!(twice.is_empty(), "file names used more than once: {twice:?}");
+}

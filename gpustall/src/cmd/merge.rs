@@ -5,8 +5,8 @@
 //! by their run (torchrun's run id, or the Slurm job): one job's verdict per run.
 //!
 //! Each recording is replayed on its own, exactly as `gpustall report` replays it; only the
-//! alignment and the job-level answer are new (`pipeline::merge`, deciding with
-//! `diagnose::job`).
+//! alignment and the job-level answer are new (`pipeline::lanes`, deciding with
+//! `diagnose::job_verdict`).
 
 use std::{
     path::{Path, PathBuf},
@@ -16,8 +16,8 @@ use std::{
 use anyhow::Context as _;
 
 use crate::{
-    output::job::{self as out, Lane},
-    pipeline::merge::{conclude_job, is_same_recording, load, recording_of, JobVerdict},
+    output::merged::{self as out, Lane},
+    pipeline::lanes::{conclude_job, is_same_recording, load, recording_of, JobVerdict},
 };
 
 #[derive(clap::Args)]
@@ -199,7 +199,7 @@ fn write_outputs(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::diagnose::job::{self, Source};
+    use crate::diagnose::job_verdict::{self, Source};
 
     /// A pair of recordings made on this machine (`gpustall trace --record`, two process
     /// trees in memory cgroups, hosts renamed node-a and node-b): on node-a a worker is
@@ -214,7 +214,7 @@ mod tests {
             assert_eq!(stopped, None);
             lanes.push(lane);
         }
-        let names = job::labels(
+        let names = job_verdict::labels(
             &lanes
                 .iter()
                 .map(|l| (l.source.host.clone(), l.source.label.clone()))
@@ -225,7 +225,7 @@ mod tests {
             l.source.label = name;
         }
         let sources: Vec<Source> = lanes.iter().map(|l| l.source.clone()).collect();
-        let v = job::decide(&sources, 1_000_000_000);
+        let v = job_verdict::decide(&sources, 1_000_000_000);
         assert_eq!(v.first.as_deref(), Some("node-a"), "{}", v.text);
         assert_eq!(v.cause.as_deref(), Some("host_memory_oom"), "{}", v.text);
         assert!(v.order_certain, "{}", v.clock);
@@ -233,7 +233,7 @@ mod tests {
         assert_eq!(v.order.len(), 2);
         assert!(v.text.contains("OOM-killed"), "{}", v.text);
         assert!(v.text.contains("node-b waited from"), "{}", v.text);
-        assert!(job::disagreements(&sources, 1_000_000_000).is_empty());
+        assert!(job_verdict::disagreements(&sources, 1_000_000_000).is_empty());
         // The outputs: a lane per node in the page, a process group per node in the trace.
         let page = out::html_page(&lanes, &v, &[]);
         assert!(page.contains("<h1>node-a: <span class=\"cause\">host_memory_oom</span></h1>"));

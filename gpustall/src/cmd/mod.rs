@@ -11,13 +11,13 @@ pub mod merge;
 pub mod report;
 mod seed;
 pub mod signals;
-mod stacks;
+mod stacks_flag;
 pub mod trace;
 pub mod units;
 pub mod watch;
 
 pub use kernel_log::KernelLogArgs;
-pub use stacks::StacksArgs;
+pub use stacks_flag::StacksArgs;
 
 /// A trace that ran to its end but lost events: everything is written, the figures are marked
 /// as lower bounds, and the exit status says so (3).

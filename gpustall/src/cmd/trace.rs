@@ -160,7 +160,7 @@ pub struct TraceOptions {
     pub perfetto: Option<PathBuf>,
     pub html: Option<PathBuf>,
     /// `--py-stacks`.
-    pub py_stacks: crate::sources::pystacks::Rate,
+    pub py_stacks: crate::sources::pyspy::Rate,
 }
 
 pub async fn run(mut opts: TraceOptions) -> anyhow::Result<()> {

@@ -87,12 +87,12 @@ fn outputs(recording: &str, name: &str) -> Vec<(&'static str, String)> {
 
     out.push(("job's output", crate::model::untrusted::lines(&to_job).into_owned()));
 
-    let (lane, err) = crate::pipeline::merge::load(&file, true).expect("merge load");
+    let (lane, err) = crate::pipeline::lanes::load(&file, true).expect("merge load");
     assert!(err.is_none(), "{err:?}");
     let mut lanes = vec![lane];
-    let (verdict, warnings) = crate::pipeline::merge::conclude_job(&mut lanes, 1_000_000_000);
-    out.push(("merge text", crate::output::job::text(&lanes, &verdict, &warnings)));
-    out.push(("merge html", crate::output::job::html_page(&lanes, &verdict, &warnings)));
+    let (verdict, warnings) = crate::pipeline::lanes::conclude_job(&mut lanes, 1_000_000_000);
+    out.push(("merge text", crate::output::merged::text(&lanes, &verdict, &warnings)));
+    out.push(("merge html", crate::output::merged::html_page(&lanes, &verdict, &warnings)));
 
     // The daemon's outputs, given the raw name as the job's name and bundle path (they are
     // made from the job's process name) and the identity as read.

@@ -2,5 +2,5 @@
 //! the cause from them (a pure function, unit-tested on hand-built facts).
 
 pub mod facts;
-pub mod job;
+pub mod job_verdict;
 pub mod verdict;

@@ -246,7 +246,7 @@ pub fn driver_in(maps: &str) -> Option<(&str, &str)> {
 /// The live trainers and ranks of `tree`: the processes whose GPU waits are timed.
 pub fn waiters(tree: &crate::model::proctree::ProcessTree) -> Vec<u32> {
     use gpustall_common::sched::ACCOUNT_WAITS;
-    crate::kernel::offcpu::wanted(tree)
+    crate::kernel::offcpu_maps::wanted(tree)
         .into_iter()
         .filter(|&(_, level)| level == ACCOUNT_WAITS)
         .map(|(pid, _)| pid)

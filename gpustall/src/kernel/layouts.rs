@@ -13,9 +13,9 @@ pub struct Layouts {
     /// Where a folio's flags and order are, or what BTF lacks for it (kernel::folio).
     pub folio: Result<FolioLayout, &'static str>,
     pub block: BlockLayout,
-    /// Where `struct pt_regs` keeps the syscall number (kernel::offcpu::syscall_nr_offset).
+    /// Where `struct pt_regs` keeps the syscall number (kernel::offcpu_maps::syscall_nr_offset).
     pub syscall_nr: u32,
-    /// How the typed sched_waking tells interrupt context (kernel::offcpu::stack_layout).
+    /// How the typed sched_waking tells interrupt context (kernel::offcpu_maps::stack_layout).
     pub stack: StackLayout,
     /// Where `struct task_struct` keeps the thread's CPU time (`se.sum_exec_runtime`), read
     /// by the CUDA uprobes (kernel::cuda).
@@ -36,13 +36,13 @@ impl Layouts {
     }
 
     pub fn from_btf(btf: &btf_rs::Btf) -> Self {
-        let syscall_nr = crate::kernel::offcpu::syscall_nr_offset(btf);
+        let syscall_nr = crate::kernel::offcpu_maps::syscall_nr_offset(btf);
         Self {
             task: crate::kernel::btf::task_offsets(btf),
             folio: crate::kernel::folio::from_btf(btf),
             block: crate::kernel::btf::block_layout(btf),
             syscall_nr: syscall_nr.unwrap_or(TASK_UNKNOWN),
-            stack: crate::kernel::offcpu::stack_layout(btf, syscall_nr),
+            stack: crate::kernel::offcpu_maps::stack_layout(btf, syscall_nr),
             cpu_time: crate::kernel::btf::cpu_time_offset(btf).unwrap_or(TASK_UNKNOWN),
         }
     }

@@ -15,7 +15,7 @@ use crate::kernel::layouts::Layouts;
 use crate::kernel::maps::inflight_entries;
 pub use crate::kernel::maps::KernelMaps;
 use crate::kernel::probes::event_of;
-pub use crate::kernel::stats::program_stats;
+pub use crate::kernel::prog_stats::program_stats;
 use crate::kernel::tracefs::Tracefs;
 
 #[derive(Debug, thiserror::Error)]
@@ -92,7 +92,7 @@ fn degradations(tracefs: &Tracefs, offsets: &TracepointOffsets, layouts: &Layout
                 .to_string(),
         );
     }
-    notes.extend(crate::kernel::offcpu::syscall_degradation(layouts));
+    notes.extend(crate::kernel::offcpu_maps::syscall_degradation(layouts));
     notes
 }
 
@@ -175,7 +175,7 @@ pub fn load(
     let mut ebpf = load_object(&kernel, typed_pair, options, log_level)?;
     let classic_inflight = typed_pair.then_some(inflight_entries(true).0);
     let attached = attach::attach_all(&mut ebpf, &kernel, options, classic_inflight)?;
-    crate::kernel::stats::log_verifier_costs(&ebpf, &attached.programs);
+    crate::kernel::prog_stats::log_verifier_costs(&ebpf, &attached.programs);
     let mut degraded = degradations(tracefs, &offsets, &layouts);
     degraded.extend(attached.degraded);
     let klog = if log_level != 0 { crate::kernel::klog::start(&mut ebpf) } else { None };
@@ -228,7 +228,7 @@ fn load_object(
     let mut loader = EbpfLoader::new();
     loader.override_global(names::OFFSETS, kernel.offsets, true);
     loader.override_global(names::TASK_OFFSETS, &layouts.task, true);
-    let sched_offsets = crate::kernel::offcpu::sched_offsets(kernel.tracefs);
+    let sched_offsets = crate::kernel::offcpu_maps::sched_offsets(kernel.tracefs);
     loader.override_global(names::SCHED_OFFSETS, &sched_offsets, true);
     let folio = layouts.folio.unwrap_or(FolioLayout::unknown());
     loader.override_global(names::FOLIO_LAYOUT, &folio, true);

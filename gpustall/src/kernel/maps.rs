@@ -32,7 +32,7 @@ pub struct KernelMaps {
     io_inflight: std::sync::Mutex<HashMap<MapData, InflightKey, InflightIo>>,
     /// When the in-flight map was last searched for stale requests.
     inflight_swept_ns: std::sync::atomic::AtomicU64,
-    sched: crate::kernel::offcpu::SchedMaps,
+    sched: crate::kernel::offcpu_maps::SchedMaps,
     gpu: crate::kernel::cuda::GpuMaps,
 }
 
@@ -78,7 +78,7 @@ impl KernelMaps {
             io_latency: take(ebpf, maps::IO_LATENCY)?,
             io_inflight: std::sync::Mutex::new(take(ebpf, maps::IO_INFLIGHT)?),
             inflight_swept_ns: std::sync::atomic::AtomicU64::new(0),
-            sched: crate::kernel::offcpu::SchedMaps::take(ebpf)?,
+            sched: crate::kernel::offcpu_maps::SchedMaps::take(ebpf)?,
             gpu: crate::kernel::cuda::GpuMaps::take(ebpf)?,
         })
     }
@@ -102,8 +102,8 @@ impl KernelMaps {
 
     /// Raises the live processes of the job's own roles to off-CPU accounting.
     pub fn account_offcpu(&mut self, tree: &crate::model::proctree::ProcessTree) {
-        self.sched.account(&mut self.tracked, &crate::kernel::offcpu::wanted(tree));
-        self.sched.set_feeders(crate::kernel::offcpu::feeders(tree));
+        self.sched.account(&mut self.tracked, &crate::kernel::offcpu_maps::wanted(tree));
+        self.sched.set_feeders(crate::kernel::offcpu_maps::feeders(tree));
     }
 
     /// Adds a process to the tree the kernel follows.

@@ -263,7 +263,7 @@ pub(super) const PROBES: &[Probe] = &[
         fallback: None,
         pairs: Pairing { requires: Some(programs::BLOCK_IO_DONE_BTF), events: &[] },
     }),
-    // Off-CPU accounting (kernel::offcpu): wakeups before switches, so that a switch-in is
+    // Off-CPU accounting (kernel::offcpu_maps): wakeups before switches, so that a switch-in is
     // never seen without the wakeup that preceded it.
     probe(programs::SCHED_WAKING, "sched", &["sched_waking"], false).or_typed(Typed {
         program: programs::SCHED_WAKING_BTF,
@@ -279,7 +279,7 @@ pub(super) const PROBES: &[Probe] = &[
         kind: TypedKind::Btf,
         args: &["bool", "struct task_struct *", "struct task_struct *", "unsigned int"],
         blocker: |l| (l.task.task_pid == TASK_UNKNOWN).then_some("task_struct.pid"),
-        fallback: Some(crate::kernel::offcpu::NO_SYSCALL_CLASS),
+        fallback: Some(crate::kernel::offcpu_maps::NO_SYSCALL_CLASS),
         pairs: UNPAIRED,
     }),
     // A wakeup inside an hrtimer callback is a timeout's, not the interrupted task's doing:

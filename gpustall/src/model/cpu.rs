@@ -5,7 +5,7 @@
 //! outside the job took CPU, and where the job's processes sat blocked on a socket (sampled
 //! /proc/PID/syscall and the socket's peer).
 //!
-//! [`CpuSample`] is what `sources::cpu` reads each beat, recorded inside the context sample;
+//! [`CpuSample`] is what `sources::cpu_sample` reads each beat, recorded inside the context sample;
 //! [`CpuTrack::apply`] folds it in, the same way live and on replay.
 
 use std::collections::BTreeMap;

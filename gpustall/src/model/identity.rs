@@ -1,7 +1,7 @@
 //! Which job a process belongs to, in the words a cluster uses: the Kubernetes pod and
 //! container, the Slurm job and step, the torchrun run and rank. Read from what the node
 //! already has (the process's cgroup path and a short list of its environment variables,
-//! `sources::identity`); what was not found is absent, never guessed.
+//! `sources::identity_read`); what was not found is absent, never guessed.
 //!
 //! Pure parsing, unit-tested on the layouts the kubelet's cgroupfs and systemd drivers,
 //! containerd, CRI-O, Docker and slurmd (cgroup v1 and v2) create.

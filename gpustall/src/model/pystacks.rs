@@ -1,4 +1,4 @@
-//! Python stacks of the job's processes, sampled from outside (`sources::pystacks`, py-spy as a
+//! Python stacks of the job's processes, sampled from outside (`sources::pyspy`, py-spy as a
 //! library): where the workers' CPU goes, the line a stuck process blocks on, where the trainer
 //! waits for data and how much of its CPU goes to receiving batches.
 //!

@@ -2,8 +2,8 @@
 //! the timeline drawn as a self-contained HTML page or a Perfetto trace.
 
 pub mod html;
-pub mod job;
 pub mod job_stderr;
+pub mod merged;
 pub mod perfetto;
 pub mod status_line;
 pub mod summary;

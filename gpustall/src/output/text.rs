@@ -76,7 +76,7 @@ pub fn render(s: &Summary) -> String {
 pub fn where_and_when(origin: &crate::model::origin::Origin, s: &Summary) -> String {
     let when = match origin.wall_clock_at_start_ns {
         0 => String::new(),
-        t => format!(", {}", crate::diagnose::job::date_time(t)),
+        t => format!(", {}", crate::diagnose::job_verdict::date_time(t)),
     };
     let comm = |pid: u32| s.processes.iter().find(|p| p.pid == pid).map(|p| p.comm.clone());
     let what = match origin.targets.first() {
@@ -91,7 +91,7 @@ pub fn where_and_when(origin: &crate::model::origin::Origin, s: &Summary) -> Str
             "; incident: {} of pid {} at {}",
             i.kind.as_str(),
             i.pid,
-            crate::diagnose::job::date_time(i.wall_ns)
+            crate::diagnose::job_verdict::date_time(i.wall_ns)
         ),
         Some(i) => format!("; incident: {} of pid {}", i.kind.as_str(), i.pid),
         None => String::new(),

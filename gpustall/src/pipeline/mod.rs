@@ -4,7 +4,7 @@
 //! arguments and wire stages; this is the only caller of `diagnose/`.
 
 pub mod conclude;
-pub mod incident;
-pub mod merge;
+pub mod lanes;
 pub mod pss;
+pub mod rate_incidents;
 pub mod session;

@@ -70,7 +70,7 @@ pub struct Session {
     /// namespace then (see `sources::context`).
     pub tree_changed_ns: u64,
     /// The job's Python stacks, where sampled (`sample_stacks`).
-    stacks: Option<crate::sources::pystacks::StackSampler>,
+    stacks: Option<crate::sources::pyspy::StackSampler>,
 }
 
 /// Why the job's surroundings (its /dev/shm, its cgroup) are read now, between beats: its
@@ -130,7 +130,7 @@ impl Session {
 
     /// Records which job `pid` belongs to in its cluster, where anything says so.
     pub fn note_identity(&mut self, pid: u32, t_ns: u64) {
-        let identity = crate::sources::identity::read(pid);
+        let identity = crate::sources::identity_read::read(pid);
         let known = self.model.identities.get(&pid);
         if !identity.is_empty() && known != Some(&identity) {
             self.observe(Sample::Identity { t_ns, pid, identity });
@@ -305,13 +305,13 @@ impl Session {
     }
 
     /// Samples the Python stacks of the job's trainers, ranks and workers from now on.
-    pub fn sample_stacks(&mut self, rate: crate::sources::pystacks::Rate) {
-        self.stacks = crate::sources::pystacks::StackSampler::start(rate);
+    pub fn sample_stacks(&mut self, rate: crate::sources::pyspy::Rate) {
+        self.stacks = crate::sources::pyspy::StackSampler::start(rate);
     }
 
     /// Gives the stack sampler this beat's processes and takes in what it found.
     fn read_stacks(&mut self) {
-        use crate::sources::pystacks::Target;
+        use crate::sources::pyspy::Target;
         let Some(sampler) = &self.stacks else { return };
         let tree = &self.model.tree;
         let targets = tree

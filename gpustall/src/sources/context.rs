@@ -249,7 +249,7 @@ pub struct ContextReader {
     jobs: BTreeMap<u32, JobReader>,
     disks: DiskTopology,
     /// The traced job's CPU (`trace` only).
-    cpu: Option<crate::sources::cpu::CpuReader>,
+    cpu: Option<crate::sources::cpu_sample::CpuReader>,
 }
 
 impl ContextReader {
@@ -257,7 +257,7 @@ impl ContextReader {
     pub fn new(target: u32) -> Self {
         Self {
             target: Some(JobReader::new(target)),
-            cpu: Some(crate::sources::cpu::CpuReader::new(target)),
+            cpu: Some(crate::sources::cpu_sample::CpuReader::new(target)),
             ..Self::host_only()
         }
     }

@@ -130,7 +130,7 @@ pub struct WatchOptions {
     /// OTLP export, where asked.
     pub otlp: Option<otlp::OtlpOptions>,
     /// `--py-stacks`.
-    pub py_stacks: crate::sources::pystacks::Rate,
+    pub py_stacks: crate::sources::pyspy::Rate,
 }
 
 struct Job {
@@ -179,7 +179,7 @@ struct Daemon {
     /// is another process). Increments are taken per process, so a process leaving the model
     /// (pruned, folded) never makes a counter step back, and one counted once is never again.
     last_totals: HashMap<(u32, u64), ProcTotals>,
-    storms: crate::pipeline::incident::Storms,
+    storms: crate::pipeline::rate_incidents::Storms,
     pending: Option<(Incident, Instant)>,
     /// Incidents folded into the pending bundle and not said one by one (8,000 SIGKILLs of
     /// one job are one bundle and two lines in the log).
@@ -354,7 +354,7 @@ impl Daemon {
         self.metrics.set_bpf_maps(maps.iter().map(|m| m.bytes).sum());
     }
 
-    /// Reclaim storms (`pipeline::incident::Storms`).
+    /// Reclaim storms (`pipeline::rate_incidents::Storms`).
     fn storm(&mut self, now: u64) {
         if let Some(inc) = self.storms.tick(&self.session.model, now) {
             self.session.incidents.push(inc);

@@ -705,9 +705,9 @@ pub fn trainer_bound(c: &Ctx) -> Option<Verdict> {
     let (main, _, share) = waiters(f)
         .into_iter()
         .filter(|p| p.0.lifetime_ns >= MIN_LIFE_NS)
-        .max_by_key(|p| super::gpuwait::own_cpu_ns(p.0))?;
+        .max_by_key(|p| super::gpu_bound::own_cpu_ns(p.0))?;
     let sp = Split::of(main);
-    let own = super::gpuwait::own_cpu_ns(main);
+    let own = super::gpu_bound::own_cpu_ns(main);
     if share >= DATA_WAIT_SHARE || sp.share(own) < TRAINER_ON_CPU {
         return None;
     }

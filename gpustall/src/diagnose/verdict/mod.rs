@@ -26,16 +26,16 @@
 mod advice;
 mod datawait;
 mod evidence;
-mod gpuwait;
+mod gpu_bound;
 mod input;
-mod kernlog;
+mod kernel_faults;
 mod rules;
 mod stacks;
 
 use serde::Serialize;
 
 pub use crate::diagnose::facts::Facts;
-pub use gpuwait::TimeSplit;
+pub use gpu_bound::TimeSplit;
 
 /// A trainer's or rank's time split into waiting for data, for the GPU, its own CPU work and
 /// the rest, where its GPU waits were measured.
@@ -178,14 +178,14 @@ impl std::fmt::Display for Cause {
 type Rule = fn(&Ctx) -> Option<Verdict>;
 
 const RULES: &[(Cause, Rule)] = &[
-    (Cause::GpuFault, kernlog::gpu_fault),
+    (Cause::GpuFault, kernel_faults::gpu_fault),
     (Cause::HostMemoryOom, rules::host_memory_oom),
     (Cause::ProcessKilled, rules::process_killed),
     (Cause::BusError, rules::bus_error),
     (Cause::DiskFull, rules::disk_full),
-    (Cause::StorageError, kernlog::storage_error),
+    (Cause::StorageError, kernel_faults::storage_error),
     (Cause::HostMemoryPressure, rules::host_memory_pressure),
-    (Cause::HungTask, kernlog::hung_task),
+    (Cause::HungTask, kernel_faults::hung_task),
     (Cause::ProcessHung, rules::process_hung),
     (Cause::Deadlock, rules::stuck_worker),
     (Cause::GpuThrottling, rules::gpu_throttling),
@@ -196,7 +196,7 @@ const RULES: &[(Cause, Rule)] = &[
     (Cause::BusyHost, input::busy_host),
     (Cause::NetworkBound, input::network_bound),
     (Cause::CpuBoundPipeline, input::cpu_bound_pipeline),
-    (Cause::GpuBound, gpuwait::gpu_bound),
+    (Cause::GpuBound, gpu_bound::gpu_bound),
     (Cause::TrainerBound, input::trainer_bound),
     (Cause::Deadlock, rules::deadlock),
 ];
@@ -229,6 +229,6 @@ pub struct Verdict {
 }
 
 #[cfg(test)]
-mod kernlog_tests;
+mod kernel_faults_tests;
 #[cfg(test)]
 mod tests;

@@ -67,7 +67,7 @@ impl<'a> Ctx<'a> {
         let mut chain = Chain(Vec::new());
         super::evidence::stall_links(self.f, &mut chain);
         super::datawait::links(self.f, &mut chain);
-        super::kernlog::links(self.f, cited, &mut chain);
+        super::kernel_faults::links(self.f, cited, &mut chain);
         super::stacks::unreadable_link(self.f, &mut chain);
         chain
     }
@@ -229,7 +229,7 @@ fn memory_scope(f: &Facts) -> String {
 
 /// The memory cgroup the kernel's OOM report gives for a traced victim's kill.
 fn oom_cgroup_in_log(f: &Facts) -> Option<&str> {
-    super::kernlog::trusted(f)
+    super::kernel_faults::trusted(f)
         .filter(|l| l.what == crate::model::kernlog::LogWhat::OomCgroup)
         .find(|l| f.oom_kills.iter().any(|o| Some(o.victim_pid) == l.pid))
         .and_then(|l| l.device.as_deref())

@@ -7,11 +7,11 @@
 
 pub mod sample;
 pub mod stall;
-pub mod summary;
+pub mod totals;
 
 pub use sample::GpuSample;
 pub use stall::{StallDetector, StallEpisode};
-pub use summary::GpuSummary;
+pub use totals::GpuSummary;
 
 use std::collections::{BTreeSet, HashSet};
 

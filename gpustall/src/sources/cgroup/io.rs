@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use crate::model::host::IoLimit;
 use crate::sources::cgroup::mounts;
-use crate::sources::cpu::{controller_mounts, controller_paths};
+use crate::sources::cpu_sample::{controller_mounts, controller_paths};
 use crate::sources::host::read_text;
 
 /// The limits set on `pid`'s block I/O cgroup or any ancestor, nearest first; none where no

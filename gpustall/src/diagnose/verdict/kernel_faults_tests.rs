@@ -63,12 +63,12 @@ fn a_flood_of_kernel_log_lines_is_a_few_folded_lines_in_the_evidence() {
     assert_eq!(v.cause, Cause::GpuFault, "{v:#?}");
     assert!(v.text.contains("(20,000 Xid errors in all)"), "{}", v.text);
     let logged: Vec<&String> = v.evidence.iter().filter(|e| e.contains("kernel log")).collect();
-    assert!(logged.len() <= kernlog::EVIDENCE_LINES + 3, "{logged:#?}");
+    assert!(logged.len() <= kernel_faults::EVIDENCE_LINES + 3, "{logged:#?}");
     assert!(
         logged.iter().any(|e| e.contains("(20,000 lines like it, the last at +30.0s)")),
         "{logged:#?}"
     );
-    let rest = 32 - (kernlog::EVIDENCE_LINES as u64 - 1);
+    let rest = 32 - (kernel_faults::EVIDENCE_LINES as u64 - 1);
     assert!(
         logged.iter().any(|e| e.starts_with(&format!(
             "and {rest} more lines of the kernel log like these ({rest} distinct)"

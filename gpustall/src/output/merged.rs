@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 use serde::Serialize;
 use serde_json::{json, Value};
 
-use crate::diagnose::job::{self, JobVerdict, OnsetKind, Source};
+use crate::diagnose::job_verdict::{self, JobVerdict, OnsetKind, Source};
 use crate::output::html::{self, esc};
 use crate::output::perfetto;
 use crate::output::summary::Summary;
@@ -124,7 +124,7 @@ pub fn summary<'a>(
     JobSummary {
         record_type: "job_summary",
         wall_clock_at_start_ns: t0,
-        start: job::date_time(t0),
+        start: job_verdict::date_time(t0),
         duration_s: secs(t1, t0),
         max_skew_s: max_skew_ns as f64 / 1e9,
         verdict,
@@ -166,20 +166,20 @@ pub fn text(lanes: &[Lane], v: &JobVerdict, warnings: &[String]) -> String {
     let mut o = format!(
         "gpustall merge: {} recordings, {} .. {} (UTC)\n\n",
         lanes.len(),
-        job::date_time(t0),
-        job::clock_time(t1)
+        job_verdict::date_time(t0),
+        job_verdict::clock_time(t1)
     );
     let width = lanes.iter().map(|l| l.source.label.len()).max().unwrap_or(4);
     for l in lanes {
         let s = &l.source;
         let first = s.first_onset().map_or("no stall".to_string(), |(t, o)| {
-            format!("first stall {} {}", job::clock_time(t), o.what)
+            format!("first stall {} {}", job_verdict::clock_time(t), o.what)
         });
         let _ = writeln!(
             o,
             "  {:width$}  {} +{:.1} s  kernel {}  {}: {}",
             s.label,
-            job::clock_time(s.wall_start_ns),
+            job_verdict::clock_time(s.wall_start_ns),
             (s.wall_end() - s.wall_start_ns) as f64 / 1e9,
             s.kernel,
             s.verdict.cause,
@@ -202,7 +202,7 @@ pub fn html_page(lanes: &[Lane], v: &JobVerdict, warnings: &[String]) -> String 
         esc(v.first.as_deref().unwrap_or("no node stalled")),
         esc(&v.text),
         esc(&v.clock),
-        esc(&job::date_time(t0))
+        esc(&job_verdict::date_time(t0))
     );
     if !warnings.is_empty() {
         o.push_str("<h2>The recordings disagree</h2><ul>");
@@ -274,7 +274,7 @@ fn lanes_svg(lanes: &[Lane], t0: u64, t1: u64) -> String {
                 y + 3.0,
                 LANE_H - 6.0,
                 onset_color(o.kind),
-                esc(&job::clock_time(src.wall(o.t_ns))),
+                esc(&job_verdict::clock_time(src.wall(o.t_ns))),
                 esc(&o.what)
             );
         }
@@ -283,10 +283,10 @@ fn lanes_svg(lanes: &[Lane], t0: u64, t1: u64) -> String {
         s,
         r##"<text x="{LANE_LEFT}" y="{:.1}" font-size="10">{}</text><text x="{}" y="{:.1}" font-size="10" text-anchor="end">{}</text></svg><p><small>red: OOM kill, purple: fatal signal, orange: GPU stall, black: a process failed</small></p>"##,
         height - 4.0,
-        esc(&job::clock_time(t0)),
+        esc(&job_verdict::clock_time(t0)),
         LANE_W - 10.0,
         height - 4.0,
-        esc(&job::clock_time(t1))
+        esc(&job_verdict::clock_time(t1))
     );
     s
 }
@@ -323,7 +323,7 @@ pub fn write_perfetto(
             "ts": first.onset_wall_ns.saturating_sub(t0) as f64 / 1e3, "args": {"text": v.text}}));
     }
     out.finish(&json!({"tool": concat!("gpustall ", env!("CARGO_PKG_VERSION")),
-            "job_verdict": v.text, "time_zero": job::date_time(t0)}))?;
+            "job_verdict": v.text, "time_zero": job_verdict::date_time(t0)}))?;
     Ok(())
 }
 

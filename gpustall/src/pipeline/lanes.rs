@@ -6,13 +6,13 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
 
-pub use crate::diagnose::job::JobVerdict;
+pub use crate::diagnose::job_verdict::JobVerdict;
 
 use crate::{
-    diagnose::job::{self, Source},
+    diagnose::job_verdict::{self, Source},
     model::identity::Identity,
     output::{
-        job::{self as out, Lane},
+        merged::{self as out, Lane},
         timeline,
     },
     recording::header::Header,
@@ -65,11 +65,11 @@ pub fn load(input: &Path, timeline: bool) -> anyhow::Result<(Lane, Option<String
         plausible_wall_clock(header.wall_clock_at_start_ns, crate::sources::clock::wall_ns()),
         "{}: its wall clock at start ({}) is not a date gpustall could have recorded: a node with a wrong clock cannot be put on the job's timeline",
         file.display(),
-        job::date_time(header.wall_clock_at_start_ns)
+        job_verdict::date_time(header.wall_clock_at_start_ns)
     );
     let summary = crate::pipeline::conclude::summary(&r.model, r.end_ns, true);
-    let onsets = job::onsets(&r.model);
-    let rank = onsets.first().and_then(|o| job::rank_of(&r.model, o.pid));
+    let onsets = job_verdict::onsets(&r.model);
+    let rank = onsets.first().and_then(|o| job_verdict::rank_of(&r.model, o.pid));
     let source = Source {
         label: tag(&header, input, summary.job.as_ref()),
         host: header.host.clone(),
@@ -127,18 +127,18 @@ fn rank_key(l: &Lane) -> (bool, u32) {
 /// recordings of one host apart: the rank, the pid, the incident).
 pub fn conclude_job(lanes: &mut [Lane], max_skew_ns: u64) -> (JobVerdict, Vec<String>) {
     lanes.sort_by_key(rank_key);
-    let names = job::labels(
+    let names = job_verdict::labels(
         &lanes.iter().map(|l| (l.source.host.clone(), l.source.label.clone())).collect::<Vec<_>>(),
     );
     for (l, name) in lanes.iter_mut().zip(names) {
         l.source.label = name;
     }
     let sources: Vec<Source> = lanes.iter().map(|l| l.source.clone()).collect();
-    let mut warnings = job::disagreements(&sources, max_skew_ns);
+    let mut warnings = job_verdict::disagreements(&sources, max_skew_ns);
     warnings.extend(runs_differ(lanes));
     warnings.extend(missing_ranks(lanes));
     warnings.extend(duplicate_ranks(lanes));
-    (job::decide(&sources, max_skew_ns), warnings)
+    (job_verdict::decide(&sources, max_skew_ns), warnings)
 }
 
 /// Ranks of the job's world size that no recording holds (a merge of some ranks only).

@@ -29,7 +29,7 @@ pub fn program_stats(
     stats
 }
 
-/// What loading each attached program cost, at debug level (target `gpustall::kernel::stats`):
+/// What loading each attached program cost, at debug level (target `gpustall::kernel::prog_stats`):
 /// the instructions the verifier walked (`verified_insns`, 5.16+) and the sizes of what it kept,
 /// translated and JIT-compiled. The per-program table of docs/HOW-IT-WORKS.md comes from it.
 pub fn log_verifier_costs(ebpf: &Ebpf, programs: &[&'static str]) {

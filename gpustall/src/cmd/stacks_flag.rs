@@ -6,5 +6,5 @@ pub struct StacksArgs {
     /// Sample the Python stacks of the trainers, ranks and DataLoader workers (py-spy, without
     /// pausing them): `auto` (at most 0.5 % of one CPU in all), `off`, or samples a second.
     #[arg(long, value_name = "RATE", default_value = "auto")]
-    pub py_stacks: crate::sources::pystacks::Rate,
+    pub py_stacks: crate::sources::pyspy::Rate,
 }
