@@ -214,7 +214,7 @@ fn an_mmengine_runner_whose_workers_outgrow_its_cgroup_is_an_oom_with_a_worker_c
     }
     // The log counts more than next(): mmengine's hooks between its clock's reads (the log
     // line's own formatting and writing at every 2nd iteration), slow on CPUs the 8 workers
-    // hold. Measured: the log 13-26 % over next(), the wait alone 65-88 % of the log.
+    // hold. Measured over 25 runs: the log 7-26 % over next(), the wait alone 65-88 % of it.
     assert!(logged >= in_next, "log {logged} s, next() {in_next} s");
     assert!(fetching >= logged * 0.6, "wait and receiving {fetching} s, log {logged} s");
 }
