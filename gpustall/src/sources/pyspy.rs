@@ -278,7 +278,10 @@ fn sample(pid: u32, p: &mut Proc, now: Instant) -> Option<Duration> {
             // The main thread's, its time runnable since then (the kernel's schedstat): a sample
             // after a long block stands for the moments it ran, not for the block (its wait).
             let sched = main_schedstat(pid);
-            p.pending.no_schedstat |= sched.is_none();
+            // A process that exited since its stack was read has none either: only a kernel
+            // that keeps none for this process too is said to.
+            p.pending.no_schedstat |=
+                sched.is_none() && main_schedstat(std::process::id()).is_none();
             let main_stands_for = match (p.last_sched, sched) {
                 (Some(a), Some(b)) if p.last_sample.is_some() => {
                     b.runnable_since(a).min(STANDS_FOR_AT_MOST)
