@@ -2,7 +2,9 @@
 //! step, a container in a pod) gets a verdict that names that limit and who sets it, with the
 //! kernel's memory.events as evidence on v2 (checked against the cgroup's own file); and an
 //! agent that runs in its own cgroup namespace (a DaemonSet with cgroupns=private) still finds
-//! a job in another namespace at its host path.
+//! a job in another namespace at its host path. A job that moves itself into a cgroup and is
+//! OOM-killed there a tenth of a second later gets that cgroup and its limit from the kernel's
+//! OOM report.
 
 use std::time::Duration;
 
@@ -150,4 +152,43 @@ fn an_agent_in_its_own_cgroup_namespace_finds_a_job_in_another() {
     let v = &t.summary["verdict"];
     let want = format!("Memory cgroup {} (limit 256 MiB)", job_cg.cgroup_path());
     assert!(text(&v["text"]).starts_with(&want), "{v:#}");
+}
+
+/// A shell starts a Python child that writes its own pid into a 64 MiB cgroup's cgroup.procs
+/// and then fills 256 MiB: the child is killed a tenth of a second later, with no fork or exec
+/// after its move for the agent to look again at, and the shell it stands for never moves. The
+/// kernel's OOM report names the cgroup, and the agent reads it from there: the job's cgroup
+/// and its limit are in the summary and the verdict, as for a job that started in it.
+#[test]
+fn a_job_killed_moments_after_joining_its_cgroup_gets_the_limit_from_the_oom_report() {
+    tests::require_privileged_env();
+    let _lock = tests::pressure_lock();
+    let cg = MemCgroup::new("oom-report", 64, false);
+    let dir = tests::TempDir::new("oom-report");
+    let summary = dir.path("summary.json");
+    let job = format!(
+        "python3 -c \"import os; open('{}/cgroup.procs', 'w').write(str(os.getpid())); b = bytearray(256 << 20)\"; sleep 0.5",
+        cg.path.display()
+    );
+    let o = std::process::Command::new(tests::gpustall_bin())
+        .args(["trace", "--quiet", "--no-gpu", "--summary-json"])
+        .arg(&summary)
+        .args(["--", "sh", "-c", &job])
+        .env_remove("SUDO_UID")
+        .output()
+        .expect("gpustall trace");
+    let s: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&summary).unwrap_or_else(|e| {
+            panic!("no summary ({e}): {}", String::from_utf8_lossy(&o.stderr))
+        }))
+        .expect("JSON");
+    assert_eq!(cg.oom_kills(), 1, "the cgroup's own count");
+    let v = &s["verdict"];
+    assert_eq!(v["cause"], "host_memory_oom", "{v:#}");
+    let cgroup = &s["context"]["cgroup"];
+    eprintln!("cgroup: {cgroup}\nverdict: {}", v["text"]);
+    assert_eq!(cgroup["path"].as_str(), Some(cg.cgroup_path().as_str()), "{cgroup:#}");
+    assert_eq!(cgroup["limit_bytes"].as_u64(), Some(64 << 20), "{cgroup:#}");
+    let said = text(&v["text"]);
+    assert!(said.contains("(limit 64 MiB") && !said.contains("not read in time"), "{said}");
 }

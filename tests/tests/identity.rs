@@ -273,7 +273,7 @@ fn the_rank_whose_worker_was_oom_killed_is_named_first() {
     assert_eq!(v["cause"], "host_memory_oom", "{v:#}");
     assert!(v["text"].as_str().is_some_and(|t| t.contains("rank 1")), "in ranks: {v:#}");
     // The rank moved itself into the cgroup and died within a second: the kernel's OOM report
-    // names the cgroup the verdict could not read in time.
+    // names the cgroup, and the agent reads it from there.
     let cgroup = format!("Memory cgroup {}", cg.cgroup_path());
     assert!(v["text"].as_str().is_some_and(|t| t.contains(&cgroup)), "{cgroup}: {v:#}");
     assert!(text.contains("rank 1"), "{text}");

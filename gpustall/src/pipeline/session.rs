@@ -350,12 +350,29 @@ impl Session {
         let batch = self.proc_batch();
         self.sample_proc(&batch, now);
         ctx.job_changed(self.tree_changed_ns);
+        // The kernel log first: a cgroup its OOM report names is read in this tick's context.
+        self.read_kernel_log(now);
+        for path in self.oom_cgroups_reported() {
+            ctx.oom_reported(&path);
+        }
         self.observe(Sample::Context(Box::new(ctx.read(&batch, now))));
         if let Some(log) = log {
             self.read_log(log, now);
         }
-        self.read_kernel_log(now);
         self.read_stacks();
+    }
+
+    /// The memory cgroups the kernel's own OOM reports named for the traced tree's victims
+    /// (each line kept is one of the tree's: [`Self::read_kernel_log`]).
+    fn oom_cgroups_reported(&self) -> Vec<String> {
+        use crate::model::kernlog::LogWhat;
+        self.model
+            .kernel_log
+            .lines
+            .iter()
+            .filter(|l| l.what == LogWhat::OomCgroup && l.origin.is_trusted())
+            .filter_map(|l| l.device.clone())
+            .collect()
     }
 
     /// Follows the kernel log from now on; where it cannot be read, says so once (its verdicts,

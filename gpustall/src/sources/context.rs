@@ -197,6 +197,29 @@ impl JobReader {
         false
     }
 
+    /// The kernel's OOM report named `path` as a traced victim's memory cgroup. Where the
+    /// job's cgroup is not known to be limited (the job moved into that one and was killed
+    /// before a look at its processes saw it: `echo $$ > cgroup.procs; exec python` dies in a
+    /// tenth of a second), that one is the job's, read from now on while it exists. The
+    /// stand-in's membership now is kept, so that only a move of its own replaces it.
+    fn oom_reported(&mut self, path: &str) {
+        if self.cgroup.as_ref().is_some_and(|c| c.path == path) {
+            return;
+        }
+        let limited = self
+            .cgroup
+            .as_ref()
+            .and_then(cgroup::read_cgroup_mem)
+            .is_some_and(|m| m.limit_bytes.is_some());
+        if limited {
+            return;
+        }
+        let Some(dir) = cgroup::memory_cgroup_dir_named(path) else { return };
+        log::debug!("the job's memory cgroup is {} (named by the kernel's OOM report)", dir.path);
+        self.cgroup = Some(dir);
+        self.membership = std::fs::read_to_string(format!("/proc/{}/cgroup", self.stand_in)).ok();
+    }
+
     /// The block I/O limits on the job's cgroup, read at the first sample and then every
     /// [`IO_LIMITS_EVERY_NS`] (they are set by whoever starts the job, and rarely change).
     /// Read through a live process of the job, the stand-in first: an exiting one shows the
@@ -291,6 +314,14 @@ impl ContextReader {
         }
         for j in self.jobs.values_mut() {
             j.catch_up(&[]);
+        }
+    }
+
+    /// The kernel's OOM report named `path` as the memory cgroup of a traced victim (`trace`):
+    /// see [`JobReader::oom_reported`].
+    pub fn oom_reported(&mut self, path: &str) {
+        if let Some(j) = self.target.as_mut() {
+            j.oom_reported(path);
         }
     }
 

@@ -63,7 +63,29 @@ pub fn memory_cgroup_dir_in(
     own_pid: u32,
 ) -> Option<MemCgroupDir> {
     let text = std::fs::read_to_string(proc_root.join(pid.to_string()).join("cgroup")).ok()?;
-    let (v1, v2) = parse_proc_cgroup(&text);
+    memory_cgroup_dir_of(proc_root, mounts, &text, own_pid)
+}
+
+/// The memory cgroup the kernel names `path` (an OOM report's `oom_memcg=`, a path from the
+/// hierarchy's root), where it still exists: v1's memory controller's, else v2's.
+pub fn memory_cgroup_dir_named(path: &str) -> Option<MemCgroupDir> {
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo")
+        .map(|t| mounts::parse_mountinfo(&t))
+        .ok()
+        .filter(|m| !m.is_empty())
+        .unwrap_or_else(|| default_mounts(Path::new("/sys/fs/cgroup")));
+    let as_membership = format!("1:memory:{path}\n0::{path}\n");
+    memory_cgroup_dir_of(Path::new("/proc"), &mounts, &as_membership, std::process::id())
+}
+
+/// As [`memory_cgroup_dir_in`], from a /proc/PID/cgroup text.
+fn memory_cgroup_dir_of(
+    proc_root: &Path,
+    mounts: &[CgroupMount],
+    text: &str,
+    own_pid: u32,
+) -> Option<MemCgroupDir> {
+    let (v1, v2) = parse_proc_cgroup(text);
     for (version, seen) in [(1u8, v1), (2, v2)] {
         let Some(seen) = seen else { continue };
         for m in mounts.iter().filter(|m| m.version == version) {
