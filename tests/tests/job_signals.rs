@@ -20,7 +20,9 @@ use std::{
 /// Counts each SIGINT, SIGTERM or SIGHUP the job gets (the interpreter's C handler writes each
 /// one's number to the wakeup pipe, read into COUNT at the end), and raises KeyboardInterrupt
 /// for it as Python's default SIGINT handler does; the first starts a one-second save that a
-/// second signal would cut short. READY is made once the job runs (so it is traced).
+/// second signal would cut short. READY is made once the job runs (so it is traced), inside
+/// the `try` that catches the signal: a signal sent the moment READY appears (a loaded machine
+/// once delivered one while `open` was still returning) is the job's to handle.
 const JOB: &str = r#"
 import os, signal, sys, time
 out = sys.argv[1]
@@ -32,9 +34,9 @@ def on_signal(sig, frame):
     raise KeyboardInterrupt
 for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
     signal.signal(s, on_signal)
-open(out + ".ready", "w").close()
 try:
     try:
+        open(out + ".ready", "w").close()
         while True:
             time.sleep(0.05)
     except KeyboardInterrupt:
