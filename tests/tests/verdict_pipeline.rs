@@ -422,6 +422,12 @@ fn a_torchrun_rank_whose_forkserver_workers_start_slowly_still_names_its_straggl
     let (t, rank_line) =
         traced_torch_via(&torchrun, &["--standalone", "--nproc_per_node=1"], &args, &cg);
     let v = verdict(&t, "torchrun, forkserver workers, one slow");
+    // What the rule weighed, shown when it fails: each worker's share of the waits.
+    for p in t.processes().iter().filter(|p| p["role"] == "dataloader_worker") {
+        let keys = ["pid", "kept_waiting_ns", "kept_waiting_count", "kept_waiting_max_ns"];
+        let figures: Vec<String> = keys.iter().map(|k| format!("{k} {}", p[*k])).collect();
+        eprintln!("{}, long waits {}", figures.join(", "), p["long_waits"]);
+    }
     let pids = rank_line["worker_pids"].clone();
     assert_eq!(v["cause"], "straggler_worker", "{v:#}");
     assert_eq!(v["culprit_pids"], json!([pids[2]]), "worker 2 (pids {pids}): {v:#}");

@@ -52,6 +52,10 @@ pub struct LongWaitSummary {
     pub longest_at_ns: u64,
     pub longest_ns: u64,
     pub longest_in_reclaim_ns: u64,
+    /// The largest part of one wait charged to it: the whole wait where it ended it alone,
+    /// half where it shared it, as waker or co-waker (a worker whose first batch came with a
+    /// sibling's shares the start-up wait without ending it).
+    pub largest_share_ns: u64,
 }
 
 #[derive(Default, Debug)]
@@ -88,6 +92,7 @@ impl LongWaits {
         s.count += 1;
         s.ns += w.duration_ns - shared;
         s.in_reclaim_ns += w.waker_reclaim_ns;
+        s.largest_share_ns = s.largest_share_ns.max(w.duration_ns - shared);
         if w.duration_ns > s.longest_ns {
             s.longest_at_ns = w.t_ns;
             s.longest_ns = w.duration_ns;
@@ -98,6 +103,7 @@ impl LongWaits {
             let c = self.per_waker.entry(co).or_default();
             c.ns += shared;
             c.in_reclaim_ns += in_reclaim;
+            c.largest_share_ns = c.largest_share_ns.max(shared);
         }
         if self.waits.len() < WAITS_KEPT {
             self.waits.push(w);
@@ -190,6 +196,16 @@ mod tests {
         assert!(l.stalls[&11].len() <= STALLS_KEPT);
         l.note_reclaim(11, 200_000_000_000, 5);
         assert_eq!(l.stalls[&11].len(), 1, "a minute later the old stalls are gone");
+    }
+
+    #[test]
+    fn a_shared_wait_is_each_sharers_largest_share_though_only_the_waker_counts_it() {
+        let mut l = LongWaits::default();
+        l.note_wait(LongWait { co_waker: Some(12), ..wait(11, 0, 6_000) });
+        l.note_wait(wait(12, 6_000, 6_100));
+        let (w, co) = (l.of(11).expect("the waker"), l.of(12).expect("the co-waker"));
+        assert_eq!((w.count, w.ns, w.longest_ns, w.largest_share_ns), (1, 3_000, 6_000, 3_000));
+        assert_eq!((co.count, co.ns, co.longest_ns, co.largest_share_ns), (1, 3_100, 100, 3_000));
     }
 
     #[test]

@@ -371,6 +371,7 @@ mod tests {
             longest_at_ns: 8_300_000_000,
             longest_ns: 740_000_000,
             longest_in_reclaim_ns: 600_000_000,
+            largest_share_ns: 740_000_000,
         });
         let mut chain = Chain(Vec::new());
         links(&f, &mut chain);

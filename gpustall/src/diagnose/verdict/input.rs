@@ -590,14 +590,20 @@ fn kept_ns(p: &ProcFacts) -> u64 {
     p.offcpu.as_ref().map_or(0, |o| o.kept_waiting_ns)
 }
 
-/// What a worker kept the trainer waiting, less its longest wait: a worker's first batch
-/// carries its start-up (importing torch and unpickling the dataset under spawn or
+/// What a worker kept the trainer waiting, less its largest part of one wait: a worker's first
+/// batch carries its start-up (importing torch and unpickling the dataset under spawn or
 /// forkserver: seconds), which says nothing of how it keeps up after. One wait per worker is
-/// a sliver of a straggler's many.
+/// a sliver of a straggler's many. Workers that start together deliver their first batches
+/// together, and the kernel charges that wait half to the one that ended it and half to the
+/// other: each one's part is what it was charged (the long waits, 10 ms or more, are each
+/// told), not the wait's whole length, which is the kernel's maximum of the waits it ended.
 fn steady_kept_ns(p: &ProcFacts) -> u64 {
     let o = p.offcpu.as_ref();
-    let max = o.and_then(|o| o.kept_waiting_max_ns).unwrap_or(0);
-    kept_ns(p).saturating_sub(max)
+    let largest = match o.and_then(|o| o.long_waits) {
+        Some(l) => l.largest_share_ns,
+        None => o.and_then(|o| o.kept_waiting_max_ns).unwrap_or(0),
+    };
+    kept_ns(p).saturating_sub(largest)
 }
 
 /// One worker held the pipeline back: the trainer's waits ended mostly when that worker's

@@ -4,6 +4,7 @@
 use super::*;
 use crate::diagnose::facts::CgroupFacts;
 use crate::diagnose::verdict::decide;
+use crate::model::longwait::LongWaitSummary;
 use crate::model::offcpu::OffCpuSummary;
 
 const S: u64 = 1_000_000_000;
@@ -124,6 +125,53 @@ fn one_worker_that_ends_most_waits_is_a_straggler_not_a_cpu_bound_pipeline() {
         p.cpu_ns = Some(9 * S);
     }
     assert_eq!(decide(&f).cause, Cause::CpuBoundPipeline);
+}
+
+const MS: u64 = 1_000_000;
+
+/// Sets each worker's (kept, count, longest wait it ended, its largest share of one wait) and
+/// decides.
+fn decide_with_waits(f: &mut Facts, waits: [(u64, u64, u64, u64); 4]) -> Verdict {
+    for (p, (k, n, max, share)) in f.procs[1..].iter_mut().zip(waits) {
+        let o = p.offcpu.as_mut().expect("offcpu");
+        (o.kept_waiting_ns, o.kept_waiting_count, o.kept_waiting_max_ns) = (k, n, Some(max));
+        o.long_waits = Some(LongWaitSummary { largest_share_ns: share, ..Default::default() });
+    }
+    decide(f)
+}
+
+/// CI's torchrun straggler (forkserver workers, 2 CPUs): workers 0 and 1 delivered their
+/// first batches together after 6.2 s of start-up, and the kernel charged that wait half to
+/// each; worker 1's half is no wait it ended, so its own longest does not cover it. The
+/// straggler is worker 2, whose 25 waits are its steady lead.
+#[test]
+fn a_start_up_wait_two_workers_shared_is_no_ones_steady_lead() {
+    let mut f = job(10_080 * MS, 4, S, 0);
+    f.procs[3].cpu_ns = Some(9 * S);
+    let v = decide_with_waits(
+        &mut f,
+        [
+            (3_080 * MS, 3, 6_160 * MS, 3_080 * MS),
+            (3_080 * MS, 1, 2 * MS, 3_080 * MS),
+            (3_520 * MS, 25, 150 * MS, 150 * MS),
+            (400 * MS, 10, 60 * MS, 60 * MS),
+        ],
+    );
+    assert_eq!((v.cause, &v.culprit_pids), (Cause::StragglerWorker, &vec![13]), "{v:#?}");
+    let start_up = "(6.22 s of it their first batches: the workers' start-up)";
+    assert!(v.text.contains(start_up), "{}", v.text);
+    // Another run: the straggler itself ended a 6.4 s start-up wait shared with worker 3.
+    // Half of it was its part, not the whole wait (its 24 waits kept it 6.59 s).
+    let v = decide_with_waits(
+        &mut f,
+        [
+            (212 * MS, 6, 409 * MS, 204 * MS),
+            (8 * MS, 4, 4 * MS, 4 * MS),
+            (6_590 * MS, 24, 6_400 * MS, 3_200 * MS),
+            (3_210 * MS, 8, 3 * MS, 3_200 * MS),
+        ],
+    );
+    assert_eq!((v.cause, &v.culprit_pids), (Cause::StragglerWorker, &vec![13]), "{v:#?}");
 }
 
 /// Non-persistent workers: 2 at a time over 3 epochs, 6 processes, each on CPU 80 % of its
