@@ -351,8 +351,7 @@ impl Session {
         self.sample_proc(&batch, now);
         ctx.job_changed(self.tree_changed_ns);
         // The kernel log first: a cgroup its OOM report names is read in this tick's context.
-        self.read_kernel_log(now);
-        for path in self.oom_cgroups_reported() {
+        for path in self.read_kernel_log(now) {
             ctx.oom_reported(&path);
         }
         self.observe(Sample::Context(Box::new(ctx.read(&batch, now))));
@@ -360,19 +359,6 @@ impl Session {
             self.read_log(log, now);
         }
         self.read_stacks();
-    }
-
-    /// The memory cgroups the kernel's own OOM reports named for the traced tree's victims
-    /// (each line kept is one of the tree's: [`Self::read_kernel_log`]).
-    fn oom_cgroups_reported(&self) -> Vec<String> {
-        use crate::model::kernlog::LogWhat;
-        self.model
-            .kernel_log
-            .lines
-            .iter()
-            .filter(|l| l.what == LogWhat::OomCgroup && l.origin.is_trusted())
-            .filter_map(|l| l.device.clone())
-            .collect()
     }
 
     /// Follows the kernel log from now on; where it cannot be read, says so once (its verdicts,
@@ -389,11 +375,13 @@ impl Session {
 
     /// The kernel log's new lines that matter, folded: a report naming a process (a hung task,
     /// a soft lockup, an OOM kill) only when it is one of the traced tree's; the node's GPU,
-    /// storage and hardware errors always.
-    fn read_kernel_log(&mut self, now: u64) {
+    /// storage and hardware errors always. Returns the memory cgroups the kernel's own OOM
+    /// reports among them named for the tree's victims.
+    fn read_kernel_log(&mut self, now: u64) -> Vec<String> {
         use crate::model::kernlog::{xid_meaning, LogWhat, XidSide};
         self.logged_faults.clear();
-        let Some(r) = self.kmsg.as_mut() else { return };
+        let mut oom_cgroups = Vec::new();
+        let Some(r) = self.kmsg.as_mut() else { return oom_cgroups };
         let tree = &self.model.tree;
         let (lines, dropped) = r.read(|line| {
             let names_a_process = matches!(
@@ -419,11 +407,15 @@ impl Session {
                 });
                 self.logged_faults.push(line.clone());
             }
+            if line.what == LogWhat::OomCgroup && line.origin.is_trusted() {
+                oom_cgroups.extend(line.device.clone());
+            }
             self.observe(Sample::KernelLog(line));
         }
         if missed > 0 || dropped > 0 {
             self.observe(Sample::KernelLogMissed { t_ns: now, records: missed, dropped });
         }
+        oom_cgroups
     }
 
     /// Gives the kernel the job's roles as soon as a drain moved them (a worker forked and
