@@ -5,13 +5,14 @@
 use std::fmt::Write as _;
 
 use serde::Serialize;
-use serde_json::{json, Value};
+use serde_json::json;
 
 use crate::diagnose::job_verdict::{self, JobVerdict, OnsetKind, Source};
 use crate::output::html::{self, esc};
 use crate::output::perfetto;
 use crate::output::summary::Summary;
 use crate::output::timeline::Timeline;
+use crate::output::trace_event::{Phase, Scope, TraceEvent};
 
 /// One node (one recording) of the merge, its timeline already on the wall clock.
 pub struct Lane {
@@ -304,23 +305,28 @@ pub fn write_perfetto(
     let mut out = perfetto::EventWriter::start(w)?;
     for (k, l) in lanes.iter().enumerate() {
         let group = k as u64 + 1;
-        out.event(&json!({"ph": "M", "name": "process_name", "pid": group,
-            "args": {"name": format!("{} ({}, {})", l.source.label, l.source.verdict.cause, l.source.kernel)}}));
-        out.event(&json!({"ph": "M", "name": "process_sort_index", "pid": group, "args": {"sort_index": k}}));
+        let name = format!("{} ({}, {})", l.source.label, l.source.verdict.cause, l.source.kernel);
+        out.event(&TraceEvent::meta("process_name", group, json!({ "name": name })));
+        out.event(&TraceEvent::meta("process_sort_index", group, json!({ "sort_index": k })));
         // Counters are named after their track's final name (the lane's timeline holds the
         // tracks): a process renamed by exec keeps one counter track.
         let at = |_, ns| l.source.wall(ns).saturating_sub(t0) as f64 / 1e3;
         let t = perfetto::stream_marks(&l.recording, l.lines, at, |_, e| {
-            let name = perfetto::track_label(&l.timeline, e["pid"].as_u64().unwrap_or(0));
+            let name = perfetto::track_label(&l.timeline, e.pid);
             out.event(&regroup(e, group, &name));
         })?;
         perfetto::meta_events(&t, &mut |e| out.event(&regroup(e, group, "")));
     }
     if let Some(first) = v.order.first() {
         let group = lanes.iter().position(|l| Some(&l.source.label) == v.first.as_ref());
-        out.event(&json!({"ph": "i", "s": "g", "name": format!("first stall: {}", first.label),
-            "pid": group.map_or(1, |g| g + 1), "tid": 0,
-            "ts": first.onset_wall_ns.saturating_sub(t0) as f64 / 1e3, "args": {"text": v.text}}));
+        let name = format!("first stall: {}", first.label);
+        out.event(&TraceEvent {
+            tid: Some(0),
+            ts: Some(first.onset_wall_ns.saturating_sub(t0) as f64 / 1e3),
+            scope: Some(Scope::Global),
+            args: json!({ "text": v.text }),
+            ..TraceEvent::new(Phase::Instant, name, group.map_or(1, |g| g as u64 + 1))
+        });
     }
     out.finish(&json!({"tool": concat!("gpustall ", env!("CARGO_PKG_VERSION")),
             "job_verdict": v.text, "time_zero": job_verdict::date_time(t0)}))?;
@@ -329,36 +335,31 @@ pub fn write_perfetto(
 
 /// One recording's trace event moved into process `group`: its processes become threads, its
 /// counters are named after `track`, the track they were on (counters belong to a process).
-fn regroup(mut e: Value, group: u64, track_name: &str) -> Value {
-    let track = e["pid"].as_u64().unwrap_or(0);
-    e["pid"] = json!(group);
-    match e["ph"].as_str() {
-        Some("M") => {
-            e["name"] = json!(match e["name"].as_str() {
-                Some("process_sort_index") => "thread_sort_index",
-                _ => "thread_name",
-            });
-            e["tid"] = json!(track);
+fn regroup(mut e: TraceEvent, group: u64, track_name: &str) -> TraceEvent {
+    let track = e.pid;
+    e.pid = group;
+    match e.ph {
+        Phase::Metadata => {
+            let sort = e.name == "process_sort_index";
+            e.name = if sort { "thread_sort_index" } else { "thread_name" }.into();
+            e.tid = Some(track);
         }
-        Some("C") => {
-            e["name"] = json!(format!("{track_name} {}", e["name"].as_str().unwrap_or("")));
+        Phase::Counter => e.name = format!("{track_name} {}", e.name),
+        Phase::Complete => {
+            e.set_arg("tid", json!(e.tid));
+            e.tid = Some(track);
         }
-        Some("X") => {
-            e["args"]["tid"] = e["tid"].clone();
-            e["tid"] = json!(track);
-        }
-        Some("s" | "f") => {
+        Phase::FlowStart | Phase::FlowEnd => {
             // Flow ids are trace-wide: the lane's number keeps them apart.
-            e["id"] = json!((group << 32) | e["id"].as_u64().unwrap_or(0));
-            e["tid"] = json!(track);
+            e.id = Some((group << 32) | e.id.unwrap_or(0));
+            e.tid = Some(track);
         }
-        Some("i") => {
-            e["tid"] = json!(track);
-            if e["s"] == "p" {
-                e["s"] = json!("t");
+        Phase::Instant => {
+            e.tid = Some(track);
+            if e.scope == Some(Scope::Process) {
+                e.scope = Some(Scope::Thread);
             }
         }
-        _ => {}
     }
     e
 }

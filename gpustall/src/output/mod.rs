@@ -9,3 +9,4 @@ pub mod status_line;
 pub mod summary;
 pub mod text;
 pub mod timeline;
+pub mod trace_event;

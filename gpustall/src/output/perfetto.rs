@@ -11,6 +11,7 @@ use serde_json::{json, Value};
 use crate::output::timeline::gpu_pid;
 use crate::output::timeline::Timeline;
 use crate::output::timeline::Track;
+use crate::output::trace_event::{Binding, Phase, Scope, TraceEvent};
 
 /// Pseudo-process holding host-wide counters.
 const HOST_PID: u32 = 0x3fff_ffff;
@@ -22,7 +23,7 @@ pub fn axis_from(start_ns: u64) -> impl Fn(u64) -> f64 {
 
 /// Every trace event of the timeline, one at a time.
 #[cfg(test)]
-fn for_each_event(t: &Timeline, mut emit: impl FnMut(Value)) {
+fn for_each_event(t: &Timeline, mut emit: impl FnMut(TraceEvent)) {
     meta_events(t, &mut emit);
     mark_events(t, 0, &axis_from(t.start_ns), &mut emit);
 }
@@ -52,36 +53,29 @@ fn gpu_label(index: u32, name: &str) -> String {
 }
 
 /// The tracks' names and order: known whole only at the end of a recording.
-pub fn meta_events(t: &Timeline, emit: &mut impl FnMut(Value)) {
+pub fn meta_events(t: &Timeline, emit: &mut impl FnMut(TraceEvent)) {
+    let name = |name: String| json!({ "name": name });
+    let sort_index = |i: i64| json!({ "sort_index": i });
     for pid in t.processes.keys() {
-        let name = process_label(t, *pid);
-        emit(
-            json!({"ph": "M", "name": "process_name", "pid": pid, "tid": pid, "args": {"name": name}}),
-        );
+        let p = u64::from(*pid);
+        let e = TraceEvent::meta("process_name", p, name(process_label(t, *pid)));
+        emit(TraceEvent { tid: Some(p), ..e });
     }
-    for (i, name) in &t.gpus {
-        emit(
-            json!({"ph": "M", "name": "process_name", "pid": gpu_pid(*i), "args": {"name": gpu_label(*i, name)}}),
-        );
-        emit(
-            json!({"ph": "M", "name": "process_sort_index", "pid": gpu_pid(*i), "args": {"sort_index": -2}}),
-        );
+    for (i, gpu) in &t.gpus {
+        let p = u64::from(gpu_pid(*i));
+        emit(TraceEvent::meta("process_name", p, name(gpu_label(*i, gpu))));
+        emit(TraceEvent::meta("process_sort_index", p, sort_index(-2)));
     }
     // Trainers and ranks that waited for data sit right under the GPUs, their wait next to
     // the GPU's utilisation.
-    for (track, name) in t.counters.keys() {
-        if let (Track::Process(pid), "data_wait_ms_s") = (track, name.as_str()) {
-            emit(
-                json!({"ph": "M", "name": "process_sort_index", "pid": pid, "args": {"sort_index": -1}}),
-            );
+    for (track, counter) in t.counters.keys() {
+        if let (Track::Process(pid), "data_wait_ms_s") = (track, counter.as_str()) {
+            emit(TraceEvent::meta("process_sort_index", u64::from(*pid), sort_index(-1)));
         }
     }
-    emit(
-        json!({"ph": "M", "name": "process_name", "pid": HOST_PID, "args": {"name": "host / job totals"}}),
-    );
-    emit(
-        json!({"ph": "M", "name": "process_sort_index", "pid": HOST_PID, "args": {"sort_index": -1}}),
-    );
+    let host = u64::from(HOST_PID);
+    emit(TraceEvent::meta("process_name", host, name("host / job totals".into())));
+    emit(TraceEvent::meta("process_sort_index", host, sort_index(-1)));
 }
 
 /// The slices, flows (numbered from `first_flow`), instants and counter points the timeline
@@ -90,29 +84,42 @@ fn mark_events(
     t: &Timeline,
     first_flow: usize,
     at: &impl Fn(u64) -> f64,
-    emit: &mut impl FnMut(Value),
+    emit: &mut impl FnMut(TraceEvent),
 ) {
     for s in &t.slices {
-        emit(json!({"ph": "X", "name": s.name, "cat": "stall", "pid": s.pid, "tid": s.tid,
-            "ts": at(s.start_ns), "dur": s.dur_ns as f64 / 1e3, "args": s.args}));
+        emit(TraceEvent {
+            cat: Some("stall"),
+            tid: Some(u64::from(s.tid)),
+            ts: Some(at(s.start_ns)),
+            dur: Some(s.dur_ns as f64 / 1e3),
+            args: serde_json::to_value(&s.args).unwrap_or_default(),
+            ..TraceEvent::new(Phase::Complete, &s.name, u64::from(s.pid))
+        });
     }
     // Flow v1 events: "s" binds to the slice enclosing it on the waker's thread, "f" with
     // "bp": "e" to the slice enclosing it on the waiting thread.
     for (id, f) in t.flows.iter().enumerate().map(|(i, f)| (first_flow + i, f)) {
         let ((fp, ft, fts), (tp, tt, tts)) = (f.from, f.to);
-        emit(
-            json!({"ph": "s", "id": id, "name": f.name, "cat": "data_wait", "pid": fp, "tid": ft, "ts": at(fts)}),
-        );
-        emit(
-            json!({"ph": "f", "bp": "e", "id": id, "name": f.name, "cat": "data_wait", "pid": tp, "tid": tt, "ts": at(tts)}),
-        );
+        let flow = |ph, pid: u32, tid: u32, ts: u64| TraceEvent {
+            cat: Some("data_wait"),
+            tid: Some(u64::from(tid)),
+            ts: Some(at(ts)),
+            id: Some(id as u64),
+            ..TraceEvent::new(ph, &f.name, u64::from(pid))
+        };
+        emit(flow(Phase::FlowStart, fp, ft, fts));
+        emit(TraceEvent { bp: Some(Binding::Enclosing), ..flow(Phase::FlowEnd, tp, tt, tts) });
     }
     for i in &t.instants {
-        let scope = if i.name == "OOM kill" { "g" } else { "p" };
-        emit(
-            json!({"ph": "i", "s": scope, "name": i.name, "cat": "process", "pid": i.pid, "tid": i.pid,
-            "ts": at(i.t_ns), "args": i.args}),
-        );
+        let scope = if i.name == "OOM kill" { Scope::Global } else { Scope::Process };
+        emit(TraceEvent {
+            cat: Some("process"),
+            tid: Some(u64::from(i.pid)),
+            ts: Some(at(i.t_ns)),
+            scope: Some(scope),
+            args: i.args.clone(),
+            ..TraceEvent::new(Phase::Instant, &i.name, u64::from(i.pid))
+        });
     }
     for ((track, name), series) in &t.counters {
         let pid = match track {
@@ -121,9 +128,10 @@ fn mark_events(
             Track::Host => HOST_PID,
         };
         for (ts, v) in &series.points {
-            emit(
-                json!({"ph": "C", "name": name, "pid": pid, "ts": at(*ts), "args": {name.as_str(): v}}),
-            );
+            let mut e = TraceEvent::new(Phase::Counter, name, u64::from(pid));
+            e.ts = Some(at(*ts));
+            e.set_arg(name, json!(v));
+            emit(e);
         }
     }
 }
@@ -164,7 +172,7 @@ pub fn stream_marks(
     file: &std::path::Path,
     max_lines: usize,
     at: impl Fn(u64, u64) -> f64,
-    mut emit: impl FnMut(&Timeline, Value),
+    mut emit: impl FnMut(&Timeline, TraceEvent),
 ) -> anyhow::Result<Timeline> {
     let mut b = crate::output::timeline::Builder::default();
     let mut flows = 0;
@@ -201,7 +209,7 @@ impl<'a> EventWriter<'a> {
         self.w.write_all(b"}")
     }
 
-    pub fn event(&mut self, e: &Value) {
+    pub fn event(&mut self, e: &TraceEvent) {
         if self.result.is_err() {
             return;
         }

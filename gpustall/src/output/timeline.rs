@@ -14,7 +14,10 @@
 
 use std::collections::BTreeMap;
 
+use serde::Serialize;
 use serde_json::Value;
+
+use gpustall_common::syscall::WaitClass;
 
 use crate::model::event::Event;
 use crate::model::gpu::StallEpisode;
@@ -28,7 +31,41 @@ pub struct Slice {
     pub name: String,
     pub start_ns: u64,
     pub dur_ns: u64,
-    pub args: Value,
+    pub args: SliceArgs,
+}
+
+/// What a slice shows with it: a long wait's figures, typed (the HTML page draws them too),
+/// or the details of a stall.
+#[derive(Serialize, Debug, Clone, PartialEq)]
+#[serde(untagged)]
+pub enum SliceArgs {
+    Wait(WaitArgs),
+    Other(Value),
+}
+
+/// A long wait for data, as its slice on the waiting thread shows it.
+#[derive(Serialize, Debug, Clone, PartialEq, Default)]
+pub struct WaitArgs {
+    /// The process whose batch ended it, and its name.
+    pub waker_pid: u32,
+    pub waker_comm: String,
+    pub ms: f64,
+    /// Of its blocks, those that ran out (timeouts), where the kernel joined blocks into one
+    /// wait.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub blocks: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timeouts: Option<u32>,
+    /// The relay thread that passed the batch on.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub relay_tid: Option<u32>,
+    /// The process whose batch came close enough to share the wait, half each.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shared_with_pid: Option<u32>,
+    /// The syscall it blocked in (where the kernel read it): an ioctl is a driver's wait (the
+    /// GPU), not a batch.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub syscall: Option<WaitClass>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -96,7 +133,7 @@ impl Timeline {
     }
 }
 
-/// The name of a long wait's slice on the waiting thread (its args name the `waker_pid`).
+/// The name of a long wait's slice on the waiting thread (its args: [`WaitArgs`]).
 pub const DATA_WAIT_SLICE: &str = "waiting for data";
 
 /// Length of the slice drawn for a wakeup (an instant has no extent for an arrow to leave).
@@ -217,7 +254,7 @@ impl Timeline {
                     name: format!("{} reclaim", kind.as_str().unwrap_or("?")),
                     start_ns: *start_ns,
                     dur_ns: *duration_ns,
-                    args: serde_json::json!({"nr_reclaimed": nr_reclaimed}),
+                    args: SliceArgs::Other(serde_json::json!({"nr_reclaimed": nr_reclaimed})),
                 });
             }
             Event::DataWait { .. } => self.data_wait(e),
@@ -232,7 +269,9 @@ impl Timeline {
             name: "GPU stall".into(),
             start_ns: s.start_ns,
             dur_ns: s.duration_ns,
-            args: serde_json::json!({"throttle_reasons": s.throttle_reasons, "pids": s.pids}),
+            args: SliceArgs::Other(
+                serde_json::json!({"throttle_reasons": s.throttle_reasons, "pids": s.pids}),
+            ),
         });
     }
 
@@ -263,32 +302,24 @@ impl Timeline {
             "" => self.processes.get(&waker).cloned().unwrap_or_default(),
             c => c.to_string(),
         };
-        let mut args =
-            serde_json::json!({"waker_pid": waker, "waker_comm": comm, "ms": dur_ns as f64 / 1e6});
-        // Of its blocks, those that ran out (timeouts) and the relay thread that passed the
-        // batch on, where the kernel joined blocks into one wait.
-        if let (Some(slices), Some(job)) = (slices, job_wakes) {
-            args["blocks"] = (*slices).into();
-            args["timeouts"] = slices.saturating_sub(*job).into();
-        }
-        if let Some(relay) = relay_tid {
-            args["relay_tid"] = (*relay).into();
-        }
-        if let Some(co) = co_waker {
-            args["shared_with_pid"] = (*co).into();
-        }
-        // The syscall the wait blocked in (where the kernel read it): an ioctl is a driver's
-        // wait (the GPU), not a batch.
-        if let Some(class) = wait_class {
-            args["syscall"] = serde_json::to_value(class).unwrap_or_default();
-        }
+        let joined = (*slices).zip(*job_wakes);
+        let args = WaitArgs {
+            waker_pid: waker,
+            waker_comm: comm,
+            ms: dur_ns as f64 / 1e6,
+            blocks: joined.map(|(blocks, _)| blocks),
+            timeouts: joined.map(|(blocks, job)| blocks.saturating_sub(job)),
+            relay_tid: *relay_tid,
+            shared_with_pid: *co_waker,
+            syscall: *wait_class,
+        };
         self.slices.push(Slice {
             pid: wakee,
             tid: wakee_tid,
             name: DATA_WAIT_SLICE.into(),
             start_ns,
             dur_ns,
-            args,
+            args: SliceArgs::Wait(args),
         });
         self.slices.push(Slice {
             pid: waker,
@@ -296,7 +327,9 @@ impl Timeline {
             name: "delivered (woke the trainer)".into(),
             start_ns: ts,
             dur_ns: WAKE_BLIP_NS,
-            args: serde_json::json!({"wakee_pid": wakee, "waited_ms": dur_ns as f64 / 1e6}),
+            args: SliceArgs::Other(
+                serde_json::json!({"wakee_pid": wakee, "waited_ms": dur_ns as f64 / 1e6}),
+            ),
         });
         // The arrow lands just inside the wait's end so that it binds to that slice.
         let land = start_ns + dur_ns.saturating_sub(WAKE_BLIP_NS);

@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 
 use super::{chart_head, color, esc, marks, plot_area, time_ticks, Axis, Frame, Layout, LEFT};
-use crate::output::timeline::{Slice, DATA_WAIT_SLICE};
+use crate::output::timeline::{Slice, SliceArgs};
 
 /// A lane's height (its label above its bar) and its bar's, in the SVG's units.
 const LANE_H: f64 = 26.0;
@@ -36,12 +36,12 @@ pub struct Lane {
 /// The long-wait slices among `slices` as lanes, one per waiting thread, by (pid, tid).
 pub fn lanes(slices: &[Slice]) -> Vec<Lane> {
     let mut by_thread: BTreeMap<(u32, u32), Vec<Wait>> = BTreeMap::new();
-    for s in slices.iter().filter(|s| s.name == DATA_WAIT_SLICE) {
-        let waker = s.args["waker_pid"].as_u64().and_then(|p| u32::try_from(p).ok());
+    for s in slices {
+        let SliceArgs::Wait(args) = &s.args else { continue };
         by_thread.entry((s.pid, s.tid)).or_default().push(Wait {
             start_ns: s.start_ns,
             end_ns: s.start_ns.saturating_add(s.dur_ns),
-            waker: waker.unwrap_or(0),
+            waker: args.waker_pid,
         });
     }
     by_thread
@@ -121,22 +121,24 @@ pub fn chart(o: &mut String, slices: &[Slice], f: &Frame, who: &dyn Fn(u32) -> S
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::output::timeline::WaitArgs;
+    use serde_json::json;
 
     fn wait(pid: u32, tid: u32, start_ns: u64, dur_ns: u64, waker: u32) -> Slice {
         Slice {
             pid,
             tid,
-            name: DATA_WAIT_SLICE.into(),
+            name: crate::output::timeline::DATA_WAIT_SLICE.into(),
             start_ns,
             dur_ns,
-            args: serde_json::json!({"waker_pid": waker}),
+            args: SliceArgs::Wait(WaitArgs { waker_pid: waker, ..WaitArgs::default() }),
         }
     }
 
     #[test]
     fn a_lane_per_waiting_thread_its_waits_in_time_order() {
         let mut reclaim = wait(11, 11, 0, 5, 0);
-        reclaim.name = "direct reclaim".into();
+        (reclaim.name, reclaim.args) = ("direct reclaim".into(), SliceArgs::Other(json!({})));
         let slices =
             [wait(10, 12, 900, 50, 11), wait(10, 10, 500, 100, 12), wait(10, 10, 100, 300, 11)];
         let lanes = lanes(&[reclaim, slices[0].clone(), slices[1].clone(), slices[2].clone()]);
