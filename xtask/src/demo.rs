@@ -271,6 +271,14 @@ fn drive(workload: &mut Workload, cg: &MemCgroup, p: &Paths) -> anyhow::Result<D
     Ok(t0.elapsed())
 }
 
+/// A worker's line in the workload's own output: its index and pid.
+#[derive(serde::Deserialize)]
+struct WorkerLine {
+    role: String,
+    index: u64,
+    pid: u64,
+}
+
 /// How the workload ended, by its own account: exit, error line, OOM count, training log.
 fn outcome(
     p: &Paths,
@@ -285,8 +293,9 @@ fn outcome(
     let failure = stderr_text.lines().rfind(|l| l.starts_with("RuntimeError"));
     let mut workers: Vec<(u64, u64)> = lines
         .iter()
-        .filter(|l| l["role"] == "worker")
-        .filter_map(|l| Some((l["index"].as_u64()?, l["pid"].as_u64()?)))
+        .filter_map(|l| serde_json::from_value::<WorkerLine>(l.clone()).ok())
+        .filter(|l| l.role == "worker")
+        .map(|l| (l.index, l.pid))
         .collect();
     workers.sort_unstable();
     let workers: Vec<String> =

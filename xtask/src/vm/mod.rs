@@ -117,6 +117,21 @@ struct TestBin {
     tests: Vec<String>,
 }
 
+/// A line of cargo's `--message-format=json` about a built artifact (other lines do not parse
+/// as one and are passed over).
+#[derive(serde::Deserialize)]
+struct Artifact {
+    reason: String,
+    executable: Option<String>,
+    target: ArtifactTarget,
+}
+
+#[derive(serde::Deserialize)]
+struct ArtifactTarget {
+    kind: Vec<String>,
+    name: String,
+}
+
 /// Builds gpustall, the workloads, the NVML stand-in and the test binaries; lists the tests.
 fn build() -> anyhow::Result<Vec<TestBin>> {
     crate::util::build_test_programs()?;
@@ -127,19 +142,17 @@ fn build() -> anyhow::Result<Vec<TestBin>> {
         .context("cargo test --no-run")?;
     let mut bins = Vec::new();
     for line in String::from_utf8_lossy(&out.stdout).lines() {
-        let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else { continue };
-        let (Some(exe), Some(kind)) = (msg["executable"].as_str(), msg["target"]["kind"].get(0))
-        else {
-            continue;
-        };
-        if msg["reason"] != "compiler-artifact" || kind != "test" {
+        let Ok(msg) = serde_json::from_str::<Artifact>(line) else { continue };
+        let Some(exe) = msg.executable else { continue };
+        if msg.reason != "compiler-artifact"
+            || msg.target.kind.first().map(String::as_str) != Some("test")
+        {
             continue;
         }
-        let listed = output(Command::new(exe).args(["--list", "--format", "terse"]))
+        let listed = output(Command::new(&exe).args(["--list", "--format", "terse"]))
             .with_context(|| format!("{exe} --list"))?;
         let tests = listed.lines().filter_map(|l| l.strip_suffix(": test")).map(String::from);
-        let name = msg["target"]["name"].as_str().unwrap_or_default().to_string();
-        bins.push(TestBin { name, exe: exe.into(), tests: tests.collect() });
+        bins.push(TestBin { name: msg.target.name, exe: exe.into(), tests: tests.collect() });
     }
     bins.sort_by(|a, b| a.name.cmp(&b.name));
     if bins.is_empty() {
