@@ -20,6 +20,7 @@
 """
 import argparse
 import ctypes
+import os
 import time
 
 PR_SET_NAME = 15
@@ -113,21 +114,35 @@ def main():
 def time_fetches(path):
     """The trainer's time inside the DataLoader's next(), batch by batch, written to `path`
     as it goes (the job may be killed): what mmengine's data_time means to measure, without
-    the hooks that run between its clock's two reads."""
+    the hooks that run between its clock's two reads. Written as "seconds calls" for all the
+    calls, then for those that returned a batch (the last one may raise instead, after
+    waiting for a worker that was killed: no iteration of the log holds that wait)."""
     import torch.utils.data.dataloader as dl
 
-    total = {"s": 0.0, "n": 0}
+    total = {"s": 0.0, "n": 0, "done_s": 0.0, "done_n": 0}
     inner = dl._BaseDataLoaderIter.__next__
+    # Opened once and overwritten in place: the write lands inside mmengine's data_time (after
+    # next() returns, before its clock's next read), and opening and truncating the file at
+    # every batch took 3.8 ms a batch under the cgroup's memory pressure (0.52 s of a 6.6 s
+    # log), time the log counted and next() did not.
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
 
     def timed(self):
         t = time.perf_counter()
+        done = False
         try:
-            return inner(self)
+            batch = inner(self)
+            done = True
+            return batch
         finally:
-            total["s"] += time.perf_counter() - t
+            took = time.perf_counter() - t
+            total["s"] += took
             total["n"] += 1
-            with open(path, "w") as f:
-                f.write(f'{total["s"]:.4f} {total["n"]}\n')
+            if done:
+                total["done_s"] += took
+                total["done_n"] += 1
+            line = f'{total["s"]:14.4f} {total["n"]:10d} {total["done_s"]:14.4f} {total["done_n"]:10d}\n'
+            os.pwrite(fd, line.encode(), 0)
 
     dl._BaseDataLoaderIter.__next__ = timed
 

@@ -73,6 +73,21 @@ fn receiving_s(s: &Value) -> f64 {
     trainer["receiving_batches"]["ns"].as_u64().unwrap_or(0) as f64 / 1e9
 }
 
+/// The trainer's own time, shown beside the parity figures: in the run queue, blocked in
+/// reclaim, on I/O and waiting, in seconds, and its time split.
+fn trainer_split(s: &Value) -> String {
+    let trainer = s["processes"]
+        .as_array()
+        .and_then(|p| p.iter().find(|p| p["role"] == "trainer"))
+        .expect("the trainer");
+    let keys = ["runqueue_ns", "direct_reclaim_ns", "memcg_reclaim_ns", "offcpu_io_ns"];
+    let keys = [&keys[..], &["offcpu_wait_ns", "unended_wait_ns"]].concat();
+    let secs =
+        |k: &str| trainer[k].as_u64().map_or("-".into(), |n| format!("{:.2}", n as f64 / 1e9));
+    let figures: Vec<String> = keys.iter().map(|k| format!("{k} {}", secs(k))).collect();
+    format!("{}; time split {}", figures.join(", "), trainer["time_split"])
+}
+
 /// The log's data_time, read as mmengine wrote it, beside the trainer's wait for data that
 /// gpustall measured: within 15 % (the figure users compare). Returns (log, measured) seconds.
 fn parity(s: &Value) -> (f64, f64) {
@@ -192,8 +207,10 @@ fn an_mmengine_runner_whose_workers_outgrow_its_cgroup_is_an_oom_with_a_worker_c
     let advice = v["advice"].as_array().map(|a| format!("{a:?}")).unwrap_or_default();
     assert!(advice.contains("3000 MiB limit"), "advised against the cgroup's limit: {advice}");
     let fetch = std::fs::read_to_string(dir.path("fetch.txt")).expect("the job's fetch times");
-    let in_next: f64 = fetch.split_whitespace().next().and_then(|t| t.parse().ok()).expect("s");
+    let times: Vec<f64> = fetch.split_whitespace().filter_map(|t| t.parse().ok()).collect();
+    let [in_next, _, returned_s, returned] = times[..] else { panic!("fetch times {fetch:?}") };
     let logged = s["context"]["data_time_logged"]["total_s"].as_f64().expect("the log's");
+    let iterations = s["context"]["data_time_logged"]["iterations"].as_f64().expect("its count");
     let waited = trainer_wait_s(&s);
     let receiving = receiving_s(&s);
     let fetching = waited + receiving;
@@ -201,6 +218,7 @@ fn an_mmengine_runner_whose_workers_outgrow_its_cgroup_is_an_oom_with_a_worker_c
         "wait for data {waited:.2} s; receiving {receiving:.2} s; together {fetching:.2} s; in next() {in_next:.2} s ({fetch:?}); log {logged:.2} s ({:+.0} %)",
         100.0 * (fetching - logged) / logged,
     );
+    eprintln!("the trainer's own time: {}", trainer_split(&s));
     // What the kernel saw the trainer blocked on its workers is within next(), and most of it;
     // with its time receiving the batches (from its stacks, where enough were taken before
     // the kill), all of it.
@@ -212,10 +230,15 @@ fn an_mmengine_runner_whose_workers_outgrow_its_cgroup_is_an_oom_with_a_worker_c
     if receiving > 0.0 {
         assert!((fetching - in_next).abs() <= 0.2 * in_next, "{fetching} s, next() {in_next} s");
     }
-    // The log counts more than next(): mmengine's hooks between its clock's reads (the log
-    // line's own formatting and writing at every 2nd iteration), slow on CPUs the 8 workers
-    // hold. Measured over 25 runs: the log 7-26 % over next(), the wait alone 65-88 % of it.
-    assert!(logged >= in_next, "log {logged} s, next() {in_next} s");
+    // The log counts more than next() an iteration: mmengine's hooks between its clock's reads
+    // (the log line's own formatting and writing at every 2nd iteration), slow on CPUs the 8
+    // workers hold. Per iteration, as the last next() may raise after waiting seconds for the
+    // killed worker (no iteration of the log) and the log may end an iteration or two short.
+    // Measured over 5 runs: the log 6-11 % over next() (7-26 % over 25 runs while the job's
+    // own timer reopened its file at every batch, inside the log's clock); over 7 runs the
+    // wait alone came to 74-81 % of the log.
+    let (log_mean, next_mean) = (logged / iterations, returned_s / returned);
+    assert!(log_mean >= 0.95 * next_mean, "log {log_mean} s an iteration, next() {next_mean} s");
     assert!(fetching >= logged * 0.6, "wait and receiving {fetching} s, log {logged} s");
 }
 
