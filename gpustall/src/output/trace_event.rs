@@ -44,6 +44,7 @@ pub enum Binding {
     Enclosing,
 }
 
+/// One event: its phase and name on a process track (`pid`), and the fields its phase uses.
 #[derive(Serialize, Debug, Clone, PartialEq)]
 pub struct TraceEvent {
     pub ph: Phase,
