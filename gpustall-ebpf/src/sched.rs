@@ -21,8 +21,8 @@ use gpustall_common::{
     hint::HINT_SLOTS,
     sched::{
         busy_feeder, classify, consumer_wait, on_switch_in, on_waking, relay_charge, report_state,
-        state, wait_finish, wait_reclaimed, wait_switch_out, wait_tail, wait_woken, wake_bucket,
-        wrapping_us, Feeders, FinishedWait, LogicalWait, OffCpuCounters, OffCpuThread,
+        state, wait_finish, wait_reclaimed, wait_stalled, wait_switch_out, wait_tail, wait_woken,
+        wake_bucket, wrapping_us, Feeders, FinishedWait, LogicalWait, OffCpuCounters, OffCpuThread,
         SchedOffsets, StackLayout, Wake, WakeCounters, WakeKey, WakeOutcome, ACCOUNT,
         ACCOUNT_WAITS, FEEDER_SLOTS, LONG_WAIT_NS, OFFCPU_PROCESSES, WAKE_BUCKETS,
     },
@@ -33,7 +33,7 @@ use gpustall_common::{
 
 use crate::common::{
     at_most, atomic_add, emit_bulk, field, hint_add, is_tracked, kload, maybe_in, pid_tgid,
-    shared_value, task_offset, tracked_level, BPF_F_NO_PREALLOC,
+    shared_value, task_offset, tracked_level, BPF_F_NO_PREALLOC, RECLAIM_START,
 };
 
 /// Written by the agent before load, from the sched_switch and sched_waking format files.
@@ -260,6 +260,7 @@ fn on_switch(
                 Some(p) => unsafe {
                     if data_waiter {
                         let on_cpu = ((*p).state == state::ON_CPU).then_some((*p).since_ns);
+                        let on_cpu = on_cpu.map(|s| stalled(tid, &mut (*p).wait, s, now, st));
                         // In place: a copy of the wait on the stack leaves too little of it
                         // for the record a finished wait sends.
                         let done = wait_switch_out(&mut (*p).wait, on_cpu, now, st, class);
@@ -442,9 +443,20 @@ fn busy_feeder_of(tgid: u32, waker: u32, now: u64) -> u32 {
     0
 }
 
-/// A reclaim of `ns` that ended at `now` in thread `tid` (on its CPU): a data waiter's
-/// reclaim before it got back to work after its batch came lengthens its wait
-/// (`sched::wait_reclaimed`).
+/// A data waiter's thread, on a CPU since `on_cpu_since`, leaves it at `now` into `st`: what of
+/// the stretch was a stall (a reclaim in progress, an uninterruptible sleep's way in) is not its
+/// work (`sched::wait_stalled`). Returns the time its work is counted from. One lookup, on the
+/// data waiters' switch-outs only.
+#[inline(always)]
+fn stalled(tid: u32, w: &mut LogicalWait, on_cpu_since: u64, now: u64, st: u16) -> u64 {
+    // SAFETY: the start is copied out at once.
+    let reclaim_start = unsafe { RECLAIM_START.get(tid) }.map(|r| r.start_ns);
+    wait_stalled(w, on_cpu_since, now, st, reclaim_start)
+}
+
+/// A reclaim of `ns` that ended at `now` in thread `tid` (on its CPU): a data waiter's reclaim
+/// inside its wait is not its work (the wait goes on), and after its batch came it lengthens
+/// the wait (`sched::wait_reclaimed`).
 #[inline(always)]
 pub fn reclaimed(tid: u32, now: u64, ns: u64) {
     if !maybe_in(&ACCOUNTED_HINT, tid) {

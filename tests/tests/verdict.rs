@@ -242,26 +242,31 @@ fn the_trainers_data_wait_is_the_logs_data_time(
         .map(|p| format!("{}: {}", p["pid"], p["kept_waiting_ns"].as_u64().unwrap_or(0)))
         .collect();
     eprintln!(
-        "bundled workload: data_time {data_time} ns over {} logged steps (the first {:.0} ns), data_wait_ns {data_wait} in {} waits (ratio {:.3}); kept_waiting {}",
+        "bundled workload: data_time {data_time} ns over {} logged steps (the first {:.0} ns), data_wait_ns {data_wait} in {} waits (ratio {:.3}); kept_waiting {}; the trainer's unended waits {} ns in {}, reclaim {} + {} ns, uninterruptible {} ns",
         logged.len(),
         logged.first().unwrap_or(&0.0) * 1e9,
         trainer["data_wait_count"],
         data_wait as f64 / data_time as f64,
-        kept.join(", ")
+        kept.join(", "),
+        trainer["unended_wait_ns"],
+        trainer["unended_wait_count"],
+        trainer["direct_reclaim_ns"],
+        trainer["memcg_reclaim_ns"],
+        trainer["offcpu_io_ns"],
     );
     let err = data_wait.abs_diff(data_time) as f64 / data_time as f64;
-    // The trainer runs in the memory cgroup too: part of its data_time can be its own reclaim
-    // stall inside its receive (reported as its reclaim, not as a wait for a worker). Where
-    // that stall is what is missing, the log's time is accounted for all the same.
-    let own = ["direct_reclaim_ns", "memcg_reclaim_ns"]
-        .iter()
-        .map(|f| trainer[*f].as_u64().unwrap_or(0))
-        .sum::<u64>();
-    if err >= 0.10 && data_wait < data_time && data_wait + own >= data_time * 9 / 10 {
+    // A batch written while the trainer, just woken by its poll's timeout, waits for a CPU wakes
+    // nothing (it is awake already): the kernel cannot tell who ended that wait, and gpustall
+    // shows it apart, as a wait no process of the job ended. The demo's first batch comes about
+    // when its first 100 ms poll runs out, so that happens in about one run in three; where it
+    // did, the log's time is the data wait and those waits together. (The last of them is the
+    // wait for the batch of the worker the OOM killer took: not in the log.)
+    let unended = trainer["unended_wait_ns"].as_u64().unwrap_or(0);
+    let unended_err = (data_wait + unended).abs_diff(data_time) as f64 / data_time as f64;
+    if err >= 0.10 && data_wait < data_time && unended_err < 0.10 {
         eprintln!(
-            "bundled workload: the trainer's own reclaim stall ({own} ns) makes up the rest of its data_time"
+            "bundled workload: a wait a timeout ended as its batch came ({unended} ns in waits no process of the job ended) makes up the rest of its data_time"
         );
-        assert!(data_wait * 10 <= data_time * 11, "never more than the log's time");
         return;
     }
     if tests::kernel::in_vm_test() && err >= 0.10 {
