@@ -446,9 +446,12 @@ fn busy_feeder_of(tgid: u32, waker: u32, now: u64) -> u32 {
 /// A data waiter's thread, on a CPU since `on_cpu_since`, leaves it at `now` into `st`: what of
 /// the stretch was a stall (a reclaim in progress, an uninterruptible sleep's way in) is not its
 /// work (`sched::wait_stalled`). Returns the time its work is counted from. One lookup, on the
-/// data waiters' switch-outs only.
+/// switch-outs of data waiters with a wait open only.
 #[inline(always)]
 fn stalled(tid: u32, w: &mut LogicalWait, on_cpu_since: u64, now: u64, st: u16) -> u64 {
+    if w.start_ns == 0 {
+        return on_cpu_since;
+    }
     // SAFETY: the start is copied out at once.
     let reclaim_start = unsafe { RECLAIM_START.get(tid) }.map(|r| r.start_ns);
     wait_stalled(w, on_cpu_since, now, st, reclaim_start)
