@@ -44,16 +44,8 @@ fn watch_finds_a_later_job_bundles_its_oom_kill_and_serves_metrics() {
 
     let wrote = w.wait_for("wrote incident bundle", Duration::from_secs(30));
     assert!(wrote.contains(&format!("oom_kill-{victim}")), "{wrote}");
-    let bundle = std::fs::read_dir(&bundles.0)
-        .expect("bundles")
-        .filter_map(|e| e.ok())
-        .map(|e| e.path())
-        .find(|p| p.to_string_lossy().contains(&format!("oom_kill-{victim}")))
-        .expect("the bundle directory");
-    let summary: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(bundle.join("summary.json")).expect("summary.json"),
-    )
-    .expect("json");
+    let bundle = bundle_dir(&bundles, &format!("oom_kill-{victim}"));
+    let summary = bundle_summary(&bundle);
     assert_eq!(summary["verdict"]["cause"], "host_memory_oom", "{:#}", summary["verdict"]);
     let culprits = summary["verdict"]["culprit_pids"].as_array().expect("culprits");
     assert!(culprits.contains(&victim.into()), "the victim is named: {culprits:?}");
@@ -243,19 +235,28 @@ fn kill_a_jobs_child_running(
     // This kill's bundle (the watcher's earlier lines may announce another's).
     let wrote = w.wait_for(&format!("-sigkill-{sleep_pid} ("), Duration::from_secs(30));
     assert!(wrote.contains("wrote incident bundle"), "{wrote}");
-    let bundle = sigkill_bundle_dir(dir, sleep_pid);
-    let summary = std::fs::read_to_string(bundle.join("summary.json")).expect("summary.json");
-    (serde_json::from_str(&summary).expect("json"), sleep_pid)
+    (bundle_summary(&sigkill_bundle_dir(dir, sleep_pid)), sleep_pid)
 }
 
 /// The bundle in `dir` made for the SIGKILL of `pid`.
 fn sigkill_bundle_dir(dir: &tests::TempDir, pid: u32) -> std::path::PathBuf {
+    bundle_dir(dir, &format!("sigkill-{pid}"))
+}
+
+/// The bundle in `dir` whose name holds `needle` (`oom_kill-PID`).
+fn bundle_dir(dir: &tests::TempDir, needle: &str) -> std::path::PathBuf {
     std::fs::read_dir(&dir.0)
         .expect("bundles")
         .filter_map(|e| e.ok())
         .map(|e| e.path())
-        .find(|p| p.to_string_lossy().contains(&format!("sigkill-{pid}")))
-        .expect("the bundle")
+        .find(|p| p.to_string_lossy().contains(needle))
+        .unwrap_or_else(|| panic!("no bundle {needle} in {}", dir.0.display()))
+}
+
+/// A bundle's summary.json.
+fn bundle_summary(bundle: &std::path::Path) -> serde_json::Value {
+    let text = std::fs::read_to_string(bundle.join("summary.json")).expect("summary.json");
+    serde_json::from_str(&text).expect("json")
 }
 
 /// Two runs of a job, each SIGKILLing its own child, both inside one flight-recorder window:
@@ -366,16 +367,8 @@ fn each_watched_job_keeps_its_own_cgroup_and_cwd() {
     assert_eq!(victim.len(), 1, "one process of the job was OOM-killed");
     let victim = victim[0].pid;
     w.wait_for(&format!("oom_kill-{victim}"), Duration::from_secs(30));
-    let bundle = std::fs::read_dir(&bundles.0)
-        .expect("bundles")
-        .filter_map(|e| e.ok())
-        .map(|e| e.path())
-        .find(|p| p.to_string_lossy().contains(&format!("oom_kill-{victim}")))
-        .expect("the bundle directory");
-    let summary: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(bundle.join("summary.json")).expect("summary.json"),
-    )
-    .expect("json");
+    let bundle = bundle_dir(&bundles, &format!("oom_kill-{victim}"));
+    let summary = bundle_summary(&bundle);
     let ctx = &summary["context"];
     assert_eq!(ctx["cgroup"]["path"], oom_cg.cgroup_path(), "the OOM job's cgroup: {ctx:#}");
     assert_eq!(ctx["cgroup"]["limit_bytes"], 256u64 << 20, "{ctx:#}");
@@ -386,6 +379,51 @@ fn each_watched_job_keeps_its_own_cgroup_and_cwd() {
     let want = format!("Memory cgroup {} (limit 256 MiB)", oom_cg.cgroup_path());
     let text = summary["verdict"]["text"].as_str().unwrap_or_default().to_string();
     assert!(text.starts_with(&want), "{text}");
+}
+
+/// A watched job whose child moves itself into a memory cgroup and is OOM-killed there in a
+/// tenth of a second, before a beat has looked (a wrapper that stays where it is, running
+/// `echo $$ > cgroup.procs; exec python`), gets that cgroup and its limit from the kernel's OOM
+/// report, as `trace` does: the bundle's verdict is against the cgroup's limit, not "its limit
+/// was not read in time".
+#[test]
+fn a_watched_job_killed_moments_after_joining_its_cgroup_gets_the_limit_from_the_oom_report() {
+    tests::require_privileged_env();
+    let _lock = tests::pressure_lock();
+    let bundles = tests::TempDir::new("bundles-late-cg");
+    let dir = bundles.0.to_str().expect("utf-8").to_string();
+    let comm = unique_comm();
+    let (mut w, _addr) = bundling_watcher(&format!("comm:^{comm}$"), &dir);
+    let cg = MemCgroup::new("watch-late", 64, false);
+    let go = bundles.path("go");
+    // Named for the rule, the wrapper waits to be watched; its child joins the cgroup and
+    // outgrows it at once.
+    let child = "import os, sys\n\
+         open(sys.argv[1] + '/cgroup.procs', 'w').write(str(os.getpid()))\n\
+         b = bytearray(256 << 20)\n";
+    let wrapper = "import ctypes, os, subprocess, sys, time\n\
+         ctypes.CDLL(None).prctl(15, sys.argv[1].encode(), 0, 0, 0)\n\
+         while not os.path.exists(sys.argv[2]): time.sleep(0.02)\n\
+         subprocess.run([sys.executable, '-c', sys.argv[4], sys.argv[3]])\n\
+         time.sleep(0.5)\n";
+    let mut job = Command::new("python3")
+        .args(["-c", wrapper, &comm, go.to_str().expect("utf-8")])
+        .args([cg.path.to_str().expect("utf-8"), child])
+        .spawn()
+        .expect("python3");
+    w.wait_for(&format!("watching job {comm}-{}", job.id()), Duration::from_secs(20));
+    std::fs::write(&go, "").expect("go");
+    let status = job.wait().expect("wait");
+    assert_eq!(cg.oom_kills(), 1, "the cgroup's own count ({status})");
+    w.wait_for("oom_kill-", Duration::from_secs(30));
+    let bundle = bundle_dir(&bundles, "oom_kill-");
+    let summary = bundle_summary(&bundle);
+    let ctx = &summary["context"];
+    eprintln!("cgroup: {}\nverdict: {}", ctx["cgroup"], summary["verdict"]["text"]);
+    assert_eq!(ctx["cgroup"]["path"], cg.cgroup_path(), "the cgroup it joined: {ctx:#}");
+    assert_eq!(ctx["cgroup"]["limit_bytes"], 64u64 << 20, "{ctx:#}");
+    let text = summary["verdict"]["text"].as_str().unwrap_or_default().to_string();
+    assert!(text.contains("(limit 64 MiB") && !text.contains("not read in time"), "{text}");
 }
 
 /// `/healthz` answers 200 while the daemon's loop beats (the DaemonSet's liveness probe), and

@@ -351,8 +351,8 @@ impl Session {
         self.sample_proc(&batch, now);
         ctx.job_changed(self.tree_changed_ns);
         // The kernel log first: a cgroup its OOM report names is read in this tick's context.
-        for path in self.read_kernel_log(now) {
-            ctx.oom_reported(&path);
+        for (path, victim) in self.read_kernel_log(now) {
+            ctx.oom_reported(&path, victim, &self.model.tree);
         }
         self.observe(Sample::Context(Box::new(ctx.read(&batch, now))));
         if let Some(log) = log {
@@ -376,8 +376,8 @@ impl Session {
     /// The kernel log's new lines that matter, folded: a report naming a process (a hung task,
     /// a soft lockup, an OOM kill) only when it is one of the traced tree's; the node's GPU,
     /// storage and hardware errors always. Returns the memory cgroups the kernel's own OOM
-    /// reports among them named for the tree's victims.
-    fn read_kernel_log(&mut self, now: u64) -> Vec<String> {
+    /// reports among them named for the tree's victims, each with its victim.
+    fn read_kernel_log(&mut self, now: u64) -> Vec<(String, u32)> {
         use crate::model::kernlog::{xid_meaning, LogWhat, XidSide};
         self.logged_faults.clear();
         let mut oom_cgroups = Vec::new();
@@ -408,7 +408,7 @@ impl Session {
                 self.logged_faults.push(line.clone());
             }
             if line.what == LogWhat::OomCgroup && line.origin.is_trusted() {
-                oom_cgroups.extend(line.device.clone());
+                oom_cgroups.extend(line.device.clone().zip(line.pid));
             }
             self.observe(Sample::KernelLog(line));
         }

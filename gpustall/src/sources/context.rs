@@ -9,6 +9,7 @@
 use std::{collections::BTreeMap, path::Path};
 
 use crate::model::host::{CgroupMem, FsUsage, JobContext};
+use crate::model::proctree::ProcessTree;
 use crate::model::samples::ContextSample;
 use crate::sources::cgroup::{self, MemCgroupDir};
 use crate::sources::host::{self, DiskTopology};
@@ -317,10 +318,17 @@ impl ContextReader {
         }
     }
 
-    /// The kernel's OOM report named `path` as the memory cgroup of a traced victim (`trace`):
-    /// see [`JobReader::oom_reported`].
-    pub fn oom_reported(&mut self, path: &str) {
+    /// The kernel's OOM report named `path` as the memory cgroup of `victim`, a process of the
+    /// traced job (`trace`) or of a watched one (`watch`: the job whose tree holds it): see
+    /// [`JobReader::oom_reported`].
+    pub fn oom_reported(&mut self, path: &str, victim: u32, tree: &ProcessTree) {
         if let Some(j) = self.target.as_mut() {
+            j.oom_reported(path);
+            return;
+        }
+        // `watch`: the watched job whose tree the victim is in.
+        let root = tree.ancestors(victim).map(|n| n.pid).find(|p| self.jobs.contains_key(p));
+        if let Some(j) = root.and_then(|r| self.jobs.get_mut(&r)) {
             j.oom_reported(path);
         }
     }
