@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 
 use anyhow::Context as _;
+use serde::Deserialize as _;
 
 use crate::util::target_dir;
 
@@ -70,6 +71,73 @@ pub fn tracepoint_of(program: &str) -> &str {
     name.unwrap_or(program)
 }
 
+/// One eBPF program's figures in a gpustall summary's `overhead.programs` (the kernel's BPF
+/// stats; docs/FORMATS.md), as the bench reads them.
+#[derive(serde::Serialize, serde::Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(default)]
+pub struct Program {
+    pub name: String,
+    pub run_count: u64,
+    pub run_time_ns: u64,
+    pub avg_ns: Option<f64>,
+    /// Runs the kernel skipped (the program already running on that CPU).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub missed: u64,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
+}
+
+impl Program {
+    /// Its time per run: from the run time where it ran, else the summary's own average.
+    pub fn ns_per_run(&self) -> Option<f64> {
+        if self.run_count > 0 && self.run_time_ns > 0 {
+            return Some(self.run_time_ns as f64 / self.run_count as f64);
+        }
+        self.avg_ns
+    }
+}
+
+/// What the bench reads of a gpustall summary's `overhead`.
+#[derive(serde::Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(default)]
+pub struct Overhead {
+    pub programs: Vec<Program>,
+    pub agent_cpu_s: f64,
+    pub agent_startup_cpu_s: f64,
+    pub agent_peak_rss_kb: u64,
+}
+
+impl Overhead {
+    /// The program that serves `tracepoint` (its typed twin where the kernel has BTF).
+    pub fn program(&self, tracepoint: &str) -> Option<&Program> {
+        self.programs.iter().find(|p| tracepoint_of(&p.name) == tracepoint)
+    }
+
+    /// The agent's CPU while tracing, without its start-up (loading and verifying).
+    pub fn cpu_while_tracing_s(&self) -> f64 {
+        self.agent_cpu_s - self.agent_startup_cpu_s
+    }
+}
+
+/// What the bench reads of a gpustall summary (`--summary-json`; docs/FORMATS.md).
+#[derive(serde::Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(default)]
+pub struct TracedSummary {
+    pub duration_s: f64,
+    /// Ring records that reached the agent.
+    pub events: u64,
+    pub lost_events: u64,
+    pub overhead: Overhead,
+}
+
+impl TracedSummary {
+    pub fn of(v: &serde_json::Value) -> anyhow::Result<Self> {
+        Self::deserialize(v).context("a gpustall summary")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -81,5 +149,19 @@ mod tests {
         assert_eq!(tracepoint_of("sched_switch_btf"), "sched_switch");
         assert_eq!(tracepoint_of("signal_generate_raw"), "signal_generate");
         assert_eq!(tracepoint_of("task_newtask"), "task_newtask");
+    }
+
+    #[test]
+    fn a_summary_is_read_typed() {
+        let v = serde_json::json!({"duration_s": 2.0, "events": 7, "lost_events": 0,
+            "overhead": {"agent_cpu_s": 0.5, "agent_startup_cpu_s": 0.2, "agent_peak_rss_kb": 9,
+                "programs": [{"name": "sched_switch_btf", "run_count": 4, "run_time_ns": 800,
+                    "avg_ns": 200.0}, {"name": "idle", "run_count": 0, "run_time_ns": 0}]},
+            "processes": []});
+        let s = TracedSummary::of(&v).expect("typed");
+        assert_eq!(s.overhead.program("sched_switch").and_then(Program::ns_per_run), Some(200.0));
+        assert_eq!(s.overhead.program("idle").and_then(Program::ns_per_run), None);
+        assert!((s.overhead.cpu_while_tracing_s() - 0.3).abs() < 1e-9);
+        assert!(TracedSummary::of(&serde_json::json!({"events": "many"})).is_err());
     }
 }

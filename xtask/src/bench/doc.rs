@@ -4,7 +4,10 @@
 //! formatting functions take the figures the cases return (as in target/bench/overhead.json)
 //! and return Markdown; they read nothing else.
 
+use serde::Deserialize as _;
 use serde_json::Value;
+
+use super::swap::SwapReport;
 
 /// The sections in the order of the document.
 pub const SECTIONS: [&str; 10] = [
@@ -284,67 +287,53 @@ sched_switch runs per second are machine-wide. \"Accounted\" is the time the wor
 trainer waiting per ns of ping-pong (near 1: the trainer does nothing between its reads, so its \
 run is one logical wait).";
 
-/// Runs and ns per run of a program in a gpustall summary's `overhead.programs`.
-fn runs_ns(p: &Value) -> (u64, Option<f64>) {
-    let runs = p["run_count"].as_u64().unwrap_or(0);
-    let ns = match (p["run_time_ns"].as_u64(), f(&p["avg_ns"])) {
-        (Some(t), _) if runs > 0 => Some(t as f64 / runs as f64),
-        (_, avg) => avg,
-    };
-    (runs, ns)
+/// The swap-heavy case's section, from its figures ([`SwapReport`]).
+pub fn swap_heavy(v: &Value) -> String {
+    match SwapReport::deserialize(v) {
+        Ok(r) => swap_heavy_tables(&r),
+        Err(e) => format!("The case's figures could not be read ({e}): run it again.\n"),
+    }
 }
 
-pub fn swap_heavy(v: &Value) -> String {
-    let (p, t) = (f(&v["untraced_median_s"]), f(&v["traced_median_s"]));
-    let rounds = v["rounds"].as_u64().unwrap_or(0);
+fn swap_heavy_tables(r: &SwapReport) -> String {
     let wall = table(
         &["", "untraced", "traced", "traced / untraced"],
         &[vec![
-            format!("workload wall time, s (median of {rounds})"),
-            opt(p, 2),
-            opt(t, 2),
-            f(&v["slowdown_ratio"]).map_or("-".into(), |r| format!("x{r:.3}")),
+            format!("workload wall time, s (median of {})", r.rounds),
+            num(r.untraced_median_s, 2),
+            num(r.traced_median_s, 2),
+            format!("x{:.3}", r.slowdown_ratio),
         ]],
     );
-    let per_s = |k: &str| opt(f(&v[k]), 0);
-    let rss = f(&v["agent_peak_rss_kb"]).map(|kb| kb / 1024.0);
     let figures = table(
         &["figure", "value"],
         &[
             vec![
                 "write_folio hits per second, counted in the kernel".into(),
-                per_s("write_folio_hits_per_s"),
+                num(r.write_folio_hits_per_s, 0),
             ],
             vec![
                 "block_bio_queue hits per second, counted in the kernel".into(),
-                per_s("block_bio_queue_hits_per_s"),
+                num(r.block_bio_queue_hits_per_s, 0),
             ],
-            vec!["ring records per second reaching the agent".into(), per_s("ring_records_per_s")],
+            vec!["ring records per second reaching the agent".into(), num(r.ring_records_per_s, 0)],
             vec![
                 "ring records / write_folio hits".into(),
-                ratio(
-                    f(&v["ring_records_per_s"]).unwrap_or(0.0),
-                    f(&v["write_folio_hits_per_s"]).unwrap_or(0.0),
-                ),
+                ratio(r.ring_records_per_s, r.write_folio_hits_per_s),
             ],
             vec![
                 "agent CPU while tracing, % of one core".into(),
-                opt(f(&v["agent_cpu_pct_of_one_core"]), 2),
+                num(r.agent_cpu_pct_of_one_core, 2),
             ],
-            vec!["agent peak RSS, MiB".into(), opt(rss, 1)],
-            vec!["lost events".into(), opt(f(&v["lost_events"]), 0)],
+            vec!["agent peak RSS, MiB".into(), num(r.agent_peak_rss_kb as f64 / 1024.0, 1)],
+            vec!["lost events".into(), num(r.lost_events as f64, 0)],
         ],
     );
-    let rows: Vec<Vec<String>> = v["programs"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|p| {
-            let (runs, ns) = runs_ns(p);
-            (runs > 0).then(|| {
-                vec![p["name"].as_str().unwrap_or("?").to_string(), num(runs as f64, 0), opt(ns, 0)]
-            })
-        })
+    let rows: Vec<Vec<String>> = r
+        .programs
+        .iter()
+        .filter(|p| p.run_count > 0)
+        .map(|p| vec![p.name.clone(), num(p.run_count as f64, 0), opt(p.ns_per_run(), 0)])
         .collect();
     let programs = table(&["program", "runs", "ns per run"], &rows);
     format!("{wall}\n{figures}\nEach program in the median traced run:\n\n{programs}")
@@ -808,7 +797,10 @@ mod tests {
 
     #[test]
     fn swap_heavy_figures() {
-        let v = json!({
+        let mut v = json!({
+            "case": "swap-heavy", "untraced_s": [2.5], "traced_s": [2.6], "trace_duration_s": 3.0,
+            "ring_records": 3900, "write_folio_hits": 174000, "agent_cpu_s_while_tracing": 0.05,
+            "agent_startup_cpu_s": 0.3,
             "rounds": 5, "untraced_median_s": 2.5, "traced_median_s": 2.6, "slowdown_ratio": 1.04,
             "ring_records_per_s": 1300.0, "write_folio_hits_per_s": 58000.0,
             "block_bio_queue_hits_per_s": 58100.0, "agent_cpu_pct_of_one_core": 1.6,
@@ -827,6 +819,10 @@ mod tests {
         assert!(t.contains("| agent peak RSS, MiB | 93.0 |"), "{t}");
         assert!(t.contains("| mm_vmscan_write_folio_btf | 1,000 | 200 |"), "{t}");
         assert!(!t.contains("| idle |"), "{t}");
+        // A figure missing is said, not drawn as a zero.
+        v.as_object_mut().expect("an object").remove("lost_events");
+        let t = swap_heavy(&v);
+        assert!(t.contains("could not be read") && t.contains("lost_events"), "{t}");
     }
 
     #[test]
