@@ -130,6 +130,34 @@ pub struct TracedSummary {
     pub events: u64,
     pub lost_events: u64,
     pub overhead: Overhead,
+    pub processes: Vec<ProcessFigures>,
+}
+
+/// What the bench reads of a process in a gpustall summary (`processes[]`).
+#[derive(serde::Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(default)]
+pub struct ProcessFigures {
+    pub role: String,
+    /// The trainer's waits this process ended (docs/FORMATS.md).
+    pub kept_waiting_ns: u64,
+    /// A trainer's wait for data; absent for other roles.
+    pub data_wait_ns: Option<u64>,
+    /// Its timed GPU calls (CUDA's synchronize uprobes); absent where none were timed.
+    pub gpu_wait: Option<GpuWaitFigures>,
+}
+
+/// A process's timed GPU calls (`processes[].gpu_wait`).
+#[derive(serde::Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(default)]
+pub struct GpuWaitFigures {
+    pub calls: u64,
+}
+
+impl TracedSummary {
+    /// The sum of `figure` over the processes of `role`.
+    pub fn sum_over(&self, role: &str, figure: impl Fn(&ProcessFigures) -> u64) -> u64 {
+        self.processes.iter().filter(|p| p.role == role).map(figure).sum()
+    }
 }
 
 impl TracedSummary {

@@ -22,7 +22,7 @@ use anyhow::Context as _;
 use serde_json::{json, Value};
 use tests::procs::{Tracer, Workload};
 
-use super::common::{median, tracepoint_of, workload_bin, BpfStats};
+use super::common::{median, workload_bin, BpfStats, TracedSummary};
 
 const ROUNDS: usize = 3;
 /// Ping-pong time, and the wait before it (the tracer's next beat accounts the child).
@@ -51,7 +51,7 @@ impl Case {
 struct Run {
     rate: f64,
     round_trips: u64,
-    summary: Option<Value>,
+    summary: Option<TracedSummary>,
 }
 
 fn ping_pong() -> Workload {
@@ -96,45 +96,39 @@ fn run_once(case: Case) -> anyhow::Result<Run> {
     };
     anyhow::ensure!(code == Some(0), "the ping-pong failed ({code:?})");
     let (round_trips, rate) = rate(&lines)?;
+    let summary = summary.as_ref().map(TracedSummary::of).transpose()?;
     Ok(Run { rate, round_trips, summary })
 }
 
 /// A sched program's (runs, ns per run) in a summary.
-fn program(summary: &Value, name: &str) -> (u64, f64) {
-    let p = summary["overhead"]["programs"]
-        .as_array()
-        .and_then(|a| {
-            a.iter().find(|p| p["name"].as_str().map(tracepoint_of) == Some(name)).cloned()
-        })
-        .unwrap_or(Value::Null);
-    let runs = p["run_count"].as_u64().unwrap_or(0);
-    let ns = p["run_time_ns"].as_u64().unwrap_or(0);
-    (runs, if runs == 0 { 0.0 } else { ns as f64 / runs as f64 })
+fn program(summary: &TracedSummary, tracepoint: &str) -> (u64, f64) {
+    summary
+        .overhead
+        .program(tracepoint)
+        .map_or((0, 0.0), |p| (p.run_count, p.ns_per_run().unwrap_or(0.0)))
 }
 
 /// The inside case's accounting: the time the worker kept the trainer waiting, and the
 /// trainer's data wait (logical waits: the ping-pong's trainer does nothing between its reads,
 /// so its whole run is one wait, charged to the worker when it ends).
-fn accounted(summary: &Value) -> (u64, u64) {
-    let procs = summary["processes"].as_array().cloned().unwrap_or_default();
-    let of = |role: &str, field: &str| {
-        procs.iter().filter(|p| p["role"] == role).filter_map(|p| p[field].as_u64()).sum::<u64>()
-    };
-    (of("dataloader_worker", "kept_waiting_ns"), of("trainer", "data_wait_ns"))
+fn accounted(summary: &TracedSummary) -> (u64, u64) {
+    (
+        summary.sum_over("dataloader_worker", |p| p.kept_waiting_ns),
+        summary.sum_over("trainer", |p| p.data_wait_ns.unwrap_or(0)),
+    )
 }
 
 /// The programs' figures of one case's runs into its `row`; (sched_switch runs per second,
 /// its ns per run, sched_waking's ns per run, the worker's accounted share) for the table.
 fn program_figures(case: Case, runs: &[Run], row: &mut Value) -> (f64, f64, f64, String) {
-    let summaries: Vec<&Value> = runs.iter().filter_map(|r| r.summary.as_ref()).collect();
+    let summaries: Vec<&TracedSummary> = runs.iter().filter_map(|r| r.summary.as_ref()).collect();
     let (mut switch_ns, mut waking_ns, mut switches) = (0.0, 0.0, 0.0);
     let mut acc = String::new();
     if !summaries.is_empty() {
         for name in PROGRAMS {
             let per: Vec<(u64, f64)> = summaries.iter().map(|s| program(s, name)).collect();
             let ns = median(per.iter().map(|p| p.1).collect());
-            let dur: Vec<f64> =
-                summaries.iter().map(|s| s["duration_s"].as_f64().unwrap_or(1.0)).collect();
+            let dur: Vec<f64> = summaries.iter().map(|s| s.duration_s).collect();
             let per_s =
                 median(per.iter().zip(&dur).map(|(p, d)| p.0 as f64 / d.max(1e-3)).collect());
             row[name] = json!({

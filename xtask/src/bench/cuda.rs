@@ -9,14 +9,14 @@ use std::process::Command;
 use anyhow::Context as _;
 use serde_json::{json, Value};
 
-use super::common::{median, release_bin};
+use super::common::{median, release_bin, Program, TracedSummary};
 use crate::util::{target_dir, workspace_root};
 
 const ROUNDS: usize = 3;
 const CALLS: u64 = 200_000;
 
 /// The loop's time per call in ns, and the traced summary's programs.
-fn run_once(python: &std::path::Path, traced: bool) -> anyhow::Result<(f64, Value)> {
+fn run_once(python: &std::path::Path, traced: bool) -> anyhow::Result<(f64, Vec<Program>)> {
     let dir = tests::TempDir::new("bench-cuda");
     let lib = dir.path("libcuda.so.1");
     std::fs::copy(target_dir().join("release/libcuda_stub.so"), &lib)?;
@@ -46,16 +46,15 @@ fn run_once(python: &std::path::Path, traced: bool) -> anyhow::Result<(f64, Valu
     let per_call = v["s"].as_f64().unwrap_or(0.0) * 1e9 / CALLS as f64;
     let programs = if traced {
         let s: Value = serde_json::from_str(&std::fs::read_to_string(&summary)?)?;
-        let t = s["processes"].as_array().and_then(|ps| {
-            ps.iter().find(|p| p["role"] == "trainer").map(|p| p["gpu_wait"]["calls"].clone())
-        });
+        let s = TracedSummary::of(&s)?;
+        let t = s.processes.iter().find(|p| p.role == "trainer").and_then(|p| p.gpu_wait.clone());
         anyhow::ensure!(
-            t.as_ref().and_then(Value::as_u64) == Some(CALLS),
+            t.as_ref().map(|g| g.calls) == Some(CALLS),
             "the traced loop's calls were not all timed: {t:?}"
         );
-        s["overhead"]["programs"].clone()
+        s.overhead.programs
     } else {
-        Value::Null
+        Vec::new()
     };
     Ok((per_call, programs))
 }
@@ -65,7 +64,7 @@ pub fn run() -> anyhow::Result<Value> {
     crate::util::run_cmd(crate::util::cargo().args(["build", "--release", "-p", "cuda-stub"]))?;
     // The programs' run time (restored at the end, whatever happens).
     let _stats = super::common::BpfStats::enable();
-    let (mut plain, mut traced, mut programs) = (Vec::new(), Vec::new(), Value::Null);
+    let (mut plain, mut traced, mut programs) = (Vec::new(), Vec::new(), Vec::new());
     for round in 1..=ROUNDS {
         let (p, _) = run_once(&python, false)?;
         let (t, progs) = run_once(&python, true)?;
@@ -74,12 +73,7 @@ pub fn run() -> anyhow::Result<Value> {
         traced.push(t);
         programs = progs;
     }
-    let ours = |name: &str| {
-        programs
-            .as_array()
-            .and_then(|ps| ps.iter().find(|p| p["name"] == name))
-            .and_then(|p| p["avg_ns"].as_f64())
-    };
+    let ours = |name: &str| programs.iter().find(|p| p.name == name).and_then(Program::ns_per_run);
     let (p, t) = (median(plain.clone()), median(traced.clone()));
     Ok(json!({
         "calls": CALLS,
