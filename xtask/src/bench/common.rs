@@ -144,6 +144,16 @@ pub struct ProcessFigures {
     pub data_wait_ns: Option<u64>,
     /// Its timed GPU calls (CUDA's synchronize uprobes); absent where none were timed.
     pub gpu_wait: Option<GpuWaitFigures>,
+    /// Its Python stacks' samples; absent where none were taken.
+    pub py_stacks: Option<StackSamples>,
+}
+
+/// A process's Python stack samples (`processes[].py_stacks`).
+#[derive(serde::Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(default)]
+pub struct StackSamples {
+    pub samples: u64,
+    pub failed_samples: u64,
 }
 
 /// A process's timed GPU calls (`processes[].gpu_wait`).

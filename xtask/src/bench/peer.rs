@@ -32,7 +32,7 @@ use tests::{
 };
 
 use super::{
-    common::{release_bin, tracepoint_of, usage, BpfStats},
+    common::{release_bin, tracepoint_of, usage, BpfStats, Program, TracedSummary},
     doc::num,
     floor::Floor,
 };
@@ -292,30 +292,15 @@ fn run_once(under: Under, data: &str) -> anyhow::Result<RunResult> {
     Ok(RunResult { wall_s, gpustall, peer: progs, peer_cpu_s: cpu, floor: floor_progs })
 }
 
-/// gpustall's programs from its summary (full names).
-fn gpustall_programs(summary: &Value) -> Vec<Prog> {
-    summary["overhead"]["programs"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .map(|p| {
-                    let name = p["name"].as_str().unwrap_or("?");
-                    Prog {
-                        name: tracepoint_of(name).to_string(),
-                        runs: p["run_count"].as_u64().unwrap_or(0),
-                        run_ns: p["run_time_ns"].as_u64().unwrap_or(0),
-                        typed: tracepoint_of(name) != name,
-                    }
-                })
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-/// The agent's CPU while tracing (start-up, loading and verifying, not counted).
-fn agent_cpu_s(summary: &Value) -> f64 {
-    summary["overhead"]["agent_cpu_s"].as_f64().unwrap_or(0.0)
-        - summary["overhead"]["agent_startup_cpu_s"].as_f64().unwrap_or(0.0)
+/// gpustall's programs from its summary (named by their tracepoint; `typed` for the BTF twin).
+fn gpustall_programs(summary: &TracedSummary) -> Vec<Prog> {
+    let prog = |p: &Program| Prog {
+        name: tracepoint_of(&p.name).to_string(),
+        runs: p.run_count,
+        run_ns: p.run_time_ns,
+        typed: tracepoint_of(&p.name) != p.name,
+    };
+    summary.overhead.programs.iter().map(prog).collect()
 }
 
 /// Adds one round's programs into the running sums, by name.
@@ -374,11 +359,11 @@ pub fn run() -> anyhow::Result<Value> {
     for _ in 0..BOTH_ROUNDS {
         let both = run_once(Under::Both, &data)?;
         eprintln!("bench peer: workload under both {:.2} s", both.wall_s);
-        let summary = both.gpustall.context("no gpustall summary")?;
+        let summary = TracedSummary::of(&both.gpustall.context("no gpustall summary")?)?;
         add_into(&mut ours, gpustall_programs(&summary));
         add_into(&mut peer, both.peer);
         add_into(&mut floor, both.floor);
-        ours_cpu += agent_cpu_s(&summary);
+        ours_cpu += summary.overhead.cpu_while_tracing_s();
         peer_cpu += both.peer_cpu_s;
         both_wall += both.wall_s / BOTH_ROUNDS as f64;
     }
@@ -545,7 +530,7 @@ fn outside(label: &str, load: &mut dyn FnMut() -> String) -> anyhow::Result<Valu
     let what = load();
     let result = tracer.stop();
     drop(idle);
-    let progs = gpustall_programs(&result.summary);
+    let progs = gpustall_programs(&TracedSummary::of(&result.summary)?);
     println!("\n== outside the traced job: {label} ({what}) ==");
     println!("{:<32} {:>9} {:>8}", "program", "runs", "ns/run");
     let mut rows = Vec::new();

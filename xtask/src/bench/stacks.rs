@@ -9,7 +9,7 @@ use std::process::Command;
 use anyhow::Context as _;
 use serde_json::{json, Value};
 
-use super::common::{median, release_bin};
+use super::common::{median, release_bin, StackSamples, TracedSummary};
 use crate::util::workspace_root;
 
 const ROUNDS: usize = 3;
@@ -41,25 +41,17 @@ fn run_once(python: &std::path::Path, rate: &str) -> anyhow::Result<Run> {
         .context("gpustall trace")?;
     anyhow::ensure!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let s: Value = serde_json::from_str(&std::fs::read_to_string(&summary)?)?;
-    let duration_s = s["duration_s"].as_f64().unwrap_or(0.0);
-    let oh = &s["overhead"];
-    let steady = oh["agent_cpu_s"].as_f64().unwrap_or(0.0)
-        - oh["agent_startup_cpu_s"].as_f64().unwrap_or(0.0);
-    let procs = s["processes"].as_array().cloned().unwrap_or_default();
-    let samples = |role: &str, field: &str| -> u64 {
-        procs
-            .iter()
-            .filter(|p| p["role"] == role)
-            .filter_map(|p| p["py_stacks"][field].as_u64())
-            .sum()
+    let s = TracedSummary::of(&s)?;
+    let samples = |role: &str, figure: fn(&StackSamples) -> u64| {
+        s.sum_over(role, |p| p.py_stacks.as_ref().map_or(0, figure))
     };
+    let failed = |s: &StackSamples| s.failed_samples;
     Ok(Run {
-        agent_cpu_pct: 100.0 * steady / duration_s.max(1e-3),
-        duration_s,
-        trainer_samples: samples("trainer", "samples"),
-        worker_samples: samples("dataloader_worker", "samples"),
-        failed: samples("trainer", "failed_samples")
-            + samples("dataloader_worker", "failed_samples"),
+        agent_cpu_pct: 100.0 * s.overhead.cpu_while_tracing_s() / s.duration_s.max(1e-3),
+        duration_s: s.duration_s,
+        trainer_samples: samples("trainer", |s| s.samples),
+        worker_samples: samples("dataloader_worker", |s| s.samples),
+        failed: samples("trainer", failed) + samples("dataloader_worker", failed),
     })
 }
 
