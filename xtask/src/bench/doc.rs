@@ -7,7 +7,7 @@
 use serde::Deserialize as _;
 use serde_json::Value;
 
-use super::swap::SwapReport;
+use super::{stacks::StacksReport, swap::SwapReport};
 
 /// The sections in the order of the document.
 pub const SECTIONS: [&str; 10] = [
@@ -291,8 +291,14 @@ run is one logical wait).";
 pub fn swap_heavy(v: &Value) -> String {
     match SwapReport::deserialize(v) {
         Ok(r) => swap_heavy_tables(&r),
-        Err(e) => format!("The case's figures could not be read ({e}): run it again.\n"),
+        Err(e) => unreadable(&e),
     }
+}
+
+/// A section whose figures could not be read as its case writes them: said, never drawn as
+/// zeros.
+fn unreadable(e: &serde_json::Error) -> String {
+    format!("The case's figures could not be read ({e}): run it again.\n")
 }
 
 fn swap_heavy_tables(r: &SwapReport) -> String {
@@ -592,19 +598,22 @@ interpreter's symbols, nine processes here) and recording the stacks come on top
 
 /// The Python stacks case's table.
 pub fn py_stacks(v: &Value) -> String {
+    let r = match StacksReport::deserialize(v) {
+        Ok(r) => r,
+        Err(e) => return unreadable(&e),
+    };
     let rows: Vec<Vec<String>> = ["off", "auto", "10 Hz"]
         .iter()
-        .filter(|k| v[**k].is_object())
-        .map(|k| {
-            let r = &v[*k];
+        .filter_map(|k| r.cases.get(*k))
+        .map(|c| {
             vec![
-                format!("`--py-stacks {}`", r["py_stacks"].as_str().unwrap_or("?")),
-                opt(f(&r["median_agent_cpu_pct"]), 2),
-                opt(f(&r["median_duration_s"]), 1),
-                f(&r["duration_to_off"]).map_or("-".into(), |x| format!("x{x:.2}")),
-                opt(f(&r["median_trainer_samples"]), 0),
-                opt(f(&r["median_worker_samples"]), 0),
-                opt(f(&r["median_failed_samples"]), 0),
+                format!("`--py-stacks {}`", c.py_stacks),
+                num(c.median_agent_cpu_pct, 2),
+                num(c.median_duration_s, 1),
+                format!("x{:.2}", c.duration_to_off),
+                num(c.median_trainer_samples, 0),
+                num(c.median_worker_samples, 0),
+                num(c.median_failed_samples, 0),
             ]
         })
         .collect();
@@ -793,6 +802,34 @@ mod tests {
             t.contains("| inside the traced job | 84,000 | x0.84 | 350,000 | 311 | 280 | 0.99 |"),
             "{t}"
         );
+    }
+
+    #[test]
+    fn py_stacks_settings_side_by_side() {
+        use super::super::stacks::{StacksCase, StacksReport};
+        let case = |rate: &str, cpu: f64, to_off: f64| StacksCase {
+            py_stacks: rate.into(),
+            agent_cpu_pct: vec![cpu],
+            median_agent_cpu_pct: cpu,
+            median_duration_s: 30.0 * to_off,
+            duration_to_off: to_off,
+            median_trainer_samples: 40.0,
+            median_worker_samples: 300.0,
+            median_failed_samples: 1.0,
+        };
+        let cases = [("off", case("off", 0.9, 1.0)), ("10 Hz", case("10", 4.2, 1.03))];
+        let r = StacksReport {
+            cases: cases.into_iter().map(|(k, c)| (k.to_string(), c)).collect(),
+            rounds: 3,
+            steps: "300".into(),
+        };
+        let v = serde_json::to_value(&r).expect("json");
+        assert_eq!(v["rounds"], 3, "the settings beside how it ran: {v}");
+        let t = py_stacks(&v);
+        assert!(t.contains("| `--py-stacks off` | 0.90 | 30.0 | x1.00 | 40 | 300 | 1 |"), "{t}");
+        assert!(t.contains("| `--py-stacks 10` | 4.20 | 30.9 | x1.03 |"), "{t}");
+        assert!(!t.contains("auto"), "{t}");
+        assert!(py_stacks(&json!({"off": {"py_stacks": "off"}})).contains("could not be read"));
     }
 
     #[test]

@@ -6,8 +6,11 @@
 
 use std::process::Command;
 
+use std::collections::BTreeMap;
+
 use anyhow::Context as _;
-use serde_json::{json, Value};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 use super::common::{median, release_bin, StackSamples, TracedSummary};
 use crate::util::workspace_root;
@@ -16,6 +19,30 @@ const ROUNDS: usize = 3;
 const STEPS: &str = "300";
 /// (label, --py-stacks).
 const CASES: [(&str, &str); 3] = [("off", "off"), ("auto", "auto"), ("10 Hz", "10")];
+
+/// One `--py-stacks` setting's figures, medians of the rounds (drawn by `doc::py_stacks`).
+#[derive(Serialize, Deserialize, Debug, Default, PartialEq)]
+pub struct StacksCase {
+    /// The `--py-stacks` given.
+    pub py_stacks: String,
+    pub agent_cpu_pct: Vec<f64>,
+    pub median_agent_cpu_pct: f64,
+    pub median_duration_s: f64,
+    /// The job's time against its time with stacks off.
+    pub duration_to_off: f64,
+    pub median_trainer_samples: f64,
+    pub median_worker_samples: f64,
+    pub median_failed_samples: f64,
+}
+
+/// The case's figures: each setting's, by label, and how it ran.
+#[derive(Serialize, Deserialize, Debug, Default, PartialEq)]
+pub struct StacksReport {
+    #[serde(flatten)]
+    pub cases: BTreeMap<String, StacksCase>,
+    pub rounds: usize,
+    pub steps: String,
+}
 
 struct Run {
     /// The agent's CPU after its start-up, as a share of one CPU over the trace.
@@ -69,25 +96,22 @@ pub fn run() -> anyhow::Result<Value> {
         }
     }
     let base = median(runs[0].iter().map(|r| r.duration_s).collect());
-    let mut out = serde_json::Map::new();
+    let mut cases = BTreeMap::new();
     for (i, (label, rate)) in CASES.iter().enumerate() {
         let rs = &runs[i];
         let m = |f: &dyn Fn(&Run) -> f64| median(rs.iter().map(f).collect());
-        out.insert(
-            (*label).to_string(),
-            json!({
-                "py_stacks": rate,
-                "agent_cpu_pct": rs.iter().map(|r| r.agent_cpu_pct).collect::<Vec<_>>(),
-                "median_agent_cpu_pct": m(&|r| r.agent_cpu_pct),
-                "median_duration_s": m(&|r| r.duration_s),
-                "duration_to_off": m(&|r| r.duration_s) / base.max(1e-9),
-                "median_trainer_samples": m(&|r| r.trainer_samples as f64),
-                "median_worker_samples": m(&|r| r.worker_samples as f64),
-                "median_failed_samples": m(&|r| r.failed as f64),
-            }),
-        );
+        let case = StacksCase {
+            py_stacks: (*rate).to_string(),
+            agent_cpu_pct: rs.iter().map(|r| r.agent_cpu_pct).collect(),
+            median_agent_cpu_pct: m(&|r| r.agent_cpu_pct),
+            median_duration_s: m(&|r| r.duration_s),
+            duration_to_off: m(&|r| r.duration_s) / base.max(1e-9),
+            median_trainer_samples: m(&|r| r.trainer_samples as f64),
+            median_worker_samples: m(&|r| r.worker_samples as f64),
+            median_failed_samples: m(&|r| r.failed as f64),
+        };
+        cases.insert((*label).to_string(), case);
     }
-    out.insert("rounds".into(), json!(ROUNDS));
-    out.insert("steps".into(), json!(STEPS));
-    Ok(Value::Object(out))
+    let report = StacksReport { cases, rounds: ROUNDS, steps: STEPS.to_string() };
+    Ok(serde_json::to_value(report)?)
 }
