@@ -7,12 +7,27 @@
 use std::process::Command;
 
 use anyhow::Context as _;
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use super::common::{median, release_bin, Program, TracedSummary};
 use crate::util::{target_dir, workspace_root};
 
 const ROUNDS: usize = 3;
+
+/// The case's figures (drawn by `doc::cuda_uprobes`); the programs' times are absent where the
+/// kernel kept no BPF stats.
+#[derive(serde::Serialize, serde::Deserialize, Debug, Default, PartialEq)]
+pub struct CudaReport {
+    pub calls: u64,
+    pub rounds: usize,
+    pub untraced_ns_per_call: Vec<f64>,
+    pub traced_ns_per_call: Vec<f64>,
+    pub median_untraced_ns_per_call: f64,
+    pub median_traced_ns_per_call: f64,
+    pub median_added_ns_per_call: f64,
+    pub enter_program_avg_ns: Option<f64>,
+    pub exit_program_avg_ns: Option<f64>,
+}
 const CALLS: u64 = 200_000;
 
 /// The loop's time per call in ns, and the traced summary's programs.
@@ -75,15 +90,16 @@ pub fn run() -> anyhow::Result<Value> {
     }
     let ours = |name: &str| programs.iter().find(|p| p.name == name).and_then(Program::ns_per_run);
     let (p, t) = (median(plain.clone()), median(traced.clone()));
-    Ok(json!({
-        "calls": CALLS,
-        "rounds": ROUNDS,
-        "untraced_ns_per_call": plain,
-        "traced_ns_per_call": traced,
-        "median_untraced_ns_per_call": p,
-        "median_traced_ns_per_call": t,
-        "median_added_ns_per_call": t - p,
-        "enter_program_avg_ns": ours("cuda_sync_enter"),
-        "exit_program_avg_ns": ours("cuda_sync_exit"),
-    }))
+    let report = CudaReport {
+        calls: CALLS,
+        rounds: ROUNDS,
+        untraced_ns_per_call: plain,
+        traced_ns_per_call: traced,
+        median_untraced_ns_per_call: p,
+        median_traced_ns_per_call: t,
+        median_added_ns_per_call: t - p,
+        enter_program_avg_ns: ours("cuda_sync_enter"),
+        exit_program_avg_ns: ours("cuda_sync_exit"),
+    };
+    Ok(serde_json::to_value(report)?)
 }

@@ -7,7 +7,7 @@
 use serde::Deserialize as _;
 use serde_json::Value;
 
-use super::{stacks::StacksReport, swap::SwapReport};
+use super::{cuda::CudaReport, stacks::StacksReport, swap::SwapReport};
 
 /// The sections in the order of the document.
 pub const SECTIONS: [&str; 10] = [
@@ -640,14 +640,17 @@ own run time is the kernel's BPF stats'.";
 
 /// The CUDA uprobes case's table.
 pub fn cuda_uprobes(v: &Value) -> String {
-    let ns = |k: &str| opt(f(&v[k]), 0);
+    let r = match CudaReport::deserialize(v) {
+        Ok(r) => r,
+        Err(e) => return unreadable(&e),
+    };
     let row = vec![
-        ns("calls"),
-        ns("median_untraced_ns_per_call"),
-        ns("median_traced_ns_per_call"),
-        ns("median_added_ns_per_call"),
-        ns("enter_program_avg_ns"),
-        ns("exit_program_avg_ns"),
+        num(r.calls as f64, 0),
+        num(r.median_untraced_ns_per_call, 0),
+        num(r.median_traced_ns_per_call, 0),
+        num(r.median_added_ns_per_call, 0),
+        opt(r.enter_program_avg_ns, 0),
+        opt(r.exit_program_avg_ns, 0),
     ];
     table(
         &[
@@ -830,6 +833,22 @@ mod tests {
         assert!(t.contains("| `--py-stacks 10` | 4.20 | 30.9 | x1.03 |"), "{t}");
         assert!(!t.contains("auto"), "{t}");
         assert!(py_stacks(&json!({"off": {"py_stacks": "off"}})).contains("could not be read"));
+    }
+
+    #[test]
+    fn cuda_uprobes_figures() {
+        use super::super::cuda::CudaReport;
+        let r = CudaReport {
+            calls: 200_000,
+            rounds: 3,
+            median_untraced_ns_per_call: 410.0,
+            median_traced_ns_per_call: 2_210.0,
+            median_added_ns_per_call: 1_800.0,
+            enter_program_avg_ns: Some(95.4),
+            ..CudaReport::default()
+        };
+        let t = cuda_uprobes(&serde_json::to_value(&r).expect("json"));
+        assert!(t.contains("| 200,000 | 410 | 2,210 | 1,800 | 95 | - |"), "{t}");
     }
 
     #[test]
