@@ -7,7 +7,14 @@
 use serde::Deserialize as _;
 use serde_json::Value;
 
-use super::{cuda::CudaReport, stacks::StacksReport, swap::SwapReport};
+use super::{
+    cuda::CudaReport,
+    fork::ForkReport,
+    incident::IncidentReport,
+    stacks::StacksReport,
+    swap::SwapReport,
+    watch::{DaemonCost, WatchReport},
+};
 
 /// The sections in the order of the document.
 pub const SECTIONS: [&str; 10] = [
@@ -241,23 +248,23 @@ whole (recording, summary, report, a Perfetto trace that parses) and the daemon 
 
 /// The big-incident case's table.
 pub fn incident(v: &Value) -> String {
-    let mib = |k: &str| opt(f(&v[k]).map(|kb| kb / 1024.0), 1);
-    let yes = |k: &str| match v[k].as_bool() {
-        Some(true) => "yes".to_string(),
-        Some(false) => "no".to_string(),
-        None => "-".to_string(),
+    let r = match IncidentReport::deserialize(v) {
+        Ok(r) => r,
+        Err(e) => return unreadable(&e),
     };
+    let mib = |kb: u64| num(kb as f64 / 1024.0, 1);
+    let yes = if r.bundle_complete_daemon_alive { "yes" } else { "no" };
     table(
         &["figure", "value"],
         &[
-            vec!["processes killed at once".into(), opt(f(&v["processes"]), 0)],
-            vec!["memory limit, MiB".into(), opt(f(&v["limit_mib"]), 0)],
-            vec!["memory budget, MiB".into(), opt(f(&v["memory_budget_mib"]), 0)],
-            vec!["peak RSS before the incident, MiB".into(), mib("peak_rss_before_kb")],
-            vec!["peak RSS, MiB".into(), mib("peak_rss_kb")],
-            vec!["bundle written in, s".into(), opt(f(&v["bundle_s"]), 1)],
-            vec!["OOM kills of the daemon".into(), opt(f(&v["oom_kills_of_the_daemon"]), 0)],
-            vec!["bundle whole, daemon alive".into(), yes("bundle_complete_daemon_alive")],
+            vec!["processes killed at once".into(), num(r.processes as f64, 0)],
+            vec!["memory limit, MiB".into(), num(r.limit_mib as f64, 0)],
+            vec!["memory budget, MiB".into(), num(r.memory_budget_mib as f64, 0)],
+            vec!["peak RSS before the incident, MiB".into(), mib(r.peak_rss_before_kb)],
+            vec!["peak RSS, MiB".into(), mib(r.peak_rss_kb)],
+            vec!["bundle written in, s".into(), num(r.bundle_s, 1)],
+            vec!["OOM kills of the daemon".into(), num(r.oom_kills_of_the_daemon as f64, 0)],
+            vec!["bundle whole, daemon alive".into(), yes.into()],
         ],
     )
 }
@@ -346,41 +353,48 @@ fn swap_heavy_tables(r: &SwapReport) -> String {
 }
 
 pub fn watch(v: &Value) -> String {
-    let row = |label: &str, j: &Value| {
+    let r = match WatchReport::deserialize(v) {
+        Ok(r) => r,
+        Err(e) => return unreadable(&e),
+    };
+    let mib = |kb: u64| kb as f64 / 1024.0;
+    let row = |label: &str, c: &DaemonCost| {
         vec![
             label.to_string(),
-            opt(f(&j["cpu_pct_of_one_core"]), 2),
-            opt(f(&j["rss_kb"]).map(|k| k / 1024.0), 1),
-            opt(f(&j["peak_rss_kb"]).map(|k| k / 1024.0), 1),
-            opt(f(&j["seconds"]), 0),
+            num(c.cpu_pct_of_one_core, 2),
+            num(mib(c.rss_kb), 1),
+            opt(c.peak_rss_kb.map(mib), 1),
+            num(c.seconds, 0),
         ]
     };
     table(
         &["job watched", "CPU, % of one core", "RSS, MiB", "peak RSS, MiB", "over, s"],
-        &[row("idle", &v["idle"]), row("swap-heavy workload", &v["busy_swap_heavy"])],
+        &[row("idle", &r.idle), row("swap-heavy workload", &r.busy_swap_heavy)],
     )
 }
 
 pub fn fork_burst(v: &Value) -> String {
-    let children: f64 = v["children"]
-        .as_str()
-        .and_then(|s| s.parse().ok())
-        .or_else(|| f(&v["children"]))
-        .unwrap_or(0.0);
+    let r = match ForkReport::deserialize(v) {
+        Ok(r) => r,
+        Err(e) => return unreadable(&e),
+    };
+    let Ok(children) = r.children.parse::<f64>() else {
+        return format!("The case's children ({:?}) are not a count: run it again.\n", r.children);
+    };
     let expected = children * 4096.0;
-    let written = f(&v["block_write_bytes_by_metrics"]).unwrap_or(0.0);
-    let mib = |k: &str| opt(f(&v[k]).map(|kb| kb / 1024.0), 1);
+    let written = r.block_write_bytes_by_metrics as f64;
+    let mib = |kb: u64| num(kb as f64 / 1024.0, 1);
     table(
         &["figure", "value"],
         &[
             vec!["children".into(), num(children, 0)],
-            vec!["burst, s".into(), opt(f(&v["burst_s"]), 1)],
-            vec!["peak RSS, MiB".into(), mib("peak_rss_kb")],
-            vec!["memory budget, MiB".into(), opt(f(&v["memory_budget_mib"]), 0)],
-            vec!["RSS at the end, MiB".into(), mib("end_rss_kb")],
-            vec!["CPU, % of one core".into(), opt(f(&v["cpu_pct_of_one_core"]), 2)],
-            vec!["`/metrics` slowest answer, ms".into(), opt(f(&v["metrics_slowest_ms"]), 1)],
-            vec!["`/metrics` unanswered seconds".into(), opt(f(&v["metrics_unanswered"]), 0)],
+            vec!["burst, s".into(), opt(r.burst_s, 1)],
+            vec!["peak RSS, MiB".into(), mib(r.peak_rss_kb)],
+            vec!["memory budget, MiB".into(), num(r.memory_budget_mib as f64, 0)],
+            vec!["RSS at the end, MiB".into(), mib(r.end_rss_kb)],
+            vec!["CPU, % of one core".into(), num(r.cpu_pct_of_one_core, 2)],
+            vec!["`/metrics` slowest answer, ms".into(), num(r.metrics_slowest_ms, 1)],
+            vec!["`/metrics` unanswered seconds".into(), num(r.metrics_unanswered as f64, 0)],
             vec![
                 "block writes counted / written".into(),
                 format!(
@@ -923,7 +937,8 @@ mod tests {
         assert!(t.contains("| swap-heavy workload | 0.54 | 50.0 | 57.0 | 9 |"), "{t}");
         let b = json!({"children": "18000", "burst_s": 30.2, "peak_rss_kb": 47000, "end_rss_kb": 30000,
             "memory_budget_mib": 64, "cpu_pct_of_one_core": 1.5, "metrics_slowest_ms": 12.0,
-            "metrics_unanswered": 0, "block_write_bytes_by_metrics": 73728000});
+            "metrics_unanswered": 0, "block_write_bytes_by_metrics": 73728000,
+            "rss_kb_each_second": [30000, 47000]});
         let i = json!({"processes": 8000, "limit_mib": 256, "memory_budget_mib": 64,
             "peak_rss_before_kb": 40960, "peak_rss_kb": 92160, "bundle_s": 6.5,
             "oom_kills_of_the_daemon": 0, "bundle_complete_daemon_alive": true});

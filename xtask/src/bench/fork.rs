@@ -10,13 +10,32 @@ use std::{
 };
 
 use anyhow::Context as _;
-use serde_json::{json, Value};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 use tests::procs::Workload;
 
 use super::common::{release_bin, usage, workload_bin};
 
 const CHILDREN: &str = "18000";
 const BUDGET_MIB: u64 = 64;
+
+/// The case's figures (drawn by `doc::fork_burst`).
+#[derive(Serialize, Deserialize, Debug, Default, PartialEq)]
+pub struct ForkReport {
+    /// As given to the workload.
+    pub children: String,
+    /// The burst's own time; absent where the workload did not say.
+    pub burst_s: Option<f64>,
+    pub peak_rss_kb: u64,
+    pub end_rss_kb: u64,
+    pub memory_budget_mib: u64,
+    pub cpu_pct_of_one_core: f64,
+    pub metrics_slowest_ms: f64,
+    pub metrics_unanswered: u64,
+    /// The job's block writes as /metrics said, at most.
+    pub block_write_bytes_by_metrics: u64,
+    pub rss_kb_each_second: Vec<u64>,
+}
 
 /// One second's reading of the daemon.
 struct Reading {
@@ -90,18 +109,19 @@ fn report(readings: &[Reading], burst_s: Option<f64>) -> anyhow::Result<Value> {
         100.0 * cpu / wall,
         readings.len()
     );
-    Ok(json!({
-        "children": CHILDREN,
-        "burst_s": burst_s,
-        "peak_rss_kb": peak_kb,
-        "end_rss_kb": end_kb,
-        "memory_budget_mib": BUDGET_MIB,
-        "cpu_pct_of_one_core": 100.0 * cpu / wall,
-        "metrics_slowest_ms": slowest,
-        "metrics_unanswered": unanswered,
-        "block_write_bytes_by_metrics": written,
-        "rss_kb_each_second": readings.iter().map(|r| r.rss_kb).collect::<Vec<_>>(),
-    }))
+    let r = ForkReport {
+        children: CHILDREN.to_string(),
+        burst_s,
+        peak_rss_kb: peak_kb,
+        end_rss_kb: end_kb,
+        memory_budget_mib: BUDGET_MIB,
+        cpu_pct_of_one_core: 100.0 * cpu / wall,
+        metrics_slowest_ms: slowest,
+        metrics_unanswered: unanswered as u64,
+        block_write_bytes_by_metrics: written,
+        rss_kb_each_second: readings.iter().map(|r| r.rss_kb).collect(),
+    };
+    Ok(serde_json::to_value(r)?)
 }
 
 /// `gpustall watch` (release) on the workload's comm, a 30 s window; its metrics address.

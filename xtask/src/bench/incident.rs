@@ -6,10 +6,24 @@
 
 use std::path::Path;
 
-use serde_json::{json, Value};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 use tests::incident::{BUDGET_MIB, LIMIT_MIB, PROCESSES};
 
 use super::common::workload_bin;
+
+/// The case's figures (drawn by `doc::incident`).
+#[derive(Serialize, Deserialize, Debug, Default, PartialEq)]
+pub struct IncidentReport {
+    pub processes: u64,
+    pub limit_mib: u64,
+    pub memory_budget_mib: u64,
+    pub peak_rss_before_kb: u64,
+    pub peak_rss_kb: u64,
+    pub bundle_s: f64,
+    pub oom_kills_of_the_daemon: u64,
+    pub bundle_complete_daemon_alive: bool,
+}
 
 pub fn run() -> anyhow::Result<Value> {
     let bundles = tests::TempDir::new("bench-incident");
@@ -44,14 +58,15 @@ fn report(
         peak_kb as f64 / 1024.0,
         before_kb as f64 / 1024.0
     );
-    Ok(json!({
-        "processes": PROCESSES,
-        "limit_mib": LIMIT_MIB,
-        "memory_budget_mib": BUDGET_MIB,
-        "peak_rss_before_kb": before_kb,
-        "peak_rss_kb": peak_kb,
-        "bundle_s": bundle_s,
-        "oom_kills_of_the_daemon": oom_kills,
-        "bundle_complete_daemon_alive": complete,
-    }))
+    let r = IncidentReport {
+        processes: PROCESSES as u64,
+        limit_mib: LIMIT_MIB,
+        memory_budget_mib: BUDGET_MIB,
+        peak_rss_before_kb: before_kb,
+        peak_rss_kb: peak_kb,
+        bundle_s,
+        oom_kills_of_the_daemon: oom_kills,
+        bundle_complete_daemon_alive: complete,
+    };
+    Ok(serde_json::to_value(r)?)
 }

@@ -4,10 +4,30 @@
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use serde_json::{json, Value};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 use tests::{cgroup::MemCgroup, kernel::SwapFile, procs::Workload};
 
 use super::common::{release_bin, usage, workload_bin, SWAP_HEAVY};
+
+/// The daemon's cost over one stretch (drawn by `doc::watch`).
+#[derive(Serialize, Deserialize, Debug, Default, PartialEq)]
+pub struct DaemonCost {
+    pub cpu_pct_of_one_core: f64,
+    pub rss_kb: u64,
+    /// Its peak RSS by then (the busy stretch only: the idle one comes first).
+    pub peak_rss_kb: Option<u64>,
+    pub seconds: f64,
+    /// The workload's own time (the busy stretch).
+    pub workload_s: Option<f64>,
+}
+
+/// The case's figures.
+#[derive(Serialize, Deserialize, Debug, Default, PartialEq)]
+pub struct WatchReport {
+    pub idle: DaemonCost,
+    pub busy_swap_heavy: DaemonCost,
+}
 
 /// Starts `gpustall watch` (release) and waits until it is watching.
 fn start_daemon(bundles: &std::path::Path) -> anyhow::Result<std::process::Child> {
@@ -80,8 +100,18 @@ pub fn run() -> anyhow::Result<Value> {
     println!("\n== gpustall watch: agent cost ==");
     println!("idle job:  {idle_cpu:.2}% of one core over {idle_wall:.0} s, RSS {idle_rss} kB");
     println!("busy job (swap-heavy, {busy_wall:.1} s): {busy_cpu:.2}% of one core over {wall:.0} s, RSS {busy_rss} kB, peak RSS {hwm} kB");
-    Ok(json!({
-        "idle": {"cpu_pct_of_one_core": idle_cpu, "rss_kb": idle_rss, "seconds": idle_wall},
-        "busy_swap_heavy": {"cpu_pct_of_one_core": busy_cpu, "rss_kb": busy_rss, "peak_rss_kb": hwm, "seconds": wall, "workload_s": busy_wall},
-    }))
+    let idle = DaemonCost {
+        cpu_pct_of_one_core: idle_cpu,
+        rss_kb: idle_rss,
+        seconds: idle_wall,
+        ..DaemonCost::default()
+    };
+    let busy_swap_heavy = DaemonCost {
+        cpu_pct_of_one_core: busy_cpu,
+        rss_kb: busy_rss,
+        peak_rss_kb: Some(hwm),
+        seconds: wall,
+        workload_s: Some(busy_wall),
+    };
+    Ok(serde_json::to_value(WatchReport { idle, busy_swap_heavy })?)
 }
