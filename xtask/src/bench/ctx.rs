@@ -19,7 +19,8 @@
 use std::time::Duration;
 
 use anyhow::Context as _;
-use serde_json::{json, Value};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 use tests::procs::{Tracer, Workload};
 
 use super::common::{median, workload_bin, BpfStats, TracedSummary};
@@ -118,44 +119,84 @@ fn accounted(summary: &TracedSummary) -> (u64, u64) {
     )
 }
 
-/// The programs' figures of one case's runs into its `row`; (sched_switch runs per second,
-/// its ns per run, sched_waking's ns per run, the worker's accounted share) for the table.
-fn program_figures(case: Case, runs: &[Run], row: &mut Value) -> (f64, f64, f64, String) {
-    let summaries: Vec<&TracedSummary> = runs.iter().filter_map(|r| r.summary.as_ref()).collect();
-    let (mut switch_ns, mut waking_ns, mut switches) = (0.0, 0.0, 0.0);
-    let mut acc = String::new();
-    if !summaries.is_empty() {
-        for name in PROGRAMS {
-            let per: Vec<(u64, f64)> = summaries.iter().map(|s| program(s, name)).collect();
-            let ns = median(per.iter().map(|p| p.1).collect());
-            let dur: Vec<f64> = summaries.iter().map(|s| s.duration_s).collect();
-            let per_s =
-                median(per.iter().zip(&dur).map(|(p, d)| p.0 as f64 / d.max(1e-3)).collect());
-            row[name] = json!({
-                "runs": per.iter().map(|p| p.0).collect::<Vec<_>>(),
-                "ns_per_run": per.iter().map(|p| p.1).collect::<Vec<_>>(),
-                "median_ns_per_run": ns,
-                "median_runs_per_s": per_s,
-            });
-            if name == "sched_switch" {
-                (switch_ns, switches) = (ns, per_s);
-            } else {
-                waking_ns = ns;
-            }
-        }
-        if case == Case::Inside {
-            let (kept, waited): (Vec<u64>, Vec<u64>) =
-                summaries.iter().map(|s| accounted(s)).unzip();
-            let trips: Vec<u64> = runs.iter().map(|r| r.round_trips).collect();
-            let run_ns: f64 = RUN_MS.parse::<f64>().unwrap_or(1.0) * 1e6;
-            acc = format!("{:.2}", kept[0] as f64 / run_ns);
-            row["accounted_per_ns"] = json!(kept[0] as f64 / run_ns);
-            row["worker_kept_waiting_ns"] = json!(kept);
-            row["trainer_data_wait_ns"] = json!(waited);
-            row["round_trips"] = json!(trips);
-        }
+/// A sched program's figures over one case's traced runs.
+#[derive(Serialize, Deserialize, Debug, Default, PartialEq)]
+pub struct ProgFigures {
+    pub runs: Vec<u64>,
+    pub ns_per_run: Vec<f64>,
+    pub median_ns_per_run: f64,
+    /// Machine-wide: others' switches included.
+    pub median_runs_per_s: f64,
+}
+
+/// The inside case's accounting, round by round.
+#[derive(Serialize, Deserialize, Debug, Default, PartialEq)]
+pub struct Accounting {
+    /// The worker's kept-waiting time per ns of ping-pong (round 1).
+    pub accounted_per_ns: f64,
+    pub worker_kept_waiting_ns: Vec<u64>,
+    pub trainer_data_wait_ns: Vec<u64>,
+    pub round_trips: Vec<u64>,
+}
+
+/// One case's figures (drawn by `doc::ctxswitch`); the programs' where gpustall ran.
+#[derive(Serialize, Deserialize, Debug, Default, PartialEq)]
+pub struct CtxCase {
+    pub round_trips_per_s: Vec<f64>,
+    pub median_round_trips_per_s: f64,
+    pub ratio_to_untraced: f64,
+    pub sched_switch: Option<ProgFigures>,
+    pub sched_waking: Option<ProgFigures>,
+    #[serde(flatten)]
+    pub accounting: Option<Accounting>,
+}
+
+/// The case's figures.
+#[derive(Serialize, Deserialize, Debug, Default, PartialEq)]
+pub struct CtxReport {
+    pub untraced: CtxCase,
+    pub outside_traced_job: CtxCase,
+    pub inside_traced_job: CtxCase,
+    pub rounds: usize,
+    pub run_ms: u64,
+}
+
+/// A program's figures over `summaries`.
+fn prog_figures(summaries: &[&TracedSummary], tracepoint: &str) -> ProgFigures {
+    let per: Vec<(u64, f64)> = summaries.iter().map(|s| program(s, tracepoint)).collect();
+    let per_s = per.iter().zip(summaries).map(|(p, s)| p.0 as f64 / s.duration_s.max(1e-3));
+    ProgFigures {
+        runs: per.iter().map(|p| p.0).collect(),
+        ns_per_run: per.iter().map(|p| p.1).collect(),
+        median_ns_per_run: median(per.iter().map(|p| p.1).collect()),
+        median_runs_per_s: median(per_s.collect()),
     }
-    (switches, switch_ns, waking_ns, acc)
+}
+
+/// One case's figures from its runs; `base`: the untraced median round trips per second.
+fn case_figures(case: Case, runs: &[Run], base: f64) -> CtxCase {
+    let rates: Vec<f64> = runs.iter().map(|r| r.rate).collect();
+    let r = median(rates.clone());
+    let summaries: Vec<&TracedSummary> = runs.iter().filter_map(|r| r.summary.as_ref()).collect();
+    let traced = !summaries.is_empty();
+    let accounting = (traced && case == Case::Inside).then(|| {
+        let (kept, waited): (Vec<u64>, Vec<u64>) = summaries.iter().map(|s| accounted(s)).unzip();
+        let run_ns: f64 = RUN_MS.parse::<f64>().unwrap_or(1.0) * 1e6;
+        Accounting {
+            accounted_per_ns: kept[0] as f64 / run_ns,
+            worker_kept_waiting_ns: kept,
+            trainer_data_wait_ns: waited,
+            round_trips: runs.iter().map(|r| r.round_trips).collect(),
+        }
+    });
+    CtxCase {
+        round_trips_per_s: rates,
+        median_round_trips_per_s: r,
+        ratio_to_untraced: r / base,
+        sched_switch: traced.then(|| prog_figures(&summaries, PROGRAMS[0])),
+        sched_waking: traced.then(|| prog_figures(&summaries, PROGRAMS[1])),
+        accounting,
+    }
 }
 
 pub fn run() -> anyhow::Result<Value> {
@@ -170,6 +211,21 @@ pub fn run() -> anyhow::Result<Value> {
         }
     }
     let base = median(runs[0].iter().map(|r| r.rate).collect());
+    let [untraced, outside_traced_job, inside_traced_job] =
+        [0, 1, 2].map(|i| case_figures(cases[i], &runs[i], base));
+    let report = CtxReport {
+        untraced,
+        outside_traced_job,
+        inside_traced_job,
+        rounds: ROUNDS,
+        run_ms: RUN_MS.parse().unwrap_or(0),
+    };
+    print_ctx(&report);
+    Ok(serde_json::to_value(report)?)
+}
+
+/// The case on the terminal.
+fn print_ctx(r: &CtxReport) {
     println!(
         "\n== context-switch-heavy job: pipe ping-pong, {ROUNDS} rounds of {RUN_MS} ms, medians =="
     );
@@ -177,38 +233,29 @@ pub fn run() -> anyhow::Result<Value> {
         "{:<24} {:>13} {:>9} {:>12} {:>12} {:>12} {:>12}",
         "case", "round trips/s", "ratio", "switches/s", "switch ns", "waking ns", "accounted"
     );
-    let mut out = serde_json::Map::new();
-    for (i, &case) in cases.iter().enumerate() {
-        let rates: Vec<f64> = runs[i].iter().map(|r| r.rate).collect();
-        let r = median(rates.clone());
-        let mut row = json!({
-            "round_trips_per_s": rates,
-            "median_round_trips_per_s": r,
-            "ratio_to_untraced": r / base,
-        });
-        let (switches, switch_ns, waking_ns, acc) = program_figures(case, &runs[i], &mut row);
+    let cases = [
+        (Case::Untraced, &r.untraced),
+        (Case::Outside, &r.outside_traced_job),
+        (Case::Inside, &r.inside_traced_job),
+    ];
+    for (case, c) in cases {
+        let prog = |p: &Option<ProgFigures>| {
+            p.as_ref().map_or((0.0, 0.0), |p| (p.median_runs_per_s, p.median_ns_per_run))
+        };
+        let ((switches, switch_ns), (_, waking_ns)) =
+            (prog(&c.sched_switch), prog(&c.sched_waking));
+        let acc =
+            c.accounting.as_ref().map_or(String::new(), |a| format!("{:.2}", a.accounted_per_ns));
         println!(
             "{:<24} {:>13.0} {:>9.3} {:>12.0} {:>12.0} {:>12.0} {:>12}",
             case.label(),
-            r,
-            r / base,
+            c.median_round_trips_per_s,
+            c.ratio_to_untraced,
             switches,
             switch_ns,
             waking_ns,
             acc
         );
-        out.insert(
-            match case {
-                Case::Untraced => "untraced",
-                Case::Outside => "outside_traced_job",
-                Case::Inside => "inside_traced_job",
-            }
-            .to_string(),
-            row,
-        );
     }
-    out.insert("rounds".to_string(), json!(ROUNDS));
-    out.insert("run_ms".to_string(), json!(RUN_MS.parse::<u64>().unwrap_or(0)));
     println!("(switches/s: sched_switch runs per second machine-wide, others' included; accounted: the worker's kept_waiting_ns per ns of ping-pong, round 1)");
-    Ok(Value::Object(out))
 }

@@ -8,6 +8,7 @@ use serde::Deserialize as _;
 use serde_json::Value;
 
 use super::{
+    ctx::CtxReport,
     cuda::CudaReport,
     fork::ForkReport,
     incident::IncidentReport,
@@ -563,30 +564,30 @@ pub fn outside(v: &Value) -> String {
 }
 
 pub fn ctxswitch(v: &Value) -> String {
+    let r = match CtxReport::deserialize(v) {
+        Ok(r) => r,
+        Err(e) => return unreadable(&e),
+    };
     let cases = [
-        ("untraced", "untraced"),
-        ("outside_traced_job", "outside the traced job"),
-        ("inside_traced_job", "inside the traced job"),
+        ("untraced", &r.untraced),
+        ("outside the traced job", &r.outside_traced_job),
+        ("inside the traced job", &r.inside_traced_job),
     ];
     let rows: Vec<Vec<String>> = cases
         .iter()
-        .map(|(k, label)| {
-            let r = &v[*k];
+        .map(|(label, c)| {
             vec![
                 label.to_string(),
-                opt(f(&r["median_round_trips_per_s"]), 0),
-                f(&r["ratio_to_untraced"]).map_or("-".into(), |x| format!("x{x:.2}")),
-                opt(f(&r["sched_switch"]["median_runs_per_s"]), 0),
-                opt(f(&r["sched_switch"]["median_ns_per_run"]), 0),
-                opt(f(&r["sched_waking"]["median_ns_per_run"]), 0),
-                opt(f(&r["accounted_per_ns"]), 2),
+                num(c.median_round_trips_per_s, 0),
+                format!("x{:.2}", c.ratio_to_untraced),
+                opt(c.sched_switch.as_ref().map(|p| p.median_runs_per_s), 0),
+                opt(c.sched_switch.as_ref().map(|p| p.median_ns_per_run), 0),
+                opt(c.sched_waking.as_ref().map(|p| p.median_ns_per_run), 0),
+                opt(c.accounting.as_ref().map(|a| a.accounted_per_ns), 2),
             ]
         })
         .collect();
-    let how = match (v["rounds"].as_u64(), v["run_ms"].as_u64()) {
-        (Some(n), Some(ms)) => format!("{n} rounds of {} s each.\n\n", num(ms as f64 / 1000.0, 0)),
-        _ => String::new(),
-    };
+    let how = format!("{} rounds of {} s each.\n\n", r.rounds, num(r.run_ms as f64 / 1000.0, 0));
     let t = table(
         &[
             "case",
@@ -798,16 +799,37 @@ mod tests {
 
     #[test]
     fn ctxswitch_side_by_side() {
-        let v = json!({
-            "rounds": 3, "run_ms": 5000,
-            "untraced": {"median_round_trips_per_s": 100000.0, "ratio_to_untraced": 1.0},
-            "outside_traced_job": {"median_round_trips_per_s": 93000.0, "ratio_to_untraced": 0.93,
-                "sched_switch": {"median_ns_per_run": 144.4, "median_runs_per_s": 400000.0},
-                "sched_waking": {"median_ns_per_run": 102.0}},
-            "inside_traced_job": {"median_round_trips_per_s": 84000.0, "ratio_to_untraced": 0.84,
-                "sched_switch": {"median_ns_per_run": 311.0, "median_runs_per_s": 350000.0},
-                "sched_waking": {"median_ns_per_run": 280.0}, "accounted_per_ns": 0.987},
-        });
+        use super::super::ctx::{Accounting, CtxCase, CtxReport, ProgFigures};
+        let prog = |ns: f64, per_s: f64| {
+            Some(ProgFigures {
+                median_ns_per_run: ns,
+                median_runs_per_s: per_s,
+                ..Default::default()
+            })
+        };
+        let case = |rate: f64, ratio: f64| CtxCase {
+            median_round_trips_per_s: rate,
+            ratio_to_untraced: ratio,
+            ..Default::default()
+        };
+        let r = CtxReport {
+            untraced: case(100000.0, 1.0),
+            outside_traced_job: CtxCase {
+                sched_switch: prog(144.4, 400000.0),
+                sched_waking: prog(102.0, 0.0),
+                ..case(93000.0, 0.93)
+            },
+            inside_traced_job: CtxCase {
+                sched_switch: prog(311.0, 350000.0),
+                sched_waking: prog(280.0, 0.0),
+                accounting: Some(Accounting { accounted_per_ns: 0.987, ..Default::default() }),
+                ..case(84000.0, 0.84)
+            },
+            rounds: 3,
+            run_ms: 5000,
+        };
+        let v = serde_json::to_value(&r).expect("json");
+        assert_eq!(v["inside_traced_job"]["accounted_per_ns"], 0.987, "flattened: {v}");
         let t = ctxswitch(&v);
         assert!(t.starts_with("3 rounds of 5 s each.\n\n| case |"), "{t}");
         assert!(t.contains("| untraced | 100,000 | x1.00 | - | - | - | - |"), "{t}");
