@@ -12,6 +12,7 @@ use super::{
     cuda::CudaReport,
     fork::ForkReport,
     incident::IncidentReport,
+    peer::OutsideReport,
     stacks::StacksReport,
     swap::SwapReport,
     watch::{DaemonCost, WatchReport},
@@ -521,31 +522,27 @@ fn peer_floor(fl: &Value) -> (String, String) {
 }
 
 pub fn outside(v: &Value) -> String {
+    let r = match OutsideReport::deserialize(v) {
+        Ok(r) => r,
+        Err(e) => return unreadable(&e),
+    };
     let loads = [
-        ("fork_heavy", "fork-heavy"),
-        ("io_heavy", "I/O-heavy"),
-        ("context_switch_heavy", "context-switch-heavy"),
+        (&r.fork_heavy, "fork-heavy"),
+        (&r.io_heavy, "I/O-heavy"),
+        (&r.context_switch_heavy, "context-switch-heavy"),
     ];
-    let mut names: Vec<String> = Vec::new();
-    for (k, _) in loads {
-        for p in v[k]["programs"].as_array().into_iter().flatten() {
-            let n = p["program"].as_str().unwrap_or("?").to_string();
-            if !names.contains(&n) {
-                names.push(n);
-            }
-        }
-    }
+    let mut names: Vec<&str> =
+        loads.iter().flat_map(|(c, _)| c.programs.iter().map(|p| p.program.as_str())).collect();
     names.sort();
+    names.dedup();
     let rows: Vec<Vec<String>> = names
         .iter()
         .map(|n| {
-            let mut row = vec![n.clone()];
-            for (k, _) in loads {
-                let p = v[k]["programs"]
-                    .as_array()
-                    .and_then(|a| a.iter().find(|p| p["program"].as_str() == Some(n)));
-                row.push(opt(p.and_then(|p| f(&p["runs"])), 0));
-                row.push(opt(p.and_then(|p| f(&p["ns_per_run"])), 0));
+            let mut row = vec![n.to_string()];
+            for (c, _) in loads {
+                let p = c.programs.iter().find(|p| p.program == *n);
+                row.push(opt(p.map(|p| p.runs as f64), 0));
+                row.push(opt(p.map(|p| p.ns_per_run), 0));
             }
             row
         })
@@ -556,11 +553,8 @@ pub fn outside(v: &Value) -> String {
         head.push("ns per run".into());
     }
     let head: Vec<&str> = head.iter().map(String::as_str).collect();
-    let what: Vec<String> = loads
-        .iter()
-        .filter_map(|(k, label)| Some(format!("- {label}: {}\n", v[*k]["load"].as_str()?)))
-        .collect();
-    format!("{}\n{}", what.concat(), table(&head, &rows))
+    let what: String = loads.iter().map(|(c, label)| format!("- {label}: {}\n", c.load)).collect();
+    format!("{what}\n{}", table(&head, &rows))
 }
 
 pub fn ctxswitch(v: &Value) -> String {

@@ -522,8 +522,31 @@ fn print_floor(ours: &[Prog], peer: &[Prog], floor: &[Prog], peer_total_ms: f64)
     })
 }
 
+/// A program of gpustall's on one load outside the traced job.
+#[derive(serde::Serialize, serde::Deserialize, Debug, Default, PartialEq)]
+pub struct OutsideProgram {
+    pub program: String,
+    pub runs: u64,
+    pub ns_per_run: f64,
+}
+
+/// One load run outside the traced job: what it was, and gpustall's programs that ran.
+#[derive(serde::Serialize, serde::Deserialize, Debug, Default, PartialEq)]
+pub struct OutsideCase {
+    pub load: String,
+    pub programs: Vec<OutsideProgram>,
+}
+
+/// The outside cases' figures (drawn by `doc::outside`).
+#[derive(serde::Serialize, serde::Deserialize, Debug, Default, PartialEq)]
+pub struct OutsideReport {
+    pub fork_heavy: OutsideCase,
+    pub io_heavy: OutsideCase,
+    pub context_switch_heavy: OutsideCase,
+}
+
 /// gpustall tracing an idle job while `load` runs outside it: each program's runs and ns/run.
-fn outside(label: &str, load: &mut dyn FnMut() -> String) -> anyhow::Result<Value> {
+fn outside(label: &str, load: &mut dyn FnMut() -> String) -> anyhow::Result<OutsideCase> {
     // A job waiting for its input (never released: no child left behind when it is dropped).
     let idle = Workload::start(&bin("gpustall-workload"), &["spawn", "sleep", "600"], None);
     let tracer = Tracer::start(idle.pid(), &["--quiet"]);
@@ -533,19 +556,23 @@ fn outside(label: &str, load: &mut dyn FnMut() -> String) -> anyhow::Result<Valu
     let progs = gpustall_programs(&TracedSummary::of(&result.summary)?);
     println!("\n== outside the traced job: {label} ({what}) ==");
     println!("{:<32} {:>9} {:>8}", "program", "runs", "ns/run");
-    let mut rows = Vec::new();
+    let mut programs = Vec::new();
     for p in progs.iter().filter(|p| p.runs > 0) {
         println!("{:<32} {:>9} {:>8.0}", p.name, p.runs, ns_per_run(p));
-        rows.push(json!({"program": p.name, "runs": p.runs, "ns_per_run": ns_per_run(p)}));
+        programs.push(OutsideProgram {
+            program: p.name.clone(),
+            runs: p.runs,
+            ns_per_run: ns_per_run(p),
+        });
     }
-    Ok(json!({"load": what, "programs": rows}))
+    Ok(OutsideCase { load: what, programs })
 }
 
 /// The outside cases (also `--only outside`): a fork-heavy loop, 20,000 O_DIRECT reads, a
 /// context-switch-heavy ping-pong, each run by a process gpustall does not trace.
 pub fn outside_cases() -> anyhow::Result<Value> {
     let _stats = BpfStats::enable();
-    let fork = outside("fork-heavy", &mut || {
+    let fork_heavy = outside("fork-heavy", &mut || {
         let t = Instant::now();
         for _ in 0..3000 {
             let _ = Command::new("/bin/true").status();
@@ -553,7 +580,7 @@ pub fn outside_cases() -> anyhow::Result<Value> {
         format!("3,000 /bin/true in {:.1} s", t.elapsed().as_secs_f64())
     })?;
     let (_scratch, data) = data_file("bench-outside", 80)?;
-    let io = outside("I/O-heavy", &mut || {
+    let io_heavy = outside("I/O-heavy", &mut || {
         let t = Instant::now();
         let _ = Command::new("dd")
             .args([&format!("if={data}"), "of=/dev/null", "bs=4096", "count=20000", "iflag=direct"])
@@ -561,11 +588,11 @@ pub fn outside_cases() -> anyhow::Result<Value> {
             .status();
         format!("20,000 4 KiB O_DIRECT reads in {:.1} s", t.elapsed().as_secs_f64())
     })?;
-    let switch = outside("context-switch-heavy", &mut || {
+    let context_switch_heavy = outside("context-switch-heavy", &mut || {
         let n = ping_pong(Duration::from_secs(5));
         format!("{} pipe round trips in 5 s", num(n as f64, 0))
     })?;
-    Ok(json!({"fork_heavy": fork, "io_heavy": io, "context_switch_heavy": switch}))
+    Ok(serde_json::to_value(OutsideReport { fork_heavy, io_heavy, context_switch_heavy })?)
 }
 
 /// Two threads passing a byte back and forth over two pipes for `d`; the round trips.
