@@ -59,11 +59,20 @@ fn ping_pong() -> Workload {
     Workload::start(&workload_bin(), &["pingpong", RUN_MS, SETTLE_MS], None)
 }
 
+/// The ping-pong's own count, its last line (`gpustall-workload pingpong`).
+#[derive(Deserialize)]
+struct PingPongLine {
+    round_trips: u64,
+    seconds: f64,
+}
+
 /// The workload's own count: (round trips, per second).
 fn rate(lines: &[Value]) -> anyhow::Result<(u64, f64)> {
-    let l = lines.iter().find(|l| l["round_trips"].is_u64()).context("no round trips reported")?;
-    let n = l["round_trips"].as_u64().unwrap_or(0);
-    Ok((n, n as f64 / l["seconds"].as_f64().unwrap_or(1.0).max(1e-9)))
+    let l = lines
+        .iter()
+        .find_map(|l| PingPongLine::deserialize(l).ok())
+        .context("no round trips reported")?;
+    Ok((l.round_trips, l.round_trips as f64 / l.seconds.max(1e-9)))
 }
 
 fn run_once(case: Case) -> anyhow::Result<Run> {

@@ -30,6 +30,13 @@ pub struct CudaReport {
 }
 const CALLS: u64 = 200_000;
 
+/// The loop's own line (tests/py/cuda_calls.py): its calls and their time, in seconds.
+#[derive(serde::Deserialize)]
+struct LoopLine {
+    calls: u64,
+    s: f64,
+}
+
 /// The loop's time per call in ns, and the traced summary's programs.
 fn run_once(python: &std::path::Path, traced: bool) -> anyhow::Result<(f64, Vec<Program>)> {
     let dir = tests::TempDir::new("bench-cuda");
@@ -57,8 +64,9 @@ fn run_once(python: &std::path::Path, traced: bool) -> anyhow::Result<(f64, Vec<
     anyhow::ensure!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let out = String::from_utf8_lossy(&o.stdout);
     let line = out.lines().find(|l| l.starts_with("{\"calls\"")).context("the loop's line")?;
-    let v: Value = serde_json::from_str(line)?;
-    let per_call = v["s"].as_f64().unwrap_or(0.0) * 1e9 / CALLS as f64;
+    let l: LoopLine = serde_json::from_str(line).context("the loop's line")?;
+    anyhow::ensure!(l.calls == CALLS, "the loop made {} calls of {CALLS}", l.calls);
+    let per_call = l.s * 1e9 / CALLS as f64;
     let programs = if traced {
         let s: Value = serde_json::from_str(&std::fs::read_to_string(&summary)?)?;
         let s = TracedSummary::of(&s)?;

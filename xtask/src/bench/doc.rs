@@ -12,7 +12,7 @@ use super::{
     cuda::CudaReport,
     fork::ForkReport,
     incident::IncidentReport,
-    peer::OutsideReport,
+    peer::{FloorReport, OutsideReport, PeerProgram, PeerReport},
     stacks::StacksReport,
     swap::SwapReport,
     watch::{DaemonCost, WatchReport},
@@ -135,10 +135,6 @@ pub fn ratio(a: f64, b: f64) -> String {
     } else {
         format!("x{:.2}", a / b)
     }
-}
-
-fn f(v: &Value) -> Option<f64> {
-    v.as_f64()
 }
 
 /// `v` with `decimals`, or "-" when absent.
@@ -411,20 +407,23 @@ pub fn fork_burst(v: &Value) -> String {
 }
 
 pub fn peer(v: &Value) -> String {
-    let cell = |j: &Value| (j["runs"].as_u64(), f(&j["ns_per_run"]));
-    let rows: Vec<Vec<String>> = v["programs"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|r| {
-            let (gr, gns) = cell(&r["gpustall"]);
-            let (pr, pns) = cell(&r["peer"]);
+    let r = match PeerReport::deserialize(v) {
+        Ok(r) => r,
+        Err(e) => return unreadable(&e),
+    };
+    let runs = |p: &Option<PeerProgram>| opt(p.as_ref().map(|p| p.runs as f64), 0);
+    let ns = |p: &Option<PeerProgram>| p.as_ref().map(|p| p.ns_per_run);
+    let rows: Vec<Vec<String>> = r
+        .programs
+        .iter()
+        .map(|row| {
+            let (gns, pns) = (ns(&row.gpustall), ns(&row.peer));
             let both = gns.zip(pns).map_or("-".into(), |(a, b)| ratio(a, b));
             vec![
-                r["tracepoint"].as_str().unwrap_or("?").to_string(),
-                opt(gr.map(|x| x as f64), 0),
+                row.tracepoint.clone(),
+                runs(&row.gpustall),
                 opt(gns, 0),
-                opt(pr.map(|x| x as f64), 0),
+                runs(&row.peer),
                 opt(pns, 0),
                 both,
             ]
@@ -441,51 +440,44 @@ pub fn peer(v: &Value) -> String {
         ],
         &rows,
     );
-    let pair = |label: &str, a: &str, b: &str, d: usize| {
-        let (x, y) = (f(&v[a]), f(&v[b]));
-        vec![label.to_string(), opt(x, d), opt(y, d), ratio(x.unwrap_or(0.0), y.unwrap_or(0.0))]
+    let pair = |label: &str, x: f64, y: f64, d: usize| {
+        vec![label.to_string(), num(x, d), num(y, d), ratio(x, y)]
     };
     let totals = table(
         &["both attached, summed", "gpustall", "peer", "gpustall / peer"],
         &[
-            pair("program runs", "gpustall_runs", "peer_runs", 0),
-            pair("in the kernel, ms", "gpustall_kernel_ms", "peer_kernel_ms", 1),
-            pair("agent CPU while tracing, ms", "gpustall_agent_cpu_ms", "peer_agent_cpu_ms", 1),
-            pair("**total, ms**", "gpustall_total_ms", "peer_total_ms", 1),
+            pair("program runs", r.gpustall_runs as f64, r.peer_runs as f64, 0),
+            pair("in the kernel, ms", r.gpustall_kernel_ms, r.peer_kernel_ms, 1),
+            pair("agent CPU while tracing, ms", r.gpustall_agent_cpu_ms, r.peer_agent_cpu_ms, 1),
+            pair("**total, ms**", r.gpustall_total_ms, r.peer_total_ms, 1),
         ],
     );
-    let base = f(&v["wall_untraced_s"]).unwrap_or(0.0);
-    let wall = |label: &str, k: &str| {
-        let s = f(&v[k]);
-        vec![label.to_string(), opt(s, 2), ratio(s.unwrap_or(0.0), base)]
-    };
-    let rounds = v["both_rounds"].as_u64().unwrap_or(0);
+    let wall =
+        |label: &str, s: f64| vec![label.to_string(), num(s, 2), ratio(s, r.wall_untraced_s)];
     let walls = table(
         &["workload under", "wall, s", "to untraced"],
         &[
-            wall("nothing", "wall_untraced_s"),
-            wall("gpustall", "wall_gpustall_s"),
-            wall("the peer", "wall_peer_s"),
-            wall(&format!("both (mean of {rounds})"), "wall_both_s"),
+            wall("nothing", r.wall_untraced_s),
+            wall("gpustall", r.wall_gpustall_s),
+            wall("the peer", r.wall_peer_s),
+            wall(&format!("both (mean of {})", r.both_rounds), r.wall_both_s),
         ],
     );
-    let (floor, at_floor) = peer_floor(&v["floor"]);
+    let (floor, at_floor) = peer_floor(&r.floor);
     format!("{programs}\n{totals}\n{walls}\nThe floor, in the same runs:\n\n{floor}\n{at_floor}")
 }
 
-/// The floor of each tracepoint's programs, in the peer runs, and gpustall's runs at it.
-fn peer_floor(fl: &Value) -> (String, String) {
-    let frows: Vec<Vec<String>> = fl["programs"]
-        .as_array()
-        .into_iter()
-        .flatten()
+fn peer_floor(fl: &FloorReport) -> (String, String) {
+    let frows: Vec<Vec<String>> = fl
+        .programs
+        .iter()
         .map(|r| {
             vec![
-                r["tracepoint"].as_str().unwrap_or("?").to_string(),
-                opt(f(&r["classic_floor_ns_per_run"]), 0),
-                opt(f(&r["typed_floor_ns_per_run"]), 0),
-                opt(f(&r["gpustall_ns_per_run"]), 0),
-                opt(f(&r["peer_ns_per_run"]), 0),
+                r.tracepoint.clone(),
+                opt(r.classic_floor_ns_per_run, 0),
+                opt(r.typed_floor_ns_per_run, 0),
+                num(r.gpustall_ns_per_run, 0),
+                opt(r.peer_ns_per_run, 0),
             ]
         })
         .collect();
@@ -506,15 +498,15 @@ fn peer_floor(fl: &Value) -> (String, String) {
                 "gpustall's runs on these events, ms".into(),
                 format!(
                     "{} ({} runs; {} runs elsewhere not counted)",
-                    opt(f(&fl["gpustall_runs_at_floor_ms"]), 1),
-                    opt(f(&fl["gpustall_runs_counted"]), 0),
-                    opt(f(&fl["gpustall_runs_elsewhere"]), 0)
+                    num(fl.gpustall_runs_at_floor_ms, 1),
+                    num(fl.gpustall_runs_counted as f64, 0),
+                    num(fl.gpustall_runs_elsewhere as f64, 0)
                 ),
             ],
-            vec!["the peer's runs, ms".into(), opt(f(&fl["peer_runs_at_floor_ms"]), 1)],
+            vec!["the peer's runs, ms".into(), num(fl.peer_runs_at_floor_ms, 1)],
             vec![
                 "gpustall's runs at the floor / the peer's whole cost".into(),
-                f(&fl["floor_to_peer_total"]).map_or("-".into(), |r| format!("x{r:.2}")),
+                format!("x{:.2}", fl.floor_to_peer_total),
             ],
         ],
     );
@@ -923,10 +915,11 @@ mod tests {
             ],
             "gpustall_runs": 6000, "peer_runs": 1000, "gpustall_kernel_ms": 1.2, "peer_kernel_ms": 0.32,
             "gpustall_agent_cpu_ms": 10.0, "peer_agent_cpu_ms": 0.0,
-            "gpustall_total_ms": 11.2, "peer_total_ms": 0.32,
+            "gpustall_total_ms": 11.2, "peer_total_ms": 0.32, "ratio_gpustall_to_peer": 35.0,
             "wall_untraced_s": 10.0, "wall_gpustall_s": 10.5, "wall_peer_s": 10.2, "wall_both_s": 11.0,
             "both_rounds": 3,
-            "floor": {"programs": [{"tracepoint": "block_io_start", "classic_floor_ns_per_run": 60.0,
+            "floor": {"programs": [{"tracepoint": "block_io_start", "typed": true,
+                "classic_floor_ns_per_run": 60.0,
                 "typed_floor_ns_per_run": 65.0, "gpustall_ns_per_run": 400.0, "peer_ns_per_run": 320.0}],
                 "gpustall_runs_at_floor_ms": 0.065, "peer_runs_at_floor_ms": 0.06,
                 "gpustall_runs_counted": 1000, "gpustall_runs_elsewhere": 5000, "floor_to_peer_total": 0.2},

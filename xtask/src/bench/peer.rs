@@ -24,7 +24,7 @@ use std::{
 };
 
 use anyhow::Context as _;
-use serde_json::{json, Value};
+use serde_json::Value;
 use tests::{
     cgroup::MemCgroup,
     kernel::SwapFile,
@@ -69,6 +69,65 @@ struct Prog {
     run_ns: u64,
     /// A typed (tp_btf) or raw tracepoint program, not a classic one.
     typed: bool,
+}
+
+/// One tracer's program on a tracepoint, both attached, summed over the rounds.
+#[derive(serde::Serialize, serde::Deserialize, Debug, Default, PartialEq)]
+pub struct PeerProgram {
+    pub runs: u64,
+    pub run_time_ns: u64,
+    pub ns_per_run: f64,
+}
+
+/// A tracepoint that gpustall's or the peer's programs ran on.
+#[derive(serde::Serialize, serde::Deserialize, Debug, Default, PartialEq)]
+pub struct PeerRow {
+    pub tracepoint: String,
+    pub gpustall: Option<PeerProgram>,
+    pub peer: Option<PeerProgram>,
+}
+
+/// A tracepoint of gpustall's against the floors of both kinds.
+#[derive(serde::Serialize, serde::Deserialize, Debug, Default, PartialEq)]
+pub struct FloorRow {
+    pub tracepoint: String,
+    pub typed: bool,
+    pub classic_floor_ns_per_run: Option<f64>,
+    pub typed_floor_ns_per_run: Option<f64>,
+    pub gpustall_ns_per_run: f64,
+    pub peer_ns_per_run: Option<f64>,
+}
+
+/// The floor in the same runs: what the runs cost at the floor of their kind.
+#[derive(serde::Serialize, serde::Deserialize, Debug, Default, PartialEq)]
+pub struct FloorReport {
+    pub programs: Vec<FloorRow>,
+    pub gpustall_runs_at_floor_ms: f64,
+    pub peer_runs_at_floor_ms: f64,
+    pub gpustall_runs_counted: u64,
+    pub gpustall_runs_elsewhere: u64,
+    pub floor_to_peer_total: f64,
+}
+
+/// The peer case's figures (drawn by `doc::peer`).
+#[derive(serde::Serialize, serde::Deserialize, Debug, Default, PartialEq)]
+pub struct PeerReport {
+    pub programs: Vec<PeerRow>,
+    pub gpustall_kernel_ms: f64,
+    pub peer_kernel_ms: f64,
+    pub gpustall_runs: u64,
+    pub peer_runs: u64,
+    pub gpustall_agent_cpu_ms: f64,
+    pub peer_agent_cpu_ms: f64,
+    pub gpustall_total_ms: f64,
+    pub peer_total_ms: f64,
+    pub ratio_gpustall_to_peer: f64,
+    pub wall_untraced_s: f64,
+    pub wall_gpustall_s: f64,
+    pub wall_peer_s: f64,
+    pub wall_both_s: f64,
+    pub both_rounds: usize,
+    pub floor: FloorReport,
 }
 
 /// The programs a process holds, from /proc/PID/fdinfo (runs, run time) and the kernel's
@@ -367,10 +426,9 @@ pub fn run() -> anyhow::Result<Value> {
         peer_cpu += both.peer_cpu_s;
         both_wall += both.wall_s / BOTH_ROUNDS as f64;
     }
-    let mut value = print_table(&ours, &peer, ours_cpu, peer_cpu, &walls, both_wall);
-    let peer_total = value["peer_total_ms"].as_f64().unwrap_or(0.0);
-    value["floor"] = print_floor(&ours, &peer, &floor, peer_total);
-    Ok(value)
+    let mut report = print_table(&ours, &peer, ours_cpu, peer_cpu, &walls, both_wall);
+    report.floor = print_floor(&ours, &peer, &floor, report.peer_total_ms);
+    Ok(serde_json::to_value(report)?)
 }
 
 fn print_table(
@@ -380,7 +438,7 @@ fn print_table(
     peer_cpu: f64,
     walls: &[f64],
     both_wall: f64,
-) -> Value {
+) -> PeerReport {
     let mut names: Vec<&str> = ours.iter().chain(peer).map(|p| p.name.as_str()).collect();
     names.sort();
     names.dedup();
@@ -407,57 +465,72 @@ fn print_table(
         }
         println!("{n:<32} {} | {}", cell(&a), cell(&b));
         let j = |p: &Option<Prog>| {
-            p.as_ref().map(
-                |p| json!({"runs": p.runs, "run_time_ns": p.run_ns, "ns_per_run": ns_per_run(p)}),
-            )
+            p.as_ref().map(|p| PeerProgram {
+                runs: p.runs,
+                run_time_ns: p.run_ns,
+                ns_per_run: ns_per_run(p),
+            })
         };
-        rows.push(json!({"tracepoint": n, "gpustall": j(&a), "peer": j(&b)}));
+        rows.push(PeerRow { tracepoint: n.to_string(), gpustall: j(&a), peer: j(&b) });
     }
     let total = |v: &[Prog]| v.iter().map(|p| p.run_ns).sum::<u64>() as f64 / 1e6;
     let runs = |v: &[Prog]| v.iter().map(|p| p.runs).sum::<u64>();
     let (ko, kp) = (total(ours), total(peer));
     let (to, tp) = (ko + ours_cpu * 1e3, kp + peer_cpu * 1e3);
+    let report = PeerReport {
+        programs: rows,
+        gpustall_kernel_ms: ko,
+        peer_kernel_ms: kp,
+        gpustall_runs: runs(ours),
+        peer_runs: runs(peer),
+        gpustall_agent_cpu_ms: ours_cpu * 1e3,
+        peer_agent_cpu_ms: peer_cpu * 1e3,
+        gpustall_total_ms: to,
+        peer_total_ms: tp,
+        ratio_gpustall_to_peer: to / tp,
+        wall_untraced_s: walls[0],
+        wall_gpustall_s: walls[1],
+        wall_peer_s: walls[2],
+        wall_both_s: both_wall,
+        both_rounds: BOTH_ROUNDS,
+        floor: FloorReport::default(),
+    };
+    let counted = ours.iter().filter(|p| p.runs > 0).count();
+    print_totals(&report, counted, peer.len());
+    report
+}
+
+/// The totals on the terminal: kernel, agent, both, and the wall times.
+fn print_totals(r: &PeerReport, ours_programs: usize, peer_programs: usize) {
     println!(
-        "kernel: gpustall {} programs, {} runs, {ko:.1} ms | peer {} programs, {} runs, {kp:.1} ms",
-        ours.iter().filter(|p| p.runs > 0).count(),
-        runs(ours),
-        peer.len(),
-        runs(peer)
+        "kernel: gpustall {ours_programs} programs, {} runs, {:.1} ms | peer {peer_programs} programs, {} runs, {:.1} ms",
+        r.gpustall_runs, r.gpustall_kernel_ms, r.peer_runs, r.peer_kernel_ms
     );
     println!(
         "agent CPU while tracing: gpustall {:.1} ms | peer {:.1} ms",
-        ours_cpu * 1e3,
-        peer_cpu * 1e3
+        r.gpustall_agent_cpu_ms, r.peer_agent_cpu_ms
     );
     println!(
-        "total: gpustall {to:.1} ms | peer {tp:.1} ms: gpustall / peer = {:.2} (goal <= 0.5)",
-        to / tp
+        "total: gpustall {:.1} ms | peer {:.1} ms: gpustall / peer = {:.2} (goal <= 0.5)",
+        r.gpustall_total_ms, r.peer_total_ms, r.ratio_gpustall_to_peer
     );
+    let base = r.wall_untraced_s;
     println!(
-        "wall: untraced {:.2} s, gpustall {:.2} s (x{:.3}), peer {:.2} s (x{:.3}), both {both_wall:.2} s (x{:.3})",
-        walls[0],
-        walls[1],
-        walls[1] / walls[0],
-        walls[2],
-        walls[2] / walls[0],
-        both_wall / walls[0]
+        "wall: untraced {base:.2} s, gpustall {:.2} s (x{:.3}), peer {:.2} s (x{:.3}), both {:.2} s (x{:.3})",
+        r.wall_gpustall_s,
+        r.wall_gpustall_s / base,
+        r.wall_peer_s,
+        r.wall_peer_s / base,
+        r.wall_both_s,
+        r.wall_both_s / base
     );
-    json!({
-        "programs": rows,
-        "gpustall_kernel_ms": ko, "peer_kernel_ms": kp,
-        "gpustall_runs": runs(ours), "peer_runs": runs(peer),
-        "gpustall_agent_cpu_ms": ours_cpu * 1e3, "peer_agent_cpu_ms": peer_cpu * 1e3,
-        "gpustall_total_ms": to, "peer_total_ms": tp, "ratio_gpustall_to_peer": to / tp,
-        "wall_untraced_s": walls[0], "wall_gpustall_s": walls[1], "wall_peer_s": walls[2],
-        "wall_both_s": both_wall, "both_rounds": BOTH_ROUNDS,
-    })
 }
 
 /// The floors' ns per run on each tracepoint (classic: bpftrace's floor.bt; typed: a raw
 /// tracepoint program of this process), and what gpustall's and the peer's runs cost at the
 /// floor of their own kind: the least any tracer running a program on the same events could
 /// cost, however little its programs did.
-fn print_floor(ours: &[Prog], peer: &[Prog], floor: &[Prog], peer_total_ms: f64) -> Value {
+fn print_floor(ours: &[Prog], peer: &[Prog], floor: &[Prog], peer_total_ms: f64) -> FloorReport {
     let find = |v: &[Prog], n: &str| v.iter().find(|p| p.name == n && p.runs > 0).cloned();
     let floor_of = |n: &str, typed: bool| {
         floor.iter().find(|f| f.name == n && f.typed == typed && f.runs > 0).map(ns_per_run)
@@ -497,13 +570,14 @@ fn print_floor(ours: &[Prog], peer: &[Prog], floor: &[Prog], peer_total_ms: f64)
             ns(b.as_ref().map(ns_per_run)),
             at
         );
-        rows.push(json!({
-            "tracepoint": p.name, "typed": p.typed,
-            "classic_floor_ns_per_run": floor_of(&p.name, false),
-            "typed_floor_ns_per_run": floor_of(&p.name, true),
-            "gpustall_ns_per_run": ns_per_run(p),
-            "peer_ns_per_run": b.as_ref().map(ns_per_run),
-        }));
+        rows.push(FloorRow {
+            tracepoint: p.name.clone(),
+            typed: p.typed,
+            classic_floor_ns_per_run: floor_of(&p.name, false),
+            typed_floor_ns_per_run: floor_of(&p.name, true),
+            gpustall_ns_per_run: ns_per_run(p),
+            peer_ns_per_run: b.as_ref().map(ns_per_run),
+        });
     }
     let ours_kernel = ours.iter().map(|p| p.run_ns).sum::<u64>() as f64 / 1e6;
     let peer_kernel = peer.iter().map(|p| p.run_ns).sum::<u64>() as f64 / 1e6;
@@ -514,12 +588,14 @@ fn print_floor(ours: &[Prog], peer: &[Prog], floor: &[Prog], peer_total_ms: f64)
         "programs that did nothing on gpustall's events would cost x{:.2} the peer's whole cost ({peer_total_ms:.1} ms, agent included)",
         ours_at / peer_total_ms
     );
-    json!({
-        "programs": rows,
-        "gpustall_runs_at_floor_ms": ours_at, "peer_runs_at_floor_ms": peer_at,
-        "gpustall_runs_counted": ours_runs, "gpustall_runs_elsewhere": others,
-        "floor_to_peer_total": ours_at / peer_total_ms,
-    })
+    FloorReport {
+        programs: rows,
+        gpustall_runs_at_floor_ms: ours_at,
+        peer_runs_at_floor_ms: peer_at,
+        gpustall_runs_counted: ours_runs,
+        gpustall_runs_elsewhere: others,
+        floor_to_peer_total: ours_at / peer_total_ms,
+    }
 }
 
 /// A program of gpustall's on one load outside the traced job.
