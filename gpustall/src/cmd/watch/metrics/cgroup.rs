@@ -10,7 +10,7 @@ use std::{
 
 use prometheus_client::{
     encoding::EncodeLabelSet,
-    metrics::{counter::Counter, family::Family, gauge::Gauge},
+    metrics::{counter::Counter, gauge::Gauge},
     registry::{Registry, Unit},
 };
 
@@ -35,16 +35,40 @@ type SecondsCounter = Counter<f64, AtomicU64>;
 /// A job's memory.events and PSI at its previous reading.
 type LastReading = (Option<MemEvents>, Option<Psi>);
 
+super::families::families! {
+    /// A job's cgroup gauges, set at each reading (none made at zero: a job with no limit has
+    /// no limit series).
+    JobGauges<JobLabel> {
+        limit_bytes: Gauge<u64, AtomicU64>, "job_memory_limit", Some(Unit::Bytes), false,
+            "The job's effective memory limit: the smallest memory.max (v1 limit_in_bytes) from its cgroup up to the root";
+        usage_bytes: Gauge<u64, AtomicU64>, "job_memory_cgroup_usage", Some(Unit::Bytes), false,
+            "Memory charged to the job's cgroup (memory.current, v1 usage_in_bytes)";
+        limit_eta_seconds: Gauge<f64, AtomicU64>, "job_memory_limit_eta", Some(Unit::Seconds), false,
+            "When the job's memory cgroup reaches its limit at the growth of its last 15 s (charge less file cache, a least-squares slope); absent while it does not grow steadily";
+    }
+}
+
+super::families::families! {
+    /// A job's cgroup counters, one series per event.
+    JobEventCounters<JobEvent> {
+        events: Counter, "job_memory_events", None, false,
+            "cgroup v2 memory.events of the cgroup that sets the job's limit, counted from when the agent first read it";
+        pressure_seconds: SecondsCounter, "job_memory_pressure", Some(Unit::Seconds), false,
+            "Time the job cgroup's tasks waited for memory (PSI: some = at least one, full = all at once)";
+    }
+}
+
 #[derive(Default)]
 pub struct CgroupFamilies {
-    limit_bytes: Family<JobLabel, Gauge<u64, AtomicU64>>,
-    usage_bytes: Family<JobLabel, Gauge<u64, AtomicU64>>,
-    limit_eta_seconds: Family<JobLabel, Gauge<f64, AtomicU64>>,
-    events: Family<JobEvent, Counter>,
-    pressure_seconds: Family<JobEvent, SecondsCounter>,
+    gauges: JobGauges,
+    counters: JobEventCounters,
     /// Each job's last reading, to turn the files' totals into increments.
     last: Mutex<HashMap<String, LastReading>>,
 }
+
+/// Every `event` label a job's counters may have.
+const EVENTS: [&str; 8] =
+    ["low", "high", "max", "oom", "oom_kill", "oom_group_kill", "some", "full"];
 
 /// The memory.events counters by name.
 fn event_counts(e: &MemEvents) -> Vec<(&'static str, u64)> {
@@ -63,35 +87,8 @@ fn event_counts(e: &MemEvents) -> Vec<(&'static str, u64)> {
 
 impl CgroupFamilies {
     pub fn register(&self, r: &mut Registry) {
-        r.register_with_unit(
-            "job_memory_limit",
-            "The job's effective memory limit: the smallest memory.max (v1 limit_in_bytes) from its cgroup up to the root",
-            Unit::Bytes,
-            self.limit_bytes.clone(),
-        );
-        r.register_with_unit(
-            "job_memory_cgroup_usage",
-            "Memory charged to the job's cgroup (memory.current, v1 usage_in_bytes)",
-            Unit::Bytes,
-            self.usage_bytes.clone(),
-        );
-        r.register_with_unit(
-            "job_memory_limit_eta",
-            "When the job's memory cgroup reaches its limit at the growth of its last 15 s (charge less file cache, a least-squares slope); absent while it does not grow steadily",
-            Unit::Seconds,
-            self.limit_eta_seconds.clone(),
-        );
-        r.register(
-            "job_memory_events",
-            "cgroup v2 memory.events of the cgroup that sets the job's limit, counted from when the agent first read it",
-            self.events.clone(),
-        );
-        r.register_with_unit(
-            "job_memory_pressure",
-            "Time the job cgroup's tasks waited for memory (PSI: some = at least one, full = all at once)",
-            Unit::Seconds,
-            self.pressure_seconds.clone(),
-        );
+        self.gauges.register(r);
+        self.counters.register(r);
     }
 
     /// Takes one reading of `job`'s cgroup, and the forecast of its limit made from them.
@@ -99,21 +96,21 @@ impl CgroupFamilies {
         let label = JobLabel { training_job: job.to_string() };
         match forecast {
             Some(f) => {
-                self.limit_eta_seconds.get_or_create(&label).set(f.seconds);
+                self.gauges.limit_eta_seconds.get_or_create(&label).set(f.seconds);
             }
             None => {
-                self.limit_eta_seconds.remove(&label);
+                self.gauges.limit_eta_seconds.remove(&label);
             }
         }
         match c.limit_bytes {
             Some(l) => {
-                self.limit_bytes.get_or_create(&label).set(l);
+                self.gauges.limit_bytes.get_or_create(&label).set(l);
             }
             None => {
-                self.limit_bytes.remove(&label);
+                self.gauges.limit_bytes.remove(&label);
             }
         }
-        self.usage_bytes.get_or_create(&label).set(c.usage_bytes);
+        self.gauges.usage_bytes.get_or_create(&label).set(c.usage_bytes);
         let mut last = self.last.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let (prev_events, prev_psi) = last.entry(job.to_string()).or_insert_with(|| {
             // The first reading is the base: the series start at zero.
@@ -123,7 +120,7 @@ impl CgroupFamilies {
         if let Some(e) = &c.events {
             let d = e.minus(prev_events.as_ref().unwrap_or(e));
             for (name, n) in event_counts(&d) {
-                self.events.get_or_create(&ev(name)).inc_by(n);
+                self.counters.events.get_or_create(&ev(name)).inc_by(n);
             }
             *prev_events = Some(e.clone());
         }
@@ -131,22 +128,17 @@ impl CgroupFamilies {
             let base = prev_psi.as_ref().unwrap_or(p);
             let some = p.some_total_us.saturating_sub(base.some_total_us) as f64 / 1e6;
             let full = p.full_total_us.saturating_sub(base.full_total_us) as f64 / 1e6;
-            self.pressure_seconds.get_or_create(&ev("some")).inc_by(some);
-            self.pressure_seconds.get_or_create(&ev("full")).inc_by(full);
+            self.counters.pressure_seconds.get_or_create(&ev("some")).inc_by(some);
+            self.counters.pressure_seconds.get_or_create(&ev("full")).inc_by(full);
             *prev_psi = Some(p.clone());
         }
     }
 
     /// Removes every series of `job`.
     pub fn forget(&self, job: &str) {
-        let label = JobLabel { training_job: job.to_string() };
-        self.limit_bytes.remove(&label);
-        self.usage_bytes.remove(&label);
-        self.limit_eta_seconds.remove(&label);
-        for event in ["low", "high", "max", "oom", "oom_kill", "oom_group_kill", "some", "full"] {
-            let l = JobEvent { training_job: job.to_string(), event: event.into() };
-            self.events.remove(&l);
-            self.pressure_seconds.remove(&l);
+        self.gauges.remove(&JobLabel { training_job: job.to_string() });
+        for event in EVENTS {
+            self.counters.remove(&JobEvent { training_job: job.to_string(), event: event.into() });
         }
         self.last.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(job);
     }

@@ -39,6 +39,7 @@ use tokio::{net::TcpListener, sync::Semaphore};
 use crate::model::untrusted;
 
 mod cgroup;
+mod families;
 
 /// Labels of per-job, per-role series. The label is `training_job`, not `job`: Prometheus sets
 /// `job` on every scrape target and would rename ours to `exported_job`.
@@ -157,57 +158,36 @@ type SecondsCounter = Counter<f64, std::sync::atomic::AtomicU64>;
 type FloatGauge = Gauge<f64, std::sync::atomic::AtomicU64>;
 type ByteGauge = Gauge<u64, std::sync::atomic::AtomicU64>;
 
-/// The families keyed by (job, role): every one of them is cleared by `forget_job`.
-#[derive(Default)]
-struct JobFamilies {
-    reclaim_stall_seconds: Family<JobRole, SecondsCounter>,
-    reclaim_stalls: Family<JobRole, Counter>,
-    swapout_pages: Family<JobRole, Counter>,
-    swapout_bytes: Family<JobRole, Counter>,
-    block_read_bytes: Family<JobRole, Counter>,
-    block_write_bytes: Family<JobRole, Counter>,
-    reclaim_io_bytes: Family<JobRole, Counter>,
-    oom_kills: Family<JobRole, Counter>,
-    resident_bytes: Family<JobRole, ByteGauge>,
-    swap_bytes: Family<JobRole, ByteGauge>,
-    data_wait_seconds: Family<JobRole, SecondsCounter>,
-    open_data_wait_seconds: Family<JobRole, FloatGauge>,
-    gpu_wait_seconds: Family<JobRole, SecondsCounter>,
-}
-
-impl JobFamilies {
-    /// Creates every series of `labels` (at zero where new).
-    fn create(&self, labels: &JobRole) {
-        let _ = self.reclaim_stall_seconds.get_or_create(labels);
-        let _ = self.reclaim_stalls.get_or_create(labels);
-        let _ = self.swapout_pages.get_or_create(labels);
-        let _ = self.swapout_bytes.get_or_create(labels);
-        let _ = self.block_read_bytes.get_or_create(labels);
-        let _ = self.block_write_bytes.get_or_create(labels);
-        let _ = self.reclaim_io_bytes.get_or_create(labels);
-        let _ = self.oom_kills.get_or_create(labels);
-        let _ = self.resident_bytes.get_or_create(labels);
-        let _ = self.swap_bytes.get_or_create(labels);
-        let _ = self.data_wait_seconds.get_or_create(labels);
-        let _ = self.gpu_wait_seconds.get_or_create(labels);
-    }
-
-    fn remove(&self, labels: &JobRole) {
-        // `remove` returns whether the series existed; a label set may be in some families only
-        // (set_memory without add), so the answers are not interesting.
-        self.reclaim_stall_seconds.remove(labels);
-        self.reclaim_stalls.remove(labels);
-        self.swapout_pages.remove(labels);
-        self.swapout_bytes.remove(labels);
-        self.block_read_bytes.remove(labels);
-        self.block_write_bytes.remove(labels);
-        self.reclaim_io_bytes.remove(labels);
-        self.oom_kills.remove(labels);
-        self.resident_bytes.remove(labels);
-        self.swap_bytes.remove(labels);
-        self.data_wait_seconds.remove(labels);
-        self.open_data_wait_seconds.remove(labels);
-        self.gpu_wait_seconds.remove(labels);
+families::families! {
+    /// The families keyed by (job, role): every one of them is cleared by `forget_job`.
+    JobFamilies<JobRole> {
+        reclaim_stall_seconds: SecondsCounter, "reclaim_stall", Some(Unit::Seconds), true,
+            "Time processes of the job spent stalled in direct or memcg reclaim";
+        reclaim_stalls: Counter, "reclaim_stalls", None, true,
+            "Direct or memcg reclaim episodes that stalled processes of the job";
+        swapout_pages: Counter, "swapout_pages", None, true,
+            "Anonymous pages of the job's processes written out to swap by reclaim";
+        swapout_bytes: Counter, "swapout", Some(Unit::Bytes), true,
+            "Anonymous memory of the job's processes written out to swap by reclaim, at the host's page size";
+        block_read_bytes: Counter, "block_read", Some(Unit::Bytes), true,
+            "Block I/O read bytes submitted by processes of the job";
+        block_write_bytes: Counter, "block_write", Some(Unit::Bytes), true,
+            "Block I/O write bytes submitted by processes of the job";
+        reclaim_io_bytes: Counter, "reclaim_io", Some(Unit::Bytes), true,
+            "Block I/O bytes the job's processes submitted inside reclaim (swap and writeback under memory pressure)";
+        oom_kills: Counter, "oom_kills", None, true,
+            "Processes of the job killed by the OOM killer";
+        resident_bytes: ByteGauge, "process_resident", Some(Unit::Bytes), true,
+            "Resident memory summed over the job's processes of this role";
+        swap_bytes: ByteGauge, "process_swap", Some(Unit::Bytes), true,
+            "Swapped-out memory summed over the job's processes of this role";
+        data_wait_seconds: SecondsCounter, "data_wait", Some(Unit::Seconds), true,
+            "Time the job's trainers or ranks waited for data (whole waits, across timeouts and the pin-memory thread, ended by a worker's batch)";
+        // Not made at zero: a role that never waits (the workers) has no series of it.
+        open_data_wait_seconds: FloatGauge, "data_wait_open", Some(Unit::Seconds), false,
+            "How long a trainer or rank has been waiting for data with no batch coming (0: not waiting; a trainer hung on its input grows it)";
+        gpu_wait_seconds: SecondsCounter, "gpu_wait", Some(Unit::Seconds), true,
+            "Time the job's trainers or ranks waited for the GPU inside the CUDA driver's synchronising calls (uprobes; calls that returned)";
     }
 }
 
@@ -268,87 +248,6 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// `v` if it can be added to a counter: finite and positive (zero adds nothing anyway).
 fn nonneg(v: f64) -> Option<f64> {
     (v.is_finite() && v > 0.0).then_some(v)
-}
-
-impl JobFamilies {
-    /// The per-(job, role) series.
-    fn register(&self, r: &mut Registry) {
-        r.register_with_unit(
-            "reclaim_stall",
-            "Time processes of the job spent stalled in direct or memcg reclaim",
-            Unit::Seconds,
-            self.reclaim_stall_seconds.clone(),
-        );
-        r.register(
-            "reclaim_stalls",
-            "Direct or memcg reclaim episodes that stalled processes of the job",
-            self.reclaim_stalls.clone(),
-        );
-        r.register(
-            "swapout_pages",
-            "Anonymous pages of the job's processes written out to swap by reclaim",
-            self.swapout_pages.clone(),
-        );
-        r.register_with_unit(
-            "swapout",
-            "Anonymous memory of the job's processes written out to swap by reclaim, at the host's page size",
-            Unit::Bytes,
-            self.swapout_bytes.clone(),
-        );
-        r.register_with_unit(
-            "block_read",
-            "Block I/O read bytes submitted by processes of the job",
-            Unit::Bytes,
-            self.block_read_bytes.clone(),
-        );
-        r.register_with_unit(
-            "block_write",
-            "Block I/O write bytes submitted by processes of the job",
-            Unit::Bytes,
-            self.block_write_bytes.clone(),
-        );
-        r.register_with_unit(
-            "reclaim_io",
-            "Block I/O bytes the job's processes submitted inside reclaim (swap and writeback under memory pressure)",
-            Unit::Bytes,
-            self.reclaim_io_bytes.clone(),
-        );
-        r.register(
-            "oom_kills",
-            "Processes of the job killed by the OOM killer",
-            self.oom_kills.clone(),
-        );
-        r.register_with_unit(
-            "process_resident",
-            "Resident memory summed over the job's processes of this role",
-            Unit::Bytes,
-            self.resident_bytes.clone(),
-        );
-        r.register_with_unit(
-            "process_swap",
-            "Swapped-out memory summed over the job's processes of this role",
-            Unit::Bytes,
-            self.swap_bytes.clone(),
-        );
-        r.register_with_unit(
-            "data_wait",
-            "Time the job's trainers or ranks waited for data (whole waits, across timeouts and the pin-memory thread, ended by a worker's batch)",
-            Unit::Seconds,
-            self.data_wait_seconds.clone(),
-        );
-        r.register_with_unit(
-            "data_wait_open",
-            "How long a trainer or rank has been waiting for data with no batch coming (0: not waiting; a trainer hung on its input grows it)",
-            Unit::Seconds,
-            self.open_data_wait_seconds.clone(),
-        );
-        r.register_with_unit(
-            "gpu_wait",
-            "Time the job's trainers or ranks waited for the GPU inside the CUDA driver's synchronising calls (uprobes; calls that returned)",
-            Unit::Seconds,
-            self.gpu_wait_seconds.clone(),
-        );
-    }
 }
 
 impl Metrics {

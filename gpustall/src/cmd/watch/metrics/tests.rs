@@ -97,6 +97,10 @@ fn forget_job_removes_only_that_jobs_series() {
         m.set_memory(&jr("gone", role), 1, 2);
     }
     m.oom_kill(&jr("gone", "worker"));
+    m.set_open_data_wait(&jr("gone", "trainer"), 3_000_000_000);
+    // Every family a job has, its cgroup's included (each declared once: see `families`).
+    m.set_job_cgroup("gone", &cgroup::tests::cg(3, 1_000), None);
+    m.set_job_cgroup("gone", &cgroup::tests::cg(7, 2_000), None);
     m.add(&jr("kept", "trainer"), pages(7));
 
     m.forget_job("gone");
