@@ -236,72 +236,91 @@ fn on_switch(
     next_pid: impl FnOnce() -> u32,
     wait_class: impl FnOnce() -> u8,
 ) -> u32 {
+    let now = switch_out(prev_state, wait_class);
+    switch_in(next_pid(), now);
+    0
+}
+
+/// The current thread leaves the CPU: it exited (dropped from the map), or it is off CPU in a
+/// state, and a data waiter's logical wait takes the switch. Returns the time it read, 0 when
+/// the thread is not accounted (the common case outside the job reads no clock).
+#[inline(always)]
+fn switch_out(prev_state: impl FnOnce() -> i64, wait_class: impl FnOnce() -> u8) -> u64 {
     let (tgid, tid) = pid_tgid();
-    let mut now = 0;
     let level = if tid == 0 { 0 } else { tracked_level(tgid) };
-    if level >= ACCOUNT {
-        // SAFETY: plain helper call.
-        now = unsafe { bpf_ktime_get_ns() };
-        let prev_state = prev_state();
-        if prev_state & TASK_REPORT_DEAD != 0 && prev_state < 0x100 {
-            thread_exit(tgid, tid);
-            if OFFCPU_THREADS.remove(tid).is_ok() {
-                hint_add(&ACCOUNTED_HINT, tid, u64::MAX);
-            }
-        } else {
-            let st = classify(prev_state);
-            let data_waiter = level == ACCOUNT_WAITS;
-            let class = if data_waiter && st == state::WAIT { wait_class() } else { 0 };
-            // In place when the thread has its entry (every switch-out but its first): an
-            // LRU insert takes the map's locks and a fresh node each time.
-            match OFFCPU_THREADS.get_ptr_mut(tid) {
-                // SAFETY: a live map value; the wakeup on another CPU may read it meanwhile,
-                // as it reads the fields written at switch-in.
-                Some(p) => unsafe {
-                    if data_waiter {
-                        let on_cpu = ((*p).state == state::ON_CPU).then_some((*p).since_ns);
-                        let on_cpu = on_cpu.map(|s| stalled(tid, &mut (*p).wait, s, now, st));
-                        // In place: a copy of the wait on the stack leaves too little of it
-                        // for the record a finished wait sends.
-                        let done = wait_switch_out(&mut (*p).wait, on_cpu, now, st, class);
-                        if let Some(f) = done {
-                            finished_wait(tgid, tid, &f);
-                        }
-                    }
-                    (*p).since_ns = now;
-                    (*p).tgid = tgid;
-                    (*p).state = st;
-                    (*p).data_waiter = u8::from(data_waiter);
-                    (*p).wait_class = class;
-                },
-                None => {
-                    let mut t = OffCpuThread {
-                        since_ns: now,
-                        tgid,
-                        state: st,
-                        data_waiter: u8::from(data_waiter),
-                        wait_class: class,
-                        ..OffCpuThread::default()
-                    };
-                    if data_waiter {
-                        // A first block opens a wait; nothing is open to finish.
-                        let _ = wait_switch_out(&mut t.wait, None, now, st, class);
-                    }
-                    // Counted before the insert, taken back if it failed (hint's rule).
-                    hint_add(&ACCOUNTED_HINT, tid, 1);
-                    if OFFCPU_THREADS.insert(tid, t, 0).is_err() {
-                        hint_add(&ACCOUNTED_HINT, tid, u64::MAX);
-                    }
+    if level < ACCOUNT {
+        return 0;
+    }
+    // SAFETY: plain helper call.
+    let now = unsafe { bpf_ktime_get_ns() };
+    let prev_state = prev_state();
+    if prev_state & TASK_REPORT_DEAD != 0 && prev_state < 0x100 {
+        thread_exit(tgid, tid);
+        if OFFCPU_THREADS.remove(tid).is_ok() {
+            hint_add(&ACCOUNTED_HINT, tid, u64::MAX);
+        }
+        return now;
+    }
+    let st = classify(prev_state);
+    let data_waiter = level == ACCOUNT_WAITS;
+    let class = if data_waiter && st == state::WAIT { wait_class() } else { 0 };
+    // In place when the thread has its entry (every switch-out but its first): an LRU insert
+    // takes the map's locks and a fresh node each time. The two arms stay here: moved into
+    // functions of their own with the switch's figures in a struct, LLVM read a register it
+    // never set and 6.18's verifier refused the typed program ("R5 !read_ok").
+    match OFFCPU_THREADS.get_ptr_mut(tid) {
+        // SAFETY: a live map value; the wakeup on another CPU may read it meanwhile, as it
+        // reads the fields written at switch-in.
+        Some(p) => unsafe {
+            if data_waiter {
+                let on_cpu = ((*p).state == state::ON_CPU).then_some((*p).since_ns);
+                let on_cpu = on_cpu.map(|s| stalled(tid, &mut (*p).wait, s, now, st));
+                // In place: a copy of the wait on the stack leaves too little of it for the
+                // record a finished wait sends.
+                let done = wait_switch_out(&mut (*p).wait, on_cpu, now, st, class);
+                if let Some(f) = done {
+                    finished_wait(tgid, tid, &f);
                 }
+            }
+            (*p).since_ns = now;
+            (*p).tgid = tgid;
+            (*p).state = st;
+            (*p).data_waiter = u8::from(data_waiter);
+            (*p).wait_class = class;
+        },
+        None => {
+            let mut t = OffCpuThread {
+                since_ns: now,
+                tgid,
+                state: st,
+                data_waiter: u8::from(data_waiter),
+                wait_class: class,
+                ..OffCpuThread::default()
+            };
+            if data_waiter {
+                // A first block opens a wait; nothing is open to finish.
+                let _ = wait_switch_out(&mut t.wait, None, now, st, class);
+            }
+            // Counted before the insert, taken back if it failed (hint's rule).
+            hint_add(&ACCOUNTED_HINT, tid, 1);
+            if OFFCPU_THREADS.insert(tid, t, 0).is_err() {
+                hint_add(&ACCOUNTED_HINT, tid, u64::MAX);
             }
         }
     }
-    let next = next_pid();
+    now
+}
+
+/// The thread `next` comes on a CPU: an accounted one's time off CPU is added by its state, a
+/// data waiter's run-queue wait after its batch lengthens its wait, and its entry says it is on
+/// a CPU. `now`: the switch-out's clock reading, 0 when it read none.
+#[inline(always)]
+fn switch_in(next: u32, mut now: u64) {
     if next == 0 || !maybe_in(&ACCOUNTED_HINT, next) {
-        return 0;
+        return;
     }
     let Some(p) = OFFCPU_THREADS.get_ptr_mut(next) else {
-        return 0;
+        return;
     };
     // SAFETY: a live map value; copied out, then its state written back.
     let t = unsafe { *p };
@@ -328,7 +347,6 @@ fn on_switch(
         (*p).state = state::ON_CPU;
         (*p).since_ns = now;
     }
-    0
 }
 
 #[tracepoint]
