@@ -2,7 +2,7 @@
 //! events (one hit per swapped folio, one per block request) are summed here instead of sending
 //! a ring record each.
 
-/// Per tracked process (key: tgid), in a per-CPU hash map.
+/// Per tracked process (key: pid), in a per-CPU hash map.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[cfg_attr(feature = "user", derive(serde::Serialize, serde::Deserialize))]
@@ -87,7 +87,7 @@ impl TryFrom<u32> for IoOp {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub struct IoKey {
-    pub tgid: u32,
+    pub pid: u32,
     /// Kernel `dev_t` (major << 20 | minor).
     pub dev: u32,
     pub op: u32,

@@ -37,13 +37,13 @@ impl TryFrom<u32> for EventKind {
     }
 }
 
-/// Common prefix: who was running (`tgid`/`tid`/`comm` of the current task) and when
-/// (`bpf_ktime_get_ns`, CLOCK_MONOTONIC).
+/// Common prefix: who was running (`pid`/`tid`/`comm` of the current task: its process, its
+/// thread, the thread's name) and when (`bpf_ktime_get_ns`, CLOCK_MONOTONIC).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct EventHeader {
     pub kind: u32,
-    pub tgid: u32,
+    pub pid: u32,
     pub tid: u32,
     pub _pad: u32,
     pub t_ns: u64,
@@ -78,7 +78,8 @@ const _: () = assert!(core::mem::size_of::<ExitEvent>() == 48);
 #[derive(Clone, Copy, Debug)]
 pub struct RenameEvent {
     pub header: EventHeader,
-    pub pid: u32,
+    /// The thread that was renamed (the tracepoint's `pid`: the kernel's id of a thread).
+    pub renamed_tid: u32,
     pub _pad: u32,
     pub new_comm: [u8; COMM_LEN],
 }
@@ -179,7 +180,7 @@ const _: () = assert!(core::mem::size_of::<ThrottledEvent>() == 56);
 #[derive(Clone, Copy, Debug)]
 pub struct DataWaitEvent {
     pub header: EventHeader,
-    pub wakee_tgid: u32,
+    pub wakee_pid: u32,
     pub wakee_tid: u32,
     /// When the wakee blocked (its first block's switch-out); the wait ends at the header's
     /// `t_ns`.

@@ -18,14 +18,14 @@ pub struct GpuCall {
     /// The thread's CPU time then (`task_struct.se.sum_exec_runtime`; 0 where unknown).
     pub cpu_at_entry_ns: u64,
     /// Its process.
-    pub tgid: u32,
+    pub pid: u32,
     /// Calls entered and not yet returned: a probed call made from inside another (a runtime
     /// wrapper into the driver, or one symbol aliasing another) counts once, as the outermost.
     pub depth: u32,
 }
 const _: () = assert!(core::mem::size_of::<GpuCall>() == 24);
 
-/// Per process (key: tgid): the synchronising calls that returned and the time they took.
+/// Per process (key: pid): the synchronising calls that returned and the time they took.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[cfg_attr(feature = "user", derive(serde::Serialize, serde::Deserialize))]
@@ -58,21 +58,21 @@ impl GpuWaits {
     }
 }
 
-/// Whether a call entered by a thread of `tgid` nests in `c`, the call its thread is in: a
+/// Whether a call entered by a thread of `pid` nests in `c`, the call its thread is in: a
 /// call left open by a thread that died inside it has another process's key reused, and is
 /// started afresh rather than nested into.
 #[inline(always)]
-pub fn nests_in(c: &GpuCall, tgid: u32) -> bool {
-    c.tgid == tgid && c.depth > 0
+pub fn nests_in(c: &GpuCall, pid: u32) -> bool {
+    c.pid == pid && c.depth > 0
 }
 
 /// The thread's state after entering a call: a new outermost call, or one level deeper (the
 /// uprobe does the same in place on its map entry, with [`nests_in`]).
 #[inline(always)]
-pub fn enter(current: Option<GpuCall>, tgid: u32, now_ns: u64, cpu_ns: u64) -> GpuCall {
+pub fn enter(current: Option<GpuCall>, pid: u32, now_ns: u64, cpu_ns: u64) -> GpuCall {
     match current {
-        Some(c) if nests_in(&c, tgid) => GpuCall { depth: c.depth + 1, ..c },
-        _ => GpuCall { since_ns: now_ns, cpu_at_entry_ns: cpu_ns, tgid, depth: 1 },
+        Some(c) if nests_in(&c, pid) => GpuCall { depth: c.depth + 1, ..c },
+        _ => GpuCall { since_ns: now_ns, cpu_at_entry_ns: cpu_ns, pid, depth: 1 },
     }
 }
 
@@ -121,7 +121,7 @@ mod tests {
     #[test]
     fn a_call_is_timed_from_its_entry_to_its_return_with_its_cpu_part() {
         let c = enter(None, 7, 1_000, 50_000);
-        assert_eq!(c, GpuCall { since_ns: 1_000, cpu_at_entry_ns: 50_000, tgid: 7, depth: 1 });
+        assert_eq!(c, GpuCall { since_ns: 1_000, cpu_at_entry_ns: 50_000, pid: 7, depth: 1 });
         assert_eq!(
             leave(c, 9_000, 53_000),
             Return::Done { ns: 8_000, cpu_ns: 3_000, cpu_known: true }
@@ -153,8 +153,8 @@ mod tests {
 
     #[test]
     fn a_stale_entry_of_another_process_is_replaced_not_nested_into() {
-        let stale = GpuCall { since_ns: 5, cpu_at_entry_ns: 0, tgid: 3, depth: 4 };
+        let stale = GpuCall { since_ns: 5, cpu_at_entry_ns: 0, pid: 3, depth: 4 };
         let c = enter(Some(stale), 9, 100, 1);
-        assert_eq!(c, GpuCall { since_ns: 100, cpu_at_entry_ns: 1, tgid: 9, depth: 1 });
+        assert_eq!(c, GpuCall { since_ns: 100, cpu_at_entry_ns: 1, pid: 9, depth: 1 });
     }
 }

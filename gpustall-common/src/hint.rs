@@ -1,7 +1,7 @@
 //! A cheap first test for "is this process tracked?" and "is this thread accounted?", asked by
 //! nearly every program on every run, nearly always about a task outside the job: a context
 //! switch or a wakeup anywhere on the host, another process's bio. The answer lives in hash
-//! maps (`TRACKED` by tgid, `OFFCPU_THREADS` by tid), and a hash lookup is most of what such a
+//! maps (`TRACKED` by pid, `OFFCPU_THREADS` by tid), and a hash lookup is most of what such a
 //! run costs. A hint array beside each counts the map's entries per bucket of ids: a bucket at
 //! 0 means "not in the map" after one inlined array load; otherwise the map is asked.
 //!
@@ -13,10 +13,10 @@
 //! processes, with atomic adds on the array mapped into its memory (`BPF_F_MMAPABLE`).
 
 /// Buckets per hint array (a power of two). 16,384 x 8 bytes = 128 KiB per array; ids share a
-/// bucket every 16,384, so a bucket of a tracked process's tgid sends others to the map too.
+/// bucket every 16,384, so a bucket of a tracked process's pid sends others to the map too.
 pub const HINT_SLOTS: u32 = 16384;
 
-/// The bucket of a tgid or tid.
+/// The bucket of a pid or tid.
 #[inline(always)]
 pub const fn slot(id: u32) -> u32 {
     id & (HINT_SLOTS - 1)

@@ -241,8 +241,8 @@ mod tests {
         }
     }
 
-    fn io(tgid: u32) -> Option<InflightIo> {
-        Some(InflightIo { start_ns: 0, key: IoKey { tgid, dev: 8 << 20, op: 1, in_reclaim: 0 } })
+    fn io(pid: u32) -> Option<InflightIo> {
+        Some(InflightIo { start_ns: 0, key: IoKey { pid, dev: 8 << 20, op: 1, in_reclaim: 0 } })
     }
 
     const RQ: u64 = 0xffff_8880_1234_5600;
@@ -252,7 +252,7 @@ mod tests {
         let t = Table::new();
         assert_eq!(unsafe { start(&t, RQ, io(7), 1_000) }, Started::Timed);
         let got = unsafe { done(&t, RQ) }.expect("paired");
-        assert_eq!((got.start_ns, got.key.tgid), (1_000, 7));
+        assert_eq!((got.start_ns, got.key.pid), (1_000, 7));
         assert_eq!(t.used(), 0, "the done frees the slot");
         assert!(unsafe { done(&t, RQ) }.is_none(), "one done per start");
     }
@@ -306,7 +306,7 @@ mod tests {
         unsafe { start(&t, RQ, io(9), 5_000) };
         assert_eq!(t.used(), 1);
         let got = unsafe { done(&t, RQ) }.expect("paired");
-        assert_eq!((got.start_ns, got.key.tgid), (5_000, 9));
+        assert_eq!((got.start_ns, got.key.pid), (5_000, 9));
     }
 
     #[test]
@@ -326,7 +326,7 @@ mod tests {
         assert_eq!(unsafe { start(&t, last, io(99), 10) }, Started::Full);
         // Each is still found, whichever slot it took.
         for (n, &a) in same.iter().take(RQ_PROBES as usize).enumerate().rev() {
-            assert_eq!(unsafe { done(&t, a) }.map(|io| io.key.tgid), Some(n as u32));
+            assert_eq!(unsafe { done(&t, a) }.map(|io| io.key.pid), Some(n as u32));
         }
         assert!(unsafe { done(&t, last) }.is_none());
     }

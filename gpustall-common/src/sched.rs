@@ -154,7 +154,9 @@ pub fn report_state(preempt: bool, raw: u32) -> i64 {
 pub struct OffCpuThread {
     /// When it entered `state` (switch-out, the wakeup that made it runnable, switch-in).
     pub since_ns: u64,
-    pub tgid: u32,
+    /// Its process (named `tgid` before ids had one vocabulary).
+    #[cfg_attr(feature = "user", serde(alias = "tgid"))]
+    pub pid: u32,
     pub state: u16,
     /// 1 when the process's interruptible waits are waits for data (a trainer or a rank: its
     /// `TRACKED` value is [`ACCOUNT_WAITS`]): its logical waits are followed.
@@ -275,7 +277,7 @@ pub const fn co_arrival(start: u64, end: u64, co_at: u64) -> bool {
 }
 
 /// Feeder slots per data waiter: the worker processes of a trainer or rank, as the agent
-/// knows them from the process tree (key: the waiter's tgid). A power of two (a mask bounds
+/// knows them from the process tree (key: the waiter's pid). A power of two (a mask bounds
 /// the kernel's index).
 pub const FEEDER_SLOTS: usize = 8;
 const _: () = assert!(FEEDER_SLOTS.is_power_of_two());
@@ -494,15 +496,15 @@ pub fn wait_finish(w: &mut LogicalWait) -> Option<FinishedWait> {
     (f.ns() > 0).then_some(f)
 }
 
-/// Whether a finished wait of thread `tid` of `tgid` is its process's wait for data: the
+/// Whether a finished wait of thread `tid` of `pid` is its process's wait for data: the
 /// consumer is the thread that runs the training loop, the main thread (PyTorch's, Lightning's
 /// and Hugging Face's loops run there). A relay's own waits (the pin-memory thread idles on the
 /// workers in a GPU-bound job) and those of the other threads (queue feeders, a thread woken
 /// through the GIL) are not the trainer's. A loop run in another thread (Ray Train's) is not
 /// measured.
 #[inline(always)]
-pub const fn consumer_wait(tgid: u32, tid: u32, _f: &FinishedWait) -> bool {
-    tid == tgid
+pub const fn consumer_wait(pid: u32, tid: u32, _f: &FinishedWait) -> bool {
+    tid == pid
 }
 
 /// The clock in microseconds, wrapping (a relay's mark: compared over minutes at most).
@@ -532,7 +534,7 @@ pub fn relay_charge(relay: &mut OffCpuThread, wait_start: u64) -> u32 {
     from
 }
 
-/// Off-CPU totals of one process (key: tgid), summed over its threads.
+/// Off-CPU totals of one process (key: pid), summed over its threads.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[cfg_attr(feature = "user", derive(serde::Serialize, serde::Deserialize))]
@@ -764,7 +766,7 @@ mod tests {
     fn a_block_ends_at_its_wakeup_and_the_run_queue_wait_at_switch_in() {
         let t = OffCpuThread {
             since_ns: 100,
-            tgid: 7,
+            pid: 7,
             state: state::WAIT,
             data_waiter: 1,
             wait_class: 1,
@@ -773,7 +775,7 @@ mod tests {
         assert_eq!(on_waking(&t, 350), WakeOutcome::Ended { state: state::WAIT, ns: 250 });
         let runq = OffCpuThread {
             since_ns: 350,
-            tgid: 7,
+            pid: 7,
             state: state::RUNQ,
             data_waiter: 1,
             wait_class: 0,
@@ -783,7 +785,7 @@ mod tests {
         assert_eq!(on_switch_in(&runq, 420), Some((state::RUNQ, 70)));
         let on = OffCpuThread {
             since_ns: 0,
-            tgid: 7,
+            pid: 7,
             state: state::ON_CPU,
             data_waiter: 0,
             wait_class: 0,
@@ -1051,7 +1053,7 @@ mod tests {
     #[test]
     fn a_relay_passes_its_batch_on_once_and_only_the_consumer_waits() {
         let marked = |at_ns: u64| OffCpuThread {
-            tgid: 10,
+            pid: 10,
             relay_from: 7,
             relay_at_us: wrapping_us(at_ns),
             ..Default::default()

@@ -66,7 +66,7 @@ impl StackSlot {
             pending: 0,
             rq_sector: 0,
             rq_end: 0,
-            key: IoKey { tgid: 0, dev: 0, op: 0, in_reclaim: 0 },
+            key: IoKey { pid: 0, dev: 0, op: 0, in_reclaim: 0 },
             clone_dev: [0; CLONES],
             clone_sector: [0; CLONES],
             next: 0,
@@ -246,7 +246,7 @@ mod tests {
     const TID: u32 = 100;
 
     fn key(dev: u32) -> IoKey {
-        IoKey { tgid: 99, dev, op: 1, in_reclaim: 0 }
+        IoKey { pid: 99, dev, op: 1, in_reclaim: 0 }
     }
 
     /// Replays (queue | remap) events of one thread; returns the bytes counted per key dev and

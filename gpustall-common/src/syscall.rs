@@ -87,7 +87,7 @@ pub const fn x86_64_class(nr: u64) -> WaitClass {
     }
 }
 
-/// A trainer's or rank's interruptible waits by class (key: tgid): every wait of its threads
+/// A trainer's or rank's interruptible waits by class (key: pid): every wait of its threads
 /// (`count`, `ns`), and of them those another process of the job ended (`data_*`: its wait for
 /// data, as `sched::WakeCounters` sum it per waker). Indexed by `WaitClass as usize`.
 #[repr(C)]

@@ -12,7 +12,7 @@ pub const UNKNOWN: u32 = u32::MAX;
 pub struct TaskOffsets {
     /// `task_struct.pid` (the thread id).
     pub task_pid: u32,
-    /// `task_struct.tgid` (the process id).
+    /// `task_struct.tgid` (the process id: what this project calls its pid).
     pub task_tgid: u32,
     /// `task_struct.comm` (`char[16]`).
     pub task_comm: u32,

@@ -29,7 +29,7 @@ use gpustall_common::{
 };
 
 use crate::common::{
-    add_lost, add_per_cpu, atomic_add, field, is_tracked, kload, offset, pid_tgid, shared_value,
+    add_lost, add_per_cpu, atomic_add, current_ids, field, is_tracked, kload, offset, shared_value,
     BPF_F_NO_PREALLOC, HOST, RECLAIM_START,
 };
 
@@ -165,13 +165,13 @@ fn reclaim_pairing(tid: u32) -> Option<bool> {
 /// tracked task (a typed program loads it through three structs).
 #[inline(always)]
 fn current_key_with(
-    (tgid, tid): (u32, u32),
+    (pid, tid): (u32, u32),
     dev: impl FnOnce() -> u32,
     op: u32,
     bytes: impl FnOnce() -> u64,
     reclaiming: impl Fn(u32) -> Option<bool>,
 ) -> Option<IoKey> {
-    if !is_tracked(tgid) {
+    if !is_tracked(pid) {
         // Bytes first: a request start has none (and then no lookup).
         let bytes = bytes();
         if bytes > 0 {
@@ -187,7 +187,7 @@ fn current_key_with(
         return None;
     }
     let in_reclaim = reclaiming(tid).is_some();
-    Some(IoKey { tgid, dev: dev(), op, in_reclaim: in_reclaim as u32 })
+    Some(IoKey { pid, dev: dev(), op, in_reclaim: in_reclaim as u32 })
 }
 
 /// Whether the current task is reclaiming, from its flags (typed programs).
@@ -216,7 +216,7 @@ pub fn block_bio_queue(ctx: TracePointContext) -> u32 {
     let sectors = field::<u32>(&ctx, offset!(bio_nr_sector)).unwrap_or(0) as u64;
     let dev: u32 = field(&ctx, offset!(bio_dev)).unwrap_or(0);
     let rwbs: [u8; 8] = field(&ctx, offset!(bio_rwbs)).unwrap_or([0; 8]);
-    let ids = pid_tgid();
+    let ids = current_ids();
     let own = current_key(ids, dev, io_op(&rwbs) as u32, sectors * 512);
     on_bio_queue(ids.1, own, dev, sectors, || field(&ctx, offset!(bio_sector)).unwrap_or(0))
 }
@@ -231,7 +231,7 @@ pub fn block_bio_queue_btf(ctx: BtfTracePointContext) -> i32 {
         disk_dev(kload(bdev, layout!(bdev_disk)))
     };
     let op = op_of(kload(bio, layout!(bio_opf)));
-    let ids = pid_tgid();
+    let ids = current_ids();
     // An untracked bio costs the tracked-set test and the task's flags, no more.
     let Some(own) = current_key_with(ids, dev, op, bytes, |_| reclaiming_now()) else {
         return 0;
@@ -294,8 +294,8 @@ fn on_bio_queue(
 /// slot learns of it before the clone is queued. Only for tracked threads.
 #[tracepoint]
 pub fn block_bio_remap(ctx: TracePointContext) -> u32 {
-    let (tgid, tid) = pid_tgid();
-    if !is_tracked(tgid) {
+    let (pid, tid) = current_ids();
+    if !is_tracked(pid) {
         return 0;
     }
     let dev: u32 = field(&ctx, offset!(remap_dev)).unwrap_or(0);
@@ -380,7 +380,7 @@ fn io_start_key(dev: u32, sector: u64, op: u32) -> Option<IoKey> {
 /// queued the last tracked bio here, or is tracked.
 #[inline(always)]
 fn io_start_key_with(where_: impl Fn() -> (u32, u64), op: u32) -> Option<IoKey> {
-    let ids = pid_tgid();
+    let ids = current_ids();
     if let Some(slot) = LAST_BIO.get_ptr_mut(0) {
         // SAFETY: this CPU's slot; no other program runs on this CPU meanwhile.
         if unsafe { (*slot).tid } == ids.1 {

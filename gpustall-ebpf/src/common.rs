@@ -66,13 +66,13 @@ macro_rules! offset {
 }
 pub(crate) use offset;
 
-/// Tracked processes (tgid -> level: 1, or the off-CPU accounting levels of `sched`). Every
-/// insert of a new tgid and every delete goes through [`track`] / [`untrack`] (the agent's
+/// Tracked processes (pid -> level: 1, or the off-CPU accounting levels of `sched`). Every
+/// insert of a new pid and every delete goes through [`track`] / [`untrack`] (the agent's
 /// through `KernelMaps`), which keep `TRACKED_HINT` in step.
 #[map]
 pub static TRACKED: HashMap<u32, u32> = HashMap::with_max_entries(32768, 0);
 
-/// `TRACKED`'s entries per bucket of tgids (`gpustall_common::hint`): the first, inlined test
+/// `TRACKED`'s entries per bucket of pids (`gpustall_common::hint`): the first, inlined test
 /// of [`is_tracked`]. Mapped by the agent, which tracks and forgets processes too.
 #[map]
 pub static TRACKED_HINT: Array<u64> = Array::with_max_entries(HINT_SLOTS, BPF_F_MMAPABLE);
@@ -109,26 +109,28 @@ pub static HOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(HOST_COUNTERS,
 #[map]
 pub static RECLAIM_START: HashMap<u32, ReclaimStart> = HashMap::with_max_entries(8192, 0);
 
+/// The current thread's `(pid, tid)` in this project's words, the ones of ps and /proc (see
+/// `gpustall_common`): its process's id (the kernel's tgid) and its own (the kernel's pid).
 #[inline(always)]
-pub fn pid_tgid() -> (u32, u32) {
+pub fn current_ids() -> (u32, u32) {
     let v = bpf_get_current_pid_tgid();
     ((v >> 32) as u32, v as u32)
 }
 
 #[inline(always)]
-pub fn is_tracked(tgid: u32) -> bool {
+pub fn is_tracked(pid: u32) -> bool {
     // SAFETY: the value is only tested for presence.
-    maybe_in(&TRACKED_HINT, tgid) && unsafe { TRACKED.get(tgid).is_some() }
+    maybe_in(&TRACKED_HINT, pid) && unsafe { TRACKED.get(pid).is_some() }
 }
 
-/// `tgid`'s tracking level (0: untracked).
+/// `pid`'s tracking level (0: untracked).
 #[inline(always)]
-pub fn tracked_level(tgid: u32) -> u32 {
-    if !maybe_in(&TRACKED_HINT, tgid) {
+pub fn tracked_level(pid: u32) -> u32 {
+    if !maybe_in(&TRACKED_HINT, pid) {
         return 0;
     }
     // SAFETY: the value is copied out at once.
-    unsafe { TRACKED.get(tgid) }.copied().unwrap_or(0)
+    unsafe { TRACKED.get(pid) }.copied().unwrap_or(0)
 }
 
 /// Whether the map a `hint` counts may hold `id`: false only when it cannot.
@@ -152,24 +154,24 @@ pub fn hint_add(hint: &Array<u64>, id: u32, delta: u64) {
 /// Tracks a new process at level 1; an entry left by an earlier process of the same pid is
 /// reset to 1. The hint is counted up first, so it never reads 0 while the entry exists.
 #[inline(always)]
-pub fn track(tgid: u32) {
-    hint_add(&TRACKED_HINT, tgid, 1);
-    if TRACKED.insert(tgid, 1, BPF_NOEXIST).is_ok() {
+pub fn track(pid: u32) {
+    hint_add(&TRACKED_HINT, pid, 1);
+    if TRACKED.insert(pid, 1, BPF_NOEXIST).is_ok() {
         return;
     }
     // Not a new key: there already (reset it), or the map is full.
-    if TRACKED.insert(tgid, 1, BPF_EXIST).is_err() {
+    if TRACKED.insert(pid, 1, BPF_EXIST).is_err() {
         add_lost(LostCounter::MapFull);
-        kwarn!("TRACKED is full: process {} is not followed", tgid);
+        kwarn!("TRACKED is full: process {} is not followed", pid);
     }
-    hint_add(&TRACKED_HINT, tgid, u64::MAX);
+    hint_add(&TRACKED_HINT, pid, u64::MAX);
 }
 
 /// Stops tracking a process; the hint is counted down only for a key really deleted.
 #[inline(always)]
-pub fn untrack(tgid: u32) {
-    if TRACKED.remove(tgid).is_ok() {
-        hint_add(&TRACKED_HINT, tgid, u64::MAX);
+pub fn untrack(pid: u32) {
+    if TRACKED.remove(pid).is_ok() {
+        hint_add(&TRACKED_HINT, pid, u64::MAX);
     }
 }
 
@@ -187,17 +189,17 @@ pub fn add_per_cpu(map: &PerCpuArray<u64>, index: u32, n: u64) {
 }
 
 #[inline(always)]
-pub fn header(kind: EventKind, tgid: u32, tid: u32) -> EventHeader {
+pub fn header(kind: EventKind, pid: u32, tid: u32) -> EventHeader {
     // SAFETY: plain helper call.
-    header_at(kind, tgid, tid, unsafe { bpf_ktime_get_ns() })
+    header_at(kind, pid, tid, unsafe { bpf_ktime_get_ns() })
 }
 
 /// A record header stamped with a time the program already read (one clock read less).
 #[inline(always)]
-pub fn header_at(kind: EventKind, tgid: u32, tid: u32, t_ns: u64) -> EventHeader {
+pub fn header_at(kind: EventKind, pid: u32, tid: u32, t_ns: u64) -> EventHeader {
     EventHeader {
         kind: kind as u32,
-        tgid,
+        pid,
         tid,
         _pad: 0,
         t_ns,
@@ -324,11 +326,11 @@ pub fn atomic_add(p: *mut u64, n: u64) {
     unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(p, n) };
 }
 
-/// Adds to fields of a process's counters: `proc_add!(tgid, field += n, ...)`; false when the
+/// Adds to fields of a process's counters: `proc_add!(pid, field += n, ...)`; false when the
 /// map was full (counted as lost): a caller off the hot paths logs it.
 macro_rules! proc_add {
-    ($tgid:expr, $($f:ident += $n:expr),+ $(,)?) => {
-        match $crate::common::shared_value(&$crate::common::PROC_COUNTERS, &$tgid) {
+    ($pid:expr, $($f:ident += $n:expr),+ $(,)?) => {
+        match $crate::common::shared_value(&$crate::common::PROC_COUNTERS, &$pid) {
             Some(p) => {
                 // SAFETY: `p` is a live map value; `&raw mut` makes no reference to it.
                 $( $crate::common::atomic_add(unsafe { &raw mut (*p).$f }, $n); )+

@@ -16,7 +16,9 @@ use gpustall_common::{
     task::UNKNOWN as TASK_UNKNOWN,
 };
 
-use crate::common::{atomic_add, kread, pid_tgid, shared_value, tracked_level, BPF_F_NO_PREALLOC};
+use crate::common::{
+    atomic_add, current_ids, kread, shared_value, tracked_level, BPF_F_NO_PREALLOC,
+};
 
 /// Written by the agent before load: where `struct task_struct` keeps the thread's CPU time
 /// (`se.sum_exec_runtime`, from BTF), or `TASK_UNKNOWN`: then only wall time is measured.
@@ -52,38 +54,38 @@ fn cpu_time() -> u64 {
 
 #[uprobe]
 pub fn cuda_sync_enter(_ctx: ProbeContext) -> u32 {
-    let (tgid, tid) = pid_tgid();
-    if tracked_level(tgid) != ACCOUNT_WAITS {
+    let (pid, tid) = current_ids();
+    if tracked_level(pid) != ACCOUNT_WAITS {
         return 0;
     }
     let Some(c) = GPU_CALLS.get_ptr_mut(tid) else {
-        return start(tid, tgid);
+        return start(tid, pid);
     };
     // SAFETY: `c` is a live map value of this thread's, which only this thread writes.
     unsafe {
-        if nests_in(&*c, tgid) {
+        if nests_in(&*c, pid) {
             (*c).depth += 1;
             return 0;
         }
     }
-    start(tid, tgid)
+    start(tid, pid)
 }
 
 /// A new outermost call of thread `tid`.
 #[inline(always)]
-fn start(tid: u32, tgid: u32) -> u32 {
-    let call = GpuCall { since_ns: now(), cpu_at_entry_ns: cpu_time(), tgid, depth: 1 };
+fn start(tid: u32, pid: u32) -> u32 {
+    let call = GpuCall { since_ns: now(), cpu_at_entry_ns: cpu_time(), pid, depth: 1 };
     let _ = GPU_CALLS.insert(tid, call, 0);
     0
 }
 
 #[uretprobe]
 pub fn cuda_sync_exit(_ctx: RetProbeContext) -> u32 {
-    let (tgid, tid) = pid_tgid();
+    let (pid, tid) = current_ids();
     let Some(c) = GPU_CALLS.get_ptr_mut(tid) else { return 0 };
     // SAFETY: `c` is a live map value of this thread's, which only this thread writes.
     let call = unsafe { *c };
-    if call.tgid != tgid {
+    if call.pid != pid {
         return 0;
     }
     match leave(call, now(), cpu_time()) {
@@ -93,15 +95,15 @@ pub fn cuda_sync_exit(_ctx: RetProbeContext) -> u32 {
         }
         Return::Done { ns, cpu_ns, cpu_known } => {
             let _ = GPU_CALLS.remove(tid);
-            add_wait(tgid, ns, cpu_ns, cpu_known);
+            add_wait(pid, ns, cpu_ns, cpu_known);
         }
     }
     0
 }
 
 #[inline(always)]
-fn add_wait(tgid: u32, ns: u64, cpu_ns: u64, cpu_known: bool) {
-    let Some(w) = shared_value(&GPU_WAITS, &tgid) else { return };
+fn add_wait(pid: u32, ns: u64, cpu_ns: u64, cpu_known: bool) {
+    let Some(w) = shared_value(&GPU_WAITS, &pid) else { return };
     // SAFETY: `w` is a live map value; `&raw mut` makes no reference to it.
     unsafe {
         atomic_add(&raw mut (*w).calls, 1);

@@ -12,7 +12,7 @@ use gpustall_common::events::{
 
 use crate::{
     common::{
-        comm_field, data_loc_str, emit, field, header, is_tracked, kread, offset, pid_tgid,
+        comm_field, current_ids, data_loc_str, emit, field, header, is_tracked, kread, offset,
         task_offset, Wake, RECLAIM_START,
     },
     diag::kdebug,
@@ -24,8 +24,8 @@ const CLONE_THREAD: u64 = 0x0001_0000;
 /// process is told from a new thread (sched_process_fork cannot tell them apart).
 #[tracepoint]
 pub fn task_newtask(ctx: TracePointContext) -> u32 {
-    let (tgid, tid) = pid_tgid();
-    if !is_tracked(tgid) {
+    let (pid, tid) = current_ids();
+    if !is_tracked(pid) {
         return 0;
     }
     let flags: u64 = field(&ctx, offset!(newtask_clone_flags)).unwrap_or(0);
@@ -39,7 +39,7 @@ pub fn task_newtask(ctx: TracePointContext) -> u32 {
     crate::common::track(child);
     emit(
         ForkEvent {
-            header: header(EventKind::Fork, tgid, tid),
+            header: header(EventKind::Fork, pid, tid),
             child_pid: child,
             _pad: 0,
             clone_flags: flags,
@@ -51,7 +51,7 @@ pub fn task_newtask(ctx: TracePointContext) -> u32 {
 
 #[tracepoint]
 pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
-    let (tgid, tid) = pid_tgid();
+    let (pid, tid) = current_ids();
     // A thread can die inside reclaim (SIGKILL during an allocation): drop its pairing state.
     // A lookup first: a delete takes the bucket lock even when there is nothing to delete,
     // and almost no thread exits inside reclaim.
@@ -59,13 +59,13 @@ pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
     if unsafe { RECLAIM_START.get(tid) }.is_some() {
         let _ = RECLAIM_START.remove(tid);
     }
-    if !is_tracked(tgid) {
+    if !is_tracked(pid) {
         return 0;
     }
     // Its wait for data is over (its last switch-out may find its process untracked).
-    crate::sched::thread_exit(tgid, tid);
+    crate::sched::thread_exit(pid, tid);
     // The process is gone when its last thread exits.
-    if !group_dead(&ctx, tgid, tid) {
+    if !group_dead(&ctx, pid, tid) {
         return 0;
     }
     let off = offset!(task_exit_code);
@@ -79,16 +79,16 @@ pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
         } {
             Ok(v) => (v, 1),
             Err(_) => {
-                kdebug!("the exit code of process {} is unreadable: sent as unknown", tgid);
+                kdebug!("the exit code of process {} is unreadable: sent as unknown", pid);
                 (0, 0)
             }
         }
     };
     emit(
-        ExitEvent { header: header(EventKind::Exit, tgid, tid), exit_code, exit_code_known: known },
+        ExitEvent { header: header(EventKind::Exit, pid, tid), exit_code, exit_code_known: known },
         Wake::Later,
     );
-    crate::common::untrack(tgid);
+    crate::common::untrack(pid);
     0
 }
 
@@ -98,7 +98,7 @@ pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
 /// threads run, e.g. killed by de_thread() when another thread execs, leaves a live process);
 /// else, without BTF, the leader's exit.
 #[inline(always)]
-fn group_dead(ctx: &TracePointContext, tgid: u32, tid: u32) -> bool {
+fn group_dead(ctx: &TracePointContext, pid: u32, tid: u32) -> bool {
     if let Some(v) = field::<u8>(ctx, offset!(exit_group_dead)) {
         return v != 0;
     }
@@ -111,12 +111,9 @@ fn group_dead(ctx: &TracePointContext, tgid: u32, tid: u32) -> bool {
         None => {
             // BTF gave the offsets, yet the read failed (without them the loader says so).
             if task_offset!(signal_live) != gpustall_common::task::UNKNOWN {
-                kdebug!(
-                    "signal->live of process {} is unreadable: its leader's exit ends it",
-                    tgid
-                );
+                kdebug!("signal->live of process {} is unreadable: its leader's exit ends it", pid);
             }
-            tid == tgid
+            tid == pid
         }
     }
 }
@@ -124,15 +121,15 @@ fn group_dead(ctx: &TracePointContext, tgid: u32, tid: u32) -> bool {
 /// task:task_rename: PR_SET_NAME (how PyTorch names its workers), /proc/PID/comm writes, exec.
 #[tracepoint]
 pub fn task_rename(ctx: TracePointContext) -> u32 {
-    let (tgid, tid) = pid_tgid();
-    let pid = field::<i32>(&ctx, offset!(rename_pid)).unwrap_or(0) as u32;
-    if !is_tracked(tgid) && !is_tracked(pid) {
+    let (pid, tid) = current_ids();
+    let renamed_tid = field::<i32>(&ctx, offset!(rename_pid)).unwrap_or(0) as u32;
+    if !is_tracked(pid) && !is_tracked(renamed_tid) {
         return 0;
     }
     emit(
         RenameEvent {
-            header: header(EventKind::Rename, tgid, tid),
-            pid,
+            header: header(EventKind::Rename, pid, tid),
+            renamed_tid,
             _pad: 0,
             new_comm: comm_field(&ctx, offset!(rename_newcomm)),
         },
@@ -147,13 +144,13 @@ pub fn task_rename(ctx: TracePointContext) -> u32 {
 
 #[tracepoint]
 pub fn sched_process_exec(ctx: TracePointContext) -> u32 {
-    let (tgid, tid) = pid_tgid();
-    if !is_tracked(tgid) {
+    let (pid, tid) = current_ids();
+    if !is_tracked(pid) {
         return 0;
     }
     emit(
         ExecEvent {
-            header: header(EventKind::Exec, tgid, tid),
+            header: header(EventKind::Exec, pid, tid),
             old_pid: field::<i32>(&ctx, offset!(exec_old_pid)).unwrap_or(0) as u32,
             _pad: 0,
             filename: data_loc_str::<64>(&ctx, offset!(exec_filename)),
@@ -163,7 +160,7 @@ pub fn sched_process_exec(ctx: TracePointContext) -> u32 {
     0
 }
 
-/// Threads other than their process's main one that the kernel sent SIGKILL (tid -> tgid), from
+/// Threads other than their process's main one that the kernel sent SIGKILL (tid -> pid), from
 /// signal_generate_raw for mark_victim, whose `pid` is the marked thread (the main thread may
 /// have exited already). The OOM killer sends its SIGKILL just before it marks the victim, in
 /// the same task; LRU, so that a SIGKILL never followed by a mark ages out.
@@ -174,9 +171,9 @@ pub static KILLED_THREADS: LruHashMap<u32, u32> = LruHashMap::with_max_entries(2
 /// marks itself), or the process signal_generate_raw saw that thread's SIGKILL for, or the
 /// thread id as it is (its own process's main thread, or a kernel without the raw program).
 #[inline(always)]
-fn victim_process(victim_tid: u32, tgid: u32, tid: u32) -> u32 {
+fn victim_process(victim_tid: u32, pid: u32, tid: u32) -> u32 {
     if victim_tid == tid {
-        return tgid;
+        return pid;
     }
     // SAFETY: a plain value copied out at once.
     match unsafe { KILLED_THREADS.get(victim_tid) } {
@@ -192,19 +189,19 @@ fn victim_process(victim_tid: u32, tgid: u32, tid: u32) -> u32 {
 /// trigger or the victim is tracked: a worker of the job can be killed for another's allocation.
 #[tracepoint]
 pub fn mark_victim(ctx: TracePointContext) -> u32 {
-    let (tgid, tid) = pid_tgid();
+    let (pid, tid) = current_ids();
     let Some(victim_tid) = field::<i32>(&ctx, offset!(oom_pid)) else {
         return 0;
     };
     let victim_tid = victim_tid as u32;
-    let victim = victim_process(victim_tid, tgid, tid);
-    if !is_tracked(tgid) && !is_tracked(victim) {
+    let victim = victim_process(victim_tid, pid, tid);
+    if !is_tracked(pid) && !is_tracked(victim) {
         return 0;
     }
     let anon = field::<u64>(&ctx, offset!(oom_anon_rss));
     emit(
         OomVictimEvent {
-            header: header(EventKind::OomVictim, tgid, tid),
+            header: header(EventKind::OomVictim, pid, tid),
             victim_pid: victim,
             has_rss: anon.is_some() as u32,
             total_vm_kb: field(&ctx, offset!(oom_total_vm)).unwrap_or(0),
@@ -247,10 +244,10 @@ struct Target {
 
 #[inline(always)]
 fn record_signal(sig: i32, code: i32, result: i32, target: Target) {
-    let (tgid, tid) = pid_tgid();
+    let (pid, tid) = current_ids();
     emit(
         SignalEvent {
-            header: header(EventKind::Signal, tgid, tid),
+            header: header(EventKind::Signal, pid, tid),
             sig,
             code,
             target_pid: target.process,

@@ -15,8 +15,8 @@ use gpustall_common::{
 
 use crate::{
     common::{
-        add_lost, add_per_cpu, emit_bulk, field, header, header_at, is_tracked, offset, pid_tgid,
-        proc_add, HOST, RECLAIM_START,
+        add_lost, add_per_cpu, current_ids, emit_bulk, field, header, header_at, is_tracked,
+        offset, proc_add, HOST, RECLAIM_START,
     },
     diag::{kdebug, kwarn},
 };
@@ -24,7 +24,7 @@ use crate::{
 /// A begin always starts a new episode (see `on_begin`): no lookup of what was there.
 #[inline(always)]
 fn begin(kind: ReclaimKind) -> u32 {
-    let (_, tid) = pid_tgid();
+    let (_, tid) = current_ids();
     let next = on_begin(kind, unsafe { bpf_ktime_get_ns() });
     if RECLAIM_START.insert(tid, next, 0).is_err() {
         add_lost(LostCounter::MapFull);
@@ -36,7 +36,7 @@ fn begin(kind: ReclaimKind) -> u32 {
 /// A reclaim ends: `nr_reclaimed` is read only for a tracked thread.
 #[inline(always)]
 fn end(nr_reclaimed: impl FnOnce() -> u64) -> u32 {
-    let (tgid, tid) = pid_tgid();
+    let (pid, tid) = current_ids();
     // SAFETY: the value is copied out at once.
     let existing = unsafe { RECLAIM_START.get(tid) }.copied();
     let now = unsafe { bpf_ktime_get_ns() };
@@ -52,30 +52,30 @@ fn end(nr_reclaimed: impl FnOnce() -> u64) -> u32 {
         // Only kswapd_sleep ends a kswapd episode (see kswapd_sleep).
         return 0;
     }
-    if is_tracked(tgid) {
+    if is_tracked(pid) {
         crate::sched::reclaimed(tid, now, duration_ns);
         let nr_reclaimed = nr_reclaimed();
         // One lookup of the process's counters for all three adds.
         let counted = if kind == ReclaimKind::Memcg as u32 {
             proc_add!(
-                tgid,
+                pid,
                 memcg_reclaim_count += 1,
                 memcg_reclaim_ns += duration_ns,
                 reclaimed_pages += nr_reclaimed
             )
         } else {
             proc_add!(
-                tgid,
+                pid,
                 direct_reclaim_count += 1,
                 direct_reclaim_ns += duration_ns,
                 reclaimed_pages += nr_reclaimed
             )
         };
         if !counted {
-            kwarn!("PROC_COUNTERS is full: a reclaim of process {} is not counted", tgid);
+            kwarn!("PROC_COUNTERS is full: a reclaim of process {} is not counted", pid);
         }
         let sent = emit_bulk(ReclaimEvent {
-            header: header_at(EventKind::Reclaim, tgid, tid, now),
+            header: header_at(EventKind::Reclaim, pid, tid, now),
             kind,
             _pad: 0,
             start_ns,
@@ -83,7 +83,7 @@ fn end(nr_reclaimed: impl FnOnce() -> u64) -> u32 {
             nr_reclaimed,
         });
         if !sent {
-            kwarn!("the bulk ring is full: a reclaim record of process {} is lost", tgid);
+            kwarn!("the bulk ring is full: a reclaim record of process {} is lost", pid);
         }
     } else if kind == ReclaimKind::Memcg as u32 {
         add_per_cpu(&HOST, HostCounter::OtherMemcgReclaimCount as u32, 1);
@@ -135,7 +135,7 @@ pub fn mm_vmscan_memcg_reclaim_end_btf(ctx: BtfTracePointContext) -> i32 {
 /// Rounds without a sleep between them are one episode (`on_kswapd_wake`).
 #[tracepoint]
 pub fn mm_vmscan_kswapd_wake(_ctx: TracePointContext) -> u32 {
-    let (_, tid) = pid_tgid();
+    let (_, tid) = current_ids();
     // SAFETY: the value is copied out at once.
     let existing = unsafe { RECLAIM_START.get(tid) }.copied();
     if let Some(start) = on_kswapd_wake(existing.as_ref(), unsafe { bpf_ktime_get_ns() }) {
@@ -149,7 +149,7 @@ pub fn mm_vmscan_kswapd_wake(_ctx: TracePointContext) -> u32 {
 
 #[tracepoint]
 pub fn mm_vmscan_kswapd_sleep(_ctx: TracePointContext) -> u32 {
-    let (tgid, tid) = pid_tgid();
+    let (pid, tid) = current_ids();
     // SAFETY: the value is copied out at once.
     let existing = unsafe { RECLAIM_START.get(tid) }.copied();
     let EndOutcome::Complete { kind, start_ns, duration_ns } =
@@ -160,7 +160,7 @@ pub fn mm_vmscan_kswapd_sleep(_ctx: TracePointContext) -> u32 {
     };
     let _ = RECLAIM_START.remove(tid);
     let sent = emit_bulk(ReclaimEvent {
-        header: header(EventKind::Reclaim, tgid, tid),
+        header: header(EventKind::Reclaim, pid, tid),
         kind,
         _pad: 0,
         start_ns,
@@ -190,12 +190,12 @@ pub static FOLIO_LAYOUT: FolioLayout = FolioLayout::unknown();
 /// One folio written out by reclaim, `pages` long: counted per process, never sent as a record.
 #[inline(always)]
 fn count_write(anon: bool, pages: u64) {
-    let (tgid, tid) = pid_tgid();
-    if is_tracked(tgid) {
+    let (pid, tid) = current_ids();
+    if is_tracked(pid) {
         if anon {
-            proc_add!(tgid, swapout_anon_pages += pages);
+            proc_add!(pid, swapout_anon_pages += pages);
         } else {
-            proc_add!(tgid, writeback_file_pages += pages);
+            proc_add!(pid, writeback_file_pages += pages);
         }
         return;
     }
@@ -242,9 +242,9 @@ pub fn mm_vmscan_write_folio_btf(ctx: BtfTracePointContext) -> i32 {
 /// Fired in the allocating task: who woke kswapd.
 #[tracepoint]
 pub fn mm_vmscan_wakeup_kswapd(_ctx: TracePointContext) -> u32 {
-    let (tgid, _) = pid_tgid();
-    if is_tracked(tgid) {
-        proc_add!(tgid, kswapd_wakeups += 1);
+    let (pid, _) = current_ids();
+    if is_tracked(pid) {
+        proc_add!(pid, kswapd_wakeups += 1);
     } else {
         add_per_cpu(&HOST, HostCounter::KswapdWakeups as u32, 1);
     }
@@ -254,24 +254,24 @@ pub fn mm_vmscan_wakeup_kswapd(_ctx: TracePointContext) -> u32 {
 /// Reclaim waited (on writeback, congestion, isolation): the "disk busy with swap" signal.
 #[tracepoint]
 pub fn mm_vmscan_throttled(ctx: TracePointContext) -> u32 {
-    let (tgid, tid) = pid_tgid();
-    if !is_tracked(tgid) {
+    let (pid, tid) = current_ids();
+    if !is_tracked(pid) {
         add_per_cpu(&HOST, HostCounter::OtherThrottledCount as u32, 1);
         return 0;
     }
     let delayed: i32 = field(&ctx, offset!(throttled_usec_delayed)).unwrap_or(0);
-    if !proc_add!(tgid, throttled_count += 1, throttled_us += delayed.max(0) as u64) {
-        kwarn!("PROC_COUNTERS is full: a throttling of process {} is not counted", tgid);
+    if !proc_add!(pid, throttled_count += 1, throttled_us += delayed.max(0) as u64) {
+        kwarn!("PROC_COUNTERS is full: a throttling of process {} is not counted", pid);
     }
     let sent = emit_bulk(ThrottledEvent {
-        header: header(EventKind::Throttled, tgid, tid),
+        header: header(EventKind::Throttled, pid, tid),
         usec_timeout: field(&ctx, offset!(throttled_usec_timeout)).unwrap_or(0),
         usec_delayed: delayed,
         reason: field(&ctx, offset!(throttled_reason)).unwrap_or(0),
         nid: field(&ctx, offset!(throttled_nid)).unwrap_or(0),
     });
     if !sent {
-        kwarn!("the bulk ring is full: a throttling record of process {} is lost", tgid);
+        kwarn!("the bulk ring is full: a throttling record of process {} is lost", pid);
     }
     0
 }

@@ -32,7 +32,7 @@ use gpustall_common::{
 };
 
 use crate::common::{
-    at_most, atomic_add, emit_bulk, field, hint_add, is_tracked, kload, maybe_in, pid_tgid,
+    at_most, atomic_add, current_ids, emit_bulk, field, hint_add, is_tracked, kload, maybe_in,
     shared_value, task_offset, tracked_level, BPF_F_NO_PREALLOC, RECLAIM_START,
 };
 
@@ -87,7 +87,7 @@ pub static OFFCPU: HashMap<u32, OffCpuCounters> =
 #[map]
 pub static WAKES: HashMap<WakeKey, WakeCounters> = HashMap::with_max_entries(384, 0);
 
-/// Each trainer's or rank's workers (key: its tgid), written by the agent from the process
+/// Each trainer's or rank's workers (key: its pid), written by the agent from the process
 /// tree: when a batch ends its wait, one of them busy producing shares it (`busy_feeder_of`).
 /// One per data waiter: 64, a node's ranks (a few per GPU), within the 16 MiB bound of all
 /// maps; past it a waiter's waits go to the worker whose batch ended them alone.
@@ -233,11 +233,11 @@ fn current_wait_class() -> u8 {
 #[inline(always)]
 fn on_switch(
     prev_state: impl FnOnce() -> i64,
-    next_pid: impl FnOnce() -> u32,
+    next_tid: impl FnOnce() -> u32,
     wait_class: impl FnOnce() -> u8,
 ) -> u32 {
     let now = switch_out(prev_state, wait_class);
-    switch_in(next_pid(), now);
+    switch_in(next_tid(), now);
     0
 }
 
@@ -246,8 +246,8 @@ fn on_switch(
 /// the thread is not accounted (the common case outside the job reads no clock).
 #[inline(always)]
 fn switch_out(prev_state: impl FnOnce() -> i64, wait_class: impl FnOnce() -> u8) -> u64 {
-    let (tgid, tid) = pid_tgid();
-    let level = if tid == 0 { 0 } else { tracked_level(tgid) };
+    let (pid, tid) = current_ids();
+    let level = if tid == 0 { 0 } else { tracked_level(pid) };
     if level < ACCOUNT {
         return 0;
     }
@@ -255,7 +255,7 @@ fn switch_out(prev_state: impl FnOnce() -> i64, wait_class: impl FnOnce() -> u8)
     let now = unsafe { bpf_ktime_get_ns() };
     let prev_state = prev_state();
     if prev_state & TASK_REPORT_DEAD != 0 && prev_state < 0x100 {
-        thread_exit(tgid, tid);
+        thread_exit(pid, tid);
         if OFFCPU_THREADS.remove(tid).is_ok() {
             hint_add(&ACCOUNTED_HINT, tid, u64::MAX);
         }
@@ -279,11 +279,11 @@ fn switch_out(prev_state: impl FnOnce() -> i64, wait_class: impl FnOnce() -> u8)
                 // record a finished wait sends.
                 let done = wait_switch_out(&mut (*p).wait, on_cpu, now, st, class);
                 if let Some(f) = done {
-                    finished_wait(tgid, tid, &f);
+                    finished_wait(pid, tid, &f);
                 }
             }
             (*p).since_ns = now;
-            (*p).tgid = tgid;
+            (*p).pid = pid;
             (*p).state = st;
             (*p).data_waiter = u8::from(data_waiter);
             (*p).wait_class = class;
@@ -291,7 +291,7 @@ fn switch_out(prev_state: impl FnOnce() -> i64, wait_class: impl FnOnce() -> u8)
         None => {
             let mut t = OffCpuThread {
                 since_ns: now,
-                tgid,
+                pid,
                 state: st,
                 data_waiter: u8::from(data_waiter),
                 wait_class: class,
@@ -329,10 +329,10 @@ fn switch_in(next: u32, mut now: u64) {
         now = unsafe { bpf_ktime_get_ns() };
     }
     if let Some((st, ns)) = on_switch_in(&t, now) {
-        add_offcpu(t.tgid, st, ns);
+        add_offcpu(t.pid, st, ns);
         if t.data_waiter != 0 {
             if st == state::WAIT {
-                add_syscall_wait(t.tgid, t.wait_class, ns);
+                add_syscall_wait(t.pid, t.wait_class, ns);
             }
             // A run-queue wait after its batch came: the trainer could not use it yet.
             let mut w = t.wait;
@@ -384,7 +384,7 @@ fn on_waking_of(wakee: u32, interrupted: impl FnOnce() -> bool) -> u32 {
         (*p).since_ns = now;
         (*p).state = state::RUNQ;
     }
-    add_offcpu(t.tgid, st, ns);
+    add_offcpu(t.pid, st, ns);
     if t.data_waiter == 0 {
         return 0;
     }
@@ -399,17 +399,17 @@ fn on_waking_of(wakee: u32, interrupted: impl FnOnce() -> bool) -> u32 {
     // Who ended the block: the task running this wakeup (a write to a pipe, a queue, a futex
     // wake) when it belongs to another tracked process; a thread of the wakee's own process
     // that passes on a batch another process woke it for (a relay); else no one of the job.
-    let (waker, waker_tid) = pid_tgid();
+    let (waker, waker_tid) = current_ids();
     let (mut job, mut job_tid, mut relay) = (0, 0, 0);
     if !interrupted() {
-        if waker != t.tgid && is_tracked(waker) {
+        if waker != t.pid && is_tracked(waker) {
             (job, job_tid) = (waker, waker_tid);
             // SAFETY: as above: this thread was woken by that process (a relay's mark).
             unsafe {
                 (*p).relay_from = waker;
                 (*p).relay_at_us = wrapping_us(now);
             }
-        } else if waker == t.tgid && waker_tid != wakee && waker_tid != waker {
+        } else if waker == t.pid && waker_tid != wakee && waker_tid != waker {
             // A sibling thread, never the main thread: that is the consumer itself (its wakes
             // of its own helpers, the queues' feeder threads, pass nothing on).
             if let Some(r) = OFFCPU_THREADS.get_ptr_mut(waker_tid) {
@@ -421,8 +421,8 @@ fn on_waking_of(wakee: u32, interrupted: impl FnOnce() -> bool) -> u32 {
             }
         }
     }
-    add_syscall_wait(t.tgid, t.wait_class, ns);
-    let busy = if job != 0 && wakee == t.tgid { busy_feeder_of(t.tgid, job, now) } else { 0 };
+    add_syscall_wait(t.pid, t.wait_class, ns);
+    let busy = if job != 0 && wakee == t.pid { busy_feeder_of(t.pid, job, now) } else { 0 };
     let mut w = t.wait;
     let by = Wake { waker: job, waker_tid: job_tid, relay_tid: relay, busy_feeder: busy };
     wait_woken(&mut w, now, t.wait_class, by);
@@ -432,15 +432,15 @@ fn on_waking_of(wakee: u32, interrupted: impl FnOnce() -> bool) -> u32 {
     0
 }
 
-/// A feeder of data waiter `tgid` other than `waker` busy producing now (its main thread's
+/// A feeder of data waiter `pid` other than `waker` busy producing now (its main thread's
 /// state; one lookup a slot, at the consumer's wakes by the job only), 0: none. The scan
 /// starts at a slot the clock picks, so that with several busy feeders each is picked in
 /// turn over many waits.
 #[inline(always)]
-fn busy_feeder_of(tgid: u32, waker: u32, now: u64) -> u32 {
+fn busy_feeder_of(pid: u32, waker: u32, now: u64) -> u32 {
     // SAFETY: a live map value, read in place (the agent may rewrite it meanwhile: a worker
     // replaced between two reads is seen or not).
-    let Some(feeders) = (unsafe { FEEDERS.get(tgid) }) else { return 0 };
+    let Some(feeders) = (unsafe { FEEDERS.get(pid) }) else { return 0 };
     // Only the slots in use: a trainer with one worker (its waker) looks at none.
     let n = (feeders.count as usize).min(FEEDER_SLOTS);
     if n < 2 {
@@ -497,7 +497,7 @@ pub fn reclaimed(tid: u32, now: u64, ns: u64) {
 /// A thread of a tracked process exits (its last switch-out may come after its process left
 /// the tracked set): the wait it was in is over.
 #[inline(always)]
-pub fn thread_exit(tgid: u32, tid: u32) {
+pub fn thread_exit(pid: u32, tid: u32) {
     if !maybe_in(&ACCOUNTED_HINT, tid) {
         return;
     }
@@ -505,34 +505,34 @@ pub fn thread_exit(tgid: u32, tid: u32) {
     // SAFETY: a live map value, copied out and written back.
     let mut w: LogicalWait = unsafe { (*p).wait };
     if let Some(f) = wait_finish(&mut w) {
-        finished_wait(tgid, tid, &f);
+        finished_wait(pid, tid, &f);
     }
     // SAFETY: as above.
     unsafe { (*p).wait = w };
 }
 
-/// A logical wait of thread `tid` of `tgid` is over: a consumer's is its process's wait for
+/// A logical wait of thread `tid` of `pid` is over: a consumer's is its process's wait for
 /// data, charged to the process whose batch ended it (key waker 0: no process of the job ended
 /// it, kept apart and shown), summed per syscall class, and sent one by one when long.
 #[inline(always)]
-fn finished_wait(tgid: u32, tid: u32, f: &FinishedWait) {
-    if !consumer_wait(tgid, tid, f) {
+fn finished_wait(pid: u32, tid: u32, f: &FinishedWait) {
+    if !consumer_wait(pid, tid, f) {
         return;
     }
     let ns = f.ns();
     if f.waker != 0 {
-        add_data_wait(tgid, f.class, ns);
+        add_data_wait(pid, f.class, ns);
         if ns >= LONG_WAIT_NS {
             emit_bulk(DataWaitEvent {
                 header: EventHeader {
                     kind: EventKind::DataWait as u32,
-                    tgid: f.waker,
+                    pid: f.waker,
                     tid: f.waker_tid,
                     _pad: 0,
                     t_ns: f.end_ns,
                     comm: [0; COMM_LEN],
                 },
-                wakee_tgid: tgid,
+                wakee_pid: pid,
                 wakee_tid: tid,
                 start_ns: f.start_ns,
                 duration_ns: ns,
@@ -551,9 +551,9 @@ fn finished_wait(tgid: u32, tid: u32, f: &FinishedWait) {
     // once, with its length in the waker's histogram).
     let shared = if f.co_waker != 0 && f.waker != 0 { ns / 2 } else { 0 };
     if shared != 0 {
-        add_wake(WakeKey { waker: f.co_waker, wakee: tgid }, shared, None);
+        add_wake(WakeKey { waker: f.co_waker, wakee: pid }, shared, None);
     }
-    add_wake(WakeKey { waker: f.waker, wakee: tgid }, ns - shared, Some(ns));
+    add_wake(WakeKey { waker: f.waker, wakee: pid }, ns - shared, Some(ns));
 }
 
 /// Adds `ns` of a wait to a (waker, wakee) pair; `whole`: the wait's length, for its count,
@@ -578,8 +578,8 @@ fn add_wake(key: WakeKey, ns: u64, whole: Option<u64>) {
 
 /// A data waiter's interruptible block of `ns` in a syscall of `class` ended.
 #[inline(always)]
-fn add_syscall_wait(tgid: u32, class: u8, ns: u64) {
-    let Some(c) = shared_value(&SYSCALL_WAITS, &tgid) else { return };
+fn add_syscall_wait(pid: u32, class: u8, ns: u64) {
+    let Some(c) = shared_value(&SYSCALL_WAITS, &pid) else { return };
     let i = at_most::<{ WAIT_CLASSES as u64 - 1 }>(u64::from(class)) as usize;
     // SAFETY: `c` is a live map value; `i` is within the arrays; `&raw mut` makes no reference.
     unsafe {
@@ -590,8 +590,8 @@ fn add_syscall_wait(tgid: u32, class: u8, ns: u64) {
 
 /// A consumer's wait for data of `ns` is over; its data came in a block of `class`.
 #[inline(always)]
-fn add_data_wait(tgid: u32, class: u8, ns: u64) {
-    let Some(c) = shared_value(&SYSCALL_WAITS, &tgid) else { return };
+fn add_data_wait(pid: u32, class: u8, ns: u64) {
+    let Some(c) = shared_value(&SYSCALL_WAITS, &pid) else { return };
     let i = at_most::<{ WAIT_CLASSES as u64 - 1 }>(u64::from(class)) as usize;
     // SAFETY: as above.
     unsafe {
@@ -601,8 +601,8 @@ fn add_data_wait(tgid: u32, class: u8, ns: u64) {
 }
 
 #[inline(always)]
-fn add_offcpu(tgid: u32, st: u16, ns: u64) {
-    let Some(c) = shared_value(&OFFCPU, &tgid) else { return };
+fn add_offcpu(pid: u32, st: u16, ns: u64) {
+    let Some(c) = shared_value(&OFFCPU, &pid) else { return };
     // SAFETY: `c` is a live map value; `&raw mut` makes no reference to it.
     unsafe {
         match st {

@@ -210,3 +210,32 @@ fn no_file_name_is_used_by_two_stages() {
     let twice: Vec<_> = by_name.into_iter().filter(|(_, at)| at.len() > 1).collect();
     assert!(twice.is_empty(), "file names used more than once: {twice:?}");
 }
+
+/// One id vocabulary from the kernel's maps to the JSON: a process is a `pid`, a thread a `tid`
+/// (ps's and /proc's words), in the agent, the shared types and the eBPF programs alike. The
+/// kernel's `tgid` is named only in strings and comments, where its own fields are read
+/// (`task_tgid`, the BTF field "tgid"), and in its helper's name; a `tgid` in code meant a
+/// reader had to know which layer's words a line used.
+#[test]
+fn a_process_is_a_pid_in_every_crate() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut found = Vec::new();
+    for krate in ["gpustall/src", "gpustall-common/src", "gpustall-ebpf/src"] {
+        let mut files = Vec::new();
+        rust_files(&root.join(krate), &mut files);
+        for f in files {
+            for (n, code) in code_lines(&f) {
+                // Strings say what the kernel calls its fields.
+                let code: String = code.split('"').step_by(2).collect();
+                let word = |w: &str| w == "tgid" || w == "tgids" || w.ends_with("_tgid");
+                let words = code.split(|c: char| !c.is_alphanumeric() && c != '_');
+                // The kernel's offset of it, and the BPF helper's own name.
+                let kernels = ["task_tgid", "bpf_get_current_pid_tgid"];
+                if words.filter(|w| !kernels.contains(w)).any(word) {
+                    found.push(format!("{}:{n}: {}", f.display(), code.trim()));
+                }
+            }
+        }
+    }
+    assert!(found.is_empty(), "a process named tgid, not pid:\n{}", found.join("\n"));
+}

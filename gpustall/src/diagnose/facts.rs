@@ -593,7 +593,7 @@ mod tests {
         m.observe(&seed(10, 1));
         m.observe(&seed(11, 10));
         m.apply(&Event::Signal {
-            h: Header { t_ns: 5, tgid: 11, tid: 11, comm: "python".into() },
+            h: Header { t_ns: 5, pid: 11, tid: 11, comm: "python".into() },
             sig: 9,
             code: si_code,
             target_pid: 11,

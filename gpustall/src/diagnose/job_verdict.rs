@@ -460,7 +460,7 @@ mod tests {
         let seed =
             Sample::Seed { t_ns: 0, pid: 10, ppid: 1, comm: "python".into(), is_target: true };
         m.observe(&seed);
-        let h = |pid, t_ns, comm: &str| Header { t_ns, tgid: pid, tid: pid, comm: comm.into() };
+        let h = |pid, t_ns, comm: &str| Header { t_ns, pid, tid: pid, comm: comm.into() };
         m.apply(&Event::Fork { h: h(10, S, "python"), child_pid: 11, clone_flags: 0x11 });
         m.apply(&Event::Exec {
             h: h(11, S, "readlink"),

@@ -59,11 +59,11 @@ impl GpuMaps {
         let mut gone = Vec::new();
         let mut calls = self.calls.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         for (tid, c) in calls.iter().filter_map(Result::ok) {
-            if !Path::new(&format!("/proc/{}/task/{tid}", c.tgid)).exists() {
+            if !Path::new(&format!("/proc/{}/task/{tid}", c.pid)).exists() {
                 gone.push(tid);
                 continue;
             }
-            let e = open.entry(c.tgid).or_insert(c.since_ns);
+            let e = open.entry(c.pid).or_insert(c.since_ns);
             *e = (*e).min(c.since_ns);
         }
         let mut recs: BTreeMap<u32, GpuWaitRec> = waits

@@ -39,7 +39,7 @@ fn read<T: Copy>(bytes: &[u8], what: &'static str) -> Result<T, DecodeError> {
 }
 
 fn header(h: &EventHeader) -> Header {
-    Header { t_ns: h.t_ns, tgid: h.tgid, tid: h.tid, comm: c_str(&h.comm) }
+    Header { t_ns: h.t_ns, pid: h.pid, tid: h.tid, comm: c_str(&h.comm) }
 }
 
 /// One ring record as an [`Event`]: its header says which record it is.
@@ -73,7 +73,11 @@ fn exit(bytes: &[u8]) -> Result<Event, DecodeError> {
 
 fn rename(bytes: &[u8]) -> Result<Event, DecodeError> {
     let e: RenameEvent = read(bytes, "rename")?;
-    Ok(Event::Rename { h: header(&e.header), pid: e.pid, new_comm: c_str(&e.new_comm) })
+    Ok(Event::Rename {
+        h: header(&e.header),
+        renamed_tid: e.renamed_tid,
+        new_comm: c_str(&e.new_comm),
+    })
 }
 
 fn exec(bytes: &[u8]) -> Result<Event, DecodeError> {
@@ -138,7 +142,7 @@ fn data_wait(bytes: &[u8]) -> Result<Event, DecodeError> {
     let e: DataWaitEvent = read(bytes, "data wait")?;
     Ok(Event::DataWait {
         h: header(&e.header),
-        wakee_pid: e.wakee_tgid,
+        wakee_pid: e.wakee_pid,
         wakee_tid: e.wakee_tid,
         start_ns: e.start_ns,
         duration_ns: e.duration_ns,
@@ -165,7 +169,7 @@ mod tests {
     fn hdr(kind: EventKind) -> EventHeader {
         let mut comm = [0u8; 16];
         comm[..6].copy_from_slice(b"python");
-        EventHeader { kind: kind as u32, tgid: 100, tid: 101, _pad: 0, t_ns: 5_000, comm }
+        EventHeader { kind: kind as u32, pid: 100, tid: 101, _pad: 0, t_ns: 5_000, comm }
     }
 
     #[test]
@@ -189,7 +193,7 @@ mod tests {
         match decode(&as_bytes(&e)).expect("decodes") {
             Event::OomVictim { h, victim_pid, victim_tid, victim_comm, rss, .. } => {
                 assert_eq!(victim_tid, Some(4243), "the marked thread, beside its process");
-                assert_eq!((h.tgid, h.tid, h.comm.as_str()), (100, 101, "python"));
+                assert_eq!((h.pid, h.tid, h.comm.as_str()), (100, 101, "python"));
                 assert_eq!(victim_pid, 4242);
                 assert_eq!(victim_comm, "pt_data_worker");
                 assert_eq!(rss.map(|r| r.anon_rss_kb), Some(204_800));

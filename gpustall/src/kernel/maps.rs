@@ -95,7 +95,7 @@ impl KernelMaps {
         self.sched.forget(pid);
         self.gpu.forget(pid);
         for IoSlot { dev, op, in_reclaim } in io_slots {
-            let key = IoKey { tgid: pid, dev, op, in_reclaim: u32::from(in_reclaim) };
+            let key = IoKey { pid, dev, op, in_reclaim: u32::from(in_reclaim) };
             let _ = self.io_counters.remove(&key);
         }
     }
@@ -135,7 +135,7 @@ impl KernelMaps {
             .unwrap_or_else(|| iterate(&self.io_counters, maps::IO_COUNTERS))
             .into_iter()
             .map(|(k, counters): (IoKey, IoCounters)| IoRec {
-                pid: k.tgid,
+                pid: k.pid,
                 dev: k.dev,
                 op: k.op,
                 in_reclaim: k.in_reclaim != 0,

@@ -211,7 +211,7 @@ impl SchedMaps {
             .filter_map(|(&pid, _)| {
                 let t = self.threads.get(&pid, 0).ok()?;
                 let w = t.wait;
-                let open = t.tgid == pid
+                let open = t.pid == pid
                     && t.state == state::WAIT
                     && w.start_ns != 0
                     && w.flags & WAIT_DONE == 0;

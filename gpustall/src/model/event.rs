@@ -2,7 +2,7 @@
 //! or read back from a recording.
 //!
 //! The recording's event line is this type's serde form: `{"type":"event","kind":..}` with the
-//! header's fields (`t_ns`, `pid` = tgid, `tid`, `comm`) beside the event's own. The few
+//! header's fields (`t_ns`, `pid`, `tid`, `comm`) beside the event's own. The few
 //! fields whose recorded form differs from the Rust one (the exit status split into code and
 //! signal, the OOM victim's RSS as four nullable numbers) have their own small serde modules.
 
@@ -13,9 +13,8 @@ use serde::{Deserialize, Serialize};
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Header {
     pub t_ns: u64,
-    /// The process (thread group) the event ran in.
-    #[serde(rename = "pid")]
-    pub tgid: u32,
+    /// The process the event ran in (the kernel's tgid).
+    pub pid: u32,
     pub tid: u32,
     pub comm: String,
 }
@@ -40,8 +39,7 @@ pub enum Event {
         #[serde(flatten)]
         h: Header,
         /// The thread that was renamed.
-        #[serde(rename = "renamed_tid")]
-        pid: u32,
+        renamed_tid: u32,
         new_comm: String,
     },
     Exec {
@@ -160,7 +158,7 @@ impl Event {
             Event::OomVictim { victim_pid, .. } => *victim_pid,
             Event::Signal { target_pid, .. } => *target_pid,
             Event::DataWait { wakee_pid, .. } => *wakee_pid,
-            e => e.header().tgid,
+            e => e.header().pid,
         }
     }
 }

@@ -89,7 +89,7 @@ mod tests {
     use crate::model::event::{Event, Header};
 
     fn h(t_ns: u64, pid: u32) -> Header {
-        Header { t_ns, tgid: pid, tid: pid, comm: "sh".into() }
+        Header { t_ns, pid, tid: pid, comm: "sh".into() }
     }
 
     #[test]

@@ -240,11 +240,13 @@ impl Model {
                     self.fold(&[*child_pid]);
                     self.procs.remove(child_pid);
                 }
-                self.tree.on_fork(h.tgid, *child_pid, &h.comm, h.t_ns)
+                self.tree.on_fork(h.pid, *child_pid, &h.comm, h.t_ns)
             }
-            Event::Exit { h, exit_code } => self.tree.on_exit(h.tgid, *exit_code, h.t_ns),
-            Event::Rename { h, pid, new_comm } => self.tree.on_rename(h.tgid, *pid, new_comm),
-            Event::Exec { h, filename, .. } => self.tree.on_exec(h.tgid, &h.comm, filename),
+            Event::Exit { h, exit_code } => self.tree.on_exit(h.pid, *exit_code, h.t_ns),
+            Event::Rename { h, renamed_tid, new_comm } => {
+                self.tree.on_rename(h.pid, *renamed_tid, new_comm)
+            }
+            Event::Exec { h, filename, .. } => self.tree.on_exec(h.pid, &h.comm, filename),
             Event::OomVictim { .. } => self.on_oom_kill(e),
             Event::Signal { .. } => self.on_signal(e),
             Event::Reclaim { h, kind: ReclaimKind::Kswapd, duration_ns, .. } => {
@@ -253,8 +255,8 @@ impl Model {
                 self.host.kswapd_ns += duration_ns;
             }
             Event::Reclaim { h, duration_ns, start_ns, .. } => {
-                self.offcpu.long.note_reclaim(h.tgid, *start_ns, *duration_ns);
-                let p = self.proc_mut(h.tgid);
+                self.offcpu.long.note_reclaim(h.pid, *start_ns, *duration_ns);
+                let p = self.proc_mut(h.pid);
                 p.record_stall(*duration_ns);
                 p.first_reclaim_ns =
                     Some(p.first_reclaim_ns.map_or(*start_ns, |f| f.min(*start_ns)));
@@ -279,7 +281,7 @@ impl Model {
             victim_comm: untrusted::name(victim_comm),
             rss: *rss,
             oom_score_adj: *oom_score_adj,
-            trigger_pid: h.tgid,
+            trigger_pid: h.pid,
             trigger_comm: untrusted::name(&h.comm),
         });
     }
@@ -288,7 +290,7 @@ impl Model {
         let Event::Signal { h, sig, code, target_pid, target_comm, .. } = e else { return };
         let killer = Killer {
             sig: *sig,
-            sender_pid: h.tgid,
+            sender_pid: h.pid,
             sender_comm: untrusted::name(&h.comm),
             si_code: *code,
             t_ns: h.t_ns,
@@ -298,7 +300,7 @@ impl Model {
             t_ns: h.t_ns,
             sig: *sig,
             si_code: *code,
-            sender_pid: h.tgid,
+            sender_pid: h.pid,
             sender_comm: untrusted::name(&h.comm),
             target_pid: *target_pid,
             target_comm: untrusted::name(target_comm),
@@ -325,7 +327,7 @@ impl Model {
             t_ns: h.t_ns,
             start_ns: *start_ns,
             duration_ns: *duration_ns,
-            waker: h.tgid,
+            waker: h.pid,
             wakee: *wakee_pid,
             wakee_tid: *wakee_tid,
             waker_reclaim_ns: 0,
@@ -341,8 +343,8 @@ mod tests {
     use super::*;
     use crate::model::event::Header;
 
-    fn h(tgid: u32, comm: &str, t_ns: u64) -> Header {
-        Header { t_ns, tgid, tid: tgid, comm: comm.into() }
+    fn h(pid: u32, comm: &str, t_ns: u64) -> Header {
+        Header { t_ns, pid, tid: pid, comm: comm.into() }
     }
 
     #[test]
@@ -352,7 +354,7 @@ mod tests {
         m.apply(&Event::Fork { h: h(10, "trainer", 1), child_pid: 11, clone_flags: 0x11 });
         m.apply(&Event::Rename {
             h: h(11, "trainer", 2),
-            pid: 11,
+            renamed_tid: 11,
             new_comm: "pt_data_worker".into(),
         });
         m.apply(&Event::Reclaim {

@@ -107,8 +107,8 @@ impl ProcessTree {
     }
 
     /// `tid` renamed itself; the process's name is its main thread's.
-    pub fn on_rename(&mut self, tgid: u32, tid: u32, comm: &str) {
-        let owner = if self.nodes.contains_key(&tid) { tid } else { tgid };
+    pub fn on_rename(&mut self, pid: u32, tid: u32, comm: &str) {
+        let owner = if self.nodes.contains_key(&tid) { tid } else { pid };
         if let Some(n) = self.nodes.get_mut(&owner) {
             if tid == owner {
                 n.comm = untrusted::name(comm);

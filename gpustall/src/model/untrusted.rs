@@ -153,8 +153,12 @@ mod tests {
         assert_eq!(n.comm, "py\\x1b]0;t\\x07\\x0afake");
         assert!(n.cmdline.as_deref().is_some_and(|c| !c.contains('\x1b') && !c.contains('\n')));
         // A rename and an OOM kill, as events decoded from the kernel.
-        let h = crate::model::event::Header { t_ns: 2, tgid: 10, tid: 10, comm: comm.clone() };
-        m.apply(&crate::model::event::Event::Rename { h, pid: 10, new_comm: "w\u{9b}2J".into() });
+        let h = crate::model::event::Header { t_ns: 2, pid: 10, tid: 10, comm: comm.clone() };
+        m.apply(&crate::model::event::Event::Rename {
+            h,
+            renamed_tid: 10,
+            new_comm: "w\u{9b}2J".into(),
+        });
         assert_eq!(m.tree.get(10).expect("seeded").comm, "w\\x9b2J");
     }
 

@@ -590,7 +590,7 @@ mod tests {
     fn a_long_table_keeps_what_matters_and_counts_the_rest() {
         let mut m = Model::default();
         m.tree.seed(1, 0, "sh", true, 0);
-        let h = |t_ns: u64, pid: u32| Header { t_ns, tgid: pid, tid: pid, comm: "sh".into() };
+        let h = |t_ns: u64, pid: u32| Header { t_ns, pid, tid: pid, comm: "sh".into() };
         for pid in 2..202u32 {
             m.apply(&Event::Fork { h: h(u64::from(pid), 1), child_pid: pid, clone_flags: 0 });
             // pid 150 died of SIGSEGV: it is a row whatever else there is. The rest exited 1:
@@ -616,12 +616,7 @@ mod tests {
     fn quiet_helpers_are_one_line_by_name() {
         let mut m = Model::default();
         m.tree.seed(1, 0, "python3", true, 0);
-        let h = |t_ns: u64, pid: u32, comm: &str| Header {
-            t_ns,
-            tgid: pid,
-            tid: pid,
-            comm: comm.into(),
-        };
+        let h = |t_ns: u64, pid: u32, comm: &str| Header { t_ns, pid, tid: pid, comm: comm.into() };
         for (pid, comm, status) in
             [(2, "bash", 0), (3, "bash", 0), (4, "sleep", 0), (5, "readlink", 1 << 8)]
         {

@@ -226,13 +226,13 @@ impl Timeline {
     /// A kernel event: instants (fork, exit, OOM kill, signals) and slices (reclaim, waits).
     fn event(&mut self, e: &Event) {
         let h = e.header();
-        let (ts, pid) = (h.t_ns, h.tgid);
+        let (ts, pid) = (h.t_ns, h.pid);
         match e {
             Event::Fork { child_pid, .. } => {
                 self.processes.entry(*child_pid).or_insert_with(|| h.comm.clone());
                 self.instant(pid, format!("fork {child_pid}"), ts, Value::Null);
             }
-            Event::Rename { pid: renamed, new_comm, .. } if *renamed == pid => {
+            Event::Rename { renamed_tid, new_comm, .. } if *renamed_tid == pid => {
                 self.processes.insert(pid, new_comm.clone());
             }
             Event::Exit { exit_code, .. } => {
@@ -295,7 +295,7 @@ impl Timeline {
             return;
         };
         let (ts, waker, waker_tid, wakee, wakee_tid, dur_ns, start_ns) =
-            (h.t_ns, h.tgid, h.tid, *wakee, *wakee_tid, *dur_ns, *start_ns);
+            (h.t_ns, h.pid, h.tid, *wakee, *wakee_tid, *dur_ns, *start_ns);
         // Logical waits are sent from the wakee's context, with no comm: the waker's name is
         // the tree's.
         let comm = match h.comm.as_str() {

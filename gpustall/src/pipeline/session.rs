@@ -181,7 +181,7 @@ impl Session {
                 _ => {}
             }
             match &e {
-                Event::Exit { h, .. } => self.exited.push(h.tgid),
+                Event::Exit { h, .. } => self.exited.push(h.pid),
                 Event::OomVictim { h, victim_pid, .. } => {
                     self.incident = true;
                     self.incidents.push(Incident {
@@ -208,7 +208,7 @@ impl Session {
             // process is young. Best effort: it may be gone already.
             let pid = match &e {
                 Event::Fork { child_pid, .. } => Some(*child_pid),
-                Event::Exec { h, .. } => Some(h.tgid),
+                Event::Exec { h, .. } => Some(h.pid),
                 _ => None,
             };
             if let Some(pid) = pid {

@@ -236,7 +236,7 @@ mod tests {
     #[test]
     fn every_line_reads_back_as_what_was_written() {
         let e = Event::Fork {
-            h: EventHeader { t_ns: 5, tgid: 1, tid: 1, comm: "python".into() },
+            h: EventHeader { t_ns: 5, pid: 1, tid: 1, comm: "python".into() },
             child_pid: 2,
             clone_flags: 17,
         };
@@ -297,7 +297,7 @@ mod tests {
     }
     #[test]
     fn exit_record_splits_status_and_signal() {
-        let h = EventHeader { t_ns: 1, tgid: 5, tid: 5, comm: "w".into() };
+        let h = EventHeader { t_ns: 1, pid: 5, tid: 5, comm: "w".into() };
         let v = as_value(&Event::Exit { h: h.clone(), exit_code: Some(9) });
         assert_eq!(
             (v["kind"].as_str(), v["exit_signal"].as_i64(), v["exit_code"].is_null()),
@@ -311,12 +311,12 @@ mod tests {
     #[test]
     fn every_event_kind_reads_back_as_written() {
         use crate::model::event::OomRss;
-        let h = |t| EventHeader { t_ns: t, tgid: 10, tid: 11, comm: "pt_data_worker".into() };
+        let h = |t| EventHeader { t_ns: t, pid: 10, tid: 11, comm: "pt_data_worker".into() };
         let events = vec![
             Event::Fork { h: h(1), child_pid: 12, clone_flags: 0x1200011 },
             Event::Exit { h: h(2), exit_code: Some(9) },
             Event::Exit { h: h(2), exit_code: None },
-            Event::Rename { h: h(3), pid: 11, new_comm: "pt_data_pin".into() },
+            Event::Rename { h: h(3), renamed_tid: 11, new_comm: "pt_data_pin".into() },
             Event::Exec { h: h(4), old_pid: 10, filename: "/usr/bin/python3".into() },
             Event::OomVictim {
                 h: h(5),
