@@ -193,6 +193,20 @@ pub const DEFAULT_PAGE_SIZE: u64 = 4096;
 /// second late is news; a step's usual wait is not).
 pub const OPEN_WAIT_SHOWN_NS: u64 = 1_000_000_000;
 
+impl ProcFacts {
+    /// Its time blocked on I/O: the larger of its block requests' latency (requests in
+    /// flight together add up) and its time off CPU in D state on I/O, where the kernel
+    /// measured it (a throttled bio's wait is no request's latency until it is issued).
+    pub fn io_blocked_ns(&self) -> u64 {
+        self.io_wait_ns.max(self.offcpu.as_ref().map_or(0, |o| o.offcpu_io_ns))
+    }
+
+    /// [`Self::io_blocked_ns`] as a share of its life in the trace.
+    pub fn io_blocked_share(&self) -> f64 {
+        self.io_blocked_ns() as f64 / self.lifetime_ns.max(1) as f64
+    }
+}
+
 impl Facts {
     /// Bytes in one of the kernel's pages: what a swap-out or pswpin page is worth.
     pub fn page_bytes(&self) -> u64 {

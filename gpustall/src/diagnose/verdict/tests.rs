@@ -703,3 +703,59 @@ fn nothing_found_names_a_process_that_waited_on_io_but_not_a_short_helper() {
     assert_eq!(v.cause.as_str(), "none_detected");
     assert!(v.text.contains("90 % of its time, yet no block I/O of the job's"), "{}", v.text);
 }
+
+/// The findings apart from their wording: /dev/shm's state from its fullest sample, each
+/// sender of a user-space SIGKILL once, and the swap-in bound (the least of three).
+#[test]
+fn the_findings_are_figures_before_they_are_words() {
+    use super::rules::{bus_errors, swap_ins, user_kills, Shm};
+    let mut f = base();
+    let mut w = worker(11, 0, 1, 1);
+    (w.exit_signal, w.exit_ns, w.alive) = (Some(7), Some(20 * S), false);
+    f.procs = vec![trainer(10), w];
+    let shm = |used_pct: f64, total_mib: u64| FsFacts {
+        path: "/dev/shm".into(),
+        used_pct,
+        avail_bytes: (total_mib << 20) / 10,
+        total_bytes: total_mib << 20,
+    };
+    let cases = [
+        (Some(shm(95.0, 8192)), "full"),
+        (Some(shm(12.0, 64)), "small"),
+        (Some(shm(12.0, 8192)), "room"),
+        (None, "unread"),
+    ];
+    for (fs, want) in cases {
+        f.filesystems = fs.into_iter().collect();
+        let b = bus_errors(&f).expect("a SIGBUS");
+        let got = match b.shm {
+            Shm::Full(_) => "full",
+            Shm::Small(_) => "small",
+            Shm::Room(_) => "room",
+            Shm::Unread { ended_ns } => {
+                assert_eq!(ended_ns, 20 * S, "the job's last exit");
+                "unread"
+            }
+        };
+        assert_eq!((got, b.t_ns, b.hit.len()), (want, 20 * S, 1));
+    }
+
+    let killed = |pid, by| ProcFacts {
+        exit_signal: Some(9),
+        killed_by: Some(KillerFacts { pid: by, comm: "oomd".into(), si_code: 0 }),
+        killed_ns: Some(5 * S),
+        ..worker(pid, 0, 1, 1)
+    };
+    f.procs = vec![trainer(10), killed(11, 500), killed(12, 600), killed(13, 500)];
+    assert_eq!(user_kills(&f).expect("killed").senders, vec![500, 600]);
+
+    let mut t = trainer(10);
+    (t.major_faults, t.read_bytes) = (10_000, 200 << 20);
+    f.procs = vec![t];
+    // 10,000 faults x 8 pages of readahead, 51,200 pages read, 30,000 the host swapped in.
+    f.pswpin = 30_000;
+    assert_eq!(swap_ins(&f).expect("swap-ins").bytes, 30_000 * 4096);
+    // 40 MiB: under the 64 MiB that makes pressure.
+    f.pswpin = 10_000;
+    assert!(swap_ins(&f).is_none());
+}
