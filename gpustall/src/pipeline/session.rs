@@ -14,6 +14,7 @@ use crate::model::proctree::Role;
 use crate::model::samples::CountersSample;
 use crate::model::samples::Sample;
 use crate::model::stats::IoSlot;
+use crate::model::stats::MemSample;
 use crate::model::Model;
 use crate::pipeline::pss::PssTurns;
 use crate::recording::record::Line;
@@ -241,17 +242,23 @@ impl Session {
         let alive = |p: u32| self.model.tree.get(p).is_some_and(|n| n.alive());
         self.zombies.retain(|p| alive(*p));
         self.pss_turns.retain(alive);
-        // PSS for the job's own processes only, in turns when their walks are costly.
-        let roles: Vec<u32> =
-            batch.iter().copied().filter(|&p| self.model.tree.role(p) != Role::Other).collect();
-        let pss_due = self.pss_turns.due(&roles);
-        for &pid in batch {
-            match procfs::sample_mem(pid) {
+        let mems: Vec<(u32, Option<MemSample>)> =
+            batch.iter().map(|&pid| (pid, procfs::sample_mem(pid))).collect();
+        // PSS for the job's own processes only, where their memory moved, in turns when their
+        // walks are costly.
+        let roles: Vec<(u32, u64)> = mems
+            .iter()
+            .filter(|(pid, _)| self.model.tree.role(*pid) != Role::Other)
+            .filter_map(|(pid, m)| m.as_ref().map(|m| (*pid, m.rss_kb + m.swap_kb)))
+            .collect();
+        let pss_due = self.pss_turns.due(&roles, now);
+        for (pid, mem) in mems {
+            match mem {
                 Some(mut mem) => {
                     if pss_due.contains(&pid) {
                         let walk = Instant::now();
                         mem.pss_kb = procfs::sample_pss_kb(pid);
-                        self.pss_turns.read(pid, now, walk.elapsed());
+                        self.pss_turns.read(pid, now, walk.elapsed(), mem.rss_kb + mem.swap_kb);
                     }
                     self.observe(Sample::ProcMem { t_ns: now, pid, mem })
                 }
