@@ -28,6 +28,9 @@ PREFETCH_FACTOR = 2  # batches in flight per worker, as DataLoader's default
 N_FILES, FILE_BYTES = 64, 1 << 20
 TRAINER = os.getpid()  # forked workers inherit it
 IN_FLIGHT = set()  # batches requested from workers and not consumed yet
+# For the tests: when the trainer's receive began in a step not logged yet, and when its latest
+# poll returned (CLOCK_MONOTONIC ns). A step that fails logs nothing: its wait is not in the log.
+RECEIVING = {"since": None, "polled": None}
 
 
 def parse_args():
@@ -126,6 +129,9 @@ def shutdown(workers):
 
 
 def fail(workers, message):
+    since, polled = RECEIVING["since"], RECEIVING["polled"]
+    if since is not None and polled is not None:
+        say(failed_receive_waited_ns=max(0, polled - since))
     for pid, _ in workers:  # the DataLoader terminates the other workers, not waiting for them
         try:
             os.kill(pid, signal.SIGTERM)
@@ -141,9 +147,12 @@ def receive(workers, w):
     conn = workers[w][1]
     while True:
         try:
-            if conn.poll(0.1):
+            ready = conn.poll(0.1)
+            RECEIVING["polled"] = time.monotonic_ns()
+            if ready:
                 return conn.recv()
         except (EOFError, OSError):
+            RECEIVING["polled"] = time.monotonic_ns()
             time.sleep(0.05)  # the worker's end closed: find out how it died below
         dead = reap_dead(workers)
         if dead:
@@ -191,6 +200,7 @@ def main():
     t_start = time.monotonic()
     for step in range(args.steps):
         t0 = time.monotonic()
+        RECEIVING.update(since=time.monotonic_ns(), polled=None)
         batch, size = receive(workers, step % args.workers)
         data_time = time.monotonic() - t0
         shm = shared_memory.SharedMemory(block_name(batch))
@@ -210,6 +220,7 @@ def main():
             f"eta: {eta // 3600}:{eta // 60 % 60:02d}:{eta % 60:02d}  time: {step_time:.4f}  "
             f"data_time: {data_time:.4f}  memory: 512  loss: {loss:.4f}\n"
         )
+        RECEIVING["since"] = None
 
     shutdown(workers)
     log.close()
