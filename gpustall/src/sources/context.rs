@@ -341,13 +341,15 @@ impl ContextReader {
     }
 
     pub fn read(&mut self, alive: &[u32], t_ns: u64) -> ContextSample {
+        let tasks: Vec<_> = alive.iter().filter_map(|&p| host::task_state(p)).collect();
+        let job_ticks = tasks.iter().map(|t| t.cpu_ticks).sum();
         ContextSample {
             t_ns,
             cgroup: self.target.as_mut().and_then(|j| j.cgroup(alive)),
             host: host::read_host_mem(),
             vmstat: host::read_vmstat_keys(wanted_vmstat),
             disks: self.disks.read_disks(),
-            tasks: alive.iter().filter_map(|&p| host::task_state(p)).collect(),
+            tasks,
             filesystems: self.target.as_mut().map(|j| j.filesystems(alive)).unwrap_or_default(),
             host_pressure: cgroup::read_host_psi(),
             jobs: self
@@ -359,7 +361,7 @@ impl ContextReader {
                     filesystems: j.filesystems(&[]),
                 })
                 .collect(),
-            cpu: self.cpu.as_mut().map(|c| c.read(alive)),
+            cpu: self.cpu.as_mut().map(|c| c.read(alive, job_ticks)),
             io_limits: self.target.as_mut().and_then(|j| j.io_limits(alive, t_ns)),
         }
     }

@@ -19,6 +19,14 @@ use crate::sources::host::read_text;
 /// Processes outside the job kept per beat (the top CPU consumers of the interval).
 const TOP_OTHERS: usize = 6;
 
+/// CPU time the host spent outside the job and this agent since the last scan of /proc/*/stat
+/// before the next is worth its cost (a read of every process's stat file: on an idle host
+/// most of the agent's reads). A quarter of a CPU-second: a neighbour that uses half a CPU, the
+/// least the verdicts weigh, is scanned at every beat; a quiet host about never. The scans'
+/// deltas add up to the same totals whenever they run, less what processes that came and went
+/// between two scans used.
+const SCAN_AFTER_CPU_S: f64 = 0.25;
+
 /// A CPU cgroup directory and the mount it lies under.
 #[derive(Clone, Debug)]
 struct CpuCgroupDir {
@@ -34,7 +42,29 @@ pub struct CpuReader {
     cgroup: Option<CpuCgroupDir>,
     /// The ticks each process outside the job had at the previous scan.
     prev: HashMap<u32, u64>,
+    /// The host's, the job's and the agent's ticks at the previous scan (`None`: none yet).
+    scanned_at: Option<Ticks>,
     own_pid: u32,
+}
+
+/// Busy ticks at one reading: the host's (/proc/stat), the job's live processes' and the
+/// agent's own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ticks {
+    pub host: u64,
+    pub job: u64,
+    pub agent: u64,
+}
+
+/// Whether processes outside the job may have used `after` ticks or more since the scan at
+/// `last`: the host's busy time the job and the agent do not explain. A process of the job
+/// that exited takes its ticks out of the job's sum: its share counts as others', which only
+/// brings the scan sooner.
+pub fn others_may_have_used(last: Option<Ticks>, now: Ticks, after: u64) -> bool {
+    let Some(last) = last else { return true };
+    let host = now.host.saturating_sub(last.host);
+    let ours = now.job.saturating_sub(last.job) + now.agent.saturating_sub(last.agent);
+    host.saturating_sub(ours) >= after
 }
 
 impl CpuReader {
@@ -43,21 +73,35 @@ impl CpuReader {
             target,
             cgroup: find_cpu_cgroup(target),
             prev: HashMap::new(),
+            scanned_at: None,
             own_pid: std::process::id(),
         }
     }
 
-    /// One reading; `alive` are the traced processes (left out of the scan of the others).
-    pub fn read(&mut self, alive: &[u32]) -> CpuSample {
+    /// One reading; `alive` are the traced processes (left out of the scan of the others),
+    /// `job_ticks` the CPU ticks they used so far.
+    pub fn read(&mut self, alive: &[u32], job_ticks: u64) -> CpuSample {
         if self.cgroup.is_none() {
             self.cgroup = find_cpu_cgroup(self.target);
         }
+        let clk_tck = sysconf(libc::_SC_CLK_TCK).unwrap_or(100);
         let (busy, total) = read_text(Path::new("/proc/stat"))
             .and_then(|t| parse_proc_stat_cpu(&t))
             .unwrap_or((0, 0));
-        let (others, others_ticks) = self.scan_others(alive);
+        let now = Ticks { host: busy, job: job_ticks, agent: own_ticks(clk_tck) };
+        let after = (SCAN_AFTER_CPU_S * clk_tck as f64) as u64;
+        let (others, others_ticks) = if others_may_have_used(self.scanned_at, now, after) {
+            log::debug!(
+                "scanning /proc for CPU outside the job: {:?} then, {now:?} now",
+                self.scanned_at
+            );
+            self.scanned_at = Some(now);
+            self.scan_others(alive)
+        } else {
+            (Vec::new(), 0)
+        };
         CpuSample {
-            clk_tck: sysconf(libc::_SC_CLK_TCK).unwrap_or(100),
+            clk_tck,
             online_cpus: sysconf(libc::_SC_NPROCESSORS_ONLN).unwrap_or(1) as u32,
             allowed_cpus: read_text(Path::new(&format!("/proc/{}/status", self.target)))
                 .and_then(|t| allowed_cpus(&t)),
@@ -102,6 +146,17 @@ impl CpuReader {
         used.truncate(TOP_OTHERS);
         (used, all)
     }
+}
+
+/// The CPU ticks this process used so far (user and system).
+fn own_ticks(clk_tck: u64) -> u64 {
+    // SAFETY: getrusage fills the struct it is given.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) } != 0 {
+        return 0;
+    }
+    let us = |t: libc::timeval| t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64;
+    (us(u.ru_utime) + us(u.ru_stime)) * clk_tck / 1_000_000
 }
 
 fn sysconf(name: libc::c_int) -> Option<u64> {
@@ -416,6 +471,18 @@ pub fn tcp_peer(text: &str, inode: u64) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn others_are_scanned_where_the_host_was_busier_than_the_job_and_the_agent() {
+        let at = |host, job, agent| Ticks { host, job, agent };
+        assert!(others_may_have_used(None, at(0, 0, 0), 25), "the first reading scans");
+        let last = Some(at(1000, 400, 10));
+        // The job used 180 ticks and the agent 5 of the host's 200: 15 left, under 25.
+        assert!(!others_may_have_used(last, at(1200, 580, 15), 25));
+        assert!(others_may_have_used(last, at(1230, 580, 15), 25));
+        // A worker of 300 ticks exited: its ticks left the job's sum; the host's 60 count.
+        assert!(others_may_have_used(last, at(1060, 100, 10), 25));
+    }
 
     #[test]
     fn proc_texts_parse() {
