@@ -34,6 +34,15 @@ pub struct MemSample {
     pub pss_kb: Option<u64>,
 }
 
+impl MemSample {
+    /// What its PSS is made of, unshared: anonymous and shared-memory pages resident, and
+    /// swapped out. Mapped files' pages (a dataset read through mmap) are left out: they come
+    /// and go with the page cache and are not in the PSS the advice counts.
+    pub fn pss_base_kb(&self) -> u64 {
+        self.anon_kb + self.shmem_kb + self.swap_kb
+    }
+}
+
 #[derive(Default)]
 pub struct ProcStats {
     /// Cumulative kernel totals (replaced at each read, never added).

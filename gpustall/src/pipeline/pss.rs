@@ -4,7 +4,8 @@
 //! (and looks up the swap count of every swapped-out page): by perf, two thirds of the agent's CPU
 //! on an 8-worker torch DataLoader when the job's processes were walked in turn every beat. A walk is done for what changed:
 //! - a process's first sample (what its PSS growth is measured from);
-//! - a process whose resident plus swapped memory (read cheaply every beat) moved by
+//! - a process whose anonymous, shared-memory and swapped memory (`MemSample::pss_base_kb`,
+//!   read cheaply every beat; a mapped file's pages come and go with the cache) moved by
 //!   [`MOVED_SHARE`] of it, and at least [`MOVED_MIN_KB`], since its last walk: growth toward an
 //!   OOM kill is walked as it happens, a steady worker is not walked again;
 //! - one whose last walk is [`MAX_AGE_NS`] old: PSS also moves when the pages a process shares
@@ -39,7 +40,7 @@ pub struct PssTurns {
 struct Walk {
     at_ns: u64,
     cost: Duration,
-    /// Resident plus swapped memory when it was walked.
+    /// Its `MemSample::pss_base_kb` when it was walked.
     held_kb: u64,
 }
 
@@ -52,7 +53,7 @@ impl Walk {
 }
 
 impl PssTurns {
-    /// The processes of `wanted` (each with what it holds now, resident plus swapped) to walk
+    /// The processes of `wanted` (each with what it holds now, `MemSample::pss_base_kb`) to walk
     /// at `now_ns`: those due, most overdue first, while the estimated cost stays within
     /// [`PSS_BUDGET`] (a process never walked counts as free: its first sample is what PSS
     /// growth is measured from).

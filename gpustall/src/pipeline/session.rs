@@ -249,7 +249,7 @@ impl Session {
         let roles: Vec<(u32, u64)> = mems
             .iter()
             .filter(|(pid, _)| self.model.tree.role(*pid) != Role::Other)
-            .filter_map(|(pid, m)| m.as_ref().map(|m| (*pid, m.rss_kb + m.swap_kb)))
+            .filter_map(|(pid, m)| m.as_ref().map(|m| (*pid, m.pss_base_kb())))
             .collect();
         let pss_due = self.pss_turns.due(&roles, now);
         for (pid, mem) in mems {
@@ -258,7 +258,7 @@ impl Session {
                     if pss_due.contains(&pid) {
                         let walk = Instant::now();
                         mem.pss_kb = procfs::sample_pss_kb(pid);
-                        self.pss_turns.read(pid, now, walk.elapsed(), mem.rss_kb + mem.swap_kb);
+                        self.pss_turns.read(pid, now, walk.elapsed(), mem.pss_base_kb());
                     }
                     self.observe(Sample::ProcMem { t_ns: now, pid, mem })
                 }
