@@ -80,6 +80,11 @@ pub trait Beat {
     /// A drain took in a fatal signal, an exit or an exec: read what must be read while the
     /// job's processes are still there (see [`Moment`]).
     fn catch_up(&mut self, _why: Moment) {}
+    /// After an exit: whether the beat may end the loop now (the job's last process exited),
+    /// so that it runs at once rather than up to a beat later.
+    fn may_have_ended(&mut self) -> bool {
+        false
+    }
 }
 
 /// Why the loop ended.
@@ -212,6 +217,9 @@ pub async fn run(
         cmd.session().follow_roles(&mut probes.maps);
         if let Some(why) = cmd.session().take_moment() {
             cmd.catch_up(why);
+            if cmd.may_have_ended() {
+                beat_tick.reset_immediately();
+            }
         }
     };
     rings.drain(cmd.session());

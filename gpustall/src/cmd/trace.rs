@@ -389,6 +389,10 @@ impl Beat for Trace {
         self.beat.ctx.catch_up(&self.session.model.tree.alive_pids());
     }
 
+    fn may_have_ended(&mut self) -> bool {
+        self.session.model.tree.alive_pids().is_empty()
+    }
+
     /// A job gpustall started gets the signal once: from gpustall only when it did not get
     /// it itself (see [`Relay`]); the trace goes on until it has exited.
     fn on_signal(&mut self, r: Received) -> bool {

@@ -232,3 +232,30 @@ fn tail_of(e: &dyn std::fmt::Display) -> String {
         None => tail,
     }
 }
+
+/// Detaches and unloads every program, all at once: each detach waits for the kernel's RCU
+/// grace period (75-85 ms on the machine measured), and one after the other they held every
+/// trace's exit back by about a second. One thread per program lets the waits overlap.
+pub fn detach_all(ebpf: &mut Ebpf) {
+    std::thread::scope(|s| {
+        for (name, program) in ebpf.programs_mut() {
+            s.spawn(move || {
+                if let Err(e) = unload(program) {
+                    log::debug!("unloading {name}: {e}");
+                }
+            });
+        }
+    });
+}
+
+/// Detaches `program`'s links and unloads it (a program not loaded is left alone).
+fn unload(program: &mut aya::programs::Program) -> Result<(), aya::programs::ProgramError> {
+    use aya::programs::Program as P;
+    match program {
+        P::TracePoint(p) => p.unload(),
+        P::BtfTracePoint(p) => p.unload(),
+        P::RawTracePoint(p) => p.unload(),
+        P::UProbe(p) => p.unload(),
+        _ => Ok(()),
+    }
+}

@@ -115,6 +115,12 @@ pub struct Probes {
     cuda: crate::kernel::cuda::CudaProbes,
 }
 
+impl Drop for Probes {
+    fn drop(&mut self) {
+        attach::detach_all(&mut self.ebpf);
+    }
+}
+
 impl Probes {
     /// The critical and the bulk ring, for the event loop (once).
     /// Probes the CUDA drivers `waiters` (live trainers and ranks) mapped since the last
