@@ -1,8 +1,9 @@
 //! Whose proportional memory (PSS) is read this beat.
 //!
 //! PSS comes from /proc/PID/smaps_rollup, for which the kernel walks the process's page tables
-//! (and looks up the swap count of every swapped-out page): by perf, two thirds of the agent's CPU
-//! on an 8-worker torch DataLoader when the job's processes were walked in turn every beat. A walk is done for what changed:
+//! (and looks up the swap count of every swapped-out page): by perf, two thirds of the agent's
+//! CPU on an 8-worker torch DataLoader when the job's processes were walked in turn every beat.
+//! A walk is done for what changed:
 //! - a process's first sample (what its PSS growth is measured from);
 //! - a process whose anonymous, shared-memory and swapped memory (`MemSample::pss_base_kb`,
 //!   read cheaply every beat; a mapped file's pages come and go with the cache) moved by
@@ -110,7 +111,7 @@ mod tests {
         assert_eq!(t.due(&held(HELD + 1024), 2 * S), Vec::<u32>::new());
         // Grown by 2 MiB: walked again.
         assert_eq!(t.due(&[(1, HELD), (2, HELD + 2048), (3, HELD)], 3 * S), vec![2]);
-        // Shrunk by as much (swapped out and dropped): walked too.
+        // Shrunk by as much (memory freed): walked too.
         assert_eq!(t.due(&[(1, HELD - 2048), (2, HELD), (3, HELD)], 3 * S), vec![1]);
         // A minute without a walk: its shared pages may have changed hands.
         assert_eq!(t.due(&held(HELD), S + MAX_AGE_NS), vec![1, 2, 3]);

@@ -88,7 +88,8 @@ impl CpuReader {
         let (busy, total) = read_text(Path::new("/proc/stat"))
             .and_then(|t| parse_proc_stat_cpu(&t))
             .unwrap_or((0, 0));
-        let now = Ticks { host: busy, job: job_ticks, agent: own_ticks(clk_tck) };
+        let now =
+            Ticks { host: busy, job: job_ticks, agent: crate::sources::agent::cpu_ticks(clk_tck) };
         let after = (SCAN_AFTER_CPU_S * clk_tck as f64) as u64;
         let (others, others_ticks) = if others_may_have_used(self.scanned_at, now, after) {
             log::debug!(
@@ -146,17 +147,6 @@ impl CpuReader {
         used.truncate(TOP_OTHERS);
         (used, all)
     }
-}
-
-/// The CPU ticks this process used so far (user and system).
-fn own_ticks(clk_tck: u64) -> u64 {
-    // SAFETY: getrusage fills the struct it is given.
-    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
-    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) } != 0 {
-        return 0;
-    }
-    let us = |t: libc::timeval| t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64;
-    (us(u.ru_utime) + us(u.ru_stime)) * clk_tck / 1_000_000
 }
 
 fn sysconf(name: libc::c_int) -> Option<u64> {
