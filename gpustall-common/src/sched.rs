@@ -194,6 +194,33 @@ pub const SLEEP_ENTRY_NS: u64 = 250_000;
 /// `data_end_ns`.
 pub const WAIT_DONE: u8 = 1;
 
+/// `LogicalWait::flags`: its latest block ran out ([`TIMED_OUT_NS`] or more, and no process of
+/// the job ended it): the turn on CPU that follows is its wait loop's ([`TIMED_OUT_TURN_NS`]).
+pub const WAIT_TIMED_OUT: u8 = 2;
+
+/// An interruptible block this long that no process of the job ended, in a syscall class
+/// known, is a timed wait that ran out (PyTorch's DataLoader waits 5 s at a time): the data
+/// awaited has not come, so the turn on CPU that follows (checking that the workers live, a
+/// signal handler, a garbage collection) is the wait loop's, not a step's. Under it, a block
+/// no process of the job ended is the GIL or a lock.
+pub const TIMED_OUT_NS: u64 = 500_000_000;
+
+/// How long the turn after a timed-out block may run and still join the wait. A wait loop's
+/// turn is tens of microseconds, but a garbage collection or a noisy host's stolen time makes
+/// it more than [`WAIT_JOIN_NS`] now and then, and a hung trainer's wait, cut at such a turn,
+/// would look no older than its latest piece (a stuck worker not named).
+pub const TIMED_OUT_TURN_NS: u64 = 20_000_000;
+
+/// The on-CPU time since its latest block under which the thread is still in wait `w`.
+#[inline(always)]
+const fn join_ns(w: &LogicalWait) -> u64 {
+    if w.flags & WAIT_TIMED_OUT != 0 {
+        TIMED_OUT_TURN_NS
+    } else {
+        WAIT_JOIN_NS
+    }
+}
+
 /// A data waiter's thread's logical wait: consecutive interruptible blocks separated by under
 /// [`WAIT_JOIN_NS`] of on-CPU time, from the first block's switch-out to the last wake by a
 /// process of the job (its data arrived), charged once to that process. Pure transitions:
@@ -309,7 +336,8 @@ pub const fn breaks_wait(class: u8) -> bool {
 
 /// A data waiter's thread leaves the CPU at `now` into `st` (a WAIT block's syscall `class`);
 /// `on_cpu_since`: when it last came on a CPU, if it was on one. The wait in progress ends when
-/// the thread ran [`WAIT_JOIN_NS`] or more since its latest block, when its data came and a
+/// the thread ran [`WAIT_JOIN_NS`] or more since its latest block ([`TIMED_OUT_TURN_NS`] after
+/// a block that ran out), when its data came and a
 /// block no process of the job ended followed ([`WAIT_DONE`]), or when it blocks in a class
 /// that breaks waits; an interruptible block opens one or joins the one in progress.
 #[inline(always)]
@@ -325,7 +353,7 @@ pub fn wait_switch_out(
         w.ran_ns = w.ran_ns.saturating_add(ran);
     }
     let breaks = st == state::WAIT && breaks_wait(class);
-    let over = w.ran_ns as u64 >= WAIT_JOIN_NS || breaks || w.flags & WAIT_DONE != 0;
+    let over = w.ran_ns as u64 >= join_ns(w) || breaks || w.flags & WAIT_DONE != 0;
     let done = if w.start_ns != 0 && over { wait_finish(w) } else { None };
     if st == state::WAIT && !breaks {
         if w.start_ns == 0 {
@@ -333,6 +361,8 @@ pub fn wait_switch_out(
         }
         w.slices = w.slices.saturating_add(1);
         w.ran_ns = 0;
+        // How this block ends decides the next turn's allowance.
+        w.flags &= !WAIT_TIMED_OUT;
     }
     done
 }
@@ -380,6 +410,11 @@ pub fn wait_woken(w: &mut LogicalWait, now: u64, class: u8, by: Wake) {
         w.class = class;
         w.data_slices = w.slices;
         w.job_wakes = w.job_wakes.saturating_add(1);
+    } else if !classic && block >= TIMED_OUT_NS {
+        // A timed wait that ran out: still waiting. After a batch put aside, the block counts
+        // as the tail as below (a later batch, the one awaited, starts that again).
+        w.flags |= WAIT_TIMED_OUT;
+        wait_tail(w, block);
     } else if w.data_end_ns != 0 && classic {
         // Where the class is unknown (the classic programs) a sleep after the batch (a step's
         // pause) cannot be told from a timeout: a block no process of the job ended ends the
@@ -401,7 +436,7 @@ pub fn wait_tail(w: &mut LogicalWait, ns: u64) {
     let tail_open = w.start_ns != 0
         && w.data_end_ns != 0
         && w.flags & WAIT_DONE == 0
-        && (w.ran_ns as u64) < WAIT_JOIN_NS;
+        && (w.ran_ns as u64) < join_ns(w);
     if tail_open {
         w.tail_ns = w.tail_ns.saturating_add(ns.min(u32::MAX as u64) as u32);
     }
@@ -422,7 +457,7 @@ pub fn wait_reclaimed(w: &mut LogicalWait, on_cpu_since: u64, now: u64, ns: u64)
     let on_cpu = now.saturating_sub(on_cpu_since);
     let ns = ns.min(on_cpu);
     let worked = (w.ran_ns as u64).saturating_add(on_cpu - ns);
-    let open = w.start_ns != 0 && w.flags & WAIT_DONE == 0 && worked < WAIT_JOIN_NS;
+    let open = w.start_ns != 0 && w.flags & WAIT_DONE == 0 && worked < join_ns(w);
     if !open {
         return on_cpu_since;
     }
@@ -868,6 +903,39 @@ mod tests {
         );
         let f = wait_finish(&mut w).expect("a wait");
         assert_eq!((f.ns(), f.waker, f.slices, f.job_wakes), (8 * s, 9, 3, 2));
+    }
+
+    #[test]
+    fn a_slow_turn_after_a_timeout_is_the_wait_loops_and_a_step_after_a_batch_ends_the_wait() {
+        // A hung trainer: a later batch put aside at 1 s, then get(timeout=5.0) runs out at
+        // 6 s and 11 s; the turn after the first takes 4 ms (a garbage collection).
+        let s = 1_000 * MS;
+        let mut w = LogicalWait::default();
+        let f = run(
+            &mut w,
+            &[
+                (0, POLL, s, 8, 0, 0),
+                (s + 200_000, POLL, 6 * s, 0, 0, 0),
+                (6 * s + 4 * MS, POLL, 11 * s, 0, 0, 0),
+                (11 * s + 50_000, POLL, 12 * s, 0, 0, 0),
+            ],
+        );
+        assert!(f.is_empty(), "one wait since 0: {f:?}");
+        assert_eq!((w.start_ns, w.slices), (T0, 4));
+        // A turn of the timeout's allowance or more is work: the wait is over.
+        let f =
+            wait_switch_out(&mut w, Some(T0 + 12 * s), T0 + 12 * s + 20 * MS, state::WAIT, POLL);
+        assert_eq!(f.map(|f| (f.start_ns, f.waker)), Some((T0, 8)));
+        // A batch, then 4 ms on CPU: the step, the wait over as before.
+        let mut w = LogicalWait::default();
+        run(&mut w, &[(0, POLL, 2 * s, 9, 0, 0)]);
+        let f = wait_switch_out(&mut w, Some(T0 + 2 * s), T0 + 2 * s + 4 * MS, state::WAIT, POLL);
+        assert_eq!(f.map(|f| (f.ns(), f.waker)), Some((2 * s, 9)));
+        // A short poll that ran out (100 ms) and a 4 ms turn: not a timed wait, over.
+        let mut w = LogicalWait::default();
+        run(&mut w, &[(0, POLL, 100 * MS, 0, 0, 0)]);
+        let f = wait_switch_out(&mut w, Some(T0 + 100 * MS), T0 + 104 * MS, state::WAIT, POLL);
+        assert_eq!(f.map(|f| f.waker), Some(0));
     }
 
     #[test]

@@ -29,11 +29,13 @@ themselves `pt_data_worker` as PyTorch's do.
       each (real pages), until the memory cgroup OOM-kills one and the DataLoader raises.
       Needs torch.
   datawait.py torch-deadlock [--workers 4] [--slow-worker 2] [--steps 20] [--fetch-ms 10]
-                             [--step-ms 40] [--wait-go]
+                             [--step-ms 40] [--heartbeat-ms 0] [--wait-go]
       A real torch DataLoader forked while another thread of the trainer holds a lock: the
       samples of worker --slow-worker take that lock, and that worker waits in acquire() for
       ever; the trainer waits for its batch for ever. Prints the worker pids first, then one
-      line per step. Needs torch.
+      line per step. --heartbeat-ms H: every 2 s a signal handler of the main thread (a
+      watchdog, a metrics push) interrupts the trainer's wait and runs H ms on CPU before the
+      wait goes on. Needs torch.
   datawait.py relay [--workers 2] [--steps 24] [--batch-ms 200] [--step-ms 60]
                     [--relay-timeout 5.0] [--wait-go]
       What DataLoader does with pin_memory=True on a GPU machine (torch/utils/data/_utils/
@@ -57,6 +59,7 @@ import ctypes
 import json
 import os
 import queue
+import signal
 import sys
 import threading
 import time
@@ -250,6 +253,14 @@ def torch_deadlock_job(a):
     held.wait()
     it = iter(loader)  # forks the workers while the lock is held
     say("trainer", worker_pids=[w.pid for w in it._workers])
+    if a.heartbeat_ms:
+        def heartbeat(*_):
+            end = time.process_time() + a.heartbeat_ms / 1000
+            while time.process_time() < end:
+                pass
+
+        signal.signal(signal.SIGALRM, heartbeat)
+        signal.setitimer(signal.ITIMER_REAL, 2.0, 2.0)
     for _ in range(a.steps):
         t = time.monotonic_ns()
         next(it)
@@ -428,6 +439,8 @@ def main():
     p.add_argument("--gpu-step", action="store_true",
                    help="the trainer's step sleeps (waits for a GPU) instead of computing")
     p.add_argument("--step-ms", type=float, default=None)
+    p.add_argument("--heartbeat-ms", type=float, default=0,
+                   help="torch-deadlock: a 2 s heartbeat in the main thread, this long on CPU")
     p.add_argument("--relay-timeout", type=float, default=MP_STATUS_CHECK_INTERVAL)
     p.add_argument("--wait-go", action="store_true", help="read a line from stdin first")
     a = p.parse_args()

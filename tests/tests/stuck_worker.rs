@@ -17,7 +17,10 @@ fn a_deadlocked_torch_worker_is_named_and_stop_job_ends_the_whole_job() {
     // stack unsampled in the trace's time: one at a time.
     let _cpu = tests::cpu_lock();
     let python = tests::torch_python();
-    deadlocked_job(&[python.to_str().expect("utf-8"), "-u"], 16);
+    // A heartbeat in the trainer's main thread interrupts its wait every 2 s and runs 5 ms on
+    // CPU (a watchdog; as a garbage collection or a noisy host's stolen time does now and
+    // then): the wait goes on through it, and is as old as the hang.
+    deadlocked_job(&[python.to_str().expect("utf-8"), "-u"], &["--heartbeat-ms", "5"], 16);
 }
 
 /// The same job as a launcher runs it: `gpustall trace -- torchrun --standalone
@@ -31,13 +34,13 @@ fn a_deadlocked_worker_of_a_torchrun_rank_is_named_and_stop_job_ends_the_whole_j
     let torchrun = tests::torch_python().with_file_name("torchrun");
     // torchrun imports torch before its rank does: 6 s more before the rank's wait begins.
     let lead = [torchrun.to_str().expect("utf-8"), "--standalone", "--nproc_per_node=1"];
-    deadlocked_job(&lead, 22);
+    deadlocked_job(&lead, &[], 22);
 }
 
 /// `gpustall trace --duration SECONDS --stop-job -- LEAD... datawait.py torch-deadlock
-/// --workers 4 --slow-worker 2`: worker 2 named, with the line it is stuck at and the line
-/// the trainer waits at, and every process of the job stopped.
-fn deadlocked_job(lead: &[&str], seconds: u32) {
+/// --workers 4 --slow-worker 2 TAIL...`: worker 2 named, with the line it is stuck at and the
+/// line the trainer waits at, and every process of the job stopped.
+fn deadlocked_job(lead: &[&str], tail: &[&str], seconds: u32) {
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("py/datawait.py");
     let dir = tests::TempDir::new("stuck-worker");
     let summary = dir.path("summary.json");
@@ -52,6 +55,7 @@ fn deadlocked_job(lead: &[&str], seconds: u32) {
         .args(lead)
         .args([script.to_str().expect("utf-8"), "torch-deadlock", "--workers", "4"])
         .args(["--slow-worker", "2"])
+        .args(tail)
         .env_remove("SUDO_UID")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -80,6 +84,11 @@ fn deadlocked_job(lead: &[&str], seconds: u32) {
             .expect("JSON");
     let v = &summary["verdict"];
     eprintln!("verdict: {v:#}");
+    // What the verdict was made of, where it is not the one wanted: the trainer's waits.
+    let waiter = summary["processes"].as_array().and_then(|ps| {
+        ps.iter().find(|p| p["open_data_wait"].is_object() || p["data_wait_count"].is_u64())
+    });
+    eprintln!("the trainer's waits: {:#}", waiter.unwrap_or(&Value::Null));
     assert_eq!(v["cause"], "deadlock", "{v:#}\n{err}");
     assert_eq!(v["culprit_pids"][0], workers[2], "worker 2 of {workers:?}: {v:#}");
     assert_eq!(v["culprit_pids"].as_array().map(Vec::len), Some(1), "only worker 2: {v:#}");

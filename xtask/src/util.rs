@@ -44,7 +44,6 @@ pub fn cargo() -> Command {
     c
 }
 
-/// `apt-get install` of `packages`, without recommends, after a quiet `apt-get update`.
 /// Builds what the end-to-end tests run: gpustall, the test binaries and the stand-in NVML
 /// and CUDA libraries.
 pub fn build_test_programs() -> anyhow::Result<()> {
@@ -52,6 +51,7 @@ pub fn build_test_programs() -> anyhow::Result<()> {
     run_cmd(cargo().arg("build").args(packages.iter().flat_map(|p| ["-p", p])))
 }
 
+/// `apt-get install` of `packages`, without recommends, after a quiet `apt-get update`.
 pub fn apt_install(packages: &[&str]) -> anyhow::Result<()> {
     let _ = run_cmd(Command::new("apt-get").args(["update", "-qq"]));
     run_cmd(

@@ -264,7 +264,7 @@ fn sample(pid: u32, p: &mut Proc, now: Instant) -> Option<Duration> {
     }
     let spy = p.spy.as_mut()?;
     let cpu0 = thread_cpu();
-    match spy.get_stack_traces() {
+    match stack_traces(spy) {
         Ok(traces) => {
             // py-spy reads the threads' states before their stacks: a main thread that blocked
             // meanwhile is shown running in the stack it blocked in. Read again after.
@@ -328,6 +328,15 @@ fn sample(pid: u32, p: &mut Proc, now: Instant) -> Option<Duration> {
             None
         }
     }
+}
+
+/// `spy`'s stacks now. py-spy's reads race with the process: a pointer read while the
+/// interpreter rewrote it (a thread starting or ending) is garbage, and py-spy's arithmetic on
+/// it panics where overflow is checked. Such a read is one failed sample, like the errors py-spy
+/// returns, not the end of sampling for every process.
+fn stack_traces(spy: &mut py_spy::PythonSpy) -> anyhow::Result<Vec<py_spy::StackTrace>> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| spy.get_stack_traces()))
+        .unwrap_or_else(|_| Err(anyhow::anyhow!("py-spy panicked on what it read")))
 }
 
 /// Opens `pid` for sampling; after [`OPEN_TRIES`] failures says why once and gives up. A
