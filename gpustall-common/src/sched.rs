@@ -222,7 +222,7 @@ const fn join_ns(w: &LogicalWait) -> u64 {
 }
 
 /// A data waiter's thread's logical wait: consecutive interruptible blocks separated by under
-/// [`WAIT_JOIN_NS`] of on-CPU time, from the first block's switch-out to the last wake by a
+/// [`WAIT_JOIN_NS`] of on-CPU time ([`TIMED_OUT_TURN_NS`] after a block that ran out), from the first block's switch-out to the last wake by a
 /// process of the job (its data arrived), charged once to that process. Pure transitions:
 /// [`wait_switch_out`], [`wait_woken`], [`wait_finish`].
 #[repr(C)]
@@ -337,9 +337,9 @@ pub const fn breaks_wait(class: u8) -> bool {
 /// A data waiter's thread leaves the CPU at `now` into `st` (a WAIT block's syscall `class`);
 /// `on_cpu_since`: when it last came on a CPU, if it was on one. The wait in progress ends when
 /// the thread ran [`WAIT_JOIN_NS`] or more since its latest block ([`TIMED_OUT_TURN_NS`] after
-/// a block that ran out), when its data came and a
-/// block no process of the job ended followed ([`WAIT_DONE`]), or when it blocks in a class
-/// that breaks waits; an interruptible block opens one or joins the one in progress.
+/// a block that ran out), when its data came and a block no process of the job ended followed
+/// ([`WAIT_DONE`]), or when it blocks in a class that breaks waits; an interruptible block
+/// opens one or joins the one in progress.
 #[inline(always)]
 pub fn wait_switch_out(
     w: &mut LogicalWait,

@@ -84,10 +84,12 @@ fn deadlocked_job(lead: &[&str], tail: &[&str], seconds: u32) {
             .expect("JSON");
     let v = &summary["verdict"];
     eprintln!("verdict: {v:#}");
-    // What the verdict was made of, where it is not the one wanted: the trainer's waits.
-    let waiter = summary["processes"].as_array().and_then(|ps| {
-        ps.iter().find(|p| p["open_data_wait"].is_object() || p["data_wait_count"].is_u64())
-    });
+    // What the verdict was made of, where it is not the one wanted: the trainer's waits (the
+    // rank's under torchrun, whose elastic agent is a waiter too).
+    let trainer_pid = trainer["pid"].as_u64();
+    let waiter = summary["processes"]
+        .as_array()
+        .and_then(|ps| ps.iter().find(|p| p["pid"].as_u64() == trainer_pid));
     eprintln!("the trainer's waits: {:#}", waiter.unwrap_or(&Value::Null));
     assert_eq!(v["cause"], "deadlock", "{v:#}\n{err}");
     assert_eq!(v["culprit_pids"][0], workers[2], "worker 2 of {workers:?}: {v:#}");
